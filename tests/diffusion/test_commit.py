@@ -1,0 +1,114 @@
+"""Commit rule on hand-made probability arrays."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr2jax.diffusion import commit
+
+MASK = 0  # mask token id in these tests; vocab of 4: {MASK, 1, 2, 3}
+
+
+def _logits(probs):
+  """[B, T, V] logits whose softmax (mask suppressed) is `probs` (mask column 0 in probs)."""
+  return jnp.log(jnp.asarray(probs, jnp.float32) + 1e-30)
+
+
+def _run(probs, canvas, masked, tau, **kw):
+  return commit.commit_step(
+    _logits(probs),
+    jnp.asarray(canvas, jnp.int32),
+    jnp.asarray(masked, bool),
+    threshold=tau,
+    mask_token_id=MASK,
+    **kw,
+  )
+
+
+# One example, 3 positions; position 0 is already committed (token 3).
+PROBS = [[[0, 0.1, 0.1, 0.8], [0, 0.95, 0.03, 0.02], [0, 0.2, 0.5, 0.3]]]
+CANVAS = [[3, MASK, MASK]]
+MASKED = [[False, True, True]]
+
+
+def test_threshold_commits_confident_positions_only():
+  out = _run(PROBS, CANVAS, MASKED, 0.9)
+  np.testing.assert_array_equal(out.committed, [[False, True, False]])
+  np.testing.assert_array_equal(out.canvas, [[3, 1, MASK]])
+  np.testing.assert_array_equal(out.masked, [[False, False, True]])
+  np.testing.assert_allclose(out.logprob[0, 1], np.log(0.95), rtol=1e-5)
+
+
+def test_low_threshold_commits_all_passing_positions():
+  out = _run(PROBS, CANVAS, MASKED, 0.4)
+  np.testing.assert_array_equal(out.canvas, [[3, 1, 2]])
+  assert not out.masked.any()
+
+
+def test_forced_argmax_when_none_passes():
+  probs = [[[0, 0.5, 0.25, 0.25], [0, 0.6, 0.2, 0.2], [0, 0.3, 0.3, 0.4]]]
+  out = _run(probs, [[MASK] * 3], [[True] * 3], 0.9)
+  np.testing.assert_array_equal(out.committed, [[False, True, False]])
+  np.testing.assert_array_equal(out.canvas, [[MASK, 1, MASK]])
+
+
+def test_committed_positions_stay_fixed():
+  # Position 0 is committed to 3 although the logits now strongly prefer 1.
+  probs = [[[0, 0.99, 0.005, 0.005], [0, 0.2, 0.7, 0.1], [0, 0.1, 0.1, 0.8]]]
+  out = _run(probs, [[3, MASK, MASK]], MASKED, 0.0)
+  np.testing.assert_array_equal(out.canvas, [[3, 2, 3]])
+  assert not out.committed[0, 0]
+
+
+def test_mask_token_never_committed():
+  # The mask token holds almost all the mass; the rule must pick among real tokens.
+  probs = [[[0.97, 0.01, 0.015, 0.005], [0.99, 0.004, 0.003, 0.003]]]
+  out = _run(probs, [[MASK, MASK]], [[True, True]], -1.0)
+  assert (out.canvas != MASK).all()
+  np.testing.assert_array_equal(out.canvas, [[2, 1]])
+  # Log-probs are renormalised without the mask token.
+  np.testing.assert_allclose(jnp.exp(out.logprob[0, 0]), 0.015 / 0.03, rtol=1e-4)
+  keys = jax.random.split(jax.random.key(0), 20)
+  for k in keys:
+    out = _run(probs, [[MASK, MASK]], [[True, True]], -1.0, temperature=1.0, key=k)
+    assert (out.canvas != MASK).all()
+
+
+def test_tau_one_commits_one_per_step():
+  rng = np.random.default_rng(0)
+  probs = rng.dirichlet(np.ones(4), size=(3, 8))
+  probs[..., MASK] = 0
+  probs /= probs.sum(-1, keepdims=True)
+  canvas = jnp.full((3, 8), MASK, jnp.int32)
+  masked = jnp.ones((3, 8), bool)
+  for step in range(8):
+    out = commit.commit_step(_logits(probs), canvas, masked, threshold=1.0, mask_token_id=MASK)
+    np.testing.assert_array_equal(out.committed.sum(-1), [1, 1, 1])
+    canvas, masked = out.canvas, out.masked
+    assert masked.sum() == 3 * (7 - step)
+
+
+def test_tau_one_commits_all_positions_at_probability_one():
+  probs = [[[0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0.5, 0.5, 0]]]
+  out = _run(probs, [[MASK] * 3], [[True] * 3], 1.0)
+  np.testing.assert_array_equal(out.committed, [[True, True, False]])
+
+
+def test_per_example_threshold_and_rows_without_masks():
+  probs = [PROBS[0], PROBS[0]]
+  out = _run(probs, [CANVAS[0], [3, 1, 2]], [MASKED[0], [False] * 3], jnp.array([0.0, 0.0]))
+  np.testing.assert_array_equal(out.canvas, [[3, 1, 2], [3, 1, 2]])
+  assert not out.committed[1].any()
+
+
+def test_greedy_sampling_at_low_temperature_matches_argmax():
+  out = _run(PROBS, CANVAS, MASKED, -1.0, temperature=1e-4, key=jax.random.key(3))
+  np.testing.assert_array_equal(out.canvas, [[3, 1, 2]])
+
+
+def test_sampling_without_key_and_bad_shapes_raise():
+  with pytest.raises(ValueError, match="PRNG key"):
+    _run(PROBS, CANVAS, MASKED, 0.9, temperature=1.0)
+  with pytest.raises(ValueError, match=r"\[B, T, V\]"):
+    _run(PROBS, [[3, MASK]], [[False, True]], 0.9)
