@@ -1,0 +1,290 @@
+"""GR2 chat prompt, teacher reasoning and JSON answer rendering (research/papers.md §1.2-1.4).
+
+One example renders to three strings that are tokenized separately and concatenated:
+
+  prompt    = <|im_start|>system ...<|im_end|> <|im_start|>user ...<|im_end|>
+              <|im_start|>assistant\\n
+  reasoning = <think>\\n{cited evidence}\\n</think>\\n\\n          (loss weight lambda_r)
+  answer    = {"ranking":[label, ...]}<|im_end|>                (loss weight lambda_o)
+
+Qwen3's own `<think>` block holds the short reasoning (the choice that keeps the 8B path's native
+format; research/papers.md §1.3 leaves it open), and the JSON object holds only the ranked labels.
+Labels are the candidates' SID strings (`answer_format='sid'`) or slot tokens (`'slot'`); both go
+through `gr2jax/data/answer.py`. WORKSPACE.md "Prompt and answer formats" shows rendered examples.
+
+This module also names every added token of the prompt language (SID codes, slot labels, evidence
+buckets, chat markup, the diffusion mask); `tokenizer.py` builds its vocabulary from them.
+"""
+
+import dataclasses
+import json
+
+import numpy as np
+
+from gr2jax.data.records import Catalog, RerankExample
+
+ANSWER_FORMATS = ("sid", "slot")
+EVIDENCE_MODES = ("raw", "flags")
+FIELDS = ("sid", "brand", "leaf", "title")
+EVIDENCE_KINDS = ("brand", "leaf", "path")  # the columns of RerankExample.evidence
+
+END_OF_TEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+THINK_START = "<think>"
+THINK_END = "</think>"
+MASK_TOKEN = "<|mask|>"
+CHAT_TOKENS = (END_OF_TEXT, IM_START, IM_END, THINK_START, THINK_END, MASK_TOKEN)
+
+SID_LEVEL_NAMES = "abcdefgh"
+NO_TITLE = "(no title)"
+NO_BRAND = "(no brand)"
+
+SYSTEM_PROMPT = (
+  "You are an expert re-ranker for Amazon Beauty products. From a user's purchase history, "
+  "rank the candidate items by how likely the user buys each one next."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptConfig:
+  """How an example is shown to the model.
+
+  Attributes:
+    answer_format: 'sid' (the answer lists candidate SIDs; 8B default) or 'slot' (slot labels;
+      tiny default).
+    evidence: 'raw' (history items with their fields; the paper's prompt) or 'flags' (each
+      candidate also carries its [brand, leaf, path] evidence bucket tokens).
+    fields: item fields shown, a subset of FIELDS, rendered in FIELDS order.
+    title_words: titles are cut to this many words.
+    history_items: the most recent items of the history shown (0 = no history block).
+    evidence_levels: number of evidence buckets per kind (bucket 0 = no match).
+    max_citations: at most this many teacher citations are rendered in the reasoning.
+  """
+
+  answer_format: str = "slot"
+  evidence: str = "flags"
+  fields: tuple[str, ...] = ("sid", "brand", "leaf")
+  title_words: int = 6
+  history_items: int = 5
+  evidence_levels: int = 5
+  max_citations: int = 3
+
+  def __post_init__(self):
+    if self.answer_format not in ANSWER_FORMATS:
+      raise ValueError(f"answer_format={self.answer_format!r}; expected one of {ANSWER_FORMATS}")
+    if self.evidence not in EVIDENCE_MODES:
+      raise ValueError(f"evidence={self.evidence!r}; expected one of {EVIDENCE_MODES}")
+    unknown = set(self.fields) - set(FIELDS)
+    if unknown:
+      raise ValueError(f"fields has unknown entries {sorted(unknown)}; "
+                       f"expected a subset of {FIELDS}")
+    if self.title_words < 1 or self.history_items < 0 or self.evidence_levels < 2:
+      raise ValueError(f"bad lengths in {self}: need title_words >= 1, history_items >= 0, "
+                       "evidence_levels >= 2")
+
+
+@dataclasses.dataclass(frozen=True)
+class RenderedExample:
+  """The three text pieces of one example and its candidate labels.
+
+  Attributes:
+    prompt: system + user turns and the assistant header.
+    reasoning: the `<think>` block ('' when the example has no teacher trace).
+    answer: the JSON answer + end of turn ('' when the example has no teacher trace).
+    labels: [N] the candidates' answer labels in D's order.
+  """
+
+  prompt: str
+  reasoning: str
+  answer: str
+  labels: tuple[str, ...]
+
+
+def sid_token(level: int, code: int) -> str:
+  """The added token of one SID code, e.g. `<a_17>` for level 0 code 17."""
+  return f"<{SID_LEVEL_NAMES[level]}_{code}>"
+
+
+def slot_token(slot: int) -> str:
+  """The added token labelling the candidate at position `slot` of D."""
+  return f"<slot_{slot}>"
+
+
+def evidence_token(kind: str, level: int) -> str:
+  """The added token of an evidence bucket, e.g. `<brand_3>`."""
+  return f"<{kind}_{level}>"
+
+
+def added_tokens(codes_per_level: tuple[int, ...], num_slots: int,
+                 evidence_levels: int) -> list[str]:
+  """Every non-chat token the prompts can emit (SID codes, slots, evidence buckets), in id order.
+
+  Args:
+    codes_per_level: number of codes per SID level, e.g. (256, 256, 256, max_collision + 1).
+    num_slots: N, the candidate list length.
+    evidence_levels: buckets per evidence kind.
+
+  Returns:
+    The token strings; the chat tokens (CHAT_TOKENS) are not included.
+  """
+  if len(codes_per_level) > len(SID_LEVEL_NAMES):
+    raise ValueError(f"{len(codes_per_level)} SID levels; at most {len(SID_LEVEL_NAMES)} supported")
+  tokens = [sid_token(l, c) for l, n in enumerate(codes_per_level) for c in range(n)]
+  tokens += [slot_token(s) for s in range(num_slots)]
+  tokens += [evidence_token(k, v) for k in EVIDENCE_KINDS for v in range(evidence_levels)]
+  return tokens
+
+
+def sid_string(sid: np.ndarray) -> str:
+  """The SID tokens of one item, e.g. `<a_17><b_203><c_5><d_0>`; sid is [L] int."""
+  return "".join(sid_token(l, int(c)) for l, c in enumerate(sid))
+
+
+def candidate_labels(example: RerankExample, sids: np.ndarray,
+                     config: PromptConfig) -> tuple[str, ...]:
+  """The answer labels of the candidates in D's order (SID strings or slot tokens).
+
+  Args:
+    example: the re-ranking example.
+    sids: [num_items, L] int32 semantic IDs.
+    config: prompt settings (answer_format decides the label kind).
+
+  Returns:
+    [N] label strings.
+  """
+  if config.answer_format == "sid":
+    return tuple(sid_string(sids[i]) for i in example.candidates)
+  return tuple(slot_token(s) for s in range(len(example.candidates)))
+
+
+def _item_fields(item: int, catalog: Catalog, sids: np.ndarray, config: PromptConfig) -> str:
+  """The configured fields of one item joined by ' | ' (in FIELDS order)."""
+  parts = []
+  for field in FIELDS:
+    if field not in config.fields:
+      continue
+    if field == "sid":
+      parts.append(sid_string(sids[item]))
+    elif field == "brand":
+      parts.append(catalog.brands[item] or NO_BRAND)
+    elif field == "leaf":
+      parts.append(catalog.categories[item][-1])
+    else:
+      title = catalog.titles[item]
+      parts.append(" ".join(title.split()[: config.title_words]) if title else NO_TITLE)
+  return " | ".join(parts)
+
+
+def _shown_history(example: RerankExample, config: PromptConfig) -> np.ndarray:
+  """[h'] the most recent `history_items` items of the history, oldest first."""
+  if config.history_items == 0:
+    return example.history[:0]
+  return example.history[-config.history_items:]
+
+
+def _history_ref(position: int, example: RerankExample, config: PromptConfig) -> str | None:
+  """The prompt's marker (`H1` = oldest shown) of history index `position`, None if not shown."""
+  first_shown = len(example.history) - len(_shown_history(example, config))
+  if position < first_shown:
+    return None
+  return f"H{position - first_shown + 1}"
+
+
+def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
+                  config: PromptConfig) -> str:
+  """The chat prompt: system role, history (marked H1..), candidates (slot labels), output spec.
+
+  Args:
+    example: the re-ranking example.
+    catalog: item metadata.
+    sids: [num_items, L] int32 semantic IDs.
+    config: prompt settings.
+
+  Returns:
+    The prompt text ending with the assistant header.
+  """
+  shown = [f for f in FIELDS if f in config.fields]
+  header = " | ".join(shown)
+  lines = []
+  history = _shown_history(example, config)
+  if len(history):
+    lines.append(f"History, oldest first (H | {header}):")
+    lines += [f"H{i + 1} {_item_fields(int(item), catalog, sids, config)}"
+              for i, item in enumerate(history)]
+  flags_header = " | match brand leaf path" if config.evidence == "flags" else ""
+  lines.append(f"Candidates in retriever order (slot | {header}{flags_header}):")
+  evidence = np.asarray(example.evidence)
+  levels = config.evidence_levels
+  if config.evidence == "flags" and (evidence.min() < 0 or evidence.max() >= levels):
+    raise ValueError(f"user {example.user}: evidence buckets {evidence.tolist()} outside "
+                     f"[0, {levels})")
+  for slot, item in enumerate(example.candidates):
+    line = f"{slot_token(slot)} {_item_fields(int(item), catalog, sids, config)}"
+    if config.evidence == "flags":
+      line += " | " + "".join(evidence_token(k, int(v))
+                              for k, v in zip(EVIDENCE_KINDS, evidence[slot], strict=True))
+    lines.append(line)
+  what = "candidate SIDs" if config.answer_format == "sid" else "candidate slots"
+  lines.append(f"Reason briefly, then answer with JSON {{\"ranking\": [...]}} holding all "
+               f"{len(example.candidates)} {what}, best first.")
+  user = "\n".join(lines)
+  return (f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
+          f"{IM_START}assistant\n")
+
+
+def render_reasoning(example: RerankExample, labels: tuple[str, ...], config: PromptConfig) -> str:
+  """The `<think>` block citing the teacher's evidence as it appears in the prompt.
+
+  One line per citation (at most `max_citations`): `{candidate label} {kind} {value}: H.. H..`,
+  where the H markers are the shown history items that share it (newest first).
+
+  Args:
+    example: the example; its `citations` are rendered.
+    labels: [N] candidate labels (from `candidate_labels`).
+    config: prompt settings.
+
+  Returns:
+    The reasoning text including the think markers and the blank line before the answer.
+  """
+  lines = []
+  for citation in example.citations[: config.max_citations]:
+    if not 0 <= citation.slot < len(labels):
+      raise ValueError(f"user {example.user}: citation slot {citation.slot} outside "
+                       f"[0, {len(labels)})")
+    refs = [_history_ref(p, example, config) for p in citation.history_positions]
+    refs = [r for r in refs if r is not None]
+    line = f"{labels[citation.slot]} {citation.kind} {citation.value}"
+    lines.append(f"{line}: {' '.join(refs)}" if refs else line)
+  body = "\n".join(lines) if lines else "No history match; keep the retriever order."
+  return f"{THINK_START}\n{body}\n{THINK_END}\n\n"
+
+
+def render_answer(ranking: np.ndarray, labels: tuple[str, ...]) -> str:
+  """The compact JSON answer `{"ranking":[...]}` + end of turn; ranking is [N] slots, best first."""
+  ranking = np.asarray(ranking)
+  if sorted(ranking.tolist()) != list(range(len(labels))):
+    raise ValueError(f"ranking {ranking.tolist()} is not a permutation of {len(labels)} slots")
+  body = json.dumps({"ranking": [labels[int(s)] for s in ranking]}, separators=(",", ":"))
+  return body + IM_END
+
+
+def render_example(example: RerankExample, catalog: Catalog, sids: np.ndarray,
+                   config: PromptConfig) -> RenderedExample:
+  """Prompt, reasoning and answer of one example (empty target when it has no teacher ranking).
+
+  Args:
+    example: the re-ranking example.
+    catalog: item metadata.
+    sids: [num_items, L] int32 semantic IDs.
+    config: prompt settings.
+
+  Returns:
+    The rendered pieces and the candidate labels.
+  """
+  labels = candidate_labels(example, sids, config)
+  prompt = render_prompt(example, catalog, sids, config)
+  if example.teacher_ranking is None:
+    return RenderedExample(prompt, "", "", labels)
+  return RenderedExample(prompt, render_reasoning(example, labels, config),
+                         render_answer(example.teacher_ranking, labels), labels)
