@@ -1,0 +1,114 @@
+"""Tokenizers in HF format: a small byte-level BPE for the tiny model, or an extended Qwen3 one.
+
+Both carry the same added tokens (prompts.added_tokens: one token per SID level/code, per slot
+label and per evidence bucket) and the chat tokens (prompts.CHAT_TOKENS, `<|mask|>` included), so
+every SID code in a prompt is a single token. Chat tokens are *special* (`skip_special_tokens`
+drops them); SID, slot and evidence tokens are ordinary added tokens and survive decoding.
+eos = `<|im_end|>` (end of the assistant turn), pad = `<|endoftext|>`, as in Qwen3.
+"""
+
+import os
+import re
+from collections.abc import Iterable
+
+import tokenizers
+import transformers
+from tokenizers import decoders, models, pre_tokenizers, trainers
+
+from gr2jax.data import prompts
+
+ADDED_TOKENS_FILE = "added_tokens.txt"
+_TOKEN_PATTERN = re.compile(r"<\|?[A-Za-z/]+(?:_\d+)?\|?>")
+
+
+def _added_token(content: str, special: bool) -> tokenizers.AddedToken:
+  return tokenizers.AddedToken(content, single_word=False, lstrip=False, rstrip=False,
+                               normalized=False, special=special)
+
+
+def _corpus(texts: Iterable[str]) -> Iterable[str]:
+  """Training texts without the added/chat tokens (BPE merges must not learn their pieces)."""
+  for text in texts:
+    yield _TOKEN_PATTERN.sub(" ", text)
+
+
+def _wrap(tokenizer: tokenizers.Tokenizer) -> transformers.PreTrainedTokenizerFast:
+  return transformers.PreTrainedTokenizerFast(
+    tokenizer_object=tokenizer, eos_token=prompts.IM_END, pad_token=prompts.END_OF_TEXT,
+    clean_up_tokenization_spaces=False)
+
+
+def train_tokenizer(texts: Iterable[str], out_dir: str, *, vocab_size: int,
+                    codes_per_level: tuple[int, ...], num_slots: int,
+                    evidence_levels: int) -> transformers.PreTrainedTokenizerFast:
+  """Trains a byte-level BPE on `texts`, adds the prompt tokens and saves it in HF format.
+
+  Args:
+    texts: training texts (item text and rendered prompts/responses); added tokens in them are
+      ignored for the merges.
+    out_dir: where `AutoTokenizer.from_pretrained(out_dir)` will find it.
+    vocab_size: total vocabulary size, chat + added tokens included (an upper bound: a small
+      corpus can run out of merges first).
+    codes_per_level: SID codes per level, e.g. (256, 256, 256, max_collision + 1).
+    num_slots: number of slot labels (N).
+    evidence_levels: evidence buckets per kind.
+
+  Returns:
+    The saved tokenizer.
+  """
+  added = prompts.added_tokens(codes_per_level, num_slots, evidence_levels)
+  bpe_size = vocab_size - len(added)
+  min_size = len(prompts.CHAT_TOKENS) + 256 + 64
+  if bpe_size < min_size:
+    raise ValueError(f"vocab_size={vocab_size} leaves {bpe_size} BPE tokens after {len(added)} "
+                     f"added tokens; need at least {min_size}")
+  tokenizer = tokenizers.Tokenizer(models.BPE())
+  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(
+    vocab_size=bpe_size, show_progress=False,
+    special_tokens=[_added_token(t, special=True) for t in prompts.CHAT_TOKENS],
+    initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tokenizer.train_from_iterator(_corpus(texts), trainer=trainer)
+  tokenizer.add_tokens([_added_token(t, special=False) for t in added])
+  wrapped = _wrap(tokenizer)
+  wrapped.save_pretrained(out_dir)
+  return wrapped
+
+
+def extend_tokenizer(base_dir: str, out_dir: str, *, codes_per_level: tuple[int, ...],
+                     num_slots: int, evidence_levels: int) -> list[str]:
+  """Adds the prompt tokens and `<|mask|>` to a local (Qwen3) tokenizer; the 8B path.
+
+  Writes the extended tokenizer to `out_dir` and the newly added tokens, one per line in id order,
+  to `out_dir/added_tokens.txt` for `weights_conversion/convert_hf.py --add_tokens=FILE`.
+
+  Args:
+    base_dir: a local HF tokenizer directory (nothing is downloaded).
+    out_dir: output directory.
+    codes_per_level: SID codes per level.
+    num_slots: number of slot labels (N).
+    evidence_levels: evidence buckets per kind.
+
+  Returns:
+    The tokens that were added (those already in the vocabulary are skipped).
+  """
+  if not os.path.isdir(base_dir):
+    raise FileNotFoundError(f"{base_dir}: not a local tokenizer directory")
+  tokenizer = transformers.AutoTokenizer.from_pretrained(base_dir)
+  vocab = tokenizer.get_vocab()
+  chat = [t for t in prompts.CHAT_TOKENS if t not in vocab]
+  plain = [t for t in prompts.added_tokens(codes_per_level, num_slots, evidence_levels)
+           if t not in vocab]
+  tokenizer.add_tokens([_added_token(t, special=True) for t in chat], special_tokens=True)
+  tokenizer.add_tokens([_added_token(t, special=False) for t in plain])
+  tokenizer.save_pretrained(out_dir)
+  new = chat + plain
+  with open(os.path.join(out_dir, ADDED_TOKENS_FILE), "w") as f:
+    f.writelines(t + "\n" for t in new)
+  return new
+
+
+def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
+  """Loads a saved tokenizer directory (local only)."""
+  return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -1,0 +1,85 @@
+"""Tests for gr2jax/data/tokenizer.py: render -> tokenize -> decode round-trips, SID tokens."""
+
+import os
+
+import pytest
+import transformers
+
+from gr2jax.data import prompts, tokenizer
+from tests.data.toy_records import toy_catalog, toy_example, toy_sids
+
+CODES = (256, 256, 256, 3)
+VARIANTS = [prompts.PromptConfig(answer_format=a, evidence=e, fields=prompts.FIELDS)
+            for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES]
+
+
+def _rendered():
+  catalog, sids = toy_catalog(), toy_sids()
+  return [prompts.render_example(toy_example(user=u), catalog, sids, c)
+          for u in range(4) for c in VARIANTS]
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("tok"))
+  texts = [r.prompt + r.reasoning + r.answer for r in _rendered()]
+  tokenizer.train_tokenizer(texts, out, vocab_size=1400, codes_per_level=CODES, num_slots=10,
+                            evidence_levels=5)
+  return out
+
+
+def test_autotokenizer_loads_with_specials(tok_dir):
+  tok = transformers.AutoTokenizer.from_pretrained(tok_dir)
+  assert len(tok) <= 1400  # a corpus this small runs out of merges before the BPE budget
+  assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|endoftext|>"
+  for t in prompts.CHAT_TOKENS + ("<a_255>", "<d_2>", "<slot_9>", "<path_4>"):
+    assert len(tok.encode(t, add_special_tokens=False)) == 1, t
+  learned = [t for t in tok.get_vocab() if t.startswith("<a_") and t not in ("<a_255>",)]
+  assert all(t in prompts.added_tokens(CODES, 10, 5) for t in learned)
+
+
+@pytest.mark.parametrize("index", range(len(VARIANTS)))
+def test_round_trip_and_single_token_sids(tok_dir, index):
+  tok = tokenizer.load_tokenizer(tok_dir)
+  rendered = _rendered()[index]
+  for piece in (rendered.prompt, rendered.reasoning, rendered.answer):
+    ids = tok.encode(piece, add_special_tokens=False)
+    assert tok.decode(ids) == piece
+  ids = tok.encode(rendered.prompt, add_special_tokens=False)
+  pieces = tok.convert_ids_to_tokens(ids)
+  sids = toy_sids()
+  for item in toy_example(user=index // len(VARIANTS)).candidates:
+    sid = [prompts.sid_token(level, int(code)) for level, code in enumerate(sids[item])]
+    assert any(pieces[i:i + 4] == sid for i in range(len(pieces))), sid
+  for label in rendered.labels:
+    label_ids = tok.encode(label, add_special_tokens=False)
+    assert len(label_ids) == (4 if rendered.labels[0].startswith("<a_") else 1)
+  # Decoding with skip_special_tokens keeps SID/slot tokens but drops chat markup.
+  text = tok.decode(tok.encode(rendered.answer, add_special_tokens=False),
+                    skip_special_tokens=True)
+  assert rendered.labels[0] in text and "<|im_end|>" not in text
+
+
+def test_vocab_too_small_raises(tmp_path):
+  with pytest.raises(ValueError, match="vocab_size=900"):
+    tokenizer.train_tokenizer(["abc"], str(tmp_path), vocab_size=900, codes_per_level=CODES,
+                              num_slots=10, evidence_levels=5)
+
+
+def test_extend_tokenizer_writes_added_tokens(tok_dir, tmp_path):
+  base = tmp_path / "base"
+  plain = tokenizer.train_tokenizer(["hello world <think>"], str(base), vocab_size=1200,
+                                    codes_per_level=(256, 256, 256, 1), num_slots=10,
+                                    evidence_levels=5)
+  out = tmp_path / "extended"
+  added = tokenizer.extend_tokenizer(str(base), str(out), codes_per_level=CODES, num_slots=12,
+                                     evidence_levels=5)
+  assert added == ["<d_1>", "<d_2>", "<slot_10>", "<slot_11>"]
+  with open(os.path.join(out, tokenizer.ADDED_TOKENS_FILE)) as f:
+    assert f.read().splitlines() == added
+  tok = tokenizer.load_tokenizer(str(out))
+  assert len(tok) == len(plain) + 4
+  assert tok.convert_tokens_to_ids("<slot_11>") == len(tok) - 1
+  with pytest.raises(FileNotFoundError, match="missing"):
+    tokenizer.extend_tokenizer(str(tmp_path / "missing"), str(out), codes_per_level=CODES,
+                               num_slots=10, evidence_levels=5)
