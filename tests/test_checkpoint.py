@@ -1,0 +1,111 @@
+"""gr2jax/checkpoint.py: round trip, sharded restore, atomic writes, damaged checkpoints."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from gr2jax import checkpoint
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+
+CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=48,
+                          eos_token_ids=(1, 2), mask_token_id=63, block_size=4)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return params_lib.init_params(CONFIG, jax.random.key(0))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, params):
+  path = str(tmp_path_factory.mktemp("ckpt") / "model")
+  checkpoint.save(path, CONFIG, params)
+  return path
+
+
+def _assert_equal(a, b):
+  jax.tree.map(np.testing.assert_array_equal, a, b)
+
+
+def test_config_dict_round_trip():
+  d = json.loads(json.dumps(checkpoint.config_to_dict(CONFIG)))
+  assert checkpoint.config_from_dict(d) == CONFIG
+  with pytest.raises(checkpoint.CheckpointError, match=r"unknown ModelConfig field\(s\) \['foo'\]"):
+    checkpoint.config_from_dict({**d, "foo": 1}, source="x.json")
+  with pytest.raises(checkpoint.CheckpointError, match="not a gr2jax config"):
+    checkpoint.config_from_dict(CONFIG.to_hf_dict())
+
+
+def test_save_restore_round_trip(saved, params):
+  config, restored = checkpoint.load_model(saved)
+  assert config == CONFIG
+  _assert_equal(restored, params)
+  assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
+  assert jax.tree.structure(restored) == jax.tree.structure(params)
+
+
+def test_restore_into_shardings(saved, params):
+  mesh = jax.make_mesh((4, 2), ("fsdp", "tp"))
+  spec = jax.sharding.PartitionSpec
+  shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, spec()), params)
+  shardings["layers"]["q"] = jax.sharding.NamedSharding(mesh, spec(None, "fsdp", "tp", None))
+  _, restored = checkpoint.restore(saved, shardings)
+  assert restored["layers"]["q"].sharding == shardings["layers"]["q"]
+  _assert_equal(restored, params)
+  with pytest.raises(checkpoint.CheckpointError, match="shardings tree does not match"):
+    checkpoint.restore(saved, {"embed": shardings["embed"]})
+
+
+def test_overwrite_is_atomic(tmp_path, params):
+  path = str(tmp_path / "model")
+  checkpoint.save(path, CONFIG, params)
+
+  def failing_write(tmp):
+    with open(os.path.join(tmp, "partial"), "w") as f:
+      f.write("x")
+    raise RuntimeError("disk full")
+
+  with pytest.raises(RuntimeError, match="disk full"):
+    checkpoint.atomic_directory(path, failing_write, overwrite=True)
+  assert os.listdir(tmp_path) == ["model"]  # the old checkpoint survives, no temp dirs left
+  _assert_equal(checkpoint.restore(path)[1], params)
+  with pytest.raises(FileExistsError):
+    checkpoint.save(path, CONFIG, params, overwrite=False)
+  new = jax.tree.map(lambda x: x + 1, params)
+  checkpoint.save(path, CONFIG, new)
+  assert os.listdir(tmp_path) == ["model"]
+  _assert_equal(checkpoint.restore(path)[1], new)
+
+
+def _truncate_data(path):
+  """Truncates the largest orbax data file to half its size."""
+  files = [os.path.join(root, f) for root, _, fs in os.walk(os.path.join(path, "params"))
+           for f in fs]
+  largest = max(files, key=os.path.getsize)
+  os.truncate(largest, os.path.getsize(largest) // 2)
+
+
+@pytest.mark.parametrize("damage,message", [
+  (lambda p: os.remove(os.path.join(p, checkpoint.CONFIG_FILE)), "not a gr2jax checkpoint"),
+  (lambda p: open(os.path.join(p, checkpoint.CONFIG_FILE), "w").write("{"), "invalid JSON"),
+  (lambda p: shutil.rmtree(os.path.join(p, checkpoint.PARAMS_DIR)), "incomplete checkpoint"),
+  (lambda p: os.remove(os.path.join(p, checkpoint.PARAMS_DIR, "_METADATA")),
+   "unreadable orbax metadata"),
+  (_truncate_data, "params: (unreadable orbax metadata|cannot restore params)"),
+])
+def test_damaged_checkpoint_is_a_clear_error(tmp_path, params, damage, message):
+  path = str(tmp_path / "model")
+  checkpoint.save(path, CONFIG, params)
+  damage(path)
+  with pytest.raises(checkpoint.CheckpointError, match=message):
+    checkpoint.restore(path)
+
+
+def test_load_model_rejects_unknown_directories(tmp_path):
+  with pytest.raises(checkpoint.CheckpointError, match="neither a gr2jax checkpoint"):
+    checkpoint.load_model(str(tmp_path))

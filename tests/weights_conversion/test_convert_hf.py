@@ -1,0 +1,198 @@
+"""convert_hf.py + hf_table.py: table round trip, formats, dtypes, add_tokens, and bad input."""
+
+import json
+import os
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+
+from gr2jax import checkpoint
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+from tests.weights_conversion.conftest import leftovers, run_main, save_hf
+from weights_conversion import convert_hf, hf_table, safetensors_io
+
+
+def _hf_state(model) -> dict[str, np.ndarray]:
+  return {k: v.detach().float().numpy() for k, v in model.state_dict().items()
+          if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+
+
+def _assert_matches_hf(params, model):
+  """Every param equals its HF tensor through the inverse table (and nothing is left over)."""
+  state = _hf_state(model)
+  exported = dict(hf_table.export_tensors(params))
+  assert sorted(exported) == sorted(state)
+  for name, value in exported.items():
+    np.testing.assert_array_equal(value.astype(np.float32), state[name], err_msg=name)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_table_round_trip(tied):
+  config = ModelConfig.tiny(vocab_size=64, num_layers=3, tie_word_embeddings=tied)
+  params = jax.tree.map(np.asarray, params_lib.init_params(config, jax.random.key(0)))
+  filler = hf_table.ParamFiller(params_lib.abstract_params(config), np.float32)
+  names = []
+  for name, array in reversed(list(hf_table.export_tensors(params))):  # any order works
+    names.append(name)
+    filler.put(name, array)
+  assert sorted(names) == sorted(hf_table.expected_names(params))
+  assert ("lm_head.weight" in names) == (not tied)
+  jax.tree.map(np.testing.assert_array_equal, filler.finish(), params)
+
+
+def test_expected_hf_shapes_match_transformers(hf_untied):
+  model, _ = hf_untied
+  config = ModelConfig.from_hf_dict(model.config.to_dict())
+  abstract = params_lib.abstract_params(config)
+  state = _hf_state(model)
+  assert sorted(hf_table.expected_names(abstract)) == sorted(state)
+  for name, value in state.items():
+    rule, layer = hf_table.match(name, abstract)
+    leaf = abstract
+    for key in rule.path:
+      leaf = leaf[key]
+    shape = leaf.shape[1:] if layer is not None else leaf.shape
+    assert hf_table.hf_shape(rule, shape) == value.shape, name
+
+
+def test_convert_main_writes_checkpoint(hf_untied, tmp_path):
+  model, hf_dir = hf_untied
+  with open(os.path.join(hf_dir, "tokenizer_config.json"), "w") as f:
+    json.dump({"model_max_length": 256}, f)
+  out = str(tmp_path / "ckpt")
+  run_main(convert_hf, hf_dir=hf_dir, out_dir=out)
+  assert sorted(os.listdir(out)) == ["generation_config.json", "gr2jax_config.json", "params",
+                                     "tokenizer_config.json"]
+  assert leftovers(out) == ["ckpt"]
+  config, params = checkpoint.restore(out)
+  assert config == ModelConfig.from_hf_dir(hf_dir)
+  _assert_matches_hf(jax.tree.map(np.asarray, params), model)
+  with pytest.raises(FileExistsError, match="already exists"):
+    convert_hf.convert(hf_dir, out)
+
+
+@pytest.mark.parametrize("layout", ["sharded", "bin", "bf16"])
+def test_weight_layouts(layout, tmp_path):
+  hf_dir = str(tmp_path / "hf")
+  model = save_hf(hf_dir, seed=2, tie_word_embeddings=True,
+                  dtype=torch.bfloat16 if layout == "bf16" else torch.float32)
+  if layout == "sharded":
+    model.save_pretrained(hf_dir, max_shard_size="20KB")
+    assert len(convert_hf.weight_files(hf_dir)) > 2
+  if layout == "bin":
+    os.remove(os.path.join(hf_dir, "model.safetensors"))
+    torch.save(model.state_dict(), os.path.join(hf_dir, "pytorch_model.bin"))
+  config, params = convert_hf.load_hf(hf_dir)
+  assert config.param_dtype == ("bfloat16" if layout == "bf16" else "float32")
+  assert {x.dtype for x in jax.tree.leaves(params)} == {np.dtype(config.param_dtype)}
+  _assert_matches_hf(params, model)
+  if layout == "bf16":  # bf16 -> fp32 on request is exact
+    _, params32 = convert_hf.load_hf(hf_dir, param_dtype="float32")
+    assert params32["embed"].dtype == np.float32
+    np.testing.assert_array_equal(params32["embed"], params["embed"].astype(np.float32))
+
+
+def test_add_tokens(hf_untied, tmp_path):
+  model, hf_dir = hf_untied
+  token_file = tmp_path / "tokens.txt"
+  token_file.write_text("<|mask|>\n<a_1>\n<b_2>\n")
+  out = str(tmp_path / "ckpt")
+  run_main(convert_hf, hf_dir=hf_dir, out_dir=out, add_tokens=str(token_file))
+  config, params = checkpoint.restore(out)
+  v = model.config.vocab_size
+  assert config.vocab_size == v + 3
+  with open(os.path.join(out, convert_hf.ADDED_IDS_FILE)) as f:
+    assert json.load(f) == {"<|mask|>": v, "<a_1>": v + 1, "<b_2>": v + 2}
+  embed, head = np.asarray(params["embed"]), np.asarray(params["lm_head"])
+  assert embed.shape == (v + 3, 32) and head.shape == (32, v + 3)
+  np.testing.assert_array_equal(embed[:v], _hf_state(model)["model.embed_tokens.weight"])
+  np.testing.assert_allclose(embed[v:], np.broadcast_to(embed[:v].mean(0), (3, 32)), atol=1e-4)
+  np.testing.assert_allclose(head[:, v:], np.broadcast_to(head[:, :v].mean(1)[:, None], (32, 3)),
+                             atol=1e-4)
+  assert len({row.tobytes() for row in embed[v:]}) == 3  # the noise separates the new rows
+
+
+def _rewrite(hf_dir, edit):
+  """Applies `edit(dict of tensors)` to model.safetensors."""
+  file = os.path.join(hf_dir, "model.safetensors")
+  tensors = dict(safetensors_io.iter_tensors(file))
+  edit(tensors)
+  safetensors_io.write_file(file, tensors, {"format": "pt"})
+
+
+def _edit_config(hf_dir, **fields):
+  file = os.path.join(hf_dir, "config.json")
+  with open(file) as f:
+    d = json.load(f)
+  d.update(fields)
+  with open(file, "w") as f:
+    json.dump(d, f)
+
+
+def _truncate(hf_dir):
+  file = os.path.join(hf_dir, "model.safetensors")
+  os.truncate(file, os.path.getsize(file) - 100)
+
+
+BAD_INPUTS = {
+  "missing": (lambda d: _rewrite(d, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+              "missing tensor 'model.layers.1.mlp.up_proj.weight'"),
+  "unexpected": (lambda d: _rewrite(d, lambda t: t.update(
+    {"model.layers.0.self_attn.q_proj.bias": np.zeros(64, np.float32)})),
+                 "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"),
+  "extra_layer": (lambda d: _rewrite(d, lambda t: t.update(
+    {"model.layers.2.input_layernorm.weight": np.ones(32, np.float32)})),
+                  "unexpected tensor 'model.layers.2.input_layernorm.weight'"),
+  "tied_head": (lambda d: _edit_config(d, tie_word_embeddings=True),
+                "tensor 'lm_head.weight' differs from 'model.embed_tokens.weight'"),
+  "wrong_shape": (lambda d: _rewrite(d, lambda t: t.update(
+    {"model.layers.0.self_attn.k_proj.weight": np.zeros((32, 16), np.float32)})),
+                  r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape \(32, 16\), "
+                  r"expected \(32, 32\)"),
+  "unsupported_field": (lambda d: _edit_config(d, rope_parameters={"rope_type": "yarn",
+                                                                   "rope_theta": 1e4}),
+                        "rope_parameters.rope_type='yarn'"),
+  "truncated": (_truncate,
+                r"tensor '[\w.]+' ends at byte \d+ but the file has \d+ bytes \(truncated"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_names_the_problem_and_leaves_nothing(case, tmp_path):
+  hf_dir = str(tmp_path / "hf")
+  save_hf(hf_dir, seed=3)
+  damage, message = BAD_INPUTS[case]
+  damage(hf_dir)
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match=message):
+    run_main(convert_hf, hf_dir=hf_dir, out_dir=out)
+  assert leftovers(out) == []
+
+
+def test_duplicate_tensor_across_shards(tmp_path):
+  hf_dir = str(tmp_path / "hf")
+  save_hf(hf_dir, seed=4)
+  os.rename(os.path.join(hf_dir, "model.safetensors"), os.path.join(hf_dir, "a.safetensors"))
+  safetensors_io.write_file(os.path.join(hf_dir, "b.safetensors"),
+                            {"model.norm.weight": np.ones(32, np.float32)}, {"format": "pt"})
+  with pytest.raises(ValueError, match="'model.norm.weight' appears more than once"):
+    convert_hf.load_hf(hf_dir)
+
+
+def test_safetensors_io_bf16_round_trip(tmp_path):
+  file = str(tmp_path / "x.safetensors")
+  tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
+             "b": np.ones((0, 4), np.float32), "c": np.arange(5, dtype=np.int64)}
+  safetensors_io.write_file(file, tensors, {"format": "pt"})
+  back = dict(safetensors_io.iter_tensors(file))
+  assert list(back) == ["a", "b", "c"]
+  for k, v in tensors.items():
+    assert back[k].dtype == v.dtype and back[k].shape == v.shape
+    np.testing.assert_array_equal(back[k], v)
+  from safetensors.torch import load_file  # the reference reader agrees
+
+  assert torch.equal(load_file(file)["a"], torch.arange(6.0).reshape(2, 3).bfloat16())

@@ -1,0 +1,135 @@
+"""Minimal, validating safetensors reader and writer on numpy (bf16 via ml_dtypes).
+
+Why not `safetensors.numpy`: numpy has no bfloat16, so the library cannot hand out bf16 tensors
+as numpy arrays, and its errors on a damaged file do not name the tensor. The format is small:
+8 bytes little-endian header length N, N bytes of JSON `{name: {dtype, shape, data_offsets}}`
+(plus an optional `__metadata__`), then the raw little-endian data. Reading memory-maps the file
+and hands out one tensor at a time, so a shard is never fully resident.
+"""
+
+import json
+import mmap
+import os
+from collections.abc import Iterator, Mapping
+
+import ml_dtypes
+import numpy as np
+
+_DTYPES = {
+  "F64": np.dtype(np.float64),
+  "F32": np.dtype(np.float32),
+  "F16": np.dtype(np.float16),
+  "BF16": np.dtype(ml_dtypes.bfloat16),
+  "I64": np.dtype(np.int64),
+  "I32": np.dtype(np.int32),
+  "I16": np.dtype(np.int16),
+  "I8": np.dtype(np.int8),
+  "U8": np.dtype(np.uint8),
+  "BOOL": np.dtype(np.bool_),
+}
+_NAMES = {dtype: name for name, dtype in _DTYPES.items()}
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+class SafetensorsError(ValueError):
+  """A safetensors file is malformed; the message names the file and, where known, the tensor."""
+
+
+def read_header(path: str) -> dict[str, dict]:
+  """Reads and validates a safetensors header.
+
+  Args:
+    path: the .safetensors file.
+
+  Returns:
+    {tensor name: {'dtype': numpy dtype, 'shape': tuple, 'start': int, 'end': int}}, absolute
+    byte offsets into the file, in file order.
+
+  Raises:
+    SafetensorsError: bad header, unknown dtype, size mismatch, or data past the end of the file
+      (a truncated download).
+  """
+  size = os.path.getsize(path)
+  with open(path, "rb") as f:
+    prefix = f.read(8)
+    if len(prefix) < 8:
+      raise SafetensorsError(f"{path}: file is {size} bytes, too short for a safetensors header")
+    n = int.from_bytes(prefix, "little")
+    if n > min(_MAX_HEADER_BYTES, size - 8):
+      raise SafetensorsError(f"{path}: header length {n} exceeds the file size {size} (truncated?)")
+    try:
+      header = json.loads(f.read(n))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+      raise SafetensorsError(f"{path}: header is not valid JSON: {e}") from e
+  header.pop("__metadata__", None)
+  entries = {}
+  for name, spec in header.items():
+    if spec.get("dtype") not in _DTYPES:
+      raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {spec.get('dtype')!r}")
+    dtype = _DTYPES[spec["dtype"]]
+    shape = tuple(int(d) for d in spec["shape"])
+    begin, end = (int(o) for o in spec["data_offsets"])
+    if end - begin != int(np.prod(shape)) * dtype.itemsize:
+      raise SafetensorsError(
+        f"{path}: tensor {name!r} spans {end - begin} bytes but shape {shape} {spec['dtype']} "
+        f"needs {int(np.prod(shape)) * dtype.itemsize}"
+      )
+    if 8 + n + end > size:
+      raise SafetensorsError(
+        f"{path}: tensor {name!r} ends at byte {8 + n + end} but the file has {size} bytes "
+        "(truncated file?)"
+      )
+    entries[name] = {"dtype": dtype, "shape": shape, "start": 8 + n + begin, "end": 8 + n + end}
+  return dict(sorted(entries.items(), key=lambda kv: kv[1]["start"]))
+
+
+def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields (name, array) for each tensor of a safetensors file, one at a time, in file order.
+
+  Each array is an owned copy; the file is memory-mapped and the mapping is dropped as soon as the
+  iteration ends, so at most one tensor's copy plus the pages just read are resident.
+
+  Args:
+    path: the .safetensors file.
+
+  Yields:
+    (tensor name, numpy array with the stored dtype and shape).
+  """
+  entries = read_header(path)
+  if not entries:
+    return
+  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+    for name, e in entries.items():
+      count = (e["end"] - e["start"]) // e["dtype"].itemsize
+      view = np.frombuffer(mm, dtype=e["dtype"], count=count, offset=e["start"])
+      array = view.reshape(e["shape"]).copy()
+      del view
+      # Drop the pages just read from this process's resident set (they stay in the page cache).
+      mm.madvise(mmap.MADV_DONTNEED, e["start"] - e["start"] % mmap.PAGESIZE,
+                 e["end"] - (e["start"] - e["start"] % mmap.PAGESIZE))
+      yield name, array
+
+
+def write_file(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+  """Writes tensors to a safetensors file one at a time (no in-memory copy of the whole set).
+
+  Args:
+    path: output .safetensors file.
+    tensors: {name: numpy array}; dtypes among F64/F32/F16/BF16/int/bool.
+    metadata: string -> string `__metadata__` (transformers wants {'format': 'pt'}).
+  """
+  header, offset = {}, 0
+  for name, array in tensors.items():
+    if array.dtype not in _NAMES:
+      raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {array.dtype}")
+    header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
+                    "data_offsets": [offset, offset + array.nbytes]}
+    offset += array.nbytes
+  header["__metadata__"] = dict(metadata)
+  blob = json.dumps(header, separators=(",", ":")).encode()
+  blob += b" " * (-len(blob) % 8)
+  with open(path, "wb") as f:
+    f.write(len(blob).to_bytes(8, "little"))
+    f.write(blob)
+    for array in tensors.values():
+      f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)
