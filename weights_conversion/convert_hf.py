@@ -210,7 +210,8 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("hf_dir", None, "Local HF Qwen3 directory (config.json + weights).")
-flags.DEFINE_string("out_dir", None, "gr2jax checkpoint directory to create (must not exist).")
+flags.DEFINE_string("out_dir", None, "Output directory to create; must not exist. Written "
+                    "atomically: on any error nothing is left there. (Shared with export_hf.py.)")
 flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16"],
                   "Param storage dtype (default: bfloat16 if the HF config says bf16, else fp32).")
 flags.DEFINE_string("add_tokens", None, "File of new tokens, one per line: grows embed/lm_head "

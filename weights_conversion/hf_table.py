@@ -241,6 +241,20 @@ class ParamFiller:
     return tree
 
 
+def export_specs(params: Mapping) -> list[tuple[str, tuple[int, ...], np.dtype]]:
+  """(HF name, HF shape, dtype) of every tensor `export_tensors` yields, in the same order."""
+  specs = []
+  for rule in _rules_for(params):
+    leaf = _get(params, rule.path)
+    if rule.layered:
+      shape = hf_shape(rule, tuple(leaf.shape[1:]))
+      specs.extend((rule.hf_name.format(i=i), shape, np.dtype(leaf.dtype))
+                   for i in range(leaf.shape[0]))
+    else:
+      specs.append((rule.hf_name, hf_shape(rule, tuple(leaf.shape)), np.dtype(leaf.dtype)))
+  return specs
+
+
 def export_tensors(params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (HF name, HF-layout numpy array) for every tensor of a param pytree, in table order.
 

@@ -10,7 +10,7 @@ and hands out one tensor at a time, so a shard is never fully resident.
 import json
 import mmap
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -111,25 +111,42 @@ def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
 
 
 def write_file(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-  """Writes tensors to a safetensors file one at a time (no in-memory copy of the whole set).
+  """Writes a dict of tensors to a safetensors file (see `write_stream`)."""
+  specs = [(name, a.shape, a.dtype) for name, a in tensors.items()]
+  write_stream(path, specs, iter(tensors.values()), metadata)
+
+
+def write_stream(path: str, specs: Sequence[tuple[str, tuple[int, ...], np.dtype]],
+                 arrays: Iterator[np.ndarray], metadata: Mapping[str, str]) -> None:
+  """Writes tensors to a safetensors file one at a time, never holding more than one in memory.
 
   Args:
     path: output .safetensors file.
-    tensors: {name: numpy array}; dtypes among F64/F32/F16/BF16/int/bool.
+    specs: (name, shape, dtype) of every tensor, in write order (the header comes first).
+    arrays: yields the arrays in the order of `specs`; each must match its spec.
     metadata: string -> string `__metadata__` (transformers wants {'format': 'pt'}).
+
+  Raises:
+    SafetensorsError: an unsupported dtype, or an array that does not match its spec.
   """
   header, offset = {}, 0
-  for name, array in tensors.items():
-    if array.dtype not in _NAMES:
-      raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {array.dtype}")
-    header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
-                    "data_offsets": [offset, offset + array.nbytes]}
-    offset += array.nbytes
+  for name, shape, dtype in specs:
+    dtype = np.dtype(dtype)
+    if dtype not in _NAMES:
+      raise SafetensorsError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+    nbytes = int(np.prod(shape)) * dtype.itemsize
+    header[name] = {"dtype": _NAMES[dtype], "shape": list(shape),
+                    "data_offsets": [offset, offset + nbytes]}
+    offset += nbytes
   header["__metadata__"] = dict(metadata)
   blob = json.dumps(header, separators=(",", ":")).encode()
   blob += b" " * (-len(blob) % 8)
   with open(path, "wb") as f:
     f.write(len(blob).to_bytes(8, "little"))
     f.write(blob)
-    for array in tensors.values():
+    for name, shape, dtype in specs:
+      array = next(arrays)
+      if tuple(array.shape) != tuple(shape) or array.dtype != np.dtype(dtype):
+        raise SafetensorsError(f"{path}: tensor {name!r} is {array.shape} {array.dtype}, "
+                               f"declared {tuple(shape)} {np.dtype(dtype)}")
       f.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)

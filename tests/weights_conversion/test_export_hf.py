@@ -1,0 +1,59 @@
+"""export_hf.py: gr2jax checkpoint -> HF directory that transformers reloads, weights intact."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from gr2jax import checkpoint
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+from tests.weights_conversion.conftest import leftovers, run_main
+from weights_conversion import convert_hf, export_hf
+
+
+def test_export_round_trip_reloads_in_transformers(hf_untied, tmp_path):
+  model, hf_dir = hf_untied
+  ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "hf_out")
+  convert_hf.convert(hf_dir, ckpt)
+  run_main(export_hf, ckpt=ckpt, out_dir=out)
+  reloaded = transformers.Qwen3ForCausalLM.from_pretrained(out).eval()
+  tokens = torch.arange(20).reshape(2, 10) % model.config.vocab_size
+  with torch.no_grad():
+    torch.testing.assert_close(reloaded(tokens).logits, model(tokens).logits, rtol=0, atol=0)
+  assert ModelConfig.from_hf_dir(out) == ModelConfig.from_hf_dir(hf_dir)
+  with pytest.raises(FileExistsError):
+    export_hf.export(ckpt, out)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_export_tied_and_grown_vocab(dtype, tmp_path):
+  """A tied bf16/fp32 checkpoint (e.g. after --add_tokens) exports with every weight intact."""
+  config = ModelConfig.tiny(vocab_size=70, hidden_size=32, head_dim=8, intermediate_size=48,
+                            tie_word_embeddings=True, param_dtype=dtype, eos_token_ids=(3,))
+  params = params_lib.init_params(config, jax.random.key(1))
+  ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "hf_out")
+  checkpoint.save(ckpt, config, params)
+  export_hf.export(ckpt, out)
+  with open(os.path.join(out, "config.json")) as f:
+    assert json.load(f)["dtype"] == dtype
+  assert ModelConfig.from_hf_dir(out, param_dtype=dtype) == config
+  reloaded = transformers.Qwen3ForCausalLM.from_pretrained(out, dtype=getattr(torch, dtype))
+  assert reloaded.lm_head.weight.data_ptr() == reloaded.model.embed_tokens.weight.data_ptr()
+  q = reloaded.model.layers[1].self_attn.q_proj.weight.detach().float().numpy()  # [N*H, D]
+  np.testing.assert_array_equal(
+    q, np.asarray(params["layers"]["q"][1].astype(np.float32)).reshape(32, -1).T)
+  _, back = convert_hf.load_hf(out)
+  jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), back,
+               params)
+
+
+def test_export_of_damaged_checkpoint_leaves_nothing(tmp_path):
+  out = str(tmp_path / "hf_out")
+  with pytest.raises(checkpoint.CheckpointError, match="not a gr2jax checkpoint"):
+    export_hf.export(str(tmp_path), out)
+  assert leftovers(out) == []
