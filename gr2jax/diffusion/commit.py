@@ -113,6 +113,28 @@ def commit_step(
       f"masked {masked.shape} [B, T]"
     )
   tokens, logprob = propose(logits, mask_token_id, temperature, key)  # [B, T]
+  return select(tokens, logprob, canvas, masked, threshold)
+
+
+def select(
+  tokens: jax.Array,
+  logprob: jax.Array,
+  canvas: jax.Array,
+  masked: jax.Array,
+  threshold: float | jax.Array,
+) -> CommitResult:
+  """The threshold rule on given proposals (the decoder proposes only where it needs to).
+
+  Args:
+    tokens: [B, T] int32 proposed tokens.
+    logprob: [B, T] f32 their log-probs (confidence = exp(logprob)).
+    canvas: [B, T] int32 current tokens.
+    masked: [B, T] bool, positions still open.
+    threshold: tau, a scalar or [B].
+
+  Returns:
+    CommitResult.
+  """
   conf = jnp.where(masked, jnp.exp(logprob), -jnp.inf)  # [B, T]
   max_conf = jnp.max(conf, axis=-1)  # [B]
   tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), max_conf.shape)

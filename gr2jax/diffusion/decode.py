@@ -1,0 +1,429 @@
+"""Block-diffusion decoding with an exact KV cache, all on device (one jit, one lax.while_loop).
+
+Conventions (WORKSPACE.md "Masks and block alignment"):
+  - The prompt is prefilled causally into a static KV cache (exactly the AR prefill).
+  - Response blocks are aligned to the response start: block k holds response tokens
+    [k * B, (k + 1) * B). Every forward of a block attends to the cache (the prompt and the
+    committed earlier blocks) and bidirectionally within the block (`masks.decode_mask`).
+  - AR token shift: the logit at block index i - 1 predicts block token i. A block therefore
+    starts as one *seed* token -- the proposal of the previous forward's last logit (the prefill
+    for block 0, the previous block's commit forward afterwards) -- plus B - 1 mask tokens.
+    With B = 1 every block is a seed and decoding is exactly AR decoding.
+  - A denoising step proposes a token for every still-masked position and commits per
+    `commit.select`. When a block has no masks left, one *commit forward* of the clean block
+    writes its K/V into the cache and its last logit seeds the next block.
+
+One forward per loop iteration serves every row: rows still denoising run a denoising step,
+rows whose block just completed run their commit forward, so rows never wait for each other.
+The forward is always called with update_cache=True, but only committing rows advance
+`cache.lengths`; a denoising row's K/V land in slots >= its `cache.lengths`, which no query can
+see (`decode_mask`) and which its own commit forward overwrites. The valid part of the cache is
+therefore untouched by denoising steps (tests/diffusion/test_decode.py checks it).
+
+Stop: a row is done once a stop token is committed with no mask before it in its block, or once
+its last block (covering max_new_tokens) is complete. Done rows are frozen (static shapes).
+Per-block step cap: the step with index max_steps_per_block - 1 commits all remaining masks.
+
+Trace (for RL replay, gr2jax/diffusion/replay.py): `commit_step[b, j]` is the 0-based denoising
+step *within j's block* at which response token j was committed; SEED_STEP (-1) for a block's
+seed token; NEVER_STEP for a position still masked when its row stopped (only after a stop
+token). `commit_logprob` is the token's log-prob at that moment (commit.token_log_probs).
+
+Cheap CPU levers: the cache holds exactly prompt + ceil(max_new / B) * B slots (or
+`cache_size`); the LM head runs only at query indices that predict a still-masked token (plus
+the last one for committing rows), gathered into the smallest of `head_buckets` static widths
+(`lax.switch`, one compiled forward per bucket). Computing only a sub-block of the canvas is not
+exact under the block-bidirectional mask (every token's K/V depends on the whole block) and is
+not done.
+"""
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from gr2jax.diffusion import commit
+from gr2jax.model import masks, qwen3
+from gr2jax.model.cache import KVCache, init_cache
+from gr2jax.model.config import ModelConfig
+
+SEED_STEP = -1
+NEVER_STEP = 2**30
+
+
+class DiffusionOutput(NamedTuple):
+  """What block_diffusion_generate returns.
+
+  Attributes:
+    tokens: [B, max_new] int32 generated tokens, pad_token_id after `lengths`.
+    lengths: [B] int32 generated tokens per row (the stop token included).
+    nfe: [B] int32 forwards that worked on the row (prefill + denoising steps + commit forwards).
+    commit_step: [B, max_new] int32 per-block denoising step of each token (see module doc).
+    commit_logprob: [B, max_new] f32 log-prob of each token when committed (0 where never).
+    trace_tokens: [B, max_new] int32 every committed token, also those committed after a stop
+      token in the final block (mask token where never committed); what replay re-scores.
+    num_forwards: [] int32 batched forward calls (prefill included), the wall-clock driver.
+  """
+
+  tokens: jax.Array
+  lengths: jax.Array
+  nfe: jax.Array
+  commit_step: jax.Array
+  commit_logprob: jax.Array
+  trace_tokens: jax.Array
+  num_forwards: jax.Array
+
+
+class _State(NamedTuple):
+  """The while_loop carry; T = block size, R = blocks * T response slots."""
+
+  cache: KVCache
+  canvas: jax.Array  # [B, T] current block
+  masked: jax.Array  # [B, T] still open
+  step_rec: jax.Array  # [B, T] commit step of each block position
+  logp_rec: jax.Array  # [B, T]
+  start: jax.Array  # [B] response index of the block's first token
+  step: jax.Array  # [B] denoising steps done in this block
+  done: jax.Array  # [B]
+  lengths: jax.Array  # [B] final length, valid once done
+  out_tokens: jax.Array  # [B, R]
+  out_step: jax.Array  # [B, R]
+  out_logp: jax.Array  # [B, R]
+  nfe: jax.Array  # [B]
+  num_forwards: jax.Array  # []
+  key: jax.Array
+
+
+def block_forward(
+  params: dict,
+  config: ModelConfig,
+  cache: KVCache,
+  canvas: jax.Array,
+  prompt_lengths: jax.Array,
+  logits_at: jax.Array | None = None,
+) -> tuple[jax.Array, KVCache]:
+  """One forward of a block [B, T] after the cache, block-bidirectional (the decoder's step).
+
+  Args:
+    params: the param pytree.
+    config: the model.
+    cache: holds the prompt and the committed blocks; the block sits at slots cache.lengths + i.
+    canvas: [B, T] block tokens (mask token where open).
+    prompt_lengths: [B] response start of each row (block alignment).
+    logits_at: optional [B, Kq] query indices for the LM head.
+
+  Returns:
+    (logits f32 [B, T or Kq, V] unshifted, the cache with the block written and lengths + T).
+  """
+  t = canvas.shape[1]
+  positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+  mask = masks.decode_mask(cache.lengths, cache.max_len, positions, prompt_lengths, t)
+  return qwen3.forward(
+    params, config, canvas, positions, mask, cache, update_cache=True, logits_at=logits_at
+  )
+
+
+def _new_block(seed, seed_logp, start, block_size, max_new, mask_id):
+  """Canvas of a fresh block: seed + masks; positions >= max_new stay mask but are not open."""
+  b = seed.shape[0]
+  idx = jnp.arange(block_size, dtype=jnp.int32)[None, :]  # [1, T]
+  canvas = jnp.where(idx == 0, seed[:, None], jnp.full((b, block_size), mask_id, jnp.int32))
+  masked = (idx >= 1) & (start[:, None] + idx < max_new)
+  step_rec = jnp.where(idx == 0, SEED_STEP, NEVER_STEP) * jnp.ones((b, 1), jnp.int32)
+  logp_rec = jnp.where(idx == 0, seed_logp[:, None], 0.0)
+  return canvas, masked, step_rec, logp_rec
+
+
+def _finished(canvas, masked, start, stop_ids, max_new):
+  """(done [B], lengths [B]) of rows whose current block ends the response."""
+  t = canvas.shape[1]
+  idx = jnp.arange(t, dtype=jnp.int32)[None, :]
+  is_stop = jnp.isin(canvas, stop_ids) & ~masked  # [B, T]
+  first_stop = jnp.min(jnp.where(is_stop, idx, t), axis=-1)  # [B]
+  open_before = jnp.any(masked & (idx < first_stop[:, None]), axis=-1)
+  stopped = (first_stop < t) & ~open_before
+  complete = ~jnp.any(masked, axis=-1) & (start + t >= max_new)
+  lengths = jnp.where(stopped, start + first_stop + 1, jnp.minimum(start + t, max_new))
+  return stopped | complete, lengths
+
+
+def _write_rows(buf, block, start):
+  """Writes block [B, T] into buf [B, R] at per-row offsets start [B]."""
+  return jax.vmap(lambda r, x, s: lax.dynamic_update_slice(r, x, (s,)))(buf, block, start)
+
+
+def _query_plan(masked, committing, bucket_sizes):
+  """Which query indices need logits, ordered needed-first, and the bucket that covers them.
+
+  Query i - 1 predicts block token i; committing rows need the last query (the next seed).
+
+  Returns:
+    (order [B, T] int32, bucket index [] int32).
+  """
+  b, t = masked.shape
+  needed = jnp.concatenate([masked[:, 1:], committing[:, None]], axis=1)  # [B, T] by query
+  order = jnp.argsort(~needed, axis=-1, stable=True).astype(jnp.int32)
+  count = jnp.max(jnp.sum(needed, axis=-1))
+  bucket = jnp.sum(jnp.asarray(bucket_sizes)[None, :] < count, axis=-1)
+  return order, jnp.minimum(bucket, len(bucket_sizes) - 1).reshape(())
+
+
+def _propose_at_queries(
+  params, config, cache, canvas, prompt_lengths, order, bucket, bucket_sizes, propose_fn
+):
+  """Runs the block forward with the LM head at the first `bucket_sizes[bucket]` ordered queries.
+
+  Returns:
+    (query tokens [B, T], query log-probs [B, T], the written cache); entries at queries that
+    got no logits are arbitrary.
+  """
+  b, t = canvas.shape
+
+  def branch(size):
+    def run(_):
+      idx = order[:, :size]  # [B, Kq]
+      logits, new_cache = block_forward(params, config, cache, canvas, prompt_lengths, idx)
+      tok, logp = propose_fn(logits, idx)  # [B, Kq]
+      rows = jnp.arange(b)[:, None]
+      q_tok = jnp.zeros((b, t), jnp.int32).at[rows, idx].set(tok)
+      q_logp = jnp.zeros((b, t), jnp.float32).at[rows, idx].set(logp)
+      return q_tok, q_logp, new_cache
+
+    return run
+
+  if len(bucket_sizes) == 1:
+    return branch(bucket_sizes[0])(None)
+  return lax.switch(bucket, [branch(s) for s in bucket_sizes], None)
+
+
+def _bucket_sizes(block_size: int, head_buckets: int) -> tuple[int, ...]:
+  """Ascending LM-head widths: block_size, /2, /4, ... (head_buckets of them, each >= 1)."""
+  sizes = {max(1, block_size >> i) for i in range(head_buckets)}
+  return tuple(sorted(sizes))
+
+
+@functools.partial(
+  jax.jit,
+  static_argnames=(
+    "config",
+    "block_size",
+    "max_new_tokens",
+    "temperature",
+    "cache_size",
+    "head_buckets",
+    "constraint_fn",
+  ),
+)
+def _generate(
+  params,
+  config,
+  prompt_tokens,
+  prompt_lengths,
+  threshold,
+  max_steps_per_block,
+  stop_ids,
+  key,
+  *,
+  block_size,
+  max_new_tokens,
+  temperature,
+  cache_size,
+  head_buckets,
+  constraint_fn,
+):
+  b, p = prompt_tokens.shape
+  t = block_size
+  num_blocks = -(-max_new_tokens // t)
+  r = num_blocks * t
+  mask_id = config.mask_token_id
+  bucket_sizes = _bucket_sizes(t, head_buckets)
+
+  def propose_fn(logits, query_idx, state_out, start, key):
+    """Proposals [B, Kq] for the queries; query i predicts response index start + i + 1."""
+    if constraint_fn is not None:
+      logits = constraint_fn(logits, start[:, None] + query_idx + 1, state_out)
+    return commit.propose(logits, mask_id, temperature, key)
+
+  key, prefill_key = jax.random.split(key)
+  cache = init_cache(config, b, cache_size)
+  logits, cache = qwen3.ragged_prefill(params, config, prompt_tokens, prompt_lengths, cache)
+  start = jnp.zeros((b,), jnp.int32)
+  empty_out = jnp.full((b, r), mask_id, jnp.int32)
+  seed, seed_logp = propose_fn(
+    logits[:, None], jnp.full((b, 1), -1, jnp.int32), empty_out, start, prefill_key
+  )
+  canvas, masked, step_rec, logp_rec = _new_block(
+    seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
+  )
+  done, lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
+  state = _State(
+    cache=cache,
+    canvas=canvas,
+    masked=masked,
+    step_rec=step_rec,
+    logp_rec=logp_rec,
+    start=start,
+    step=start,
+    done=done,
+    lengths=lengths,
+    out_tokens=_write_rows(empty_out, canvas, start),
+    out_step=_write_rows(jnp.full((b, r), NEVER_STEP, jnp.int32), step_rec, start),
+    out_logp=_write_rows(jnp.zeros((b, r), jnp.float32), logp_rec, start),
+    nfe=jnp.ones((b,), jnp.int32),
+    num_forwards=jnp.ones((), jnp.int32),
+    key=key,
+  )
+
+  def body(s: _State) -> _State:
+    key, step_key = jax.random.split(s.key)
+    active = ~s.done
+    committing = active & ~jnp.any(s.masked, axis=-1)  # [B]
+    denoising = active & ~committing
+    open_ = s.masked & denoising[:, None]
+    order, bucket = _query_plan(open_, committing, bucket_sizes)
+    q_tok, q_logp, written = _propose_at_queries(
+      params,
+      config,
+      s.cache,
+      s.canvas,
+      prompt_lengths,
+      order,
+      bucket,
+      bucket_sizes,
+      lambda lg, idx: propose_fn(lg, idx, s.out_tokens, s.start, step_key),
+    )
+    # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
+    shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
+    shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
+    tau = jnp.where(s.step >= max_steps_per_block - 1, -1.0, threshold)
+    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau)
+    d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
+    d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
+    # Committing rows: the K/V are written, the last query seeds the next block.
+    new_start = s.start + t
+    n_canvas, n_masked, n_step_rec, n_logp_rec = _new_block(
+      q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
+    )
+    c = committing[:, None]
+    canvas = jnp.where(c, n_canvas, res.canvas)
+    masked = jnp.where(c, n_masked, res.masked)
+    step_rec = jnp.where(c, n_step_rec, d_step_rec)
+    logp_rec = jnp.where(c, n_logp_rec, d_logp_rec)
+    start = jnp.where(committing, new_start, s.start)
+    step = jnp.where(committing, 0, s.step + denoising)
+    cache = written.replace(lengths=s.cache.lengths + t * committing)
+    finished, fin_lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
+    return _State(
+      cache=cache,
+      canvas=canvas,
+      masked=masked,
+      step_rec=step_rec,
+      logp_rec=logp_rec,
+      start=start,
+      step=step,
+      done=s.done | finished,
+      lengths=jnp.where(s.done, s.lengths, fin_lengths),
+      out_tokens=_write_rows(s.out_tokens, canvas, start),
+      out_step=_write_rows(s.out_step, step_rec, start),
+      out_logp=_write_rows(s.out_logp, logp_rec, start),
+      nfe=s.nfe + active,
+      num_forwards=s.num_forwards + 1,
+      key=key,
+    )
+
+  s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  keep = jnp.arange(max_new_tokens)[None, :] < s.lengths[:, None]
+  trace_tokens = s.out_tokens[:, :max_new_tokens]
+  return DiffusionOutput(
+    tokens=jnp.where(keep, trace_tokens, config.pad_token_id),
+    lengths=s.lengths,
+    nfe=s.nfe,
+    commit_step=s.out_step[:, :max_new_tokens],
+    commit_logprob=s.out_logp[:, :max_new_tokens],
+    trace_tokens=trace_tokens,
+    num_forwards=s.num_forwards,
+  )
+
+
+def block_diffusion_generate(
+  params: dict,
+  config: ModelConfig,
+  prompt_tokens: jax.Array,
+  prompt_lengths: jax.Array,
+  *,
+  block_size: int,
+  threshold: float,
+  max_steps_per_block: int,
+  max_new_tokens: int,
+  temperature: float = 0.0,
+  key: jax.Array | None = None,
+  stop_token_ids: tuple[int, ...] | None = None,
+  constraint=None,
+  cache_size: int | None = None,
+  head_buckets: int = 1,
+) -> DiffusionOutput:
+  """Block-diffusion generation (see the module docstring for the algorithm and the trace).
+
+  Args:
+    params: the param pytree.
+    config: the model; `config.mask_token_id` must be set.
+    prompt_tokens: [B, P] int32 right-padded prompts.
+    prompt_lengths: [B] int32 real prompt lengths (>= 1).
+    block_size: B (1 = AR decoding).
+    threshold: tau of the commit rule (1.0 = one token per step).
+    max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
+    max_new_tokens: response length cap.
+    temperature: 0 = greedy, else sampling with `key`.
+    key: PRNG key (required when temperature > 0).
+    stop_token_ids: ids that end a row; default config.eos_token_ids.
+    constraint: optional gr2jax.diffusion.constrain.AnswerConstraint (off by default).
+    cache_size: KV slots per row; default P + ceil(max_new_tokens / B) * B (the minimum).
+    head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
+      at all B queries every step.
+
+  Returns:
+    DiffusionOutput.
+  """
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
+    raise ValueError(
+      f"block_diffusion_generate: prompt_tokens {prompt_tokens.shape} must be [B, P] and "
+      f"prompt_lengths {prompt_lengths.shape} [B]"
+    )
+  if config.mask_token_id is None:
+    raise ValueError(
+      "block_diffusion_generate: config.mask_token_id is None (convert the checkpoint with "
+      "weights_conversion/ar_to_diffusion.py)"
+    )
+  if block_size < 1 or max_steps_per_block < 1 or max_new_tokens < 1:
+    raise ValueError(
+      f"block_diffusion_generate: block_size={block_size}, max_steps_per_block="
+      f"{max_steps_per_block} and max_new_tokens={max_new_tokens} must all be >= 1"
+    )
+  if temperature > 0 and key is None:
+    raise ValueError(f"block_diffusion_generate: temperature={temperature} needs a PRNG key")
+  p = prompt_tokens.shape[1]
+  needed = p + -(-max_new_tokens // block_size) * block_size
+  cache_size = needed if cache_size is None else cache_size
+  if cache_size < needed:
+    raise ValueError(f"block_diffusion_generate: cache_size={cache_size} < P + blocks*B={needed}")
+  stop = tuple(config.eos_token_ids if stop_token_ids is None else stop_token_ids)
+  return _generate(
+    params,
+    config,
+    prompt_tokens,
+    prompt_lengths,
+    jnp.asarray(threshold, jnp.float32),
+    jnp.asarray(max_steps_per_block, jnp.int32),
+    jnp.asarray(stop or (-1,), jnp.int32),
+    jax.random.key(0) if key is None else key,
+    block_size=block_size,
+    max_new_tokens=max_new_tokens,
+    temperature=float(temperature),
+    cache_size=cache_size,
+    head_buckets=head_buckets,
+    constraint_fn=None if constraint is None else constraint.logits_fn,
+  )

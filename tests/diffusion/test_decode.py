@@ -1,0 +1,195 @@
+"""Block-diffusion decoder on a tiny random model (fp32, CPU).
+
+All decode calls share the static shapes below (batch 2, prompt 6, 12 new tokens) so the suite
+compiles the decoder once per block size.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr2jax.diffusion import decode, replay
+from gr2jax.model import masks, qwen3
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import init_params
+
+MASK = 63
+CONFIG = ModelConfig.tiny(vocab_size=64, mask_token_id=MASK, eos_token_ids=(), pad_token_id=0)
+PROMPTS = jnp.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], jnp.int32)
+LENGTHS = jnp.array([5, 3], jnp.int32)
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def params():
+  return init_params(CONFIG, jax.random.key(0))
+
+
+def _decode(params, prompts=PROMPTS, lengths=LENGTHS, block_size=4, threshold=0.9, **kw):
+  kw = {"max_steps_per_block": 8, "max_new_tokens": MAX_NEW, "stop_token_ids": (), **kw}
+  return decode.block_diffusion_generate(
+    params, CONFIG, prompts, lengths, block_size=block_size, threshold=threshold, **kw
+  )
+
+
+_forward = jax.jit(qwen3.forward, static_argnums=1, static_argnames="update_cache")
+
+
+def _ar_greedy_reference(params, prompt, n):
+  """Greedy AR decoding by full cache-free causal forwards (the slowest obviously-right way).
+
+  The sequence lives in a fixed-size buffer; the causal mask makes the unused tail irrelevant.
+  """
+  seq = np.zeros((1, len(prompt) + n), np.int32)
+  seq[0, : len(prompt)] = prompt
+  for i in range(len(prompt), len(prompt) + n):
+    logits, _ = _forward(params, CONFIG, jnp.asarray(seq))
+    seq[0, i] = int(jnp.argmax(logits[0, i - 1].at[MASK].set(-jnp.inf)))
+  return seq[0, len(prompt) :]
+
+
+def _block_causal_logits(params, tokens, start, block_size):
+  """Cache-free forward of full sequences [B, N] under the block-causal mask."""
+  b, n = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(n, dtype=jnp.int32), (b, n))
+  mask = masks.make_attention_mask(pos, pos, jnp.ones((b, n), bool), start, block_size)
+  return _forward(params, CONFIG, tokens, pos, mask)[0]
+
+
+def test_block_size_one_is_ar_greedy(params):
+  out = _decode(params, block_size=1)
+  np.testing.assert_array_equal(out.lengths, [MAX_NEW, MAX_NEW])
+  for row in range(2):
+    prompt = np.asarray(PROMPTS[row, : LENGTHS[row]]).tolist()
+    np.testing.assert_array_equal(out.tokens[row], _ar_greedy_reference(params, prompt, MAX_NEW))
+  # B=1: one prefill, then one commit forward per token but the last.
+  np.testing.assert_array_equal(out.nfe, [MAX_NEW, MAX_NEW])
+  np.testing.assert_array_equal(out.commit_step, np.full((2, MAX_NEW), decode.SEED_STEP))
+
+
+def test_cached_block_equals_cache_free_block_causal_forward(params):
+  t = 4
+  rng = np.random.default_rng(0)
+  resp = jnp.asarray(rng.integers(1, MASK, (2, 2 * t)), jnp.int32)  # block 0 clean, block 1 noisy
+  resp = resp.at[:, t + 2 :].set(MASK)
+  p = PROMPTS.shape[1]
+  cache = init_cache(CONFIG, 2, p + 2 * t)
+  _, cache = jax.jit(qwen3.ragged_prefill, static_argnums=1)(
+    params, CONFIG, PROMPTS, LENGTHS, cache
+  )
+  step = jax.jit(decode.block_forward, static_argnums=1)
+  _, cache = step(params, CONFIG, cache, resp[:, :t], LENGTHS)
+  logits, written = step(params, CONFIG, cache, resp[:, t:], LENGTHS)
+  for row in range(2):
+    n = int(LENGTHS[row])
+    seq = jnp.concatenate([PROMPTS[row : row + 1, :n], resp[row : row + 1]], axis=1)
+    ref = _block_causal_logits(params, seq, n, t)[0, n + t :]
+    np.testing.assert_allclose(logits[row], ref, atol=1e-5, rtol=1e-5)
+  # The decoder keeps the input lengths for a denoising row: the valid cache is untouched.
+  kept = written.replace(lengths=cache.lengths)
+  valid = masks.padding_mask(cache.lengths, cache.max_len)[None, :, :, None, None]
+  np.testing.assert_array_equal(jnp.where(valid, kept.k, 0), jnp.where(valid, cache.k, 0))
+  np.testing.assert_array_equal(jnp.where(valid, kept.v, 0), jnp.where(valid, cache.v, 0))
+  again, _ = step(params, CONFIG, kept, resp[:, t:], LENGTHS)
+  np.testing.assert_allclose(again, logits, atol=1e-6)
+
+
+def test_later_blocks_never_influence_earlier_blocks(params):
+  t, n = 4, 5
+  rng = np.random.default_rng(1)
+  seq = jnp.asarray(rng.integers(1, MASK, (1, n + 3 * t)), jnp.int32)
+  base = _block_causal_logits(params, seq, n, t)
+  perturbed = seq.at[:, n + 2 * t :].set(jnp.asarray(rng.integers(1, MASK, (1, t))))
+  pert = _block_causal_logits(params, perturbed, n, t)
+  np.testing.assert_allclose(pert[:, : n + 2 * t], base[:, : n + 2 * t], atol=1e-6)
+  assert not np.allclose(pert[:, n + 2 * t :], base[:, n + 2 * t :])
+  # Decoder level: a longer budget decodes the same first blocks.
+  short = _decode(params, max_new_tokens=8, threshold=0.05)
+  long = _decode(params, threshold=0.05)
+  np.testing.assert_array_equal(long.tokens[:, :8], short.tokens)
+  np.testing.assert_array_equal(long.commit_step[:, :8], short.commit_step)
+
+
+@pytest.mark.parametrize("threshold", [0.9, 0.03])
+def test_trace_replay_reproduces_log_probs(params, threshold):
+  out = _decode(params, threshold=threshold)
+  steps = np.asarray(out.commit_step)
+  assert (steps[:, 0] == decode.SEED_STEP).all() and (steps[:, 4] == decode.SEED_STEP).all()
+  assert steps.max() < decode.NEVER_STEP
+  if threshold < 0.5:  # several tokens per step somewhere, so fewer forwards than tokens
+    assert int(out.num_forwards) < 1 + MAX_NEW + MAX_NEW // 4
+  lp = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=4)
+  np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
+  assert (np.asarray(out.commit_logprob) < 0).all()
+
+
+def test_sampled_trace_replays(params):
+  out = _decode(params, threshold=0.03, temperature=1.0, key=jax.random.key(7))
+  lp = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=4, temperature=1.0)
+  np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_stop_tokens(params, block_size):
+  free = _decode(params, block_size=block_size)
+  stop = int(free.tokens[0, 5])
+  first = int(np.argmax(np.asarray(free.tokens[0]) == stop))
+  out = _decode(params, block_size=block_size, stop_token_ids=(stop,))
+  assert int(out.lengths[0]) == first + 1
+  np.testing.assert_array_equal(out.tokens[0, : first + 1], free.tokens[0, : first + 1])
+  assert (np.asarray(out.tokens[0, first + 1 :]) == CONFIG.pad_token_id).all()
+  assert int(out.nfe[0]) < int(free.nfe[0]) or first + 1 == MAX_NEW
+  hits = np.flatnonzero(np.asarray(free.tokens[1]) == stop)
+  assert int(out.lengths[1]) == (hits[0] + 1 if hits.size else MAX_NEW)
+
+
+def test_ragged_prompts_decode_as_if_alone(params):
+  both = _decode(params)
+  for row in range(2):
+    alone = _decode(params, jnp.stack([PROMPTS[row]] * 2), jnp.stack([LENGTHS[row]] * 2))
+    np.testing.assert_array_equal(alone.tokens[0], both.tokens[row])
+    np.testing.assert_array_equal(alone.commit_step[0], both.commit_step[row])
+    np.testing.assert_allclose(alone.commit_logprob[0], both.commit_logprob[row], atol=1e-5)
+
+
+def test_head_buckets_and_cache_size_do_not_change_tokens(params):
+  base = _decode(params, threshold=0.03)
+  lever = _decode(params, threshold=0.03, head_buckets=3, cache_size=64)
+  np.testing.assert_array_equal(lever.tokens, base.tokens)
+  np.testing.assert_array_equal(lever.commit_step, base.commit_step)
+  np.testing.assert_allclose(lever.commit_logprob, base.commit_logprob, atol=1e-5)
+
+
+def test_bad_input_raises():
+  with pytest.raises(ValueError, match="mask_token_id is None"):
+    decode.block_diffusion_generate(
+      {},
+      ModelConfig.tiny(),
+      PROMPTS,
+      LENGTHS,
+      block_size=4,
+      threshold=0.9,
+      max_steps_per_block=4,
+      max_new_tokens=4,
+    )
+  with pytest.raises(ValueError, match=r"prompt_lengths \(3,\)"):
+    decode.block_diffusion_generate(
+      {},
+      CONFIG,
+      PROMPTS,
+      jnp.ones(3),
+      block_size=4,
+      threshold=0.9,
+      max_steps_per_block=4,
+      max_new_tokens=4,
+    )
+
+
+def test_step_cap_commits_the_rest(params):
+  out = _decode(params, threshold=1.0, max_steps_per_block=2)
+  steps = np.asarray(out.commit_step)
+  assert steps.max() == 1
+  # tau=1 commits one per step; the capped second step commits the remaining two.
+  np.testing.assert_array_equal(np.sum(steps[:, :4] == 1, axis=1), [2, 2])
