@@ -1,0 +1,120 @@
+r"""Turns an AR gr2jax checkpoint into a block-diffusion one: a config change, no training.
+
+  python weights_conversion/ar_to_diffusion.py --ar=CKPT --out=CKPT --block_size=32 \
+      [--mask_token='<|mask|>']
+
+Every file of the AR checkpoint (the orbax params/ tree, tokenizer files, added_token_ids.json)
+is copied byte for byte; only gr2jax_config.json changes: `block_size` (the attention pattern is
+block-causal for block_size > 1, masks.make_attention_mask) and `mask_token_id`. The mask token
+is looked up in the checkpoint's added_token_ids.json (written by convert_hf.py --add_tokens),
+then in its tokenizer.json; it must be an id < vocab_size. Written atomically (a temp directory
+renamed into place): on any error nothing is left at OUT.
+"""
+
+import dataclasses
+import json
+import os
+import shutil
+import sys
+
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gr2jax import checkpoint  # noqa: E402
+from gr2jax.model.config import ModelConfig  # noqa: E402
+from weights_conversion import convert_hf  # noqa: E402
+
+MASK_TOKEN = "<|mask|>"
+
+
+def find_token_id(ckpt: str, token: str, vocab_size: int) -> int:
+  """The id of `token` in a checkpoint's added_token_ids.json or tokenizer.json.
+
+  Args:
+    ckpt: the checkpoint directory.
+    token: the token string.
+    vocab_size: ids must be below it.
+
+  Returns:
+    The token id.
+
+  Raises:
+    ValueError: the token is in neither file, or its id does not fit the vocabulary.
+  """
+  found, source = None, None
+  added = os.path.join(ckpt, convert_hf.ADDED_IDS_FILE)
+  if os.path.isfile(added):
+    with open(added) as f:
+      found, source = json.load(f).get(token), added
+  tokenizer_file = os.path.join(ckpt, "tokenizer.json")
+  if found is None and os.path.isfile(tokenizer_file):
+    from tokenizers import Tokenizer  # lazy: only this lookup needs it
+
+    found, source = Tokenizer.from_file(tokenizer_file).token_to_id(token), tokenizer_file
+  if found is None:
+    raise ValueError(
+      f"{ckpt}: token {token!r} is in neither {convert_hf.ADDED_IDS_FILE} nor tokenizer.json; "
+      f"add it when converting: weights_conversion/convert_hf.py --add_tokens=FILE (a file "
+      f"with the line {token})"
+    )
+  if not 0 <= found < vocab_size:
+    raise ValueError(
+      f"{source}: {token!r} has id {found}, outside the model's vocab_size {vocab_size}"
+    )
+  return int(found)
+
+
+def convert(ar: str, out: str, block_size: int, mask_token: str = MASK_TOKEN) -> ModelConfig:
+  """AR checkpoint -> diffusion checkpoint (tensors copied byte for byte; config changed).
+
+  Args:
+    ar: the AR gr2jax checkpoint directory.
+    out: the directory to create (must not exist).
+    block_size: the diffusion block size B (>= 1).
+    mask_token: the mask token string.
+
+  Returns:
+    The written config.
+  """
+  if block_size < 1:
+    raise ValueError(f"--block_size={block_size} must be >= 1")
+  config = checkpoint.load_config(ar)
+  if not os.path.isdir(os.path.join(ar, checkpoint.PARAMS_DIR)):
+    raise checkpoint.CheckpointError(f"{ar}: no {checkpoint.PARAMS_DIR}/ (incomplete checkpoint)")
+  mask_id = find_token_id(ar, mask_token, config.vocab_size)
+  config = dataclasses.replace(config, block_size=block_size, mask_token_id=mask_id)
+
+  def write(tmp: str) -> None:
+    for name in sorted(os.listdir(ar)):
+      src, dst = os.path.join(ar, name), os.path.join(tmp, name)
+      if name == checkpoint.CONFIG_FILE:
+        continue
+      if os.path.isdir(src):
+        shutil.copytree(src, dst)
+      else:
+        shutil.copy2(src, dst)
+    with open(os.path.join(tmp, checkpoint.CONFIG_FILE), "w") as f:
+      json.dump(checkpoint.config_to_dict(config), f, indent=2)
+
+  checkpoint.atomic_directory(out, write, overwrite=False)
+  return config
+
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("ar", None, "The AR gr2jax checkpoint directory.")
+flags.DEFINE_string("out", None, "The diffusion checkpoint directory to create (must not exist).")
+flags.DEFINE_integer("block_size", 32, "Block size B of block diffusion.")
+flags.DEFINE_string("mask_token", MASK_TOKEN, "The mask token (must be in the vocabulary).")
+
+
+def main(argv):
+  del argv
+  if not FLAGS.ar or not FLAGS.out:
+    raise app.UsageError("--ar and --out are required")
+  config = convert(FLAGS.ar, FLAGS.out, FLAGS.block_size, FLAGS.mask_token)
+  print(f"wrote {FLAGS.out}: block_size {config.block_size}, mask_token_id {config.mask_token_id}")
+
+
+if __name__ == "__main__":
+  app.run(main)
