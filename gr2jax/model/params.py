@@ -1,0 +1,84 @@
+"""The param pytree (WORKSPACE.md "Param pytree"): init, abstract shapes, counts.
+
+Letters: V vocab, D hidden, L layers, N query heads, K kv heads, H head_dim, F MLP width. Layer
+params are stacked on a leading L axis so the forward scans over layers.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from gr2jax.model.config import ModelConfig
+
+INIT_STD = 0.02  # normal(0, 0.02) for every matrix, as HF's Qwen3 `initializer_range`
+
+
+def param_shapes(config: ModelConfig) -> dict:
+  """The shape of every param, as the same nested dict as the params.
+
+  Args:
+    config: the model.
+
+  Returns:
+    {'embed': (V, D), 'layers': {...: (L, ...)}, 'final_norm': (D,), ['lm_head': (D, V)]}.
+  """
+  c = config
+  v, d, l, n, k, h, f = (c.vocab_size, c.hidden_size, c.num_layers, c.num_heads, c.num_kv_heads,
+                         c.head_dim, c.intermediate_size)
+  shapes = {
+      "embed": (v, d),
+      "layers": {
+          "input_norm": (l, d), "q": (l, d, n, h), "k": (l, d, k, h), "v": (l, d, k, h),
+          "o": (l, n, h, d), "q_norm": (l, h), "k_norm": (l, h), "post_attn_norm": (l, d),
+          "gate": (l, d, f), "up": (l, d, f), "down": (l, f, d),
+      },
+      "final_norm": (d,),
+  }
+  if not c.tie_word_embeddings:
+    shapes["lm_head"] = (d, v)
+  return shapes
+
+
+def _is_norm(path: tuple) -> bool:
+  return path[-1].key.endswith("norm")
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> dict:
+  """Random params: normal(0, INIT_STD) matrices, ones for every RMSNorm scale.
+
+  Args:
+    config: the model; params are stored in `config.param_dtype`.
+    key: a PRNG key; each param gets its own fold of it (in tree order).
+
+  Returns:
+    The param pytree (WORKSPACE.md).
+  """
+  dtype = jnp.dtype(config.param_dtype)
+  shapes = param_shapes(config)
+  paths = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))[0]
+  leaves = []
+  for i, (path, shape) in enumerate(paths):
+    if _is_norm(path):
+      leaves.append(jnp.ones(shape, dtype))
+    else:
+      leaves.append((INIT_STD * jax.random.normal(jax.random.fold_in(key, i), shape)).astype(dtype))
+  treedef = jax.tree.structure(shapes, is_leaf=lambda x: isinstance(x, tuple))
+  return jax.tree.unflatten(treedef, leaves)
+
+
+def abstract_params(config: ModelConfig) -> dict:
+  """The param pytree as `jax.ShapeDtypeStruct`s, via `jax.eval_shape` (allocates nothing).
+
+  Args:
+    config: the model.
+
+  Returns:
+    The param pytree with ShapeDtypeStruct leaves.
+  """
+  return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+
+def param_count(config: ModelConfig) -> int:
+  """Number of scalar params (the LM head counted only when untied)."""
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(abstract_params(config)))

@@ -1,0 +1,223 @@
+"""The Qwen3 decoder as one pure function of (params, tokens, positions, mask, cache).
+
+WORKSPACE.md "Forward" is the contract. Numerics follow HF `Qwen3ForCausalLM`: RMSNorm, softmax and
+logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP; masked scores set to
+K_MASK (finite, so a fully masked row gives a uniform softmax rather than NaN). Layers are scanned.
+
+Keys are `[cache slots S | the T new tokens]`. The cache and the new keys are scored separately and
+share one softmax, so the big K/V buffers are never concatenated; the new K/V are written into the
+cache after the layer scan with one per-example `dynamic_update_slice` (in place when donated).
+"""
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from gr2jax.model.cache import KVCache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.masks import decode_mask, make_attention_mask
+
+K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
+F32 = jnp.float32
+
+
+def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm over the last axis, computed in fp32 and cast back to x's dtype.
+
+  Args:
+    x: [..., E] activations.
+    scale: [E] learned scale.
+    eps: added to the mean square.
+
+  Returns:
+    [..., E] in x.dtype.
+  """
+  x32 = x.astype(F32)
+  normed = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return (normed * scale.astype(F32)).astype(x.dtype)
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
+  """Rotary embedding, HF's rotate-half convention (first half of H paired with the second).
+
+  Args:
+    x: [B, T, N, H] queries or keys.
+    positions: [B, T] int positions.
+    theta: the RoPE base (config.rope_theta).
+
+  Returns:
+    [B, T, N, H] in x.dtype.
+  """
+  h = x.shape[-1]
+  inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=F32) / h)  # [H/2]
+  angles = positions.astype(F32)[:, :, None, None] * inv_freq  # [B, T, 1, H/2]
+  cos, sin = jnp.cos(angles), jnp.sin(angles)
+  x1, x2 = jnp.split(x.astype(F32), 2, axis=-1)
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+               v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
+  """GQA attention of T queries over [cache slots | new keys] with one shared softmax.
+
+  Args:
+    q: [B, T, N, H] queries (after norm + RoPE).
+    k, v: [B, T, K, H] keys / values of the new tokens.
+    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    mask: [B, T, S + T] bool.
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  b, t, n, h = q.shape
+  num_kv = k.shape[2]
+  q = q.reshape(b, t, num_kv, n // num_kv, h) * jnp.asarray(h ** -0.5, q.dtype)  # [B,T,K,G,H]
+  scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=F32)
+  if k_cache is not None:
+    cache_scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_cache, preferred_element_type=F32)
+    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, T, S + T]
+  scores = jnp.where(mask[:, None, None], scores, K_MASK)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  s = 0 if k_cache is None else k_cache.shape[1]
+  out = jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., s:], v, preferred_element_type=F32)
+  if k_cache is not None:
+    out += jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., :s], v_cache, preferred_element_type=F32)
+  return out.reshape(b, t, n, h).astype(q.dtype)
+
+
+def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Array, p: dict,
+           k_cache: jax.Array | None, v_cache: jax.Array | None):
+  """One decoder layer. x [B, T, D] -> (x [B, T, D], (k, v) [B, T, K, H] of the new tokens)."""
+  dt, eps = x.dtype, config.rms_norm_eps
+  w = lambda name: p[name].astype(dt)
+  h = rms_norm(x, p["input_norm"], eps)
+  q = jnp.einsum("BTD,DNH->BTNH", h, w("q"))
+  k = jnp.einsum("BTD,DKH->BTKH", h, w("k"))
+  v = jnp.einsum("BTD,DKH->BTKH", h, w("v"))
+  q = apply_rope(rms_norm(q, p["q_norm"], eps), positions, config.rope_theta)
+  k = apply_rope(rms_norm(k, p["k_norm"], eps), positions, config.rope_theta)
+  attn = _attention(q, k, v, k_cache, v_cache, mask)
+  x = x + jnp.einsum("BTNH,NHD->BTD", attn, w("o"))
+  h = rms_norm(x, p["post_attn_norm"], eps)
+  gate = jnp.einsum("BTD,DF->BTF", h, w("gate"))
+  up = jnp.einsum("BTD,DF->BTF", h, w("up"))
+  x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w("down"))
+  return x, (k, v)
+
+
+def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
+  """Writes new [L, B, T, K, H] into buf [L, B, S, K, H] at slots lengths[b] + arange(T)."""
+  write = lambda b_buf, b_new, start: lax.dynamic_update_slice(b_buf, b_new, (0, start, 0, 0))
+  return jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)(buf, new.astype(buf.dtype), lengths)
+
+
+def _check_fits(cache: KVCache, t: int) -> None:
+  """Raises if concrete lengths + T overflow the cache (traced lengths: the caller sizes it)."""
+  try:
+    longest = int(jnp.max(cache.lengths))
+  except jax.errors.ConcretizationTypeError:
+    return
+  if longest + t > cache.max_len:
+    raise ValueError(f"forward: writing T={t} tokens after cache.lengths max {longest} overflows "
+                     f"the cache of {cache.max_len} slots")
+
+
+def _check_shape(name: str, x: jax.Array, shape: tuple) -> None:
+  if tuple(x.shape) != tuple(shape):
+    raise ValueError(f"forward: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
+
+
+def forward(params: dict, config: ModelConfig, tokens: jax.Array,
+            positions: jax.Array | None = None, mask: jax.Array | None = None,
+            cache: KVCache | None = None, *, update_cache: bool = False,
+            logits_at: jax.Array | None = None, return_hidden: bool = False):
+  """The Qwen3 forward pass (WORKSPACE.md "Forward").
+
+  Args:
+    params: the param pytree (gr2jax.model.params).
+    config: the model (static under jit).
+    tokens: [B, T] int token ids.
+    positions: [B, T] int positions; default arange(T), after `cache.lengths` when a cache is given.
+    mask: [B, T, S + T] bool over keys [cache slots | new tokens] (S = 0 without a cache); default
+      causal over the valid cache slots and the new tokens.
+    cache: optional KVCache read by every layer.
+    update_cache: write the T new K/V at slots `cache.lengths + arange(T)` and return the cache
+      with `lengths + T`; otherwise the input cache is returned untouched.
+    logits_at: optional [B, Kq] int32 query indices; the LM head runs only there.
+    return_hidden: also return the residual stream before the final norm, [L + 1, B, T, D]
+      (index 0 = embeddings, i = after layer i), for parity debugging.
+
+  Returns:
+    (logits f32 [B, T or Kq, V], cache), plus hidden [L + 1, B, T, D] when return_hidden.
+  """
+  b, t = tokens.shape
+  s = 0 if cache is None else cache.max_len
+  if update_cache:
+    if cache is None:
+      raise ValueError("forward: update_cache=True needs a cache")
+    _check_fits(cache, t)
+  if cache is not None:
+    _check_shape("cache.k", cache.k, (config.num_layers, b, s, config.num_kv_heads,
+                                      config.head_dim))
+  if positions is None:
+    positions = jnp.arange(t, dtype=jnp.int32)[None, :]
+    positions = positions + (0 if cache is None else cache.lengths[:, None])
+    positions = jnp.broadcast_to(positions, (b, t))
+  _check_shape("positions", positions, (b, t))
+  if mask is None:
+    if cache is None:
+      mask = make_attention_mask(positions, positions, jnp.ones((b, t), bool), 0, 1)
+    else:
+      mask = decode_mask(cache.lengths, s, positions)
+  _check_shape("mask", mask, (b, t, s + t))
+
+  x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)  # [B, T, D]
+
+  def body(x, layer):
+    p, k_cache, v_cache = layer
+    x, kv = _layer(config, x, positions, mask, p, k_cache, v_cache)
+    return x, (kv, x if return_hidden else None)
+
+  layers = (params["layers"], None, None) if cache is None else (params["layers"], cache.k,
+                                                                  cache.v)
+  x_out, ((k_new, v_new), hidden) = lax.scan(body, x, layers)  # k_new [L, B, T, K, H]
+
+  if update_cache:
+    cache = KVCache(k=_write_cache(cache.k, k_new, cache.lengths),
+                    v=_write_cache(cache.v, v_new, cache.lengths), lengths=cache.lengths + t)
+
+  h = rms_norm(x_out, params["final_norm"], config.rms_norm_eps)
+  if logits_at is not None:
+    h = jnp.take_along_axis(h, jnp.asarray(logits_at, jnp.int32)[:, :, None], axis=1)
+  if config.tie_word_embeddings:
+    logits = jnp.einsum("BTD,VD->BTV", h, params["embed"].astype(h.dtype),
+                        preferred_element_type=F32)
+  else:
+    logits = jnp.einsum("BTD,DV->BTV", h, params["lm_head"].astype(h.dtype),
+                        preferred_element_type=F32)
+  if return_hidden:
+    return logits, cache, jnp.concatenate([x[None], hidden], axis=0)
+  return logits, cache
+
+
+def ragged_prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+                   cache: KVCache):
+  """Appends right-padded prompts to a cache and returns the logits after each real last token.
+
+  All T tokens (padding included) are written at slots `cache.lengths + arange(T)`, then the
+  lengths advance by `lengths` only: padding slots are invalid and the next write overwrites them.
+
+  Args:
+    params: the param pytree.
+    config: the model.
+    tokens: [B, T] right-padded prompts.
+    lengths: [B] int, real tokens per prompt, each >= 1.
+    cache: a cache with room for T more tokens (usually fresh from init_cache).
+
+  Returns:
+    (logits f32 [B, V] at token lengths[b] - 1, the cache with lengths advanced by `lengths`).
+  """
+  lengths = jnp.asarray(lengths, jnp.int32)
+  logits, new_cache = forward(params, config, tokens, cache=cache, update_cache=True,
+                              logits_at=(lengths - 1)[:, None])
+  return logits[:, 0], new_cache.replace(lengths=cache.lengths + lengths)
