@@ -256,8 +256,12 @@ def render_reasoning(example: RerankExample, labels: tuple[str, ...], config: Pr
     refs = [r for r in refs if r is not None]
     line = f"{labels[citation.slot]} {citation.kind} {citation.value}"
     lines.append(f"{line}: {' '.join(refs)}" if refs else line)
-  body = "\n".join(lines) if lines else "No history match; keep the retriever order."
-  return f"{THINK_START}\n{body}\n{THINK_END}\n\n"
+  return think_block("\n".join(lines) if lines else "No history match; keep the retriever order.")
+
+
+def think_block(text: str) -> str:
+  """Wraps reasoning text in the think markers and the blank line before the answer."""
+  return f"{THINK_START}\n{text.strip()}\n{THINK_END}\n\n"
 
 
 def render_answer(ranking: np.ndarray, labels: tuple[str, ...]) -> str:
@@ -270,7 +274,7 @@ def render_answer(ranking: np.ndarray, labels: tuple[str, ...]) -> str:
 
 
 def render_example(example: RerankExample, catalog: Catalog, sids: np.ndarray,
-                   config: PromptConfig) -> RenderedExample:
+                   config: PromptConfig, reasoning: str | None = None) -> RenderedExample:
   """Prompt, reasoning and answer of one example (empty target when it has no teacher ranking).
 
   Args:
@@ -278,6 +282,8 @@ def render_example(example: RerankExample, catalog: Catalog, sids: np.ndarray,
     catalog: item metadata.
     sids: [num_items, L] int32 semantic IDs.
     config: prompt settings.
+    reasoning: free-text reasoning (an LLM-written trace) used instead of rendering the
+      example's citations.
 
   Returns:
     The rendered pieces and the candidate labels.
@@ -286,5 +292,6 @@ def render_example(example: RerankExample, catalog: Catalog, sids: np.ndarray,
   prompt = render_prompt(example, catalog, sids, config)
   if example.teacher_ranking is None:
     return RenderedExample(prompt, "", "", labels)
-  return RenderedExample(prompt, render_reasoning(example, labels, config),
-                         render_answer(example.teacher_ranking, labels), labels)
+  think = (render_reasoning(example, labels, config) if reasoning is None
+           else think_block(reasoning))
+  return RenderedExample(prompt, think, render_answer(example.teacher_ranking, labels), labels)

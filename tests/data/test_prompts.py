@@ -69,6 +69,8 @@ def test_no_teacher_and_no_citations():
   assert plain.reasoning == "" and plain.answer == ""
   ex = dataclasses.replace(toy_example(), citations=())
   assert "keep the retriever order" in prompts.render_example(ex, catalog, sids, config).reasoning
+  trace = prompts.render_example(toy_example(), catalog, sids, config, reasoning=" Pick c2. ")
+  assert trace.reasoning == "<think>\nPick c2.\n</think>\n\n"
 
 
 def test_fields_and_history_length_are_configurable():

@@ -1,0 +1,76 @@
+"""Data stage: raw Beauty -> split / retriever / candidate lists / teacher -> SIDs -> tokenizer ->
+prompts -> TFDS, cached in the workdir (gr2jax/data/pipeline.py).
+
+  python experiments/run.py --config=data.py --workdir=workdir/data
+
+Later stage configs embed `get_data_config()` as their `data` field.
+"""
+
+import os
+
+import ml_collections
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def get_data_config() -> ml_collections.ConfigDict:
+  """The data settings (tiny CPU defaults; see the 8B notes per field)."""
+  c = ml_collections.ConfigDict()
+  c.data_dir = os.path.join(REPO_ROOT, "data", "amazon_beauty")  # items.jsonl.gz + sequences.txt.gz
+  c.seed = 0  # seeds negatives, tie-breaking, embeddings, RQ-VAE and the BPE corpus sample
+  c.max_history = 20  # history items kept per example (TIGER: 20)
+  c.eval_subset_size = 1615  # Diffusion-GR2's test subset (split.eval_subset, seed 0)
+
+  c.retriever = ml_collections.ConfigDict()
+  c.retriever.window = 5  # max gap of a counted transition
+  c.retriever.reverse = 0.3  # weight of backward transitions
+  c.retriever.history = 20  # history items that score a user
+  c.retriever.decay = 0.7  # recency decay per history step
+
+  c.num_candidates = 10  # N, the length of D (target + N-1 negatives)
+  c.negative_pool = "catalogue"  # 'catalogue' (all unseen items) or 'topk' (retriever top-K)
+  c.pool_size = 3000  # K for negative_pool='topk'
+  c.accept_position_leak = False  # True builds even with a late-position target spike
+
+  c.all_training_targets = False  # True: one training example per training target, not per user
+  c.evidence_decay = 0.8  # recency decay of the brand/leaf/path match levels
+  c.evidence_window = 20  # history items the evidence looks at
+
+  c.rejection = True  # keep only training examples whose teacher top-1 is the target (GR2);
+  #                     False keeps all (with small margins either can train the better student)
+  c.teacher_traces = ""  # JSONL of LLM traces {"user", "reasoning", "ranking"}; '' = rule teacher
+
+  c.embedding_dim = 256  # TF-IDF + SVD item embedding size
+  c.item_embeddings = ""  # FILE.npy [12101, d] precomputed (e.g. Sentence-T5); '' = TF-IDF
+
+  c.rqvae = ml_collections.ConfigDict()
+  c.rqvae.latent_dim = 32  # code dimension (TIGER: 32)
+  c.rqvae.num_levels = 3  # residual levels before the collision token
+  c.rqvae.codebook_size = 256  # codes per level
+  c.rqvae.beta = 0.25  # commitment weight
+  c.rqvae.epochs = 400  # passes over the 12,101 items
+  c.rqvae.batch_size = 1024  # items per step
+  c.rqvae.learning_rate = 1e-3  # Adam learning rate
+
+  c.prompt = ml_collections.ConfigDict()
+  c.prompt.answer_format = "slot"  # 'slot' (tiny) or 'sid' (8B; the paper's)
+  c.prompt.evidence = "flags"  # 'flags' (tiny: per-candidate match buckets) or 'raw' (8B)
+  c.prompt.fields = ("sid", "brand", "leaf")  # item fields shown; 8B: + 'title'
+  c.prompt.title_words = 6  # title truncation (words) when 'title' is shown
+  c.prompt.history_items = 5  # history items shown in the prompt; 8B: 20
+  c.prompt.max_citations = 3  # teacher citations rendered in the reasoning
+
+  c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
+  c.tokenizer_sample = 4000  # train examples (all four prompt variants) in the BPE corpus
+
+  c.length_buckets = (192, 256, 320, 384, 512)  # static sequence lengths of training batches
+  c.lambda_r = 0.5  # SFT loss weight of reasoning tokens (GR2: lambda_r < lambda_o)
+  c.lambda_o = 1.0  # SFT loss weight of answer tokens
+  return c
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.stage = "data"  # experiments/run.py STAGES key
+  config.data = get_data_config()
+  return config

@@ -1,0 +1,311 @@
+"""The data build: raw Beauty -> re-ranking examples -> SIDs -> tokenizer -> prompts -> TFDS.
+
+`run(config, workdir)` runs each step once per distinct input: a step's cache key is a hash of
+its config fields and of the keys of the steps it reads (the raw files by content), and its
+output is stored under `workdir/cache/` (pickles) or `workdir/<step>-<key>/` (directories). A
+re-run with unchanged inputs only loads the caches. The summary (statistics, floor and teacher
+metrics, SID stats, prompt lengths per variant, timings) is returned, logged as a table and
+written to `workdir/summary.json`.
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pickle
+import shutil
+import time
+
+import numpy as np
+
+from gr2jax import metrics
+from gr2jax.data import (
+  embeddings,
+  evidence,
+  examples,
+  prompts,
+  raw,
+  retriever,
+  rqvae,
+  split,
+  teacher,
+  tfds_builder,
+  tokenizer,
+)
+from gr2jax.data.records import RerankExample
+
+# config fields that decide the examples (and so the examples step's cache key)
+EXAMPLE_FIELDS = ("max_history", "num_candidates", "negative_pool", "pool_size", "seed",
+                  "rejection", "teacher_traces", "all_training_targets", "accept_position_leak",
+                  "evidence_decay", "evidence_window", "retriever", "eval_subset_size")
+VARIANTS = tuple((a, e) for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES)
+METRIC_KS = (1, 3)
+
+log = logging.getLogger(__name__)
+
+
+def _key(*parts) -> str:
+  """A short stable hash of JSON-able parts (config values, parent keys, file digests)."""
+  text = json.dumps(parts, sort_keys=True, default=str)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _file_digest(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+class _Steps:
+  """Runs cached steps in a workdir and records their wall-clock times."""
+
+  def __init__(self, workdir: str):
+    self.workdir = workdir
+    self.timings: dict[str, float] = {}
+    self.cached: dict[str, bool] = {}
+    os.makedirs(os.path.join(workdir, "cache"), exist_ok=True)
+
+  def value(self, name: str, key: str, fn):
+    """fn() cached as a pickle under cache/{name}-{key}.pkl."""
+    path = os.path.join(self.workdir, "cache", f"{name}-{key}.pkl")
+    start = time.perf_counter()
+    hit = os.path.exists(path)
+    if hit:
+      with open(path, "rb") as f:
+        out = pickle.load(f)
+    else:
+      out = fn()
+      with open(path + ".tmp", "wb") as f:
+        pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
+      os.replace(path + ".tmp", path)
+    self._done(name, start, hit)
+    return out
+
+  def directory(self, name: str, key: str, fn) -> str:
+    """fn(tmp_dir) fills a directory, kept as {name}-{key}/ once complete; returns its path."""
+    path = os.path.join(self.workdir, f"{name}-{key}")
+    start = time.perf_counter()
+    hit = os.path.isdir(path)
+    if not hit:
+      tmp = path + ".tmp"
+      shutil.rmtree(tmp, ignore_errors=True)
+      fn(tmp)
+      os.replace(tmp, path)
+    self._done(name, start, hit)
+    return path
+
+  def _done(self, name: str, start: float, hit: bool):
+    self.timings[name] = time.perf_counter() - start
+    self.cached[name] = hit
+    log.info("step %-10s %6.1f s%s", name, self.timings[name], " (cached)" if hit else "")
+
+
+def prompt_config(config, answer_format: str | None = None,
+                  evidence_mode: str | None = None) -> prompts.PromptConfig:
+  """The PromptConfig of `config.prompt`, optionally with another answer format / evidence."""
+  p = config.prompt
+  return prompts.PromptConfig(
+    answer_format=answer_format or p.answer_format, evidence=evidence_mode or p.evidence,
+    fields=tuple(p.fields), title_words=p.title_words, history_items=p.history_items,
+    evidence_levels=evidence.NUM_BUCKETS, max_citations=p.max_citations)
+
+
+def rqvae_config(config) -> rqvae.RQVAEConfig:
+  """The RQVAEConfig of `config.rqvae`."""
+  return rqvae.RQVAEConfig(**config.rqvae.to_dict())
+
+
+def _codes_per_level(sids: np.ndarray, config) -> tuple[int, ...]:
+  """SID vocabulary sizes: codebook_size per RQ level, max collision + 1 for the last."""
+  return (config.rqvae.codebook_size,) * (sids.shape[1] - 1) + (int(sids[:, -1].max()) + 1,)
+
+
+def build_examples(catalog, sequences, config) -> tuple[dict[str, list[RerankExample]], dict]:
+  """examples.build_examples with the config's settings (all training lists kept when LLM
+  traces replace the rule teacher: their own rejection filter runs in `run`)."""
+  return examples.build_examples(
+    catalog, sequences, max_history=config.max_history, num_candidates=config.num_candidates,
+    negative_pool=config.negative_pool, pool_size=config.pool_size, seed=config.seed,
+    rejection=config.rejection and not config.teacher_traces,
+    all_training_targets=config.all_training_targets,
+    accept_position_leak=config.accept_position_leak, evidence_decay=config.evidence_decay,
+    evidence_window=config.evidence_window,
+    retriever_config=retriever.RetrieverConfig(**config.retriever.to_dict()),
+    subset_size=config.eval_subset_size)
+
+
+def _ranking_metrics(rankings: np.ndarray, target_positions: np.ndarray) -> dict[str, float]:
+  """R@K / N@K of slot rankings [E, N] against target slots [E]."""
+  return metrics.ranking_metrics(metrics.target_ranks(rankings, target_positions), METRIC_KS)
+
+
+def list_metrics(exs: list[RerankExample]) -> dict:
+  """Floor (D's order) and teacher metrics of a list of examples (teacher: where it ranked)."""
+  targets = np.array([e.target_position for e in exs], np.int32)
+  n = len(exs[0].candidates)
+  out = {"num": len(exs),
+         "floor": _ranking_metrics(np.tile(np.arange(n), (len(exs), 1)), targets)}
+  ranked = [e for e in exs if e.teacher_ranking is not None]
+  if ranked:
+    out["teacher"] = _ranking_metrics(np.stack([e.teacher_ranking for e in ranked]),
+                                      np.array([e.target_position for e in ranked]))
+  return out
+
+
+def _percentiles(lengths) -> dict[str, float]:
+  return {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99, 100)}
+
+
+def _prompt_lengths(exs, catalog, sids, config, tok) -> dict:
+  """Token-length percentiles of prompt and response for every prompt variant."""
+  out = {}
+  for answer_format, evidence_mode in VARIANTS:
+    pc = prompt_config(config, answer_format, evidence_mode)
+    rendered = [prompts.render_example(e, catalog, sids, pc) for e in exs]
+    ids = tok([r.prompt for r in rendered], add_special_tokens=False)["input_ids"]
+    resp = tok([r.reasoning + r.answer for r in rendered], add_special_tokens=False)["input_ids"]
+    out[f"{answer_format}/{evidence_mode}"] = {"prompt": _percentiles([len(i) for i in ids]),
+                                          "response": _percentiles([len(i) for i in resp])}
+  return out
+
+
+def _tokenizer_corpus(catalog, exs, sids, config) -> list[str]:
+  """BPE training texts: every item's text and a sample of examples in all prompt variants."""
+  items = [" ".join(filter(None, (t, b, " > ".join(c))))
+           for t, b, c in zip(catalog.titles, catalog.brands, catalog.categories, strict=True)]
+  rng = np.random.default_rng(config.seed)
+  sample = rng.permutation(len(exs))[: config.tokenizer_sample]
+  texts = []
+  for answer_format, evidence_mode in VARIANTS:
+    pc = prompt_config(config, answer_format, evidence_mode)
+    for i in sample:
+      r = prompts.render_example(exs[i], catalog, sids, pc)
+      texts.append(r.prompt + r.reasoning + r.answer)
+  return items + texts
+
+
+def _split_examples(by_split: dict, test_users: np.ndarray) -> dict[str, list[RerankExample]]:
+  """The TFDS splits: train / validation / test plus test_1615 (the evaluation user subset)."""
+  users = set(test_users.tolist())
+  return {**by_split, "test_1615": [e for e in by_split["test"] if e.user in users]}
+
+
+def format_summary(summary: dict) -> str:
+  """A plain-text table of the summary."""
+  rows = [("dataset", json.dumps(summary["dataset"]))]
+  for split_name, m in summary["lists"].items():
+    for who in ("floor", "teacher"):
+      if who in m:
+        values = " ".join(f"{k}={v:.4f}" for k, v in m[who].items())
+        rows.append((f"{split_name} {who} (n={m['num']})", values))
+  sid = summary["sids"]
+  rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
+                       f"collision_rate={sid['collision_rate']:.4f} "
+                       f"max_collisions={sid['max_collisions']} recon={sid['recon_loss']:.4f}"))
+  rows.append(("tokenizer", f"vocab={summary['tokenizer']['vocab']}"))
+  for variant, lengths in summary["prompt_lengths"].items():
+    rows.append((f"tokens {variant}", " ".join(
+      f"{part} " + "/".join(f"{v:.0f}" for v in p.values()) for part, p in lengths.items())
+      + "  (p50/p90/p99/max)"))
+  rows.append(("timings s", " ".join(f"{k}={v:.1f}" for k, v in summary["timings"].items())))
+  width = max(len(r[0]) for r in rows)
+  return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def run(config, workdir: str) -> dict:
+  """Builds (or loads from cache) every data artefact into `workdir`.
+
+  Args:
+    config: the `data` ConfigDict of experiments/configs/data.py.
+    workdir: output directory.
+
+  Returns:
+    The summary dict; `summary['paths']` holds the tokenizer and TFDS directories.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  steps = _Steps(workdir)
+  start = time.perf_counter()
+  items_path = os.path.join(config.data_dir, "items.jsonl.gz")
+  sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
+  raw_key = _key(_file_digest(items_path), _file_digest(sequences_path))
+
+  def load_raw():
+    catalog = raw.load_catalog(items_path)
+    return catalog, raw.load_sequences(sequences_path, catalog)
+
+  catalog, sequences = steps.value("raw", raw_key, load_raw)
+
+  examples_key = _key(raw_key, [config.get(k).to_dict() if k == "retriever" else config.get(k)
+                                for k in EXAMPLE_FIELDS])
+  by_split, example_stats = steps.value("examples", examples_key,
+                                        lambda: build_examples(catalog, sequences, config))
+  reasonings, traces_digest = {}, ""
+  if config.teacher_traces:
+    traces_digest = _file_digest(config.teacher_traces)
+    traces, trace_stats = teacher.load_traces(config.teacher_traces, by_split["train"],
+                                              rejection=config.rejection)
+    by_split["train"] = [t.example for t in traces]
+    reasonings = {t.example.user: t.reasoning for t in traces}
+    example_stats = example_stats | {"traces": trace_stats}
+  test_users = split.eval_subset(len(sequences), config.eval_subset_size)
+  by_split = _split_examples(by_split, test_users)
+
+  if config.item_embeddings:
+    emb_key = _key(_file_digest(config.item_embeddings))
+    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
+      config.item_embeddings, catalog.num_items))
+  else:
+    emb_key = _key(raw_key, config.embedding_dim, config.seed)
+    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.item_embeddings(
+      catalog, config.embedding_dim, config.seed))
+
+  def train_sids():
+    rq_config = rqvae_config(config)
+    params, stats = rqvae.train_rqvae(item_emb, rq_config, config.seed)
+    sids = rqvae.semantic_ids(rqvae.encode_codes(params, rq_config, item_emb))
+    return sids, {k: v for k, v in stats.items() if k != "loss_history"}
+
+  sids_key = _key(emb_key, config.rqvae.to_dict(), config.seed)
+  sids, sid_stats = steps.value("sids", sids_key, train_sids)
+
+  tok_key = _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
+                 config.tokenizer_vocab_size, config.tokenizer_sample, config.seed)
+  tok_dir = steps.directory("tokenizer", tok_key, lambda out: tokenizer.train_tokenizer(
+    _tokenizer_corpus(catalog, by_split["train"], sids, config), out,
+    vocab_size=config.tokenizer_vocab_size, codes_per_level=_codes_per_level(sids, config),
+    num_slots=config.num_candidates, evidence_levels=evidence.NUM_BUCKETS))
+  tok = tokenizer.load_tokenizer(tok_dir)
+
+  pc = prompt_config(config)
+  tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc))
+
+  def write_tfds(out):
+    records = {name: [tfds_builder.to_record(
+      e, prompts.render_example(e, catalog, sids, pc, reasonings.get(e.user)), sids)
+      for e in exs] for name, exs in by_split.items()}
+    tfds_builder.build(records, out)
+
+  tfds_dir = steps.directory("tfds", tfds_key, write_tfds)
+
+  lengths_key = _key(tok_key, tfds_key)
+  prompt_lengths = steps.value("lengths", lengths_key, lambda: _prompt_lengths(
+    by_split["test_1615"], catalog, sids, config, tok))
+
+  steps.timings["total"] = time.perf_counter() - start
+  summary = {
+    "dataset": split.dataset_stats(sequences, catalog.num_items)
+               | {"missing_titles": raw.num_missing_titles(catalog)},
+    "examples": example_stats,
+    "lists": {name: list_metrics(exs) for name, exs in by_split.items()},
+    "sids": {"unique": int(len(np.unique(sids, axis=0))), **sid_stats},
+    "tokenizer": {"vocab": len(tok)},
+    "prompt_lengths": prompt_lengths,
+    "timings": steps.timings,
+    "cached": steps.cached,
+    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir},
+  }
+  with open(os.path.join(workdir, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1, default=lambda x: np.asarray(x).tolist())
+  log.info("data summary\n%s", format_summary(summary))
+  print(format_summary(summary))
+  return summary
