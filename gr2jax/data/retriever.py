@@ -121,7 +121,7 @@ def score(retriever: CoocRetriever, histories: np.ndarray,
     users: [E] user indices for leave-own-user-out scoring, or None for plain scoring.
 
   Returns:
-    [E, I] float64 scores (exact zeros where there is no evidence).
+    [E, I] float32 scores (exact zeros where there is no evidence).
   """
   cfg = retriever.config
   num_items = retriever.num_items
@@ -136,16 +136,17 @@ def score(retriever: CoocRetriever, histories: np.ndarray,
     freq = freq - (hi - lo)
   weight = np.where(freq > 0, cfg.decay ** age / np.sqrt(np.maximum(freq, 1)), 0.0)
   w = sp.csr_matrix((weight, (e_idx, items)), shape=(hist.shape[0], num_items))
-  scores = (w @ retriever.counts).toarray()  # [E, I]
+  scores = w @ retriever.counts  # [E, I] sparse float64
   if users is not None:
     lo, hi = _ranges(retriever.own_keys, keys)
     n = hi - lo
     rows = np.repeat(np.arange(lo.size), n)
     pos = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n) + lo[rows]
-    np.subtract.at(scores, (e_idx[rows], retriever.own_dst[pos]),
-                   weight[rows] * retriever.own_val[pos])
-    scores[np.abs(scores) < _ZERO] = 0.0
-  return scores
+    own = sp.csr_matrix((weight[rows] * retriever.own_val[pos],
+                         (e_idx[rows], retriever.own_dst[pos])), shape=scores.shape)
+    scores = (scores - own).tocsr()
+    scores.data[np.abs(scores.data) < _ZERO] = 0.0
+  return scores.astype(np.float32).toarray()
 
 
 def score_chunks(retriever: CoocRetriever, histories: np.ndarray, users: np.ndarray | None = None,
