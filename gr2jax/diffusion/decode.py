@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gr2jax.diffusion import commit
+from gr2jax.diffusion import commit, constrain
 from gr2jax.model import masks, qwen3
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
@@ -213,7 +213,6 @@ def _bucket_sizes(block_size: int, head_buckets: int) -> tuple[int, ...]:
     "temperature",
     "cache_size",
     "head_buckets",
-    "constraint_fn",
   ),
 )
 def _generate(
@@ -225,13 +224,13 @@ def _generate(
   max_steps_per_block,
   stop_ids,
   key,
+  constraint,
   *,
   block_size,
   max_new_tokens,
   temperature,
   cache_size,
   head_buckets,
-  constraint_fn,
 ):
   b, p = prompt_tokens.shape
   t = block_size
@@ -242,8 +241,8 @@ def _generate(
 
   def propose_fn(logits, query_idx, state_out, start, key):
     """Proposals [B, Kq] for the queries; query i predicts response index start + i + 1."""
-    if constraint_fn is not None:
-      logits = constraint_fn(logits, start[:, None] + query_idx + 1, state_out)
+    if constraint is not None:
+      logits = constrain.apply(constraint, logits, start[:, None] + query_idx + 1, state_out)
     return commit.propose(logits, mask_id, temperature, key)
 
   key, prefill_key = jax.random.split(key)
@@ -360,7 +359,7 @@ def block_diffusion_generate(
   temperature: float = 0.0,
   key: jax.Array | None = None,
   stop_token_ids: tuple[int, ...] | None = None,
-  constraint=None,
+  constraint: constrain.AnswerConstraint | None = None,
   cache_size: int | None = None,
   head_buckets: int = 1,
 ) -> DiffusionOutput:
@@ -420,10 +419,10 @@ def block_diffusion_generate(
     jnp.asarray(max_steps_per_block, jnp.int32),
     jnp.asarray(stop or (-1,), jnp.int32),
     jax.random.key(0) if key is None else key,
+    constraint,
     block_size=block_size,
     max_new_tokens=max_new_tokens,
     temperature=float(temperature),
     cache_size=cache_size,
     head_buckets=head_buckets,
-    constraint_fn=None if constraint is None else constraint.logits_fn,
   )

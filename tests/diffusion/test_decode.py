@@ -105,7 +105,10 @@ def test_later_blocks_never_influence_earlier_blocks(params):
   pert = _block_causal_logits(params, perturbed, n, t)
   np.testing.assert_allclose(pert[:, : n + 2 * t], base[:, : n + 2 * t], atol=1e-6)
   assert not np.allclose(pert[:, n + 2 * t :], base[:, n + 2 * t :])
-  # Decoder level: a longer budget decodes the same first blocks.
+
+
+@pytest.mark.slow  # one more decoder compile
+def test_longer_budget_decodes_the_same_first_blocks(params):
   short = _decode(params, max_new_tokens=8, threshold=0.05)
   long = _decode(params, threshold=0.05)
   np.testing.assert_array_equal(long.tokens[:, :8], short.tokens)
@@ -125,6 +128,7 @@ def test_trace_replay_reproduces_log_probs(params, threshold):
   assert (np.asarray(out.commit_logprob) < 0).all()
 
 
+@pytest.mark.slow  # decoder + replay compiles at temperature 1
 def test_sampled_trace_replays(params):
   out = _decode(params, threshold=0.03, temperature=1.0, key=jax.random.key(7))
   lp = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=4, temperature=1.0)
@@ -154,6 +158,7 @@ def test_ragged_prompts_decode_as_if_alone(params):
     np.testing.assert_allclose(alone.commit_logprob[0], both.commit_logprob[row], atol=1e-5)
 
 
+@pytest.mark.slow  # one more decoder compile (four LM-head branches)
 def test_head_buckets_and_cache_size_do_not_change_tokens(params):
   base = _decode(params, threshold=0.03)
   lever = _decode(params, threshold=0.03, head_buckets=3, cache_size=64)

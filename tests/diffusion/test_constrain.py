@@ -1,0 +1,96 @@
+"""Constrained answer decoding: hand-made logits, then the decoder with a constraint."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr2jax.diffusion import constrain, decode
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import init_params
+
+V, MASK, START = 32, 31, 1  # START plays `</think>`
+SLOTS = [10, 11, 12, 13]  # slot tokens; example candidates use 3 of them
+SID = [[20, 21, 22], [23, 24, 25]]  # level-0 and level-1 SID tokens
+
+
+def _allowed(constraint, response, targets):
+  response, targets = np.asarray(response), np.asarray(targets)
+  logits = jnp.zeros((response.shape[0], targets.shape[1], V))
+  out = constrain.apply(constraint, logits, jnp.asarray(targets), jnp.asarray(response))
+  return [sorted(np.flatnonzero(np.isfinite(row)).tolist()) for row in np.asarray(out)[0]]
+
+
+def test_slot_labels_in_answer_span_exclude_used_and_out_of_set():
+  c = constrain.make_constraint([[[10], [11], [12]]], [SLOTS], V, START)
+  others = [t for t in range(V) if t not in SLOTS]
+  #            0  1      2   3     4     5
+  response = [[5, START, 11, MASK, MASK, MASK]]
+  rows = _allowed(c, response, [[1, 3, 4]])
+  assert rows[0] == list(range(V))  # position 1 is not after the start token
+  assert rows[1] == sorted(others + [10, 12])  # 13 out of set, 11 used
+  assert rows[2] == rows[1]
+  # Without a committed start token nothing is constrained.
+  assert _allowed(c, [[5, MASK, 11, MASK, MASK, MASK]], [[3]])[0] == list(range(V))
+
+
+def test_sid_levels_follow_the_committed_prefix():
+  labels = [[[20, 23], [20, 24], [21, 25]]]  # candidates: (20,23), (20,24), (21,25)
+  c = constrain.make_constraint(labels, SID, V, START)
+  non_label = [t for t in range(V) if t not in SID[0] + SID[1]]
+  #            0      1   2   3     4   5     6
+  response = [[START, 20, 23, MASK, 21, MASK, MASK]]
+  rows = _allowed(c, response, [[3, 5, 6]])
+  # After a complete SID: any level token of an unused candidate; (20, 23) is used.
+  assert rows[0] == sorted(non_label + [20, 21, 24, 25])
+  # After level-0 token 21: only level-1 tokens of candidates starting with 21.
+  assert rows[1] == sorted(non_label + [25])
+  assert rows[2] == sorted(non_label + [20, 21, 24, 25])
+
+
+def test_bad_constraint_input():
+  with pytest.raises(ValueError, match=r"\[B, N, L\]"):
+    constrain.make_constraint([[[20, 23]]], [SID[0]], V, START)
+  with pytest.raises(ValueError, match="not a token of its level"):
+    constrain.make_constraint([[[23, 20]]], SID, V, START)
+
+
+@pytest.mark.slow  # two decoder compiles
+def test_decoder_respects_the_constraint():
+  config = ModelConfig.tiny(vocab_size=V, mask_token_id=MASK, eos_token_ids=(), pad_token_id=0)
+  params = init_params(config, jax.random.key(0))
+  # answer_start_id = the decoder's first (seed) token, so every later position is in the span.
+  prompts = jnp.array([[3, 4, 5, 6]] * 2, jnp.int32)
+  lengths = jnp.array([4, 4], jnp.int32)
+  free = decode.block_diffusion_generate(
+    params,
+    config,
+    prompts,
+    lengths,
+    block_size=4,
+    threshold=0.9,
+    max_steps_per_block=8,
+    max_new_tokens=8,
+    stop_token_ids=(),
+  )
+  start = int(free.tokens[0, 0])
+  slots = [t for t in range(2, V - 1) if t != start][:4]
+  c = constrain.make_constraint([[[slots[0]], [slots[1]]]] * 2, [slots], V, start)
+  out = decode.block_diffusion_generate(
+    params,
+    config,
+    prompts,
+    lengths,
+    block_size=4,
+    threshold=0.9,
+    max_steps_per_block=8,
+    max_new_tokens=8,
+    stop_token_ids=(),
+    constraint=c,
+  )
+  tokens = np.asarray(out.tokens)
+  assert tokens[0, 0] == start
+  span = tokens[0, 1:]
+  assert not np.isin(span, slots[2:]).any()
+  for s in slots[:2]:
+    assert (span == s).sum() <= 1
