@@ -1,0 +1,209 @@
+"""Autoregressive decoding: a jitted prefill, then a jitted `lax.while_loop` of 1-token steps.
+
+The whole decode loop runs on device (no host sync per token). Prompts are right-padded with
+per-example lengths; the cache is sized to prompt + max_new_tokens by default and donated to both
+jitted functions. Each example stops at any of the eos ids; its later tokens are `pad_token_id`.
+The loop exits as soon as every example has stopped. NFE counts forward passes, prefill included.
+"""
+
+import dataclasses
+import functools
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from gr2jax.model.cache import KVCache, init_cache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.qwen3 import forward, ragged_prefill
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """How the next token is chosen (static under jit).
+
+  Attributes:
+    temperature: 0 = greedy (argmax); otherwise logits are divided by it before sampling.
+    top_k: keep only the k most likely tokens (0 = off).
+    top_p: keep the smallest set of most likely tokens whose probability reaches p (1 = off).
+  """
+
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+
+  def __post_init__(self):
+    if self.temperature < 0:
+      raise ValueError(f"Sampling.temperature={self.temperature} must be >= 0")
+    if self.top_k < 0:
+      raise ValueError(f"Sampling.top_k={self.top_k} must be >= 0")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"Sampling.top_p={self.top_p} must be in (0, 1]")
+
+
+GREEDY = Sampling()
+
+
+@flax.struct.dataclass
+class GenerateOutput:
+  """Result of `generate`.
+
+  Attributes:
+    tokens: [B, max_new] int32 generated tokens, `pad_token_id` after an example stops.
+    logprobs: [B, max_new] f32 log-prob of each token under the model (temperature 1, no top-k/p),
+      0 after an example stops.
+    lengths: [B] int32 generated tokens per example, the stopping eos included.
+    nfe: int32 scalar, forward passes run (the prefill counts as one).
+  """
+
+  tokens: jax.Array
+  logprobs: jax.Array
+  lengths: jax.Array
+  nfe: jax.Array
+
+
+def sample_logits(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
+  """Picks one token per row.
+
+  Args:
+    logits: [B, V] f32.
+    key: PRNG key (unused when greedy).
+    sampling: the static sampling mode.
+
+  Returns:
+    [B] int32 token ids.
+  """
+  if sampling.temperature == 0:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  neg = jnp.finfo(jnp.float32).min
+  logits = logits / sampling.temperature
+  if sampling.top_k:
+    kth = lax.top_k(logits, sampling.top_k)[0][:, -1:]  # [B, 1]
+    logits = jnp.where(logits < kth, neg, logits)
+  if sampling.top_p < 1:
+    sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
+    num_kept = jnp.sum(before < sampling.top_p, axis=-1, keepdims=True)  # >= 1
+    threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
+    logits = jnp.where(logits < threshold, neg, logits)
+  return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnums=1, donate_argnames="cache")
+def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+            cache: KVCache):
+  """Jitted `ragged_prefill` with the cache donated: ([B, V] f32 next-token logits, cache)."""
+  return ragged_prefill(params, config, tokens, lengths, cache)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
+                                             "eos_token_ids"), donate_argnames="cache")
+def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array, key: jax.Array,
+           *, max_new_tokens: int, sampling: Sampling,
+           eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
+  """Samples up to max_new_tokens tokens after a prefilled cache, in one on-device while loop.
+
+  Args:
+    params: the param pytree.
+    config: the model (static).
+    cache: the prefilled cache (donated) with room for max_new_tokens - 1 more tokens.
+    logits: [B, V] f32 next-token logits from the prefill.
+    key: PRNG key.
+    max_new_tokens: static N.
+    sampling: static sampling mode.
+    eos_token_ids: static stop ids.
+
+  Returns:
+    (GenerateOutput with nfe counting the decode steps only (generate adds the prefill), the
+    cache holding the prompt and every generated token but the last).
+  """
+  b = logits.shape[0]
+  eos = jnp.asarray(eos_token_ids, jnp.int32)
+  pad = config.pad_token_id
+
+  def pick(logits, key, done):  # -> token [B], its log-prob [B]
+    token = sample_logits(logits, key, sampling)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
+    return jnp.where(done, pad, token), jnp.where(done, 0.0, logp)
+
+  def record(state, step, token, logp, done_before):
+    tokens, logprobs, lengths, done = state
+    tokens = lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+    logprobs = lax.dynamic_update_slice(logprobs, logp[:, None], (0, step))
+    lengths = jnp.where(done_before, lengths, step + 1)
+    return tokens, logprobs, lengths, done | jnp.isin(token, eos)
+
+  key, sub = jax.random.split(key)
+  no_done = jnp.zeros((b,), bool)
+  token, logp = pick(logits, sub, no_done)
+  out = (jnp.full((b, max_new_tokens), pad, jnp.int32), jnp.zeros((b, max_new_tokens), jnp.float32),
+         jnp.zeros((b,), jnp.int32), no_done)
+  out = record(out, 0, token, logp, no_done)
+
+  def cond(carry):
+    step, _, _, _, out = carry
+    return (step < max_new_tokens) & ~jnp.all(out[3])
+
+  def body(carry):
+    step, cache, token, key, out = carry
+    logits, cache = forward(params, config, token[:, None], cache=cache, update_cache=True)
+    key, sub = jax.random.split(key)
+    done = out[3]
+    token, logp = pick(logits[:, 0], sub, done)
+    return step + 1, cache, token, key, record(out, step, token, logp, done)
+
+  step, cache, _, _, (tokens, logprobs, lengths, _) = lax.while_loop(
+      cond, body, (jnp.int32(1), cache, token, key, out))
+  return GenerateOutput(tokens=tokens, logprobs=logprobs, lengths=lengths, nfe=step - 1), cache
+
+
+def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
+             prompt_lengths: jax.Array | None = None, *, max_new_tokens: int,
+             key: jax.Array | None = None, sampling: Sampling = GREEDY,
+             eos_token_ids: tuple[int, ...] | None = None,
+             cache_len: int | None = None) -> GenerateOutput:
+  """AR generation for a batch of right-padded prompts.
+
+  Args:
+    params: the param pytree.
+    config: the model.
+    prompt_tokens: [B, P] int prompts, right-padded.
+    prompt_lengths: [B] int real prompt lengths (each in [1, P]); default P for all.
+    max_new_tokens: N, the most tokens generated per example.
+    key: PRNG key; required unless greedy.
+    sampling: Sampling(temperature, top_k, top_p); the default is greedy.
+    eos_token_ids: stop ids; default config.eos_token_ids.
+    cache_len: KV cache slots; default P + N.
+
+  Returns:
+    GenerateOutput (tokens [B, N], logprobs [B, N], lengths [B], nfe incl. the prefill).
+  """
+  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
+  if prompt_tokens.ndim != 2:
+    raise ValueError(f"generate: prompt_tokens must be [B, P], got shape {prompt_tokens.shape}")
+  b, p = prompt_tokens.shape
+  if prompt_lengths is None:
+    prompt_lengths = jnp.full((b,), p, jnp.int32)
+  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
+  if prompt_lengths.shape != (b,):
+    raise ValueError(f"generate: prompt_lengths has shape {prompt_lengths.shape}, expected ({b},)")
+  if not bool(jnp.all((prompt_lengths >= 1) & (prompt_lengths <= p))):
+    raise ValueError(f"generate: prompt_lengths {prompt_lengths.tolist()} must be in [1, {p}]")
+  if max_new_tokens < 1:
+    raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
+  cache_len = p + max_new_tokens if cache_len is None else cache_len
+  if cache_len < p + max_new_tokens - 1:
+    raise ValueError(f"generate: cache_len={cache_len} < prompt {p} + max_new_tokens "
+                     f"{max_new_tokens} - 1")
+  if key is None:
+    if sampling.temperature:
+      raise ValueError("generate: sampling with temperature > 0 needs an explicit PRNG key")
+    key = jax.random.key(0)
+  eos = config.eos_token_ids if eos_token_ids is None else tuple(int(e) for e in eos_token_ids)
+  logits, cache = prefill(params, config, prompt_tokens, prompt_lengths,
+                          init_cache(config, b, cache_len))
+  out, _ = decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,
+                  sampling=sampling, eos_token_ids=eos)
+  return out.replace(nfe=out.nfe + 1)

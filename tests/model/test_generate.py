@@ -1,0 +1,93 @@
+"""AR decoding: cached greedy == full-forward argmax, ragged == one-by-one, sampling, EOS stop."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.generate import Sampling, generate, sample_logits
+from gr2jax.model.params import init_params
+from gr2jax.model.qwen3 import forward
+
+CONFIG = ModelConfig.tiny(vocab_size=64, pad_token_id=0)
+PARAMS = jax.tree.map(lambda x: x * 20, init_params(CONFIG, jax.random.key(0)))  # peaky logits
+LENGTHS = jnp.array([3, 6])
+PROMPTS = jnp.where(jnp.arange(6) < LENGTHS[:, None],
+                    jax.random.randint(jax.random.key(1), (2, 6), 1, 64), 0)
+N = 7
+
+
+@pytest.fixture(scope="module")
+def greedy():
+  return generate(PARAMS, CONFIG, PROMPTS, LENGTHS, max_new_tokens=N)
+
+
+def test_greedy_equals_full_forward_argmax(greedy):
+  assert greedy.tokens.shape == greedy.logprobs.shape == (2, N)
+  assert int(greedy.nfe) == N  # prefill + N - 1 steps
+  np.testing.assert_array_equal(greedy.lengths, [N, N])
+  fwd = jax.jit(forward, static_argnums=1)
+  for b in range(2):
+    n = int(LENGTHS[b])
+    seq = jnp.concatenate([PROMPTS[b, :n], greedy.tokens[b]])[None]
+    logits, _ = fwd(PARAMS, CONFIG, seq)
+    step_logits = logits[0, n - 1:n - 1 + N]  # the logits that chose each generated token
+    np.testing.assert_array_equal(jnp.argmax(step_logits, -1), greedy.tokens[b])
+    ref_logp = jnp.take_along_axis(jax.nn.log_softmax(step_logits), greedy.tokens[b][:, None], 1)
+    np.testing.assert_allclose(greedy.logprobs[b], ref_logp[:, 0], atol=1e-4)
+
+
+def test_ragged_batch_equals_one_by_one(greedy):
+  for b in range(2):
+    one = generate(PARAMS, CONFIG, PROMPTS[b:b + 1], LENGTHS[b:b + 1], max_new_tokens=N)
+    np.testing.assert_array_equal(one.tokens[0], greedy.tokens[b])
+
+
+def test_stop_at_eos(greedy):
+  eos = int(greedy.tokens[0, 2])
+  first = int(np.argmax(np.asarray(greedy.tokens[0]) == eos))  # first occurrence, <= 2
+  out = generate(PARAMS, CONFIG, PROMPTS[:1], LENGTHS[:1], max_new_tokens=N,
+                 eos_token_ids=(eos, 63))
+  assert int(out.lengths[0]) == first + 1
+  np.testing.assert_array_equal(out.tokens[0, :first + 1], greedy.tokens[0, :first + 1])
+  np.testing.assert_array_equal(out.tokens[0, first + 1:], 0)
+  np.testing.assert_array_equal(out.logprobs[0, first + 1:], 0.0)
+  assert int(out.nfe) == first + 1  # the loop exits once every example has stopped
+
+
+def test_sampling_reproducible():
+  sampling = Sampling(temperature=1.5, top_k=20, top_p=0.9)
+  params = jax.tree.map(lambda x: x / 20, PARAMS)  # the flat logits of the plain init
+  run = lambda key: generate(params, CONFIG, PROMPTS, LENGTHS, max_new_tokens=N, key=key,
+                             sampling=sampling).tokens
+  a, b, c = run(jax.random.key(3)), run(jax.random.key(3)), run(jax.random.key(4))
+  np.testing.assert_array_equal(a, b)
+  assert not np.array_equal(a, c)
+  with pytest.raises(ValueError, match="PRNG key"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, sampling=sampling)
+
+
+def test_sample_logits_filters():
+  logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 500))
+  keys = jax.random.split(jax.random.key(0), 3)
+  top_k = sample_logits(logits, keys[0], Sampling(temperature=1.0, top_k=2))
+  assert set(np.asarray(top_k).tolist()) == {0, 1}
+  top_p = sample_logits(logits, keys[1], Sampling(temperature=1.0, top_p=0.7))
+  assert set(np.asarray(top_p).tolist()) == {0, 1}  # 0.5 < 0.7 needs the second token too
+  tiny_p = sample_logits(logits, keys[2], Sampling(temperature=1.0, top_p=0.1))
+  np.testing.assert_array_equal(tiny_p, 0)
+
+
+def test_bad_arguments():
+  with pytest.raises(ValueError, match="prompt_lengths"):
+    generate(PARAMS, CONFIG, PROMPTS, jnp.array([0, 6]), max_new_tokens=2)
+  with pytest.raises(ValueError, match="cache_len"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=4, cache_len=5)
+  with pytest.raises(ValueError, match="top_p"):
+    Sampling(top_p=0.0)
+  with pytest.raises(ValueError, match="max_position_embeddings"):
+    generate(PARAMS, dataclasses.replace(CONFIG, max_position_embeddings=8), PROMPTS,
+             max_new_tokens=4)
