@@ -1,0 +1,102 @@
+"""Mesh ('fsdp', 'tp') and the PartitionSpecs of the param tree, the batch and the KV cache.
+
+FSDP shards the hidden axis D of every matrix; TP shards the vocab, the heads and the MLP width F
+(Megatron-style). Norm scales are replicated. Axes are `AxisType.Auto`: XLA's sharding propagation
+places the activations, so the forward needs no annotations and runs unchanged on one device.
+A dimension that the mesh axis does not divide is replicated instead (e.g. a vocab grown by added
+tokens), which changes only the layout, never the result.
+"""
+
+import jax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from gr2jax.model.cache import KVCache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import abstract_params
+
+FSDP, TP = "fsdp", "tp"
+
+# Param name -> mesh axis per dimension (shapes as in WORKSPACE.md; layer params lead with L).
+_SPECS = {
+    "embed": (TP, FSDP),  # [V, D]
+    "lm_head": (FSDP, TP),  # [D, V]
+    "final_norm": (None,),  # [D]
+    "input_norm": (None, None), "post_attn_norm": (None, None),  # [L, D]
+    "q_norm": (None, None), "k_norm": (None, None),  # [L, H]
+    "q": (None, FSDP, TP, None), "k": (None, FSDP, TP, None),  # [L, D, N|K, H]
+    "v": (None, FSDP, TP, None),
+    "o": (None, TP, None, FSDP),  # [L, N, H, D]
+    "gate": (None, FSDP, TP), "up": (None, FSDP, TP),  # [L, D, F]
+    "down": (None, TP, FSDP),  # [L, F, D]
+}
+
+
+def make_mesh(fsdp: int = -1, tp: int = 1, devices=None) -> Mesh:
+  """A 2-D mesh with axes ('fsdp', 'tp'), both AxisType.Auto.
+
+  Args:
+    fsdp: size of the fsdp axis; -1 = all devices not used by tp.
+    tp: size of the tp axis.
+    devices: the devices to use (default all of jax.devices()).
+
+  Returns:
+    The Mesh.
+  """
+  devices = list(jax.devices() if devices is None else devices)
+  n = len(devices)
+  if fsdp == -1:
+    if n % tp:
+      raise ValueError(f"make_mesh: tp={tp} does not divide the {n} devices")
+    fsdp = n // tp
+  if fsdp * tp != n:
+    raise ValueError(f"make_mesh: fsdp={fsdp} x tp={tp} != {n} devices")
+  return jax.make_mesh((fsdp, tp), (FSDP, TP), axis_types=(AxisType.Auto,) * 2, devices=devices)
+
+
+def _spec(path: tuple, shape: tuple, mesh: Mesh | None = None) -> PartitionSpec:
+  """The spec of the param at `path`; with a mesh, axes that do not divide a dim are dropped."""
+  name = path[-1].key
+  if name not in _SPECS or len(_SPECS[name]) != len(shape):
+    raise ValueError(f"sharding: no spec for param {jax.tree_util.keystr(path)} of shape {shape}")
+  axes = _SPECS[name]
+  if mesh is not None:
+    axes = tuple(a if a is None or dim % mesh.shape[a] == 0 else None
+                 for a, dim in zip(axes, shape, strict=True))
+  return PartitionSpec(*axes)
+
+
+def param_specs(config: ModelConfig, mesh: Mesh | None = None) -> dict:
+  """The param tree of PartitionSpecs (fitted to `mesh`'s axis sizes when given)."""
+  return jax.tree_util.tree_map_with_path(lambda p, x: _spec(p, x.shape, mesh),
+                                          abstract_params(config))
+
+
+def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
+  """The param tree of NamedShardings on `mesh` (e.g. for a sharded orbax restore)."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(config, mesh),
+                      is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def shard_params(params: dict, mesh: Mesh) -> dict:
+  """Places each param on `mesh` with its spec.
+
+  Args:
+    params: the param pytree (host or device arrays).
+    mesh: a ('fsdp', 'tp') mesh.
+
+  Returns:
+    The same tree, sharded.
+  """
+  return jax.tree_util.tree_map_with_path(
+      lambda p, x: jax.device_put(x, NamedSharding(mesh, _spec(p, x.shape, mesh))), params)
+
+
+def data_spec() -> PartitionSpec:
+  """Spec of batch-major arrays ([B, ...] tokens, positions, masks, lengths): B on 'fsdp'."""
+  return PartitionSpec(FSDP)
+
+
+def cache_spec() -> KVCache:
+  """KVCache of specs: k/v [L, B, S, K, H] with B on 'fsdp' and K on 'tp'; lengths on 'fsdp'."""
+  kv = PartitionSpec(None, FSDP, None, TP, None)
+  return KVCache(k=kv, v=kv, lengths=data_spec())
