@@ -1,0 +1,38 @@
+"""gr2jax: a JAX Qwen3 with block-diffusion decoding for generative re-ranking (Diffusion-GR2).
+
+The public API, importable from a notebook without loading JAX until first use:
+
+  config, params = gr2jax.load_model(path)          # orbax checkpoint or local HF Qwen3 dir
+  logits, cache = gr2jax.forward(params, config, tokens[B, T])   # fp32 [B, T, V]
+  out = gr2jax.generate(params, config, prompts[B, P], lengths[B], max_new_tokens=N)
+
+See WORKSPACE.md for the module map and contracts.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "ModelConfig": "gr2jax.model.config",
+    "KVCache": "gr2jax.model.cache",
+    "init_cache": "gr2jax.model.cache",
+    "init_params": "gr2jax.model.params",
+    "forward": "gr2jax.model.qwen3",
+    "generate": "gr2jax.model.generate",
+    "Sampling": "gr2jax.model.generate",
+    "load_model": "gr2jax.checkpoint",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+  """Imports the public names lazily (PEP 562), so `import gr2jax` stays light."""
+  if name not in _EXPORTS:
+    raise AttributeError(f"module 'gr2jax' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

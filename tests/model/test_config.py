@@ -2,10 +2,15 @@
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
 from gr2jax.model.config import ModelConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 QWEN3_8B_JSON = {
     "architectures": ["Qwen3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
@@ -99,3 +104,15 @@ def test_hashable_and_replace():
   config = ModelConfig.tiny()
   assert hash(config) == hash(ModelConfig.tiny())
   assert dataclasses.replace(config, vocab_size=300).vocab_size == 300
+
+
+def test_public_api_is_lazy():
+  code = ("import sys, gr2jax; assert 'jax' not in sys.modules; "
+          "from gr2jax import ModelConfig, forward, generate, load_model; "
+          "assert ModelConfig.__module__ == 'gr2jax.model.config'")
+  subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+  import gr2jax
+  from gr2jax.model.qwen3 import forward
+  assert gr2jax.forward is forward
+  with pytest.raises(AttributeError, match="nope"):
+    gr2jax.nope  # noqa: B018
