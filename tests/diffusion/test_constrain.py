@@ -17,7 +17,7 @@ SID = [[20, 21, 22], [23, 24, 25]]  # level-0 and level-1 SID tokens
 def _allowed(constraint, response, targets):
   response, targets = np.asarray(response), np.asarray(targets)
   logits = jnp.zeros((response.shape[0], targets.shape[1], V))
-  out = constrain.apply(constraint, logits, jnp.asarray(targets), jnp.asarray(response))
+  out = jax.jit(constrain.apply)(constraint, logits, jnp.asarray(targets), jnp.asarray(response))
   return [sorted(np.flatnonzero(np.isfinite(row)).tolist()) for row in np.asarray(out)[0]]
 
 
