@@ -2,13 +2,14 @@
 
 One denoising step proposes a token for every still-masked position (arg-max at temperature 0,
 a sample otherwise) and commits every masked position whose confidence -- the probability of
-its proposed token -- reaches the per-example threshold
+its proposed token -- reaches tau, plus the single most confident masked position (forced, so
+at least one token commits per step). tau = 1.0 thus commits exactly one token per step unless
+a probability rounds to 1.
 
-  threshold[b] = min(tau[b], max_conf[b] - FORCE_EPS),
-
-where max_conf is taken over the still-masked positions of example b. The most confident
-position therefore always commits (at least one token per step) and tau = 1.0 commits the
-arg-max position alone (plus positions within FORCE_EPS of it). The mask token itself is never
+This is dInfer's `threshold = min(tau, max_conf - 1e-5)` except for near-ties: that form also
+commits every position within 1e-5 of the maximum, which for near-uniform distributions (a
+random or undertrained model, confidences ~1/V) commits almost the whole block at once even at
+tau = 1.0; forcing exactly the arg-max position does not. The mask token itself is never
 proposed: its logit is set to -inf before sampling. Committed positions never change.
 
 Logits here are already shifted: `logits[:, i]` is the distribution of `canvas[:, i]` (the
@@ -19,8 +20,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-
-FORCE_EPS = 1e-5
 
 
 class CommitResult(NamedTuple):
@@ -136,10 +135,9 @@ def select(
     CommitResult.
   """
   conf = jnp.where(masked, jnp.exp(logprob), -jnp.inf)  # [B, T]
-  max_conf = jnp.max(conf, axis=-1)  # [B]
-  tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), max_conf.shape)
-  cut = jnp.minimum(tau, max_conf - FORCE_EPS)  # [B]
-  committed = masked & (conf >= cut[:, None])
+  tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), conf.shape[:1])
+  forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), conf.shape[1], dtype=bool)  # [B, T]
+  committed = masked & ((conf >= tau[:, None]) | forced)
   return CommitResult(
     canvas=jnp.where(committed, tokens, canvas),
     masked=masked & ~committed,
