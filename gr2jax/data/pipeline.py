@@ -19,7 +19,6 @@ import time
 
 import numpy as np
 
-from gr2jax import metrics
 from gr2jax.data import (
   embeddings,
   evidence,
@@ -40,7 +39,6 @@ EXAMPLE_FIELDS = ("max_history", "num_candidates", "negative_pool", "pool_size",
                   "rejection", "teacher_traces", "all_training_targets", "accept_position_leak",
                   "evidence_decay", "evidence_window", "retriever", "eval_subset_size")
 VARIANTS = tuple((a, e) for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES)
-METRIC_KS = (1, 3)
 
 log = logging.getLogger(__name__)
 
@@ -134,30 +132,16 @@ def build_examples(catalog, sequences, config) -> tuple[dict[str, list[RerankExa
     subset_size=config.eval_subset_size)
 
 
-def _ranking_metrics(rankings: np.ndarray, target_positions: np.ndarray) -> dict[str, float]:
-  """R@K / N@K of slot rankings [E, N] against target slots [E]."""
-  return metrics.ranking_metrics(metrics.target_ranks(rankings, target_positions), METRIC_KS)
-
-
-def list_metrics(exs: list[RerankExample]) -> dict:
-  """Floor (D's order) and teacher metrics of a list of examples (teacher: where it ranked)."""
-  targets = np.array([e.target_position for e in exs], np.int32)
-  n = len(exs[0].candidates)
-  out = {"num": len(exs),
-         "floor": _ranking_metrics(np.tile(np.arange(n), (len(exs), 1)), targets)}
-  ranked = [e for e in exs if e.teacher_ranking is not None]
-  if ranked:
-    out["teacher"] = _ranking_metrics(np.stack([e.teacher_ranking for e in ranked]),
-                                      np.array([e.target_position for e in ranked]))
-  return out
-
-
 def _percentiles(lengths) -> dict[str, float]:
   return {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99, 100)}
 
 
 def _prompt_lengths(exs, catalog, sids, config, tok) -> dict:
-  """Token-length percentiles of prompt and response for every prompt variant."""
+  """Token-length percentiles of prompt and response for every prompt variant.
+
+  Measured on the first `config.tokenizer_sample` training examples (they carry responses).
+  """
+  exs = exs[: config.tokenizer_sample]
   out = {}
   for answer_format, evidence_mode in VARIANTS:
     pc = prompt_config(config, answer_format, evidence_mode)
@@ -190,14 +174,24 @@ def _split_examples(by_split: dict, test_users: np.ndarray) -> dict[str, list[Re
   return {**by_split, "test_1615": [e for e in by_split["test"] if e.user in users]}
 
 
+def _metric_text(values: dict) -> str:
+  return " ".join(f"{k}={v:.4f}" for k, v in values.items())
+
+
 def format_summary(summary: dict) -> str:
   """A plain-text table of the summary."""
-  rows = [("dataset", json.dumps(summary["dataset"]))]
-  for split_name, m in summary["lists"].items():
-    for who in ("floor", "teacher"):
-      if who in m:
-        values = " ".join(f"{k}={v:.4f}" for k, v in m[who].items())
-        rows.append((f"{split_name} {who} (n={m['num']})", values))
+  ex = summary["examples"]
+  rows = [("dataset", " ".join(f"{k}={v}" for k, v in summary["dataset"].items())),
+          ("tfds examples", " ".join(f"{k}={v}" for k, v in summary["splits"].items())),
+          ("retriever full rank", " ".join(f"{k}:{_metric_text(v)}"
+                                           for k, v in ex["retriever"].items()))]
+  for name in ex["floor"]:
+    rows.append((f"{name} floor", _metric_text({k: ex["floor"][name][k]
+                                                for k in ("R@1", "R@3", "N@3")})))
+    rows.append((f"{name} teacher", _metric_text(ex["teacher"][name])))
+  rows.append(("test target positions", " ".join(f"{p:.3f}"
+                                                 for p in ex["floor"]["test"]["histogram"])))
+  rows.append(("teacher", f"acceptance={ex['acceptance']:.4f} weights={ex['teacher_weights']}"))
   sid = summary["sids"]
   rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
                        f"collision_rate={sid['collision_rate']:.4f} "
@@ -206,7 +200,7 @@ def format_summary(summary: dict) -> str:
   for variant, lengths in summary["prompt_lengths"].items():
     rows.append((f"tokens {variant}", " ".join(
       f"{part} " + "/".join(f"{v:.0f}" for v in p.values()) for part, p in lengths.items())
-      + "  (p50/p90/p99/max)"))
+      + "  (p50/p90/p99/max, train)"))
   rows.append(("timings s", " ".join(f"{k}={v:.1f}" for k, v in summary["timings"].items())))
   width = max(len(r[0]) for r in rows)
   return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
@@ -289,14 +283,14 @@ def run(config, workdir: str) -> dict:
 
   lengths_key = _key(tok_key, tfds_key)
   prompt_lengths = steps.value("lengths", lengths_key, lambda: _prompt_lengths(
-    by_split["test_1615"], catalog, sids, config, tok))
+    by_split["train"], catalog, sids, config, tok))
 
   steps.timings["total"] = time.perf_counter() - start
   summary = {
     "dataset": split.dataset_stats(sequences, catalog.num_items)
                | {"missing_titles": raw.num_missing_titles(catalog)},
     "examples": example_stats,
-    "lists": {name: list_metrics(exs) for name, exs in by_split.items()},
+    "splits": {name: len(exs) for name, exs in by_split.items()},
     "sids": {"unique": int(len(np.unique(sids, axis=0))), **sid_stats},
     "tokenizer": {"vocab": len(tok)},
     "prompt_lengths": prompt_lengths,

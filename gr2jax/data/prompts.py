@@ -40,10 +40,7 @@ SID_LEVEL_NAMES = "abcdefgh"
 NO_TITLE = "(no title)"
 NO_BRAND = "(no brand)"
 
-SYSTEM_PROMPT = (
-  "You are an expert re-ranker for Amazon Beauty products. From a user's purchase history, "
-  "rank the candidate items by how likely the user buys each one next."
-)
+SYSTEM_PROMPT = "You are an expert re-ranker of Amazon Beauty products for a user's next purchase."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,7 +65,7 @@ class PromptConfig:
   title_words: int = 6
   history_items: int = 5
   evidence_levels: int = 5
-  max_citations: int = 3
+  max_citations: int = 2
 
   def __post_init__(self):
     if self.answer_format not in ANSWER_FORMATS:
@@ -176,6 +173,12 @@ def _item_fields(item: int, catalog: Catalog, sids: np.ndarray, config: PromptCo
   return " | ".join(parts)
 
 
+def _join(label: str, text: str) -> str:
+  """`label` then `text`, with a space only before plain text (a space before an added token
+  would cost a token of its own)."""
+  return label + (text if text.startswith("<") else " " + text)
+
+
 def _shown_history(example: RerankExample, config: PromptConfig) -> np.ndarray:
   """[h'] the most recent `history_items` items of the history, oldest first."""
   if config.history_items == 0:
@@ -210,7 +213,7 @@ def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
   history = _shown_history(example, config)
   if len(history):
     lines.append(f"History, oldest first (H | {header}):")
-    lines += [f"H{i + 1} {_item_fields(int(item), catalog, sids, config)}"
+    lines += [_join(f"H{i + 1}", _item_fields(int(item), catalog, sids, config))
               for i, item in enumerate(history)]
   flags_header = " | match brand leaf path" if config.evidence == "flags" else ""
   lines.append(f"Candidates in retriever order (slot | {header}{flags_header}):")
@@ -220,14 +223,14 @@ def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
     raise ValueError(f"user {example.user}: evidence buckets {evidence.tolist()} outside "
                      f"[0, {levels})")
   for slot, item in enumerate(example.candidates):
-    line = f"{slot_token(slot)} {_item_fields(int(item), catalog, sids, config)}"
+    line = _join(slot_token(slot), _item_fields(int(item), catalog, sids, config))
     if config.evidence == "flags":
-      line += " | " + "".join(evidence_token(k, int(v))
+      line += " |" + "".join(evidence_token(k, int(v))
                               for k, v in zip(EVIDENCE_KINDS, evidence[slot], strict=True))
     lines.append(line)
   what = "candidate SIDs" if config.answer_format == "sid" else "candidate slots"
-  lines.append(f"Reason briefly, then answer with JSON {{\"ranking\": [...]}} holding all "
-               f"{len(example.candidates)} {what}, best first.")
+  lines.append(f"Reason briefly, then answer JSON {{\"ranking\": [all {len(example.candidates)} "
+               f"{what}, best first]}}.")
   user = "\n".join(lines)
   return (f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
           f"{IM_START}assistant\n")

@@ -27,9 +27,13 @@ def _added_token(content: str, special: bool) -> tokenizers.AddedToken:
 
 
 def _corpus(texts: Iterable[str]) -> Iterable[str]:
-  """Training texts without the added/chat tokens (BPE merges must not learn their pieces)."""
+  """The text between added/chat tokens, one piece per training string.
+
+  Encoding splits text at added tokens too, so merges are learned on exactly the pieces that get
+  encoded (e.g. `","` between two slot labels) and never on the tokens' own characters.
+  """
   for text in texts:
-    yield _TOKEN_PATTERN.sub(" ", text)
+    yield from (piece for piece in _TOKEN_PATTERN.split(text) if piece)
 
 
 def _wrap(tokenizer: tokenizers.Tokenizer) -> transformers.PreTrainedTokenizerFast:

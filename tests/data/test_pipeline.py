@@ -63,17 +63,15 @@ def test_summary_and_splits(built):
   _, workdir, summary = built
   assert summary["dataset"]["users"] == NUM_USERS and summary["dataset"]["items"] == NUM_ITEMS
   assert summary["dataset"]["missing_titles"] == NUM_ITEMS // 50
-  sizes = {name: m["num"] for name, m in summary["lists"].items()}
-  assert sizes == {"train": NUM_USERS, "validation": NUM_USERS, "test": NUM_USERS,
-                   "test_1615": 40}
-  assert set(summary["lists"]["test"]["floor"]) == {"R@1", "R@3", "N@3"}
-  assert "teacher" in summary["lists"]["train"]
+  assert summary["splits"] == {"train": NUM_USERS, "validation": NUM_USERS, "test": NUM_USERS,
+                               "test_1615": 40}
+  assert {"R@1", "R@3", "N@3"} <= set(summary["examples"]["floor"]["test_subset"])
   assert summary["sids"]["unique"] == NUM_ITEMS
   assert set(summary["prompt_lengths"]) == {"sid/raw", "sid/flags", "slot/raw", "slot/flags"}
   assert not any(summary["cached"].values())
   assert os.path.exists(os.path.join(workdir, "summary.json"))
-  assert "prompt" in pipeline.format_summary(summary) or "tokens" in pipeline.format_summary(
-    summary)
+  table = pipeline.format_summary(summary)
+  assert "test_subset floor" in table and "tokens slot/flags" in table
 
 
 def test_rerun_loads_every_step_from_cache(built):
@@ -81,7 +79,7 @@ def test_rerun_loads_every_step_from_cache(built):
   again = pipeline.run(config, workdir)
   assert all(again["cached"].values())
   assert again["paths"] == first["paths"]
-  assert again["lists"] == first["lists"]
+  assert again["splits"] == first["splits"] and again["sids"] == first["sids"]
   config.prompt.answer_format = "sid"  # only the prompt-dependent steps rebuild
   changed = pipeline.run(config, workdir)
   assert changed["cached"]["sids"] and changed["cached"]["examples"]
