@@ -57,13 +57,13 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.prompt.evidence = "flags"  # 'flags' (tiny: per-candidate match buckets) or 'raw' (8B)
   c.prompt.fields = ("sid", "brand", "leaf")  # item fields shown; 8B: + 'title'
   c.prompt.title_words = 6  # title truncation (words) when 'title' is shown
-  c.prompt.history_items = 5  # history items shown in the prompt; 8B: 20
+  c.prompt.history_items = 3  # history items shown (flags already summarise 20); 8B: 20
   c.prompt.max_citations = 2  # teacher citations rendered in the reasoning (8B: 3+)
 
   c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
   c.tokenizer_sample = 4000  # train examples (4 prompt variants) in the BPE corpus / length stats
 
-  c.length_buckets = (192, 256, 320, 384, 512)  # static sequence lengths of training batches
+  c.length_buckets = (256, 320, 384, 448, 512)  # static sequence lengths of training batches
   c.lambda_r = 0.5  # SFT loss weight of reasoning tokens (GR2: lambda_r < lambda_o)
   c.lambda_o = 1.0  # SFT loss weight of answer tokens
   return c

@@ -63,7 +63,7 @@ class PromptConfig:
   evidence: str = "flags"
   fields: tuple[str, ...] = ("sid", "brand", "leaf")
   title_words: int = 6
-  history_items: int = 5
+  history_items: int = 3
   evidence_levels: int = 5
   max_citations: int = 2
 

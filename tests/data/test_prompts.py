@@ -10,7 +10,8 @@ import pytest
 from gr2jax.data import prompts
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 
-VARIANTS = [prompts.PromptConfig(answer_format=a, evidence=e, fields=prompts.FIELDS)
+VARIANTS = [prompts.PromptConfig(answer_format=a, evidence=e, fields=prompts.FIELDS,
+                                 history_items=5)
             for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES]
 
 
@@ -86,7 +87,8 @@ def test_fields_and_history_length_are_configurable():
 def test_missing_title_placeholder():
   catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
   missing = [i for i in list(ex.history[-5:]) + list(ex.candidates) if catalog.titles[i] is None]
-  prompt = prompts.render_prompt(ex, catalog, sids, prompts.PromptConfig(fields=prompts.FIELDS))
+  config = prompts.PromptConfig(fields=prompts.FIELDS, history_items=5)
+  prompt = prompts.render_prompt(ex, catalog, sids, config)
   assert missing and prompt.count(prompts.NO_TITLE) == len(missing)
 
 
