@@ -1,11 +1,16 @@
 """Save / restore (config, params) with orbax, and `load_model` for orbax or HF directories.
 
 A gr2jax checkpoint directory holds:
-  gr2jax_config.json   the ModelConfig fields (plus "format": "gr2jax")
-  params/              an orbax StandardCheckpointer tree (the param pytree of WORKSPACE.md)
-  (tokenizer files)    copied by weights_conversion/convert_hf.py when the HF dir had them
+  gr2jax_config.json       the ModelConfig fields (plus "format": "gr2jax")
+  params/<a.b>/            one orbax StandardCheckpointer item {"value": array} per param leaf
+                           (path joined by '.', e.g. params/layers.q/), written one at a time
+  params/manifest.json     [{path, shape, dtype}] of every leaf; written last (completion marker)
+  (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them
 The config is not named `config.json` so that transformers' Auto* classes never mistake the
-directory for an HF one.
+directory for an HF one. One item per leaf (rather than one orbax tree) because orbax stages a
+whole item in host memory while writing it (measured: +1.2-2x the item size); per leaf, a
+converter that produces leaves one at a time peaks at ~3x the largest leaf instead of ~3x the
+model (weights_conversion/convert_hf.py).
 
 Writes are atomic: everything goes to a hidden temp directory next to the target, which is renamed
 into place only when complete; an existing checkpoint is replaced only after the new one is
@@ -13,11 +18,12 @@ complete, so a crash never leaves a half-written or lost checkpoint at `path`.
 """
 
 import dataclasses
+import functools
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
@@ -28,6 +34,8 @@ from gr2jax.model.config import ModelConfig
 
 CONFIG_FILE = "gr2jax_config.json"
 PARAMS_DIR = "params"
+MANIFEST_FILE = "manifest.json"
+_LEAF_KEY = "value"  # each leaf item is the orbax tree {"value": array}
 _FORMAT = "gr2jax"
 
 
@@ -58,19 +66,53 @@ def config_from_dict(d: Mapping[str, Any], source: str = "config") -> ModelConfi
     raise CheckpointError(f"{source}: {e}") from None
 
 
-def write_checkpoint(directory: str, config: ModelConfig, params: Any) -> None:
+def _leaf_dir(params_dir: str, path: tuple[str, ...]) -> str:
+  return os.path.join(params_dir, ".".join(path))
+
+
+def flatten(params: Mapping) -> list[tuple[tuple[str, ...], Any]]:
+  """The nested param dict as [(key path, leaf)], in sorted key order."""
+  return [(tuple(k.key for k in path), leaf)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]]
+
+
+def unflatten(leaves: Iterable[tuple[tuple[str, ...], Any]]) -> dict:
+  """[(key path, leaf)] -> the nested param dict."""
+  tree: dict = {}
+  for path, leaf in leaves:
+    node = tree
+    for key in path[:-1]:
+      node = node.setdefault(key, {})
+    node[path[-1]] = leaf
+  return tree
+
+
+def write_checkpoint(directory: str, config: ModelConfig,
+                     leaves: Iterable[tuple[tuple[str, ...], Any]]) -> None:
   """Writes config + params into an existing, empty `directory` (no atomicity; see `save`).
+
+  Leaves are consumed one at a time and each is fully written before the next is requested, so
+  a generator that builds leaves lazily never has two in memory.
 
   Args:
     directory: the (temporary) checkpoint directory.
     config: the model config.
-    params: the param pytree (numpy or jax arrays).
+    leaves: (key path, numpy or jax array) for every param leaf, e.g. `flatten(params)`.
   """
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump(config_to_dict(config), f, indent=2)
+  params_dir = os.path.join(os.path.abspath(directory), PARAMS_DIR)
+  os.makedirs(params_dir)
+  manifest = []
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.join(os.path.abspath(directory), PARAMS_DIR), params)
-    checkpointer.wait_until_finished()
+    for path, leaf in leaves:
+      checkpointer.save(_leaf_dir(params_dir, path), {_LEAF_KEY: leaf})
+      checkpointer.wait_until_finished()
+      manifest.append({"path": list(path), "shape": list(leaf.shape),
+                       "dtype": np.dtype(leaf.dtype).name})
+      del leaf
+  with open(os.path.join(params_dir, MANIFEST_FILE), "w") as f:
+    json.dump(manifest, f, indent=1)
 
 
 def atomic_directory(path: str, write: Callable[[str], None], *, overwrite: bool) -> None:
@@ -114,7 +156,8 @@ def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True)
     params: the param pytree.
     overwrite: replace an existing checkpoint at `path` once the new one is complete.
   """
-  atomic_directory(path, lambda tmp: write_checkpoint(tmp, config, params), overwrite=overwrite)
+  atomic_directory(path, lambda tmp: write_checkpoint(tmp, config, flatten(params)),
+                   overwrite=overwrite)
 
 
 def load_config(path: str) -> ModelConfig:
@@ -151,29 +194,40 @@ def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
   """
   config = load_config(path)
   params_dir = os.path.join(os.path.abspath(path), PARAMS_DIR)
-  if not os.path.isdir(params_dir):
-    raise CheckpointError(f"{path}: no {PARAMS_DIR}/ directory (incomplete checkpoint)")
+  manifest_file = os.path.join(params_dir, MANIFEST_FILE)
+  if not os.path.isfile(manifest_file):
+    raise CheckpointError(f"{path}: no {PARAMS_DIR}/{MANIFEST_FILE} (incomplete checkpoint)")
+  try:
+    with open(manifest_file) as f:
+      manifest = [(tuple(e["path"]), tuple(e["shape"]), np.dtype(e["dtype"]))
+                  for e in json.load(f)]
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(f"{manifest_file}: invalid manifest ({e})") from None
+  if shardings is None:
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    shardings = unflatten((p, device) for p, _, _ in manifest)
+  stored = sorted(p for p, _, _ in manifest)
+  wanted = sorted(p for p, _ in flatten(shardings))
+  if stored != wanted:
+    raise CheckpointError(f"{params_dir}: shardings tree does not match the params: stored "
+                          f"{['.'.join(p) for p in stored]}, shardings for "
+                          f"{['.'.join(p) for p in wanted]}")
+  leaves = []
   with ocp.StandardCheckpointer() as checkpointer:
-    try:
-      metadata = checkpointer.metadata(params_dir).item_metadata
-    except Exception as e:  # orbax raises a variety of types for damaged metadata
-      raise CheckpointError(f"{params_dir}: unreadable orbax metadata: {e}") from e
-    if metadata is None:
-      raise CheckpointError(f"{params_dir}: unreadable orbax metadata (corrupt checkpoint?)")
-    metadata = metadata.tree
-    if shardings is None:
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      shardings = jax.tree.map(lambda _: device, metadata)
-    try:
-      target = jax.tree.map(lambda m, s: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=s),
-                            metadata, shardings)
-    except ValueError as e:
-      raise CheckpointError(f"{params_dir}: shardings tree does not match the params: {e}") from e
-    try:
-      params = checkpointer.restore(params_dir, target)
-    except Exception as e:  # tensorstore / orbax errors on missing or damaged data files
-      raise CheckpointError(
-        f"{params_dir}: cannot restore params (corrupt checkpoint?): {e}") from e
+    for p, shape, dtype in manifest:
+      leaf_dir = _leaf_dir(params_dir, p)
+      sharding = functools.reduce(lambda node, key: node[key], p, shardings)
+      try:
+        target = {_LEAF_KEY: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)}
+        leaf = checkpointer.restore(leaf_dir, target)[_LEAF_KEY]
+      except Exception as e:  # orbax / tensorstore raise many types for missing or damaged files
+        raise CheckpointError(
+          f"{leaf_dir}: cannot restore param {'.'.join(p)} (corrupt checkpoint?): {e}") from e
+      if leaf.shape != shape or leaf.dtype != dtype:
+        raise CheckpointError(f"{leaf_dir}: stored {leaf.shape} {leaf.dtype}, manifest says "
+                              f"{shape} {dtype}")
+      leaves.append((p, leaf))
+  params = unflatten(leaves)
   return config, params
 
 

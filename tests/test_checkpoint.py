@@ -94,9 +94,13 @@ def _truncate_data(path):
   (lambda p: os.remove(os.path.join(p, checkpoint.CONFIG_FILE)), "not a gr2jax checkpoint"),
   (lambda p: open(os.path.join(p, checkpoint.CONFIG_FILE), "w").write("{"), "invalid JSON"),
   (lambda p: shutil.rmtree(os.path.join(p, checkpoint.PARAMS_DIR)), "incomplete checkpoint"),
-  (lambda p: os.remove(os.path.join(p, checkpoint.PARAMS_DIR, "_METADATA")),
-   "unreadable orbax metadata"),
-  (_truncate_data, "params: (unreadable orbax metadata|cannot restore params)"),
+  (lambda p: os.remove(os.path.join(p, checkpoint.PARAMS_DIR, checkpoint.MANIFEST_FILE)),
+   "incomplete checkpoint"),
+  (lambda p: open(os.path.join(p, checkpoint.PARAMS_DIR, checkpoint.MANIFEST_FILE), "w").write(
+    "[{}]"), "invalid manifest"),
+  (lambda p: shutil.rmtree(os.path.join(p, checkpoint.PARAMS_DIR, "layers.q")),
+   "layers.q: cannot restore param layers.q"),
+  (_truncate_data, "cannot restore param"),
 ])
 def test_damaged_checkpoint_is_a_clear_error(tmp_path, params, damage, message):
   path = str(tmp_path / "model")

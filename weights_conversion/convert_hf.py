@@ -5,12 +5,14 @@ r"""Converts a local HF Qwen3 directory into a gr2jax (orbax) checkpoint.
 
 Reads DIR/config.json (`ModelConfig.from_hf_dict`: unsupported fields are an error naming them)
 and the weights: `model.safetensors.index.json` + shards, a single `model.safetensors`, or
-`pytorch_model*.bin` (torch.load with weights_only=True). Tensors are streamed shard by shard, one
-at a time, into preallocated numpy buffers through the table in hf_table.py (every HF tensor used
-exactly once, every param filled once with the right shape), so peak memory stays close to the
-size of the converted params. Writes OUT/gr2jax_config.json, OUT/params/ (orbax) and copies the
-tokenizer files it finds. Everything is written to a temp directory next to OUT and renamed at the
-end: on any error nothing is left at OUT.
+`pytorch_model*.bin` (torch.load with weights_only=True). All names and shapes are checked
+against the table in hf_table.py first (every HF tensor used exactly once, every param filled
+once with the right shape); then each stacked param leaf is filled tensor by tensor from the
+memory-mapped shards, written to orbax and dropped before the next, so peak memory is about 3x
+the largest leaf, well under the checkpoint size for real models. Writes OUT/gr2jax_config.json,
+OUT/params/ (orbax, see gr2jax/checkpoint.py) and copies the tokenizer files it finds. Everything
+is written to a temp directory next to OUT and renamed at the end: on any error nothing is left
+at OUT.
 
 --add_tokens=FILE (one token per line) appends rows to the embedding (and the untied LM head):
 row init = mean of the existing rows + N(0, (1e-3 * per-dimension std)^2) noise from
@@ -75,27 +77,63 @@ def weight_files(hf_dir: str) -> list[str]:
   return files
 
 
-def _iter_torch_bin(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  """(name, numpy array) from a torch pickle, loaded with weights_only=True and mmap."""
+def _torch_to_numpy(t) -> np.ndarray:
+  """A CPU torch tensor -> an owned numpy array (bf16 via ml_dtypes)."""
   import torch
 
-  state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-  for name in list(state):
-    t = state.pop(name)
-    if t.dtype == torch.bfloat16:
-      yield name, t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-    else:
-      yield name, t.numpy().copy()
-    del t
+  if t.dtype == torch.bfloat16:
+    return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+  return t.numpy().copy()
 
 
-def iter_hf_tensors(hf_dir: str) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields (name, array) for every tensor of every weight file, one tensor at a time."""
-  for file in weight_files(hf_dir):
-    if file.endswith(".safetensors"):
-      yield from safetensors_io.iter_tensors(file)
-    else:
-      yield from _iter_torch_bin(file)
+class HFWeights:
+  """All tensors of an HF directory behind one random-access index (a context manager).
+
+  Safetensors files are memory-mapped (`safetensors_io.Reader`); `pytorch_model*.bin` files are
+  torch.load-ed with weights_only=True and mmap=True. Only headers are read on entry.
+
+  Attributes:
+    shapes: {tensor name: shape} over all files.
+  """
+
+  def __init__(self, hf_dir: str):
+    self.files = weight_files(hf_dir)
+
+  def __enter__(self) -> "HFWeights":
+    self.shapes, self._where, self._readers = {}, {}, []
+    try:
+      for file in self.files:
+        if file.endswith(".safetensors"):
+          reader = safetensors_io.Reader(file).__enter__()
+          self._readers.append(reader)
+          names = {n: e["shape"] for n, e in reader.entries.items()}
+          read = reader.read
+        else:
+          import torch
+
+          state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+          names = {n: tuple(t.shape) for n, t in state.items()}
+          read = lambda n, state=state: _torch_to_numpy(state[n])
+        for name, shape in names.items():
+          if name in self.shapes:
+            raise hf_table.ConversionError(
+              f"tensor {name!r} appears more than once in the checkpoint ({self._where[name][0]} "
+              f"and {file})")
+          self.shapes[name] = shape
+          self._where[name] = (file, read)
+    except BaseException:
+      self.__exit__()
+      raise
+    return self
+
+  def __exit__(self, *exc) -> None:
+    for reader in self._readers:
+      reader.__exit__()
+    self._readers, self._where = [], {}
+
+  def read(self, name: str) -> np.ndarray:
+    """The tensor `name` as numpy, in its stored dtype."""
+    return self._where[name][1](name)
 
 
 def _checkpoint_dtype(hf_dir: str) -> str:
@@ -105,8 +143,20 @@ def _checkpoint_dtype(hf_dir: str) -> str:
   return "bfloat16" if (d.get("dtype") or d.get("torch_dtype")) == "bfloat16" else "float32"
 
 
+def read_config(hf_dir: str, param_dtype: str | None = None) -> ModelConfig:
+  """The ModelConfig of an HF directory; param_dtype default: the checkpoint's (see load_hf)."""
+  return ModelConfig.from_hf_dir(hf_dir, param_dtype=param_dtype or _checkpoint_dtype(hf_dir))
+
+
+def iter_leaves(config: ModelConfig, weights: HFWeights
+                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """The param leaves of `config` built from `weights`, one at a time (hf_table.load_leaves)."""
+  return hf_table.load_leaves(weights.shapes, weights.read, params_lib.abstract_params(config),
+                              np.dtype(config.param_dtype))
+
+
 def load_hf(hf_dir: str, param_dtype: str | None = None) -> tuple[ModelConfig, dict]:
-  """Reads an HF Qwen3 directory into (config, numpy param pytree).
+  """Reads an HF Qwen3 directory into (config, numpy param pytree), all in memory.
 
   Args:
     hf_dir: the HF model directory.
@@ -120,13 +170,9 @@ def load_hf(hf_dir: str, param_dtype: str | None = None) -> tuple[ModelConfig, d
     ValueError (hf_table.ConversionError, safetensors_io.SafetensorsError): the message names the
       tensor, file or config field.
   """
-  config = ModelConfig.from_hf_dir(hf_dir, param_dtype=param_dtype or _checkpoint_dtype(hf_dir))
-  abstract = params_lib.abstract_params(config)
-  filler = hf_table.ParamFiller(abstract, np.dtype(config.param_dtype))
-  for name, array in iter_hf_tensors(hf_dir):
-    filler.put(name, array)
-    del array
-  return config, filler.finish()
+  config = read_config(hf_dir, param_dtype)
+  with HFWeights(hf_dir) as weights:
+    return config, checkpoint.unflatten(iter_leaves(config, weights))
 
 
 def read_token_file(path: str) -> list[str]:
@@ -141,36 +187,36 @@ def read_token_file(path: str) -> list[str]:
   return tokens
 
 
-def add_tokens(config: ModelConfig, params: dict, tokens: list[str], seed: int
-               ) -> tuple[ModelConfig, dict, dict[str, int]]:
-  """Grows the embedding (and untied LM head) by one row per new token (see the module doc).
+def grow_vocab(table: np.ndarray, axis: int, n: int, rng: np.random.Generator) -> np.ndarray:
+  """Appends n rows along the vocab axis: mean of the existing rows + 1e-3 * per-dim std noise.
 
   Args:
-    config: the model config (vocab V).
-    params: numpy param pytree.
-    tokens: the new tokens, in id order.
-    seed: seed of the init noise.
+    table: the embedding [V, D] (axis 0) or the LM head [D, V] (axis 1).
+    axis: the vocab axis.
+    n: rows to add.
+    rng: the noise generator (seeded by --add_tokens_seed).
 
   Returns:
-    (config with vocab V + len(tokens), params, {token: new id}).
+    The table with V + n entries on `axis`, same dtype.
   """
+  rows = np.moveaxis(table, axis, 0)  # [V, D] view
+  mean = rows.mean(axis=0, dtype=np.float32)
+  std = rows.std(axis=0, dtype=np.float32)
+  noise = rng.standard_normal((n, rows.shape[1])).astype(np.float32)
+  new = np.moveaxis((mean + _NOISE_SCALE * std * noise).astype(table.dtype), 0, axis)
+  return np.concatenate([table, new], axis=axis)
+
+
+def _with_added_tokens(leaves, n: int, seed: int):
+  """Grows the 'embed' and 'lm_head' leaves of a leaf stream by n vocab entries."""
   rng = np.random.default_rng(seed)
-  v = config.vocab_size
-
-  def grow(table: np.ndarray, axis: int) -> np.ndarray:  # vocab axis `axis` grows V -> V + n
-    rows = np.moveaxis(table, axis, 0)  # [V, D] view
-    mean = rows.mean(axis=0, dtype=np.float32)
-    std = rows.std(axis=0, dtype=np.float32)
-    noise = rng.standard_normal((len(tokens), rows.shape[1])).astype(np.float32)
-    new = np.moveaxis((mean + _NOISE_SCALE * std * noise).astype(table.dtype), 0, axis)
-    return np.concatenate([table, new], axis=axis)
-
-  params = dict(params)
-  params["embed"] = grow(params["embed"], 0)  # [V + n, D]
-  if "lm_head" in params:
-    params["lm_head"] = grow(params["lm_head"], 1)  # [D, V + n]
-  config = dataclasses.replace(config, vocab_size=v + len(tokens))
-  return config, params, {t: v + i for i, t in enumerate(tokens)}
+  for path, leaf in leaves:
+    if path == ("embed",):
+      leaf = grow_vocab(leaf, 0, n, rng)
+    elif path == ("lm_head",):
+      leaf = grow_vocab(leaf, 1, n, rng)
+    yield path, leaf
+    del leaf
 
 
 def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
@@ -193,12 +239,16 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
 
   def write(tmp: str) -> None:
     tokens = read_token_file(add_tokens_file) if add_tokens_file else []
-    config, params = load_hf(hf_dir, param_dtype)
-    if tokens:
-      config, params, ids = add_tokens(config, params, tokens, add_tokens_seed)
-      with open(os.path.join(tmp, ADDED_IDS_FILE), "w") as f:
-        json.dump(ids, f, indent=2, ensure_ascii=False)
-    checkpoint.write_checkpoint(tmp, config, params)
+    config = read_config(hf_dir, param_dtype)
+    with HFWeights(hf_dir) as weights:
+      leaves = iter_leaves(config, weights)
+      if tokens:
+        leaves = _with_added_tokens(leaves, len(tokens), add_tokens_seed)
+        v = config.vocab_size
+        config = dataclasses.replace(config, vocab_size=v + len(tokens))
+        with open(os.path.join(tmp, ADDED_IDS_FILE), "w") as f:
+          json.dump({t: v + i for i, t in enumerate(tokens)}, f, indent=2, ensure_ascii=False)
+      checkpoint.write_checkpoint(tmp, config, leaves)
     for name in TOKENIZER_FILES:
       if os.path.isfile(os.path.join(hf_dir, name)):
         shutil.copy2(os.path.join(hf_dir, name), tmp)

@@ -10,16 +10,17 @@ where the 2-D kernel groups the param's (per-layer) axes as `[axes[:split], axes
 (`split=1`: `[D, N*H] -> [D, N, H]` for q/k/v; `split=2`: `[N*H, D] -> [N, H, D]` for o). The
 inverse (`to_hf`) runs the same steps backwards, so one table serves conversion and export.
 
-`ParamFiller` preallocates one numpy buffer per leaf and accepts HF tensors in any order, one at a
-time (so a converter can stream shard by shard); it fails on an unmapped, duplicated, out-of-range
-or wrongly-shaped tensor, and `finish()` fails on any tensor that never arrived. Every error names
-the HF tensor.
+`load_leaves` is the one generic loader: it first checks every HF name and shape against the
+param tree (an unmapped, out-of-range, wrongly-shaped or missing tensor is an error naming it,
+raised before any data is read), then builds one stacked leaf at a time from random-access reads,
+so a converter holds one leaf (plus one HF tensor) at a time. Duplicates across shards are the
+reader's to reject (convert_hf.py).
 """
 
 import dataclasses
 import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -167,78 +168,77 @@ def match(name: str, abstract: Mapping) -> tuple[Rule, int | None]:
   raise ConversionError(f"unexpected tensor {name!r}: no rule in weights_conversion/hf_table.py")
 
 
-class ParamFiller:
-  """Preallocated numpy param buffers that HF tensors are streamed into, one at a time."""
+def _leaf(tree: Mapping, rule: Rule):
+  return _get(tree, rule.path)
 
-  def __init__(self, abstract: Mapping, dtype):
-    """Allocates (lazily, via np.empty) one buffer per leaf of `abstract`, all of `dtype`.
 
-    Args:
-      abstract: the param pytree of ShapeDtypeStructs (only .shape is read).
-      dtype: the param dtype every buffer gets (the HF dtype is cast on copy).
-    """
-    uncovered = sorted(set(_leaf_paths(abstract)) - {r.path for r in TABLE})
-    if uncovered:
-      raise ConversionError(f"params {['/'.join(p) for p in uncovered]} have no HF rule in TABLE")
-    self._abstract = abstract
-    self._missing = set(expected_names(abstract))
-    self._buffers = {}
-    self._tied_head = None
-    for rule in _rules_for(abstract):
-      self._buffers[rule.path] = np.empty(_get(abstract, rule.path).shape, dtype)
+def check_tensors(shapes: Mapping[str, tuple[int, ...]], abstract: Mapping) -> None:
+  """Checks HF tensor names and shapes against the param tree before any data is read.
 
-  def put(self, name: str, array: np.ndarray) -> None:
-    """Copies one HF tensor into its buffer (cast to the param dtype).
+  Args:
+    shapes: {HF tensor name: shape} of everything in the checkpoint.
+    abstract: the param pytree (ShapeDtypeStructs).
 
-    Raises:
-      ConversionError: unmapped or duplicated name, or wrong shape.
-    """
-    if name == TIED_HEAD and _get(self._abstract, ("lm_head",)) is None:
-      if self._tied_head is not None:
-        raise ConversionError(f"tensor {name!r} appears more than once in the checkpoint")
-      self._tied_head = array  # tied checkpoints may store the head too; checked in finish()
-      return
-    rule, layer = match(name, self._abstract)
-    if name not in self._missing:
-      raise ConversionError(f"tensor {name!r} appears more than once in the checkpoint")
-    buffer = self._buffers[rule.path]
-    target = buffer[layer] if layer is not None else buffer
-    want = hf_shape(rule, target.shape)
-    if tuple(array.shape) != want:
+  Raises:
+    ConversionError naming the tensor: unmapped name, layer out of range, wrong shape, a param
+      with no HF rule, or a missing tensor.
+  """
+  uncovered = sorted(set(_leaf_paths(abstract)) - {r.path for r in TABLE})
+  if uncovered:
+    raise ConversionError(f"params {['/'.join(p) for p in uncovered]} have no HF rule in TABLE")
+  for name, shape in shapes.items():
+    if name == TIED_HEAD and _get(abstract, ("lm_head",)) is None:
+      rule, per_layer = TABLE[0], _get(abstract, ("embed",)).shape  # must equal the embedding
+    else:
+      rule, layer = match(name, abstract)
+      per_layer = _leaf(abstract, rule).shape[1 if layer is not None else 0 :]
+    want = hf_shape(rule, tuple(per_layer))
+    if tuple(shape) != want:
       raise ConversionError(
-        f"tensor {name!r} has shape {tuple(array.shape)}, expected {want} for param "
-        f"{'/'.join(rule.path)} {tuple(target.shape)} (check config.json)"
+        f"tensor {name!r} has shape {tuple(shape)}, expected {want} for param "
+        f"{'/'.join(rule.path)} {tuple(per_layer)} (check config.json)"
       )
-    target[...] = to_param(rule, array, target.shape)
-    self._missing.discard(name)
+  missing = [n for n in expected_names(abstract) if n not in shapes]
+  if missing:
+    more = f" (and {len(missing) - 1} more: {missing[1:4]})" if len(missing) > 1 else ""
+    raise ConversionError(f"missing tensor {missing[0]!r}{more}")
 
-  def finish(self) -> dict:
-    """Returns the filled param pytree of numpy arrays.
 
-    Raises:
-      ConversionError: naming the first few HF tensors that never arrived.
-    """
-    if self._missing:
-      order = expected_names(self._abstract)
-      missing = sorted(self._missing, key=order.index)
-      raise ConversionError(
-        f"missing tensor {missing[0]!r}" + (f" (and {len(missing) - 1} more: {missing[1:4]})"
-                                             if len(missing) > 1 else "")
-      )
-    if self._tied_head is not None and not np.array_equal(self._tied_head,
-                                                         self._buffers[("embed",)]):
-      raise ConversionError(
-        f"tensor {TIED_HEAD!r} differs from 'model.embed_tokens.weight' but the config has "
-        "tie_word_embeddings=true"
-      )
-    tree: dict = {}
-    for path, buffer in self._buffers.items():
-      node = tree
-      for key in path[:-1]:
-        node = node.setdefault(key, {})
-      node[path[-1]] = buffer
-    self._buffers = {}
-    return tree
+def load_leaves(shapes: Mapping[str, tuple[int, ...]], read: Callable[[str], np.ndarray],
+                abstract: Mapping, dtype) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """The generic loader: validates everything, then builds one stacked param leaf at a time.
+
+  Each leaf is a fresh numpy buffer filled tensor by tensor through the table (HF dtype cast to
+  `dtype` on copy); the caller may drop it before asking for the next, so peak memory is one
+  leaf plus one HF tensor. With tied embeddings an `lm_head.weight` present in the checkpoint
+  (torch.save of a tied state_dict writes both) must equal the embedding.
+
+  Args:
+    shapes: {HF tensor name: shape}; every name is used exactly once.
+    read: name -> numpy array (any float dtype).
+    abstract: the param pytree (ShapeDtypeStructs); defines the leaves and their shapes.
+    dtype: the dtype of every produced leaf.
+
+  Yields:
+    (param path, numpy array of the leaf's shape and `dtype`), in table order.
+
+  Raises:
+    ConversionError naming the tensor (see `check_tensors`).
+  """
+  check_tensors(shapes, abstract)
+  for rule in _rules_for(abstract):
+    buffer = np.empty(_leaf(abstract, rule).shape, dtype)
+    if rule.layered:
+      for i in range(buffer.shape[0]):
+        buffer[i] = to_param(rule, read(rule.hf_name.format(i=i)), buffer.shape[1:])
+    else:
+      buffer[...] = to_param(rule, read(rule.hf_name), buffer.shape)
+    if rule.path == ("embed",) and TIED_HEAD in shapes and _get(abstract, ("lm_head",)) is None:
+      if not np.array_equal(read(TIED_HEAD).astype(dtype), buffer):
+        raise ConversionError(f"tensor {TIED_HEAD!r} differs from 'model.embed_tokens.weight' "
+                              "but the config has tie_word_embeddings=true")
+    yield rule.path, buffer
+    del buffer
 
 
 def export_specs(params: Mapping) -> list[tuple[str, tuple[int, ...], np.dtype]]:

@@ -83,31 +83,47 @@ def read_header(path: str) -> dict[str, dict]:
   return dict(sorted(entries.items(), key=lambda kv: kv[1]["start"]))
 
 
-def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields (name, array) for each tensor of a safetensors file, one at a time, in file order.
+class Reader:
+  """Random access to the tensors of one safetensors file (a context manager; memory-maps it).
 
-  Each array is an owned copy; the file is memory-mapped and the mapping is dropped as soon as the
-  iteration ends, so at most one tensor's copy plus the pages just read are resident.
-
-  Args:
-    path: the .safetensors file.
-
-  Yields:
-    (tensor name, numpy array with the stored dtype and shape).
+  `read(name)` returns an owned copy and drops the pages it touched from this process's resident
+  set (they stay in the page cache), so reading a whole file never makes it resident at once.
   """
-  entries = read_header(path)
-  if not entries:
-    return
-  with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-    for name, e in entries.items():
-      count = (e["end"] - e["start"]) // e["dtype"].itemsize
-      view = np.frombuffer(mm, dtype=e["dtype"], count=count, offset=e["start"])
-      array = view.reshape(e["shape"]).copy()
-      del view
-      # Drop the pages just read from this process's resident set (they stay in the page cache).
-      mm.madvise(mmap.MADV_DONTNEED, e["start"] - e["start"] % mmap.PAGESIZE,
-                 e["end"] - (e["start"] - e["start"] % mmap.PAGESIZE))
-      yield name, array
+
+  def __init__(self, path: str):
+    self.path = path
+    self.entries = read_header(path)
+
+  def __enter__(self) -> "Reader":
+    self._file = open(self.path, "rb")
+    size = os.path.getsize(self.path)
+    self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+    return self
+
+  def __exit__(self, *exc) -> None:
+    if self._mm is not None:
+      self._mm.close()
+    self._file.close()
+
+  def read(self, name: str) -> np.ndarray:
+    """The tensor `name` as a numpy array with its stored dtype and shape."""
+    e = self.entries[name]
+    count = (e["end"] - e["start"]) // e["dtype"].itemsize
+    if count == 0:
+      return np.empty(e["shape"], e["dtype"])
+    view = np.frombuffer(self._mm, dtype=e["dtype"], count=count, offset=e["start"])
+    array = view.reshape(e["shape"]).copy()
+    del view
+    page = e["start"] - e["start"] % mmap.PAGESIZE
+    self._mm.madvise(mmap.MADV_DONTNEED, page, e["end"] - page)
+    return array
+
+
+def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields (name, array) for each tensor of a safetensors file, one at a time, in file order."""
+  with Reader(path) as reader:
+    for name in reader.entries:
+      yield name, reader.read(name)
 
 
 def write_file(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:

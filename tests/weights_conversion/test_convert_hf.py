@@ -34,14 +34,15 @@ def _assert_matches_hf(params, model):
 def test_table_round_trip(tied):
   config = ModelConfig.tiny(vocab_size=64, num_layers=3, tie_word_embeddings=tied)
   params = jax.tree.map(np.asarray, params_lib.init_params(config, jax.random.key(0)))
-  filler = hf_table.ParamFiller(params_lib.abstract_params(config), np.float32)
-  names = []
-  for name, array in reversed(list(hf_table.export_tensors(params))):  # any order works
-    names.append(name)
-    filler.put(name, array)
-  assert sorted(names) == sorted(hf_table.expected_names(params))
-  assert ("lm_head.weight" in names) == (not tied)
-  jax.tree.map(np.testing.assert_array_equal, filler.finish(), params)
+  tensors = dict(hf_table.export_tensors(params))
+  assert sorted(tensors) == sorted(hf_table.expected_names(params))
+  assert [(n, s) for n, s, _ in hf_table.export_specs(params)] == [
+    (n, t.shape) for n, t in tensors.items()]
+  assert ("lm_head.weight" in tensors) == (not tied)
+  shapes = {n: t.shape for n, t in tensors.items()}
+  leaves = hf_table.load_leaves(shapes, tensors.__getitem__, params_lib.abstract_params(config),
+                                np.float32)
+  jax.tree.map(np.testing.assert_array_equal, checkpoint.unflatten(leaves), params)
 
 
 def test_expected_hf_shapes_match_transformers(hf_untied):
