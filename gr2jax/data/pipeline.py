@@ -300,6 +300,5 @@ def run(config, workdir: str) -> dict:
   }
   with open(os.path.join(workdir, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1, default=lambda x: np.asarray(x).tolist())
-  log.info("data summary\n%s", format_summary(summary))
-  print(format_summary(summary))
+  print(format_summary(summary), flush=True)
   return summary
