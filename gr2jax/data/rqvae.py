@@ -55,15 +55,16 @@ class RQVAEConfig:
   num_levels: int = 3
   codebook_size: int = 256
   beta: float = 0.25
-  epochs: int = 400
+  epochs: int = 100
   batch_size: int = 1024
-  learning_rate: float = 1e-3
+  learning_rate: float = 3e-3
   optimizer: str = "adam"
   kmeans_iters: int = 25
   reset_every: int = 20
   reset_fraction: float = 0.7
 
   def __post_init__(self):
+    object.__setattr__(self, "hidden", tuple(self.hidden))  # hashable: the config is a jit static
     if self.optimizer not in ("adam", "adagrad"):
       raise ValueError(f"RQVAEConfig.optimizer must be 'adam' or 'adagrad', got {self.optimizer!r}")
     if self.num_levels < 1 or self.codebook_size < 1 or self.latent_dim < 1:
@@ -171,6 +172,7 @@ def residual_quantize(codebooks: jax.Array, z: jax.Array, beta: float):
   return jnp.stack(codes, -1), quantized, jnp.stack(residuals), loss
 
 
+@functools.partial(jax.jit, static_argnames=("config",))
 def loss_fn(params, config: RQVAEConfig, x: jax.Array):
   """RQ-VAE loss on a batch.
 
@@ -410,7 +412,7 @@ def train_rqvae(embeddings: np.ndarray, config: RQVAEConfig, seed: int = 0) -> t
       params, num_reset = reset_dead_codes(params, config, x, k_reset)
       codes_reset += np.asarray(num_reset)
 
-  _, aux = jax.jit(loss_fn, static_argnums=1)(params, config, x)
+  _, aux = loss_fn(params, config, x)
   stats = code_stats(np.asarray(aux["codes"]), config.codebook_size)
   stats.update(recon_loss=float(aux["recon"]), quant_loss=float(aux["quant"]),
                loss_history=history, codes_reset=codes_reset.tolist(),
