@@ -6,7 +6,8 @@ K_MASK (finite, so a fully masked row gives a uniform softmax rather than NaN). 
 
 Keys are `[cache slots S | the T new tokens]`. The cache and the new keys are scored separately and
 share one softmax, so the big K/V buffers are never concatenated; the new K/V are written into the
-cache after the layer scan with one per-example `dynamic_update_slice` (in place when donated).
+cache after the layer scan with one scatter at slots `lengths[b] + arange(T)` (in place when
+donated; out-of-range writes are dropped, never clamped onto valid slots).
 """
 
 import jax
@@ -106,9 +107,16 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Ar
 
 
 def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
-  """Writes new [L, B, T, K, H] into buf [L, B, S, K, H] at slots lengths[b] + arange(T)."""
-  write = lambda b_buf, b_new, start: lax.dynamic_update_slice(b_buf, b_new, (0, start, 0, 0))
-  return jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)(buf, new.astype(buf.dtype), lengths)
+  """Writes new [L, B, T, K, H] into buf [L, B, S, K, H] at slots lengths[b] + arange(T).
+
+  One scatter over (batch, slot) index pairs: it updates the donated buffer in place (a vmapped
+  dynamic_update_slice makes XLA transpose and copy the whole cache every step).
+  """
+  b, t = new.shape[1], new.shape[2]
+  rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
+  slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
+  return buf.at[:, rows, slots].set(new.astype(buf.dtype), indices_are_sorted=True,
+                                     unique_indices=True)
 
 
 def _check_fits(cache: KVCache, t: int) -> None:

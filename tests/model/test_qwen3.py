@@ -55,6 +55,15 @@ def test_read_only_cache_is_untouched():
   jax.tree.map(np.testing.assert_array_equal, same, cache)
 
 
+def test_write_past_the_cache_is_dropped_under_jit():
+  cache = init_cache(CONFIG, batch=2, max_len=6)
+  _, cache = FWD(PARAMS, CONFIG, TOKENS[:, :4], cache=cache, update_cache=True)
+  _, after = FWD(PARAMS, CONFIG, TOKENS[:, 4:7], cache=cache, update_cache=True)
+  np.testing.assert_array_equal(after.k[:, :, :4], cache.k[:, :, :4])  # valid slots intact
+  _, ref = FWD(PARAMS, CONFIG, TOKENS[:, :6], cache=init_cache(CONFIG, 2, 6), update_cache=True)
+  np.testing.assert_allclose(after.k, ref.k, atol=1e-5)  # slots 4, 5 written, the 7th dropped
+
+
 def test_block_mask_with_cache_equals_training_forward():
   """Prompt in the cache + a block under the block mask == one forward with the same mask."""
   start, block = 5, 4
