@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
+from gr2jax.model.generate import generate
 from gr2jax.model.params import init_params
 from gr2jax.model.qwen3 import forward
 from gr2jax.model.sharding import (
@@ -66,3 +67,15 @@ def test_sharded_forward_equals_unsharded():
   _, cache = fwd(sharded, CONFIG, tokens_s, cache=cache_s, update_cache=True)
   np.testing.assert_allclose(cache.k, ref_cache.k, atol=1e-5)
   assert len(jnp.asarray(logits).sharding.device_set) == 8
+
+
+def test_sharded_generate_equals_unsharded():
+  mesh = make_mesh(fsdp=4, tp=2)
+  params = jax.tree.map(lambda x: x * 20, init_params(CONFIG, jax.random.key(0)))  # peaky
+  prompts = jax.random.randint(jax.random.key(1), (4, 6), 1, CONFIG.vocab_size)
+  lengths = jnp.array([3, 6, 4, 5])
+  ref = generate(params, CONFIG, prompts, lengths, max_new_tokens=5)
+  on_batch = lambda x: jax.device_put(x, NamedSharding(mesh, data_spec()))
+  out = generate(shard_params(params, mesh), CONFIG, on_batch(prompts), on_batch(lengths),
+                 max_new_tokens=5)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
