@@ -119,15 +119,25 @@ def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Arra
                                      unique_indices=True)
 
 
-def _check_fits(cache: KVCache, t: int) -> None:
-  """Raises if concrete lengths + T overflow the cache (traced lengths: the caller sizes it)."""
+def _concrete_range(x: jax.Array) -> tuple[int, int] | None:
+  """(min, max) of x when it is concrete; None under tracing (the checks below are eager-only)."""
   try:
-    longest = int(jnp.max(cache.lengths))
+    return int(jnp.min(x)), int(jnp.max(x))
   except jax.errors.ConcretizationTypeError:
-    return
-  if longest + t > cache.max_len:
-    raise ValueError(f"forward: writing T={t} tokens after cache.lengths max {longest} overflows "
-                     f"the cache of {cache.max_len} slots")
+    return None
+
+
+def _check_values(config: ModelConfig, tokens: jax.Array, cache: KVCache | None,
+                  update_cache: bool) -> None:
+  """Raises on out-of-vocab tokens or a cache overflow when the values are concrete."""
+  token_range = _concrete_range(tokens)
+  if token_range and not (0 <= token_range[0] and token_range[1] < config.vocab_size):
+    raise ValueError(f"forward: tokens span {token_range}, outside the vocab [0, "
+                     f"{config.vocab_size})")
+  length_range = _concrete_range(cache.lengths) if update_cache else None
+  if length_range and length_range[1] + tokens.shape[1] > cache.max_len:
+    raise ValueError(f"forward: writing T={tokens.shape[1]} tokens after cache.lengths max "
+                     f"{length_range[1]} overflows the cache of {cache.max_len} slots")
 
 
 def _check_shape(name: str, x: jax.Array, shape: tuple) -> None:
@@ -160,10 +170,9 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
   """
   b, t = tokens.shape
   s = 0 if cache is None else cache.max_len
-  if update_cache:
-    if cache is None:
-      raise ValueError("forward: update_cache=True needs a cache")
-    _check_fits(cache, t)
+  if update_cache and cache is None:
+    raise ValueError("forward: update_cache=True needs a cache")
+  _check_values(config, tokens, cache, update_cache)
   if cache is not None:
     _check_shape("cache.k", cache.k, (config.num_layers, b, s, config.num_kv_heads,
                                       config.head_dim))

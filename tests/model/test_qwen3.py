@@ -158,5 +158,7 @@ def test_bad_inputs_are_named():
     forward(PARAMS, CONFIG, TOKENS, cache=init_cache(CONFIG, 2, 8), update_cache=True)
   with pytest.raises(ValueError, match="cache.k"):
     forward(PARAMS, CONFIG, TOKENS, cache=init_cache(CONFIG, 3, 16))
+  with pytest.raises(ValueError, match="outside the vocab"):
+    forward(PARAMS, CONFIG, TOKENS.at[0, 3].set(64))
   with pytest.raises(ValueError, match="needs a cache"):
     forward(PARAMS, CONFIG, TOKENS, update_cache=True)
