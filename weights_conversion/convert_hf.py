@@ -14,11 +14,14 @@ OUT/params/ (orbax, see gr2jax/checkpoint.py) and copies the tokenizer files it 
 is written to a temp directory next to OUT and renamed at the end: on any error nothing is left
 at OUT.
 
---add_tokens=FILE (one token per line) appends rows to the embedding (and the untied LM head):
-row init = mean of the existing rows + N(0, (1e-3 * per-dimension std)^2) noise from
---add_tokens_seed, so new tokens start as an "average" token and are distinguishable. The grown
-vocab size goes into the config and OUT/added_token_ids.json maps each new token to its id
-(ids start at the old vocab_size; the tokenizer files are copied unchanged).
+--add_tokens=FILE (one token per line) sets embedding (and untied LM head) rows for new tokens.
+Their ids come from --tokenizer_dir's tokenizer.json (default --hf_dir) when it has one (e.g. the
+output of gr2jax.data.tokenizer.extend_tokenizer; Qwen3's tokenizer ids 151669.. reuse its unused
+padding rows up to 151935 and grow the table beyond), else they are V, V+1, ... Init: mean of the
+other original rows + N(0, (1e-3 * per-dimension std)^2) noise from --add_tokens_seed, so new
+tokens start as an "average" token and are distinguishable. The vocab grows to max(V, max id + 1)
+in the config; OUT/added_token_ids.json maps each new token to its id; the tokenizer files of
+--tokenizer_dir are copied.
 """
 
 import dataclasses
@@ -187,40 +190,91 @@ def read_token_file(path: str) -> list[str]:
   return tokens
 
 
-def grow_vocab(table: np.ndarray, axis: int, n: int, rng: np.random.Generator) -> np.ndarray:
-  """Appends n rows along the vocab axis: mean of the existing rows + 1e-3 * per-dim std noise.
+def new_token_ids(tokens: list[str], vocab_size: int, tokenizer_dir: str | None) -> dict[str, int]:
+  """The id of each new token: the tokenizer's, if `tokenizer_dir` has a tokenizer.json, else
+  vocab_size + i (in file order).
+
+  Args:
+    tokens: the new tokens.
+    vocab_size: V, embedding rows of the HF checkpoint.
+    tokenizer_dir: a directory whose tokenizer.json already contains the tokens (e.g. the output
+      of gr2jax.data.tokenizer.extend_tokenizer), or None.
+
+  Returns:
+    {token: id}.
+
+  Raises:
+    ValueError: the tokenizer lacks a token, or maps one to an id an original token uses.
+  """
+  file = os.path.join(tokenizer_dir, "tokenizer.json") if tokenizer_dir else None
+  if file is None or not os.path.isfile(file):
+    return {t: vocab_size + i for i, t in enumerate(tokens)}
+  import tokenizers
+
+  tokenizer = tokenizers.Tokenizer.from_file(file)
+  ids = {t: tokenizer.token_to_id(t) for t in tokens}
+  for token, i in ids.items():
+    if i is None:
+      raise ValueError(f"{file}: new token {token!r} is not in the tokenizer (add it first, e.g. "
+                       "with gr2jax.data.tokenizer.extend_tokenizer)")
+  return ids
+
+
+def grow_vocab(table: np.ndarray, axis: int, ids: dict[str, int], rng: np.random.Generator
+               ) -> np.ndarray:
+  """Sets the rows of the new token ids, growing the vocab axis to max(V, max id + 1).
+
+  New rows (and any unused gap rows past V) = mean of the other original rows; the new tokens'
+  rows add 1e-3 * per-dimension-std Gaussian noise so they are distinguishable.
 
   Args:
     table: the embedding [V, D] (axis 0) or the LM head [D, V] (axis 1).
     axis: the vocab axis.
-    n: rows to add.
+    ids: {token: id}; ids < V overwrite those rows (e.g. Qwen3's unused padding rows).
     rng: the noise generator (seeded by --add_tokens_seed).
 
   Returns:
-    The table with V + n entries on `axis`, same dtype.
+    A new C-contiguous table with max(V, max id + 1) entries on `axis`, same dtype.
   """
+  v = table.shape[axis]
+  new_ids = np.array(sorted(ids.values()), np.int64)
   rows = np.moveaxis(table, axis, 0)  # [V, D] view
-  mean = rows.mean(axis=0, dtype=np.float32)
-  std = rows.std(axis=0, dtype=np.float32)
-  noise = rng.standard_normal((n, rows.shape[1])).astype(np.float32)
-  new = np.moveaxis((mean + _NOISE_SCALE * std * noise).astype(table.dtype), 0, axis)
-  return np.concatenate([table, new], axis=axis)
+  keep = np.ones(v, bool)
+  keep[new_ids[new_ids < v]] = False
+  total, total_sq = np.zeros(rows.shape[1], np.float64), np.zeros(rows.shape[1], np.float64)
+  for start in range(0, v, 4096):  # chunked: no float copy of the whole table
+    block = rows[start : start + 4096][keep[start : start + 4096]].astype(np.float64)
+    total += block.sum(0)
+    total_sq += (block * block).sum(0)
+  count = int(keep.sum())
+  mean = total / count
+  std = np.sqrt(np.maximum(total_sq / count - mean * mean, 0.0))
+  shape = list(table.shape)
+  shape[axis] = max(v, int(new_ids.max()) + 1)
+  out = np.empty(shape, table.dtype)
+  out_rows = np.moveaxis(out, axis, 0)  # [V', D] view
+  out_rows[:v] = rows
+  out_rows[v:] = mean.astype(table.dtype)
+  noise = rng.standard_normal((len(new_ids), rows.shape[1]))
+  out_rows[new_ids] = (mean + _NOISE_SCALE * std * noise).astype(table.dtype)
+  return out
 
 
-def _with_added_tokens(leaves, n: int, seed: int):
-  """Grows the 'embed' and 'lm_head' leaves of a leaf stream by n vocab entries."""
+def _with_added_tokens(leaves, ids: dict[str, int], seed: int):
+  """Applies `grow_vocab` to the 'embed' and 'lm_head' leaves of a leaf stream."""
   rng = np.random.default_rng(seed)
   for path, leaf in leaves:
     if path == ("embed",):
-      leaf = grow_vocab(leaf, 0, n, rng)
+      leaf = grow_vocab(leaf, 0, ids, rng)
     elif path == ("lm_head",):
-      leaf = grow_vocab(leaf, 1, n, rng)
+      leaf = grow_vocab(leaf, 1, ids, rng)
     yield path, leaf
     del leaf
 
 
 def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
-            add_tokens_file: str | None = None, add_tokens_seed: int = 0) -> ModelConfig:
+            add_tokens_file: str | None = None, add_tokens_seed: int = 0,
+            tokenizer_dir: str | None = None) -> ModelConfig:
   """HF directory -> gr2jax checkpoint directory (atomic: nothing at out_dir on failure).
 
   Args:
@@ -229,6 +283,8 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
     param_dtype: see `load_hf`.
     add_tokens_file: optional file of new tokens, one per line.
     add_tokens_seed: seed of the new rows' init noise.
+    tokenizer_dir: where the new tokens' ids (tokenizer.json) and the tokenizer files to copy
+      come from; default hf_dir.
 
   Returns:
     The written config.
@@ -243,15 +299,17 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
     with HFWeights(hf_dir) as weights:
       leaves = iter_leaves(config, weights)
       if tokens:
-        leaves = _with_added_tokens(leaves, len(tokens), add_tokens_seed)
-        v = config.vocab_size
-        config = dataclasses.replace(config, vocab_size=v + len(tokens))
+        ids = new_token_ids(tokens, config.vocab_size, tokenizer_dir)
+        leaves = _with_added_tokens(leaves, ids, add_tokens_seed)
+        config = dataclasses.replace(config, vocab_size=max(config.vocab_size,
+                                                            max(ids.values()) + 1))
         with open(os.path.join(tmp, ADDED_IDS_FILE), "w") as f:
-          json.dump({t: v + i for i, t in enumerate(tokens)}, f, indent=2, ensure_ascii=False)
+          json.dump(ids, f, indent=2, ensure_ascii=False)
       checkpoint.write_checkpoint(tmp, config, leaves)
     for name in TOKENIZER_FILES:
-      if os.path.isfile(os.path.join(hf_dir, name)):
-        shutil.copy2(os.path.join(hf_dir, name), tmp)
+      source = tokenizer_dir or hf_dir
+      if os.path.isfile(os.path.join(source, name)):
+        shutil.copy2(os.path.join(source, name), tmp)
     written["config"] = config
 
   checkpoint.atomic_directory(out_dir, write, overwrite=False)
@@ -267,6 +325,8 @@ flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16"],
 flags.DEFINE_string("add_tokens", None, "File of new tokens, one per line: grows embed/lm_head "
                     "(init: mean row + 1e-3*std noise); ids written to added_token_ids.json.")
 flags.DEFINE_integer("add_tokens_seed", 0, "Seed of the --add_tokens init noise.")
+flags.DEFINE_string("tokenizer_dir", None, "Tokenizer to copy into the checkpoint and to take the "
+                    "--add_tokens ids from (its tokenizer.json); default --hf_dir.")
 
 
 def main(argv):
@@ -274,7 +334,7 @@ def main(argv):
   if not FLAGS.hf_dir or not FLAGS.out_dir:
     raise app.UsageError("--hf_dir and --out_dir are required")
   config = convert(FLAGS.hf_dir, FLAGS.out_dir, FLAGS.param_dtype, FLAGS.add_tokens,
-                   FLAGS.add_tokens_seed)
+                   FLAGS.add_tokens_seed, FLAGS.tokenizer_dir)
   print(f"wrote {FLAGS.out_dir}: {params_lib.param_count(config):,} params, "
         f"{config.param_dtype}, vocab {config.vocab_size}")
 

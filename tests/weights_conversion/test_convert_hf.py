@@ -34,7 +34,8 @@ def _assert_matches_hf(params, model):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_table_round_trip(tied):
-  config = ModelConfig.tiny(vocab_size=64, num_layers=3, tie_word_embeddings=tied)
+  config = ModelConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=48,
+                            num_layers=3, tie_word_embeddings=tied)
   params = jax.tree.map(np.asarray, params_lib.init_params(config, jax.random.key(0)))
   tensors = dict(hf_table.export_tensors(params))
   assert sorted(tensors) == sorted(hf_table.expected_names(params))
@@ -117,6 +118,40 @@ def test_add_tokens(hf_untied, tmp_path):
   np.testing.assert_allclose(head[:, v:], np.broadcast_to(head[:, :v].mean(1)[:, None], (32, 3)),
                              atol=1e-4)
   assert len({row.tobytes() for row in embed[v:]}) == 3  # the noise separates the new rows
+
+
+def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
+  """Like Qwen3: tokenizer ids 90.. overwrite the unused rows 90..95 of V=96 and grow beyond."""
+  import tokenizers
+
+  model, hf_dir = hf_untied
+  tok_dir = tmp_path / "tok"
+  tok_dir.mkdir()
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+    {f"t{i}": i for i in range(90)}, unk_token="t0"))
+  new = [f"<s_{i}>" for i in range(10)]
+  tokenizer.add_tokens(new)
+  tokenizer.save(str(tok_dir / "tokenizer.json"))
+  token_file = tmp_path / "added_tokens.txt"
+  token_file.write_text("".join(t + "\n" for t in new))
+  out = str(tmp_path / "ckpt")
+  run_main(convert_hf, hf_dir=hf_dir, out_dir=out, add_tokens=str(token_file),
+           tokenizer_dir=str(tok_dir))
+  config, params = checkpoint.restore(out)
+  assert config.vocab_size == 100
+  with open(os.path.join(out, convert_hf.ADDED_IDS_FILE)) as f:
+    assert json.load(f) == {t: 90 + i for i, t in enumerate(new)}
+  assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+  embed = np.asarray(params["embed"])
+  np.testing.assert_array_equal(embed[:90], _hf_state(model)["model.embed_tokens.weight"][:90])
+  np.testing.assert_allclose(embed[90:], np.broadcast_to(embed[:90].mean(0), (10, 32)),
+                             atol=1e-4)
+  missing = tmp_path / "missing.txt"
+  missing.write_text("<s_0>\n<not_there>\n")
+  with pytest.raises(ValueError, match="new token '<not_there>' is not in the tokenizer"):
+    convert_hf.convert(hf_dir, str(tmp_path / "bad"), add_tokens_file=str(missing),
+                       tokenizer_dir=str(tok_dir))
+  assert leftovers(str(tmp_path / "bad")) == []
 
 
 def _rewrite(hf_dir, edit):
