@@ -43,6 +43,7 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.embedding_dim = 256  # TF-IDF + SVD item embedding size
   c.item_embeddings = ""  # FILE.npy [12101, d] precomputed (e.g. Sentence-T5); '' = TF-IDF
 
+  c.sids_file = ""  # FILE.npy int32 [12101, 4] precomputed SIDs (rqvae.save_sids); '' = train
   c.rqvae = ml_collections.ConfigDict()
   c.rqvae.latent_dim = 32  # code dimension (TIGER: 32)
   c.rqvae.num_levels = 3  # residual levels before the collision token
@@ -51,6 +52,8 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.rqvae.epochs = 400  # passes over the 12,101 items
   c.rqvae.batch_size = 1024  # items per step
   c.rqvae.learning_rate = 1e-3  # Adam learning rate
+  c.rqvae.kmeans_iters = 25  # Lloyd iterations of the k-means codebook initialisation
+  c.rqvae.reset_every = 20  # epochs between dead-code resets (0 disables them)
 
   c.prompt = ml_collections.ConfigDict()
   c.prompt.answer_format = "slot"  # 'slot' (tiny) or 'sid' (8B; the paper's)

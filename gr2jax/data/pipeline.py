@@ -114,8 +114,9 @@ def rqvae_config(config) -> rqvae.RQVAEConfig:
 
 
 def _codes_per_level(sids: np.ndarray, config) -> tuple[int, ...]:
-  """SID vocabulary sizes: codebook_size per RQ level, max collision + 1 for the last."""
-  return (config.rqvae.codebook_size,) * (sids.shape[1] - 1) + (int(sids[:, -1].max()) + 1,)
+  """SID vocabulary sizes: at least codebook_size per RQ level, max collision + 1 for the last."""
+  used = sids.max(axis=0) + 1
+  return tuple(max(config.rqvae.codebook_size, int(n)) for n in used[:-1]) + (int(used[-1]),)
 
 
 def build_examples(catalog, sequences, config) -> tuple[dict[str, list[RerankExample]], dict]:
@@ -195,7 +196,8 @@ def format_summary(summary: dict) -> str:
   sid = summary["sids"]
   rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
                        f"collision_rate={sid['collision_rate']:.4f} "
-                       f"max_collisions={sid['max_collisions']} recon={sid['recon_loss']:.4f}"))
+                       f"max_collisions={sid['max_collisions']} "
+                       f"recon={sid.get('recon_loss', float('nan')):.4f}"))
   rows.append(("tokenizer", f"vocab={summary['tokenizer']['vocab']}"))
   for variant, lengths in summary["prompt_lengths"].items():
     rows.append((f"tokens {variant}", " ".join(
@@ -204,6 +206,39 @@ def format_summary(summary: dict) -> str:
   rows.append(("timings s", " ".join(f"{k}={v:.1f}" for k, v in summary["timings"].items())))
   width = max(len(r[0]) for r in rows)
   return "\n".join(f"{name:<{width}}  {value}" for name, value in rows)
+
+
+def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndarray, dict, str]:
+  """SIDs [I, 4] from `config.sids_file`, or embeddings -> RQ-VAE (two cached steps).
+
+  Returns:
+    (sids, stats, cache key); stats = rqvae.code_stats (+ RQ-VAE losses when trained).
+  """
+  if config.sids_file:
+    key = _key(_file_digest(config.sids_file))
+
+    def load():
+      sids = rqvae.load_sids(config.sids_file, catalog.num_items)
+      return sids, rqvae.code_stats(sids[:, :-1], config.rqvae.codebook_size)
+
+    return *steps.value("sids", key, load), key
+  if config.item_embeddings:
+    emb_key = _key(_file_digest(config.item_embeddings))
+    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
+      config.item_embeddings, catalog.num_items))
+  else:
+    emb_key = _key(raw_key, config.embedding_dim, config.seed)
+    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.item_embeddings(
+      catalog, config.embedding_dim, config.seed))
+
+  def train():
+    rq_config = rqvae_config(config)
+    params, stats = rqvae.train_rqvae(item_emb, rq_config, config.seed)
+    sids = rqvae.semantic_ids(rqvae.encode_codes(params, rq_config, item_emb))
+    return sids, {k: v for k, v in stats.items() if k != "loss_history"}
+
+  key = _key(emb_key, config.rqvae.to_dict(), config.seed)
+  return *steps.value("sids", key, train), key
 
 
 def run(config, workdir: str) -> dict:
@@ -244,23 +279,7 @@ def run(config, workdir: str) -> dict:
   test_users = split.eval_subset(len(sequences), config.eval_subset_size)
   by_split = _split_examples(by_split, test_users)
 
-  if config.item_embeddings:
-    emb_key = _key(_file_digest(config.item_embeddings))
-    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
-      config.item_embeddings, catalog.num_items))
-  else:
-    emb_key = _key(raw_key, config.embedding_dim, config.seed)
-    item_emb = steps.value("embeddings", emb_key, lambda: embeddings.item_embeddings(
-      catalog, config.embedding_dim, config.seed))
-
-  def train_sids():
-    rq_config = rqvae_config(config)
-    params, stats = rqvae.train_rqvae(item_emb, rq_config, config.seed)
-    sids = rqvae.semantic_ids(rqvae.encode_codes(params, rq_config, item_emb))
-    return sids, {k: v for k, v in stats.items() if k != "loss_history"}
-
-  sids_key = _key(emb_key, config.rqvae.to_dict(), config.seed)
-  sids, sid_stats = steps.value("sids", sids_key, train_sids)
+  sids, sid_stats, sids_key = _semantic_ids(steps, config, catalog, raw_key)
 
   tok_key = _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
                  config.tokenizer_vocab_size, config.tokenizer_sample, config.seed)

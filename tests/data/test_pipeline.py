@@ -1,5 +1,7 @@
 """Tests for gr2jax/data/pipeline.py: an end-to-end build on a small synthetic Beauty-like dataset,
-the cache on re-run, and reading the result back (TFDS -> tokenizer -> batches -> validator)."""
+the cache on re-run, LLM traces, and reading the result back (TFDS -> batches -> validator).
+
+The fast tests load a SID file; the RQ-VAE path (JIT compiles for ~20 s) is marked slow."""
 
 import gzip
 import json
@@ -9,7 +11,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import data as data_config
-from gr2jax.data import answer, batches, pipeline, tfds_builder, tokenizer
+from gr2jax.data import answer, batches, pipeline, rqvae, tfds_builder, tokenizer
 
 NUM_ITEMS, NUM_USERS = 300, 160
 
@@ -36,14 +38,16 @@ def _write_dataset(path):
       f.write(f"U{u} " + " ".join(f"B{i:09d}" for i in items) + "\n")
 
 
-def _config(data_dir):
+def _config(data_dir, sids_file=""):
   config = data_config.get_data_config()
   config.data_dir = str(data_dir)
+  config.sids_file = str(sids_file)
   config.eval_subset_size = 40
   config.accept_position_leak = True  # synthetic lists: the leak check is not the point here
   config.rejection = False
   config.embedding_dim = 32
-  config.rqvae.update(dict(latent_dim=8, codebook_size=16, epochs=4, batch_size=64))
+  config.rqvae.update(dict(latent_dim=8, codebook_size=16, epochs=4, batch_size=64,
+                           kmeans_iters=2, reset_every=0))
   config.tokenizer_vocab_size = 1500
   config.tokenizer_sample = 50
   config.length_buckets = (512, 1024)
@@ -51,10 +55,17 @@ def _config(data_dir):
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory):
-  data_dir = tmp_path_factory.mktemp("beauty")
-  _write_dataset(data_dir)
-  config = _config(data_dir)
+def data_dir(tmp_path_factory):
+  path = tmp_path_factory.mktemp("beauty")
+  _write_dataset(path)
+  codes = np.random.default_rng(0).integers(0, 16, size=(NUM_ITEMS, 3))
+  rqvae.save_sids(path / "sids.npy", rqvae.semantic_ids(codes))
+  return path
+
+
+@pytest.fixture(scope="module")
+def built(data_dir, tmp_path_factory):
+  config = _config(data_dir, data_dir / "sids.npy")
   workdir = str(tmp_path_factory.mktemp("work"))
   return config, workdir, pipeline.run(config, workdir)
 
@@ -104,3 +115,25 @@ def test_tfds_to_batches_to_validator(built):
     np.testing.assert_array_equal(result.ranking, r["teacher_ranking"])
   test = list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "test_1615"))
   assert len(test) == 40 and test[0]["answer"] == ""
+
+
+def test_llm_traces_replace_rule_reasoning(data_dir, tmp_path):
+  config = _config(data_dir, data_dir / "sids.npy")
+  traces = tmp_path / "traces.jsonl"
+  rows = [{"user": u, "reasoning": f"LLM thought {u}", "ranking": list(range(9, -1, -1))}
+          for u in (3, 5, 8)]
+  traces.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  config.teacher_traces = str(traces)
+  summary = pipeline.run(config, str(tmp_path / "work"))
+  assert summary["splits"]["train"] == 3 and summary["examples"]["traces"]["kept"] == 3
+  records = list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "train"))
+  assert [r["user"] for r in records] == [3, 5, 8]
+  assert records[1]["reasoning"] == "<think>\nLLM thought 5\n</think>\n\n"
+  assert answer.parse_answer(records[0]["answer"], records[0]["labels"]).ranking[0] == 9
+
+
+@pytest.mark.slow
+def test_rqvae_path(data_dir, tmp_path):
+  summary = pipeline.run(_config(data_dir), str(tmp_path))
+  assert summary["sids"]["unique"] == NUM_ITEMS and "recon_loss" in summary["sids"]
+  assert not summary["cached"]["embeddings"]
