@@ -24,6 +24,7 @@ in the config; OUT/added_token_ids.json maps each new token to its id; the token
 --tokenizer_dir are copied.
 """
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -103,12 +104,12 @@ class HFWeights:
     self.files = weight_files(hf_dir)
 
   def __enter__(self) -> "HFWeights":
-    self.shapes, self._where, self._readers = {}, {}, []
-    try:
+    self.shapes, self._where = {}, {}
+    self._stack = contextlib.ExitStack()
+    with self._stack as stack:
       for file in self.files:
         if file.endswith(".safetensors"):
-          reader = safetensors_io.Reader(file).__enter__()
-          self._readers.append(reader)
+          reader = stack.enter_context(safetensors_io.Reader(file))
           names = {n: e["shape"] for n, e in reader.entries.items()}
           read = reader.read
         else:
@@ -124,15 +125,12 @@ class HFWeights:
               f"and {file})")
           self.shapes[name] = shape
           self._where[name] = (file, read)
-    except BaseException:
-      self.__exit__()
-      raise
+      self._stack = stack.pop_all()  # keep the files open until __exit__
     return self
 
   def __exit__(self, *exc) -> None:
-    for reader in self._readers:
-      reader.__exit__()
-    self._readers, self._where = [], {}
+    self._stack.close()
+    self._where = {}
 
   def read(self, name: str) -> np.ndarray:
     """The tensor `name` as numpy, in its stored dtype."""

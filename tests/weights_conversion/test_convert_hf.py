@@ -98,6 +98,9 @@ def test_weight_layouts(layout, tmp_path):
     _, params32 = convert_hf.load_hf(hf_dir, param_dtype="float32")
     assert params32["embed"].dtype == np.float32
     np.testing.assert_array_equal(params32["embed"], params["embed"].astype(np.float32))
+  else:  # fp32 -> bf16 on request rounds like torch's .bfloat16()
+    _, params16 = convert_hf.load_hf(hf_dir, param_dtype="bfloat16")
+    _assert_matches_hf(params16, model.bfloat16())
 
 
 def test_add_tokens(hf_untied, tmp_path):
