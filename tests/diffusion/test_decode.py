@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gr2jax.diffusion import decode, replay
-from gr2jax.model import masks, qwen3
+from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
@@ -67,6 +67,16 @@ def test_block_size_one_is_ar_greedy(params):
   # B=1: one prefill, then one commit forward per token but the last.
   np.testing.assert_array_equal(out.nfe, [MAX_NEW, MAX_NEW])
   np.testing.assert_array_equal(out.commit_step, np.full((2, MAX_NEW), decode.SEED_STEP))
+
+
+def test_block_size_one_equals_generate(params):
+  # The mask token's LM-head column is zeroed so AR never picks it (the decoder never commits it);
+  # the remaining 63 random logits then contain a positive maximum.
+  params = {**params, "lm_head": params["lm_head"].at[:, MASK].set(0.0)}
+  out = _decode(params, block_size=1)
+  ar = generate.generate(params, CONFIG, PROMPTS, LENGTHS, max_new_tokens=MAX_NEW)
+  np.testing.assert_array_equal(out.tokens, ar.tokens)
+  np.testing.assert_array_equal(out.lengths, ar.lengths)
 
 
 def test_cached_block_equals_cache_free_block_causal_forward(params):
