@@ -34,6 +34,11 @@ MAX_COLLISIONS = 256  # size cap of the 4th (collision) vocabulary
 class RQVAEConfig:
   """RQ-VAE architecture and training settings (defaults: TIGER's design, sized for 2 CPU cores).
 
+  TIGER trains 20k epochs with Adagrad lr 0.4; in a 100-epoch CPU budget that diverges on Beauty,
+  and Adam at 1e-2 collapses the codebooks, so the default is Adam 3e-3 (measured on the shipped
+  catalogue with TF-IDF embeddings: utilisation >= 99.6% per level, ~13% collisions; 150 epochs
+  gave no gain).
+
   Attributes:
     hidden: encoder hidden widths (the decoder mirrors them).
     latent_dim: latent / code dimension d.
