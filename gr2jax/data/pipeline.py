@@ -1,11 +1,11 @@
 """The data build: raw Beauty -> re-ranking examples -> SIDs -> tokenizer -> prompts -> TFDS.
 
 `run(config, workdir)` runs each step once per distinct input: a step's cache key is a hash of
-its config fields and of the keys of the steps it reads (the raw files by content), and its
-output is stored under `workdir/cache/` (pickles) or `workdir/<step>-<key>/` (directories). A
-re-run with unchanged inputs only loads the caches. The summary (statistics, floor and teacher
-metrics, SID stats, prompt lengths per variant, timings) is returned, logged as a table and
-written to `workdir/summary.json`.
+its config fields, of the keys of the steps it reads (the raw files by content) and of the source
+files of the modules it runs. Outputs live under `workdir/cache/` (pickles) or
+`workdir/<step>-<key>/` (directories); a re-run with unchanged inputs only loads them. The summary
+(statistics, floor and teacher metrics, SID stats, prompt lengths per variant, timings) is
+returned, printed as a table and written to `workdir/summary.json`.
 """
 
 import dataclasses
@@ -19,7 +19,9 @@ import time
 
 import numpy as np
 
+from gr2jax import metrics
 from gr2jax.data import (
+  candidates,
   embeddings,
   evidence,
   examples,
@@ -47,6 +49,11 @@ def _key(*parts) -> str:
   """A short stable hash of JSON-able parts (config values, parent keys, file digests)."""
   text = json.dumps(parts, sort_keys=True, default=str)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _code(*modules) -> str:
+  """Digest of the modules' source files: a code change invalidates the steps that use them."""
+  return _key(*(_file_digest(m.__file__) for m in modules))
 
 
 def _file_digest(path: str) -> str:
@@ -215,7 +222,7 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
     (sids, stats, cache key); stats = rqvae.code_stats (+ RQ-VAE losses when trained).
   """
   if config.sids_file:
-    key = _key(_file_digest(config.sids_file))
+    key = _key(_file_digest(config.sids_file), _code(rqvae))
 
     def load():
       sids = rqvae.load_sids(config.sids_file, catalog.num_items)
@@ -223,11 +230,11 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
 
     return *steps.value("sids", key, load), key
   if config.item_embeddings:
-    emb_key = _key(_file_digest(config.item_embeddings))
+    emb_key = _key(_file_digest(config.item_embeddings), _code(embeddings))
     item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
       config.item_embeddings, catalog.num_items))
   else:
-    emb_key = _key(raw_key, config.embedding_dim, config.seed)
+    emb_key = _key(raw_key, config.embedding_dim, config.seed, _code(embeddings))
     item_emb = steps.value("embeddings", emb_key, lambda: embeddings.item_embeddings(
       catalog, config.embedding_dim, config.seed))
 
@@ -237,7 +244,7 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
     sids = rqvae.semantic_ids(rqvae.encode_codes(params, rq_config, item_emb))
     return sids, {k: v for k, v in stats.items() if k != "loss_history"}
 
-  key = _key(emb_key, config.rqvae.to_dict(), config.seed)
+  key = _key(emb_key, config.rqvae.to_dict(), config.seed, _code(rqvae))
   return *steps.value("sids", key, train), key
 
 
@@ -256,7 +263,7 @@ def run(config, workdir: str) -> dict:
   start = time.perf_counter()
   items_path = os.path.join(config.data_dir, "items.jsonl.gz")
   sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
-  raw_key = _key(_file_digest(items_path), _file_digest(sequences_path))
+  raw_key = _key(_file_digest(items_path), _file_digest(sequences_path), _code(raw))
 
   def load_raw():
     catalog = raw.load_catalog(items_path)
@@ -265,7 +272,8 @@ def run(config, workdir: str) -> dict:
   catalog, sequences = steps.value("raw", raw_key, load_raw)
 
   examples_key = _key(raw_key, [config.get(k).to_dict() if k == "retriever" else config.get(k)
-                                for k in EXAMPLE_FIELDS])
+                                for k in EXAMPLE_FIELDS],
+                      _code(examples, split, retriever, candidates, evidence, teacher, metrics))
   by_split, example_stats = steps.value("examples", examples_key,
                                         lambda: build_examples(catalog, sequences, config))
   reasonings, traces_digest = {}, ""
@@ -282,6 +290,7 @@ def run(config, workdir: str) -> dict:
   sids, sid_stats, sids_key = _semantic_ids(steps, config, catalog, raw_key)
 
   tok_key = _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
+                 _code(prompts, tokenizer),
                  config.tokenizer_vocab_size, config.tokenizer_sample, config.seed)
   tok_dir = steps.directory("tokenizer", tok_key, lambda out: tokenizer.train_tokenizer(
     _tokenizer_corpus(catalog, by_split["train"], sids, config), out,
@@ -290,7 +299,8 @@ def run(config, workdir: str) -> dict:
   tok = tokenizer.load_tokenizer(tok_dir)
 
   pc = prompt_config(config)
-  tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc))
+  tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc),
+                  _code(prompts, tfds_builder))
 
   def write_tfds(out):
     records = {name: [tfds_builder.to_record(
