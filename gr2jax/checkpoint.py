@@ -8,9 +8,9 @@ A gr2jax checkpoint directory holds:
   (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them
 The config is not named `config.json` so that transformers' Auto* classes never mistake the
 directory for an HF one. One item per leaf (rather than one orbax tree) because orbax stages a
-whole item in host memory while writing it (measured: +1.2-2x the item size); per leaf, a
-converter that produces leaves one at a time peaks at ~3x the largest leaf instead of ~3x the
-model (weights_conversion/convert_hf.py).
+whole item in host memory while writing it (measured: +1.2-2x the item size): converting a
+3.1 GB bf16 checkpoint peaked at 2.85x its size as one tree, 0.95x leaf by leaf
+(weights_conversion/convert_hf.py produces the leaves one at a time).
 
 Writes are atomic: everything goes to a hidden temp directory next to the target, which is renamed
 into place only when complete; an existing checkpoint is replaced only after the new one is
@@ -177,6 +177,15 @@ def load_config(path: str) -> ModelConfig:
   return config_from_dict(d, source=file)
 
 
+def _sharding_at(shardings: Any, path: tuple[str, ...], where: str):
+  """The sharding for param `path` in a shardings pytree (CheckpointError if absent)."""
+  try:
+    return functools.reduce(lambda node, key: node[key], path, shardings)
+  except (KeyError, TypeError):
+    raise CheckpointError(f"{where}: shardings tree does not match the params: no entry for "
+                          f"{'.'.join(path)}") from None
+
+
 def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
   """Restores (config, params) from a gr2jax checkpoint directory.
 
@@ -216,7 +225,7 @@ def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
   with ocp.StandardCheckpointer() as checkpointer:
     for p, shape, dtype in manifest:
       leaf_dir = _leaf_dir(params_dir, p)
-      sharding = functools.reduce(lambda node, key: node[key], p, shardings)
+      sharding = _sharding_at(shardings, p, params_dir)
       try:
         target = {_LEAF_KEY: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)}
         leaf = checkpointer.restore(leaf_dir, target)[_LEAF_KEY]
@@ -256,9 +265,12 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
   if os.path.isfile(os.path.join(path, "config.json")):
     from weights_conversion import convert_hf  # lazy: needs the repo root on sys.path
 
-    config, params = convert_hf.load_hf(path, param_dtype=param_dtype)
-    if shardings is None:
-      return config, jax.tree.map(jax.numpy.asarray, params)
-    return config, jax.tree.map(lambda x, s: jax.device_put(np.asarray(x), s), params, shardings)
+    config = convert_hf.read_config(path, param_dtype)
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    with convert_hf.HFWeights(path) as weights:  # one host leaf at a time
+      leaves = [(p, jax.device_put(leaf, device if shardings is None
+                                   else _sharding_at(shardings, p, path)))
+                for p, leaf in convert_hf.iter_leaves(config, weights)]
+    return config, unflatten(leaves)
   raise CheckpointError(f"{path}: neither a gr2jax checkpoint ({CONFIG_FILE}) nor an HF "
                         "directory (config.json)")

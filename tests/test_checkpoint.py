@@ -113,3 +113,21 @@ def test_damaged_checkpoint_is_a_clear_error(tmp_path, params, damage, message):
 def test_load_model_rejects_unknown_directories(tmp_path):
   with pytest.raises(checkpoint.CheckpointError, match="neither a gr2jax checkpoint"):
     checkpoint.load_model(str(tmp_path))
+
+
+def test_load_model_hf_dir_into_shardings(tmp_path):
+  from tests.weights_conversion.conftest import save_hf
+
+  model = save_hf(str(tmp_path), seed=5)
+  mesh = jax.make_mesh((4, 2), ("fsdp", "tp"))
+  spec = jax.sharding.PartitionSpec
+  config, params = checkpoint.load_model(str(tmp_path))
+  shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, spec()), params)
+  shardings["layers"]["q"] = jax.sharding.NamedSharding(mesh, spec(None, "fsdp", "tp", None))
+  _, sharded = checkpoint.load_model(str(tmp_path), shardings)
+  assert sharded["layers"]["q"].sharding == shardings["layers"]["q"]
+  _assert_equal(sharded, params)
+  np.testing.assert_array_equal(params["embed"], model.model.embed_tokens.weight.detach().numpy())
+  del shardings["lm_head"]
+  with pytest.raises(checkpoint.CheckpointError, match="no entry for lm_head"):
+    checkpoint.load_model(str(tmp_path), shardings)
