@@ -247,7 +247,9 @@ def _generate(
 
   key, prefill_key = jax.random.split(key)
   cache = init_cache(config, b, cache_size)
-  logits, cache = qwen3.ragged_prefill(params, config, prompt_tokens, prompt_lengths, cache)
+  logits, cache = qwen3.ragged_prefill(
+    params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
+  )
   start = jnp.zeros((b,), jnp.int32)
   empty_out = jnp.full((b, r), mask_id, jnp.int32)
   seed, seed_logp = propose_fn(

@@ -94,8 +94,8 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.
 @functools.partial(jax.jit, static_argnums=1, donate_argnames="cache")
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
             cache: KVCache):
-  """Jitted `ragged_prefill` with the cache donated: ([B, V] f32 next-token logits, cache)."""
-  return ragged_prefill(params, config, tokens, lengths, cache)
+  """Jitted `ragged_prefill` into an empty cache, donated: ([B, V] f32 next-token logits, cache)."""
+  return ragged_prefill(params, config, tokens, lengths, cache, read_cache=False)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",

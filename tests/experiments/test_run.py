@@ -46,7 +46,8 @@ def test_config_typo_is_an_error(tmp_path):
 def test_unknown_stage_is_an_error(tmp_path):
   config = tmp_path / "bad.py"
   config.write_text(
-      "import ml_collections\n\ndef get_config():\n  return ml_collections.ConfigDict({'stage': 'nope'})\n")
+      "import ml_collections\n\n"
+      "def get_config():\n  return ml_collections.ConfigDict({'stage': 'nope'})\n")
   result = _run(f"--config={config}", f"--workdir={tmp_path}")
   assert result.returncode != 0
   assert "nope" in result.stderr

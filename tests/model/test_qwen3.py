@@ -162,3 +162,15 @@ def test_bad_inputs_are_named():
     forward(PARAMS, CONFIG, TOKENS.at[0, 3].set(64))
   with pytest.raises(ValueError, match="needs a cache"):
     forward(PARAMS, CONFIG, TOKENS, update_cache=True)
+
+
+def test_prefill_without_reading_empty_cache_is_exact():
+  params = init_params(CONFIG, jax.random.key(3))
+  tokens = jax.random.randint(jax.random.key(4), (2, 7), 0, CONFIG.vocab_size)
+  lengths = jnp.array([7, 4], jnp.int32)
+  fresh = init_cache(CONFIG, 2, 12)
+  logits_a, cache_a = ragged_prefill(params, CONFIG, tokens, lengths, fresh)
+  logits_b, cache_b = ragged_prefill(params, CONFIG, tokens, lengths, fresh, read_cache=False)
+  np.testing.assert_allclose(logits_a, logits_b, atol=1e-5)
+  np.testing.assert_allclose(cache_a.k, cache_b.k, atol=1e-6)
+  np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
