@@ -7,7 +7,8 @@ Usage:
 `--config` takes a path, or a bare file name looked up in `experiments/configs/`. Every config
 file defines `get_config()` returning an `ml_collections.ConfigDict` whose `stage` field names the
 stage to run (see STAGES); fields are locked, so a typo in `--config.<field>=...` is an error, not a
-silently ignored override. Multi-host runs pass `--multihost` so `jax.distributed.initialize()` joins the job.
+silently ignored override. Multi-host runs pass `--multihost` so `jax.distributed.initialize()`
+joins the job.
 """
 
 import os
