@@ -20,6 +20,8 @@ from gr2jax.model.masks import decode_mask, make_attention_mask
 
 K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
 F32 = jnp.float32
+SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk (see _query_chunk)
+MIN_QUERY_CHUNK = 32
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -57,9 +59,51 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int) -> int:
+  """Queries per attention chunk: the largest power of two whose f32 scores fit SCORE_CHUNK_BYTES.
+
+  At least MIN_QUERY_CHUNK, at most num_queries (one chunk). The budget keeps a chunk's scores and
+  probs cache-resident on CPU: one [B, N, T, S + T] pass is memory-bound and was 2-4x slower at
+  T = 1024 (tiny/small presets).
+  """
+  per_query = batch * num_heads * num_keys * 4
+  chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (SCORE_CHUNK_BYTES // per_query).bit_length() - 1))
+  return min(chunk, num_queries)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+            v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
+  """Attention of C queries over [cache slots | new keys] with one shared softmax.
+
+  Args:
+    q: [B, K, G, C, H] scaled queries, grouped by KV head.
+    k, v: [B, T, K, H] keys / values of the new tokens.
+    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    mask: [B, C, S + T] bool, the mask rows of these C queries.
+
+  Returns:
+    [B, K, G, C, H] f32.
+  """
+  scores = jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32)
+  if k_cache is not None:
+    cache_scores = jnp.einsum("BKGCH,BSKH->BKGCS", q, k_cache, preferred_element_type=F32)
+    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, C, S + T]
+  scores = jnp.where(mask[:, None, None], scores, K_MASK)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  s = 0 if k_cache is None else k_cache.shape[1]
+  out = jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
+  if k_cache is not None:
+    out += jnp.einsum("BKGCS,BSKH->BKGCH", probs[..., :s], v_cache, preferred_element_type=F32)
+  return out
+
+
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
                v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
   """GQA attention of T queries over [cache slots | new keys] with one shared softmax.
+
+  Long query sequences run in chunks of `_query_chunk` queries (lax.map): each chunk scores all
+  keys under its own mask rows, so the result is exact for any mask; T is padded up to a multiple
+  of the chunk with fully masked rows that are dropped afterwards.
 
   Args:
     q: [B, T, N, H] queries (after norm + RoPE).
@@ -72,18 +116,22 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | No
   """
   b, t, n, h = q.shape
   num_kv = k.shape[2]
-  q = q.reshape(b, t, num_kv, n // num_kv, h) * jnp.asarray(h ** -0.5, q.dtype)  # [B,T,K,G,H]
-  scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k, preferred_element_type=F32)
-  if k_cache is not None:
-    cache_scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_cache, preferred_element_type=F32)
-    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, T, S + T]
-  scores = jnp.where(mask[:, None, None], scores, K_MASK)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  s = 0 if k_cache is None else k_cache.shape[1]
-  out = jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., s:], v, preferred_element_type=F32)
-  if k_cache is not None:
-    out += jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., :s], v_cache, preferred_element_type=F32)
-  return out.reshape(b, t, n, h).astype(q.dtype)
+  g = n // num_kv
+  q = q * jnp.asarray(h ** -0.5, q.dtype)
+  q = q.reshape(b, t, num_kv, g, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+  chunk = _query_chunk(b, n, mask.shape[-1], t)
+  if chunk == t:
+    out = _attend(q, k, v, k_cache, v_cache, mask)  # [B, K, G, T, H]
+  else:
+    pad = -t % chunk
+    num_chunks = (t + pad) // chunk
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    q = q.reshape(b, num_kv, g, num_chunks, chunk, h).transpose(3, 0, 1, 2, 4, 5)
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, num_chunks, chunk, -1)
+    out = lax.map(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]),
+                  (q, mask.swapaxes(0, 1)))  # [num_chunks, B, K, G, chunk, H]
+    out = out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, t + pad, h)[:, :, :, :t]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
 
 
 def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Array, p: dict,

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr2jax.model import qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.masks import decode_mask, make_attention_mask
@@ -174,3 +175,33 @@ def test_prefill_without_reading_empty_cache_is_exact():
   np.testing.assert_allclose(logits_a, logits_b, atol=1e-5)
   np.testing.assert_allclose(cache_a.k, cache_b.k, atol=1e-6)
   np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached):
+  """Chunks of 4 queries (T = 10, padded to 12) equal one chunk, values and grads, any mask."""
+  b, t, s, n, k, h = 2, 10, 5, 4, 2, 8
+  keys = jax.random.split(jax.random.key(3), 6)
+  q = jax.random.normal(keys[0], (b, t, n, h))
+  kv = [jax.random.normal(keys[i], (b, t, k, h)) for i in (1, 2)]
+  cache_kv = [jax.random.normal(keys[i], (b, s, k, h)) if cached else None for i in (3, 4)]
+  mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
+  mask = mask.at[0, 3].set(False)  # a fully masked row: uniform softmax, no NaN
+
+  def loss(q, k, v):
+    out = qwen3._attention(q, k, v, *cache_kv, mask)
+    return jnp.sum(out * jnp.cos(out)), out
+
+  def run():
+    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, *kv)
+
+  monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", t)
+  (_, whole), whole_grads = run()
+  monkeypatch.setattr(qwen3, "SCORE_CHUNK_BYTES", 1)
+  monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", 4)
+  assert qwen3._query_chunk(b, n, mask.shape[-1], t) == 4
+  (_, chunked), chunked_grads = run()
+  assert not np.any(np.isnan(chunked))
+  np.testing.assert_allclose(chunked, whole, atol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), chunked_grads,
+               whole_grads)
