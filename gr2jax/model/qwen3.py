@@ -12,6 +12,7 @@ donated; out-of-range writes are dropped, never clamped onto valid slots).
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from gr2jax.model.cache import KVCache
@@ -22,6 +23,7 @@ K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -
 F32 = jnp.float32
 SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk (see _query_chunk)
 MIN_QUERY_CHUNK = 32
+KEY_GROUPS = 8  # query-chunk groups that may skip the new keys after them (see _attention)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -97,13 +99,45 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   return out
 
 
+def _attend_chunks(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+                   v_cache: jax.Array | None, mask: jax.Array, chunk: int) -> jax.Array:
+  """`_attend` over [B, K, G, C * chunk, H] queries, `chunk` at a time (lax.map); f32 out."""
+  b, num_kv, g, rows, h = q.shape
+  q = q.reshape(b, num_kv, g, rows // chunk, chunk, h).transpose(3, 0, 1, 2, 4, 5)
+  mask = mask.reshape(b, rows // chunk, chunk, -1).swapaxes(0, 1)
+  out = lax.map(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]), (q, mask))
+  return out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, rows, h)
+
+
+def _attend_group(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+                  v_cache: jax.Array | None, mask: jax.Array, chunk: int,
+                  limit: int) -> jax.Array:
+  """`_attend_chunks`, reading only the first `limit` new keys when that is exact.
+
+  Exact when the mask hides every later new key from these rows and each row sees some kept key
+  (then the dropped scores would have had probability exactly 0): true for the row groups of a
+  causal mask; otherwise (lax.cond) all keys are scored.
+  """
+  kept = mask.shape[-1] - k.shape[1] + limit  # cache slots + the first `limit` new keys
+  if kept == mask.shape[-1]:
+    return _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk)
+  exact = ~jnp.any(mask[..., kept:]) & jnp.all(jnp.any(mask[..., :kept], axis=-1))
+  return lax.cond(
+    exact,
+    lambda: _attend_chunks(q, k[:, :limit], v[:, :limit], k_cache, v_cache, mask[..., :kept],
+                           chunk),
+    lambda: _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk))
+
+
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
                v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
   """GQA attention of T queries over [cache slots | new keys] with one shared softmax.
 
   Long query sequences run in chunks of `_query_chunk` queries (lax.map): each chunk scores all
   keys under its own mask rows, so the result is exact for any mask; T is padded up to a multiple
-  of the chunk with fully masked rows that are dropped afterwards.
+  of the chunk with fully masked rows that are dropped afterwards. The chunks form up to
+  KEY_GROUPS consecutive groups; a group whose mask rows hide all new keys after its last row
+  (causal masks) skips scoring them (`_attend_group`), about 45% less work at 8 groups.
 
   Args:
     q: [B, T, N, H] queries (after norm + RoPE).
@@ -117,21 +151,22 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | No
   b, t, n, h = q.shape
   num_kv = k.shape[2]
   g = n // num_kv
-  q = q * jnp.asarray(h ** -0.5, q.dtype)
+  dtype = q.dtype
+  q = q * jnp.asarray(h ** -0.5, dtype)
   q = q.reshape(b, t, num_kv, g, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
   chunk = _query_chunk(b, n, mask.shape[-1], t)
   if chunk == t:
     out = _attend(q, k, v, k_cache, v_cache, mask)  # [B, K, G, T, H]
   else:
     pad = -t % chunk
-    num_chunks = (t + pad) // chunk
     q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-    q = q.reshape(b, num_kv, g, num_chunks, chunk, h).transpose(3, 0, 1, 2, 4, 5)
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0))).reshape(b, num_chunks, chunk, -1)
-    out = lax.map(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]),
-                  (q, mask.swapaxes(0, 1)))  # [num_chunks, B, K, G, chunk, H]
-    out = out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, t + pad, h)[:, :, :, :t]
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(q.dtype)
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+    bounds = [int(c[0]) * chunk for c in np.array_split(np.arange((t + pad) // chunk),
+                                                        KEY_GROUPS) if len(c)] + [t + pad]
+    groups = [_attend_group(q[:, :, :, lo:hi], k, v, k_cache, v_cache, mask[:, lo:hi], chunk,
+                            min(hi, t)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    out = jnp.concatenate(groups, axis=3)[:, :, :, :t]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
 
 
 def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Array, p: dict,

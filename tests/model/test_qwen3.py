@@ -177,23 +177,33 @@ def test_prefill_without_reading_empty_cache_is_exact():
   np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
 
 
-@pytest.mark.parametrize("cached", [False, True])
-def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached):
-  """Chunks of 4 queries (T = 10, padded to 12) equal one chunk, values and grads, any mask."""
+@pytest.mark.parametrize("cached,causal,blank_row", [(False, False, 2), (True, False, 2),
+                                                     (False, True, None), (True, True, 2)])
+def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, causal, blank_row):
+  """Chunks of 4 queries (T = 10, padded to 12) equal one chunk, values and grads, any mask.
+
+  Causal masks let the first two chunks skip later keys (lax.cond); a fully masked row (uniform
+  softmax over all keys) must make its chunk score every key again.
+  """
   b, t, s, n, k, h = 2, 10, 5, 4, 2, 8
   keys = jax.random.split(jax.random.key(3), 6)
   q = jax.random.normal(keys[0], (b, t, n, h))
   kv = [jax.random.normal(keys[i], (b, t, k, h)) for i in (1, 2)]
   cache_kv = [jax.random.normal(keys[i], (b, s, k, h)) if cached else None for i in (3, 4)]
-  mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
-  mask = mask.at[0, 3].set(False)  # a fully masked row: uniform softmax, no NaN
+  if causal:
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    mask = jnp.concatenate([jnp.ones((b, t, s), bool), mask], -1) if cached else mask
+  else:
+    mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
+  if blank_row is not None:
+    mask = mask.at[0, blank_row].set(False)  # uniform softmax over all keys, no NaN
 
   def loss(q, k, v):
     out = qwen3._attention(q, k, v, *cache_kv, mask)
     return jnp.sum(out * jnp.cos(out)), out
 
-  def run():
-    return jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)(q, *kv)
+  def run():  # traced afresh on each call: picks up the patched chunking constants
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, *kv)
 
   monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", t)
   (_, whole), whole_grads = run()
