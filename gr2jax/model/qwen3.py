@@ -21,7 +21,8 @@ from gr2jax.model.masks import decode_mask, make_attention_mask
 
 K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
 F32 = jnp.float32
-SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk (see _query_chunk)
+SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk on CPU (see _query_chunk)
+ACCELERATOR_SCORE_CHUNK_BYTES = 1 << 30  # the same on GPU/TPU (not tuned; bounds memory)
 MIN_QUERY_CHUNK = 32
 KEY_GROUPS = 8  # query-chunk groups that may skip the new keys after them (see _attention)
 
@@ -66,10 +67,13 @@ def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int) ->
 
   At least MIN_QUERY_CHUNK, at most num_queries (one chunk). The budget keeps a chunk's scores and
   probs cache-resident on CPU: one [B, N, T, S + T] pass is memory-bound and was 2-4x slower at
-  T = 1024 (tiny/small presets).
+  T = 1024 (tiny/small presets). Accelerators get ACCELERATOR_SCORE_CHUNK_BYTES: serial small
+  chunks would underuse them.
   """
+  cpu = jax.default_backend() == "cpu"
+  budget = SCORE_CHUNK_BYTES if cpu else ACCELERATOR_SCORE_CHUNK_BYTES
   per_query = batch * num_heads * num_keys * 4
-  chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (SCORE_CHUNK_BYTES // per_query).bit_length() - 1))
+  chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (budget // per_query).bit_length() - 1))
   return min(chunk, num_queries)
 
 
