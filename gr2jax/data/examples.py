@@ -14,6 +14,7 @@ import numpy as np
 
 from gr2jax.data import candidates as candidates_lib
 from gr2jax.data import evidence as evidence_lib
+from gr2jax.data import headroom as headroom_lib
 from gr2jax.data import retriever as retriever_lib
 from gr2jax.data import split as split_lib
 from gr2jax.data import teacher as teacher_lib
@@ -55,6 +56,7 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
                    evidence_window: int = 20,
                    retriever_config: retriever_lib.RetrieverConfig | None = None,
                    subset_size: int = split_lib.EVAL_SUBSET_SIZE,
+                   learned_headroom: bool = True,
                    ) -> tuple[dict[str, list[RerankExample]], dict]:
   """Builds the re-ranking examples of every split.
 
@@ -75,11 +77,14 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
     evidence_window: history items the evidence looks at.
     retriever_config: the retriever's hyperparameters (defaults when None).
     subset_size: size of the seeded evaluation subset of test users (seed 0).
+    learned_headroom: also fit headroom.learned_headroom's GBDT on the validation lists and
+      report it on test and the test subset (stats["learned"]).
 
   Returns:
     ({split: examples}, stats) where stats holds split sizes, the retriever's full-ranking
     R@10 / N@10, D's floor and target-position histogram per split and on the test subset,
-    the teacher's weights, metrics and acceptance, the evidence thresholds and timings.
+    the teacher's weights, metrics and acceptance, the learned headroom (when asked), the
+    evidence thresholds and timings.
   """
   t0 = time.perf_counter()
   timings = {}
@@ -127,6 +132,18 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
   accept = teacher_lib.accepted(rankings["train"], lists["train"].target_positions)
   timings["teacher_s"] = time.perf_counter() - t
 
+  if learned_headroom:
+    t = time.perf_counter()
+    feats = {n: headroom_lib.candidate_features(
+        evs[n], lists[n].scores, ret.freq[lists[n].candidates],
+        teacher_lib.scores(evs[n].values, teacher_weights)) for n in ("validation", "test")}
+    learned = headroom_lib.learned_headroom(
+        feats["validation"], lists["validation"].target_positions,
+        {"test": (feats["test"], test_positions),
+         "test_subset": (feats["test"][in_subset], test_positions[in_subset])}, seed=seed)
+    stats["learned"] = {k: learned[k] for k in ("test", "test_subset")}
+    timings["learned_s"] = time.perf_counter() - t
+
   t = time.perf_counter()
   out = {}
   for name in SPLITS:
@@ -150,7 +167,8 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
       "config": {"max_history": max_history, "num_candidates": num_candidates,
                  "negative_pool": negative_pool, "pool_size": pool_size, "seed": seed,
                  "rejection": rejection, "all_training_targets": all_training_targets,
-                 "evidence_decay": evidence_decay, "evidence_window": evidence_window},
+                 "evidence_decay": evidence_decay, "evidence_window": evidence_window,
+                 "learned_headroom": learned_headroom},
       "timings": {k: round(v, 2) for k, v in timings.items()},
   })
   return out, stats

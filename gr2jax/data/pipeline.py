@@ -25,6 +25,7 @@ from gr2jax.data import (
   embeddings,
   evidence,
   examples,
+  headroom,
   prompts,
   raw,
   retriever,
@@ -39,7 +40,8 @@ from gr2jax.data.records import RerankExample
 # config fields that decide the examples (and so the examples step's cache key)
 EXAMPLE_FIELDS = ("max_history", "num_candidates", "negative_pool", "pool_size", "seed",
                   "rejection", "teacher_traces", "all_training_targets", "accept_position_leak",
-                  "evidence_decay", "evidence_window", "retriever", "eval_subset_size")
+                  "evidence_decay", "evidence_window", "retriever", "eval_subset_size",
+                  "learned_headroom")
 VARIANTS = tuple((a, e) for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES)
 
 log = logging.getLogger(__name__)
@@ -137,7 +139,7 @@ def build_examples(catalog, sequences, config) -> tuple[dict[str, list[RerankExa
     accept_position_leak=config.accept_position_leak, evidence_decay=config.evidence_decay,
     evidence_window=config.evidence_window,
     retriever_config=retriever.RetrieverConfig(**config.retriever.to_dict()),
-    subset_size=config.eval_subset_size)
+    subset_size=config.eval_subset_size, learned_headroom=config.learned_headroom)
 
 
 def _percentiles(lengths) -> dict[str, float]:
@@ -197,6 +199,8 @@ def format_summary(summary: dict) -> str:
     rows.append((f"{name} floor", _metric_text({k: ex["floor"][name][k]
                                                 for k in ("R@1", "R@3", "N@3")})))
     rows.append((f"{name} teacher", _metric_text(ex["teacher"][name])))
+    if name in ex.get("learned", {}):
+      rows.append((f"{name} learned (GBDT, fit on validation)", _metric_text(ex["learned"][name])))
   rows.append(("test target positions", " ".join(f"{p:.3f}"
                                                  for p in ex["floor"]["test"]["histogram"])))
   rows.append(("teacher", f"acceptance={ex['acceptance']:.4f} weights={ex['teacher_weights']}"))
@@ -273,7 +277,8 @@ def run(config, workdir: str) -> dict:
 
   examples_key = _key(raw_key, [config.get(k).to_dict() if k == "retriever" else config.get(k)
                                 for k in EXAMPLE_FIELDS],
-                      _code(examples, split, retriever, candidates, evidence, teacher, metrics))
+                      _code(examples, split, retriever, candidates, evidence, teacher, headroom,
+                            metrics))
   by_split, example_stats = steps.value("examples", examples_key,
                                         lambda: build_examples(catalog, sequences, config))
   reasonings, traces_digest = {}, ""
