@@ -39,7 +39,8 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.rejection = True  # keep only training examples whose teacher top-1 is the target (GR2);
   #                     False keeps all (with small margins either can train the better student)
   c.learned_headroom = True  # also fit a GBDT on validation lists: the headroom over the teacher
-  #                             (headroom.py; ~10 s, printed for test and the 1,615 subset)
+  #                             (headroom.py; printed for test and the 1,615 subset; 20-30 s on
+  #                             2 busy cores, paid once per examples build since that is cached)
   c.teacher_traces = ""  # JSONL of LLM traces {"user", "reasoning", "ranking"}; '' = rule teacher
 
   c.embedding_dim = 256  # TF-IDF + SVD item embedding size
