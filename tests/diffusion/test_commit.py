@@ -124,3 +124,12 @@ def test_first_argmax_equals_jnp_argmax_with_ties_nan_and_inf():
   got = jax.jit(commit.first_argmax)(x)
   assert got.dtype == jnp.int32
   np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
+
+
+def test_sampling_frequencies_follow_the_probabilities():
+  probs = np.array([0.0, 0.2, 0.3, 0.5])
+  logits = jnp.broadcast_to(_logits(probs), (20000, 1, 4))
+  tokens, logp = commit.propose(logits, MASK, 1.0, jax.random.key(3))
+  freq = np.bincount(np.asarray(tokens[:, 0]), minlength=4) / tokens.shape[0]
+  np.testing.assert_allclose(freq, probs, atol=0.015)
+  np.testing.assert_allclose(np.exp(logp[:, 0]), probs[np.asarray(tokens[:, 0])], rtol=1e-5)
