@@ -34,7 +34,10 @@ Cheap CPU levers: the cache holds exactly prompt + ceil(max_new / B) * B slots (
 the last one for committing rows), gathered into the smallest of `head_buckets` static widths
 (`lax.switch`, one compiled forward per bucket). Computing only a sub-block of the canvas is not
 exact under the block-bidirectional mask (every token's K/V depends on the whole block) and is
-not done.
+not done. Proposals take their arg-max with `commit.first_argmax`: XLA:CPU's jnp.argmax over the
+vocab was ~30% of a B = 32 loop iteration (tiny preset, batch 1). What remains outside
+forward + proposal (query plan, row writes, commit selection, prefill amortised) is <10% of an
+iteration; removing each piece in turn measured within noise.
 """
 
 import functools
