@@ -21,6 +21,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from gr2jax.model import generate
+
 
 class CommitResult(NamedTuple):
   """The outcome of one commit step.
@@ -57,24 +59,6 @@ def token_log_probs(logits: jax.Array, mask_token_id: int, temperature: float) -
   return jax.nn.log_softmax(logits, axis=-1)
 
 
-def first_argmax(x: jax.Array) -> jax.Array:
-  """jnp.argmax(x, axis=-1) (first maximum; first NaN if any) as two plain reductions.
-
-  XLA:CPU lowers jnp.argmax to a (value, index) pair reduction that does not vectorise: over a
-  [B, T, V] vocab axis it cost ~6x a max + min pair, most of the decode loop's overhead on CPU.
-
-  Args:
-    x: [..., V] values.
-
-  Returns:
-    [...] int32 index of the first maximum along the last axis.
-  """
-  top = jnp.max(x, axis=-1, keepdims=True)
-  hit = (x == top) | jnp.isnan(x)  # max() propagates NaN, and argmax picks the first NaN
-  idx = jnp.arange(x.shape[-1], dtype=jnp.int32)
-  return jnp.min(jnp.where(hit, idx, x.shape[-1]), axis=-1)
-
-
 def propose(
   logits: jax.Array, mask_token_id: int, temperature: float, key: jax.Array | None
 ) -> tuple[jax.Array, jax.Array]:
@@ -94,9 +78,9 @@ def propose(
     if key is None:
       raise ValueError(f"temperature={temperature} > 0 needs a PRNG key, got key=None")
     # Gumbel-max, as jax.random.categorical(key, logp) computes it, with the fast arg-max.
-    tokens = first_argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
+    tokens = generate.first_argmax(jax.random.gumbel(key, logp.shape, logp.dtype) + logp)
   else:
-    tokens = first_argmax(logp)
+    tokens = generate.first_argmax(logp)
   tokens = tokens.astype(jnp.int32)
   return tokens, jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 

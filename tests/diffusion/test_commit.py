@@ -114,18 +114,6 @@ def test_sampling_without_key_and_bad_shapes_raise():
     _run(PROBS, [[3, MASK]], [[False, True]], 0.9)
 
 
-def test_first_argmax_equals_jnp_argmax_with_ties_nan_and_inf():
-  rng = np.random.default_rng(0)
-  x = rng.integers(-2, 2, (64, 9)).astype(np.float32)  # many ties
-  x[rng.random(x.shape) < 0.2] = -np.inf
-  x[:4] = -np.inf  # all -inf rows
-  x[4:12][rng.random((8, 9)) < 0.3] = np.nan
-  x[12, 5] = np.inf
-  got = jax.jit(commit.first_argmax)(x)
-  assert got.dtype == jnp.int32
-  np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
-
-
 def test_sampling_frequencies_follow_the_probabilities():
   probs = np.array([0.0, 0.2, 0.3, 0.5])
   logits = jnp.broadcast_to(_logits(probs), (20000, 1, 4))

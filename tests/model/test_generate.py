@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.generate import Sampling, generate, sample_logits
+from gr2jax.model.generate import Sampling, first_argmax, generate, sample_logits
 from gr2jax.model.params import init_params
 from gr2jax.model.qwen3 import forward
 
@@ -91,3 +91,15 @@ def test_bad_arguments():
   with pytest.raises(ValueError, match="max_position_embeddings"):
     generate(PARAMS, dataclasses.replace(CONFIG, max_position_embeddings=8), PROMPTS,
              max_new_tokens=4)
+
+
+def test_first_argmax_equals_jnp_argmax_with_ties_nan_and_inf():
+  rng = np.random.default_rng(0)
+  x = rng.integers(-2, 2, (64, 9)).astype(np.float32)  # many ties
+  x[rng.random(x.shape) < 0.2] = -np.inf
+  x[:4] = -np.inf  # all -inf rows
+  x[4:12][rng.random((8, 9)) < 0.3] = np.nan
+  x[12, 5] = np.inf
+  got = jax.jit(first_argmax)(x)
+  assert got.dtype == jnp.int32
+  np.testing.assert_array_equal(got, jnp.argmax(x, axis=-1))
