@@ -157,6 +157,15 @@ def _write_rows(buf, block, start):
   return jax.vmap(lambda r, x, s: lax.dynamic_update_slice(r, x, (s,)))(buf, block, start)
 
 
+def _record(s: "_State") -> "_State":
+  """Copies the current block (tokens, commit steps, log-probs) into the output records."""
+  return s._replace(
+    out_tokens=_write_rows(s.out_tokens, s.canvas, s.start),
+    out_step=_write_rows(s.out_step, s.step_rec, s.start),
+    out_logp=_write_rows(s.out_logp, s.logp_rec, s.start),
+  )
+
+
 def _query_plan(masked, committing, bucket_sizes):
   """Which query indices need logits, ordered needed-first, and the bucket that covers them.
 
@@ -262,7 +271,7 @@ def _generate(
     seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
   )
   done, lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
-  state = _State(
+  state = _record(_State(
     cache=cache,
     canvas=canvas,
     masked=masked,
@@ -272,13 +281,13 @@ def _generate(
     step=start,
     done=done,
     lengths=lengths,
-    out_tokens=_write_rows(empty_out, canvas, start),
-    out_step=_write_rows(jnp.full((b, r), NEVER_STEP, jnp.int32), step_rec, start),
-    out_logp=_write_rows(jnp.zeros((b, r), jnp.float32), logp_rec, start),
+    out_tokens=empty_out,
+    out_step=jnp.full((b, r), NEVER_STEP, jnp.int32),
+    out_logp=jnp.zeros((b, r), jnp.float32),
     nfe=jnp.ones((b,), jnp.int32),
     num_forwards=jnp.ones((), jnp.int32),
     key=key,
-  )
+  ))
 
   def body(s: _State) -> _State:
     key, step_key = jax.random.split(s.key)
@@ -319,7 +328,7 @@ def _generate(
     step = jnp.where(committing, 0, s.step + denoising)
     cache = written.replace(lengths=s.cache.lengths + t * committing)
     finished, fin_lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
-    return _State(
+    return _record(s._replace(
       cache=cache,
       canvas=canvas,
       masked=masked,
@@ -329,13 +338,10 @@ def _generate(
       step=step,
       done=s.done | finished,
       lengths=jnp.where(s.done, s.lengths, fin_lengths),
-      out_tokens=_write_rows(s.out_tokens, canvas, start),
-      out_step=_write_rows(s.out_step, step_rec, start),
-      out_logp=_write_rows(s.out_logp, logp_rec, start),
       nfe=s.nfe + active,
       num_forwards=s.num_forwards + 1,
       key=key,
-    )
+    ))
 
   s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   keep = jnp.arange(max_new_tokens)[None, :] < s.lengths[:, None]

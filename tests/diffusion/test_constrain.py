@@ -1,5 +1,7 @@
 """Constrained answer decoding: hand-made logits, then the decoder with a constraint."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -62,7 +64,8 @@ def test_decoder_respects_the_constraint():
   # answer_start_id = the decoder's first (seed) token, so every later position is in the span.
   prompts = jnp.array([[3, 4, 5, 6]] * 2, jnp.int32)
   lengths = jnp.array([4, 4], jnp.int32)
-  free = decode.block_diffusion_generate(
+  run = functools.partial(
+    decode.block_diffusion_generate,
     params,
     config,
     prompts,
@@ -73,21 +76,11 @@ def test_decoder_respects_the_constraint():
     max_new_tokens=8,
     stop_token_ids=(),
   )
+  free = run()
   start = int(free.tokens[0, 0])
   slots = [t for t in range(2, V - 1) if t != start][:4]
   c = constrain.make_constraint([[[slots[0]], [slots[1]]]] * 2, [slots], V, start)
-  out = decode.block_diffusion_generate(
-    params,
-    config,
-    prompts,
-    lengths,
-    block_size=4,
-    threshold=0.9,
-    max_steps_per_block=8,
-    max_new_tokens=8,
-    stop_token_ids=(),
-    constraint=c,
-  )
+  out = run(constraint=c)
   tokens = np.asarray(out.tokens)
   assert tokens[0, 0] == start
   span = tokens[0, 1:]
