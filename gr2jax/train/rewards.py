@@ -1,0 +1,43 @@
+"""The GR2 re-ranking reward (research/papers.md §1.5), one function for AR and diffusion RL.
+
+  R_rank = (r^D - r^o) / N          rank of the target in D minus its rank in the output
+  R      = R_rank + alpha * R_fmt   if R_rank > 0 or (r^D = 1 and r^o = 1)   (conditional format)
+  R      = R_rank                   otherwise
+  R      = -1                       for an invalid, truncated or overflowing output (Diffusion-GR2)
+
+R_fmt = 1 for a valid permutation (binary: the paper gives no partial credit). Ranks are 1-based.
+The condition closes the exploit of copying D's order, which would otherwise earn alpha whenever
+the target is not already first.
+"""
+
+import numpy as np
+
+INVALID_REWARD = -1.0
+
+
+def rank_rewards(rankings: np.ndarray, valid: np.ndarray, target_position: np.ndarray, *,
+                 alpha: float = 0.2) -> np.ndarray:
+  """R = R_rank + alpha * R_fmt (conditional), -1 for invalid rows; GR2 §1.5, Diffusion-GR2 App. B.
+
+  Args:
+    rankings: [B, N] int, each row the output's slots best first (ignored where not valid).
+    valid: [B] bool, the output parsed into a permutation of D and was not truncated.
+    target_position: [B] int, the target's 0-based slot in D.
+    alpha: weight of the conditional format reward (paper: 0.2).
+
+  Returns:
+    [B] f32 rewards.
+  """
+  rankings = np.asarray(rankings)
+  valid = np.asarray(valid, bool)
+  target_position = np.asarray(target_position)
+  b, n = rankings.shape
+  if valid.shape != (b,) or target_position.shape != (b,):
+    raise ValueError(f"rank_rewards: rankings {rankings.shape}, valid {valid.shape}, "
+                     f"target_position {target_position.shape} must share the batch size")
+  rank_in_d = target_position + 1
+  rank_out = np.argmax(rankings == target_position[:, None], axis=1) + 1  # [B]
+  r_rank = (rank_in_d - rank_out) / n
+  paid = (r_rank > 0) | ((rank_in_d == 1) & (rank_out == 1))
+  reward = r_rank + alpha * paid
+  return np.where(valid, reward, INVALID_REWARD).astype(np.float32)
