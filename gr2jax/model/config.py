@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 DTYPES = ("float32", "bfloat16")
+REMAT = ("none", "full")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,11 @@ class ModelConfig:
     eos_token_ids: ids that end a generated sequence (any of them stops decoding).
     pad_token_id: id written after a sequence stops and used to right-pad prompts; from_hf_dict
       falls back to the first eos id when config.json has none.
+    remat: training hook: 'none' keeps every layer's activations for the backward pass, 'full'
+      recomputes each layer in the backward pass (jax.checkpoint on the layer scan body).
+    attention_chunk_bytes: f32 attention-score budget of one query chunk; 0 picks it from
+      jax.default_backend() (decoding); training configs set it explicitly so a train step
+      traces the same on every backend.
   """
 
   vocab_size: int
@@ -59,6 +65,8 @@ class ModelConfig:
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int = 0
+  remat: str = "none"
+  attention_chunk_bytes: int = 0
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -77,6 +85,11 @@ class ModelConfig:
     if not isinstance(self.eos_token_ids, tuple):
       raise TypeError(f"ModelConfig.eos_token_ids must be a tuple (hashable), got "
                       f"{type(self.eos_token_ids).__name__}")
+    if self.remat not in REMAT:
+      raise ValueError(f"ModelConfig.remat={self.remat!r} not in {REMAT}")
+    if not isinstance(self.attention_chunk_bytes, int) or self.attention_chunk_bytes < 0:
+      raise ValueError(f"ModelConfig.attention_chunk_bytes must be an int >= 0, got "
+                       f"{self.attention_chunk_bytes!r}")
     for name, value in (("rope_theta", self.rope_theta), ("rms_norm_eps", self.rms_norm_eps)):
       if not value > 0:
         raise ValueError(f"ModelConfig.{name} must be > 0, got {value!r}")

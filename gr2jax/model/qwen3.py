@@ -62,16 +62,23 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int) -> int:
-  """Queries per attention chunk: the largest power of two whose f32 scores fit SCORE_CHUNK_BYTES.
+def score_chunk_bytes(config: ModelConfig) -> int:
+  """The attention-score budget of one query chunk: config.attention_chunk_bytes, else by backend.
 
-  At least MIN_QUERY_CHUNK, at most num_queries (one chunk). The budget keeps a chunk's scores and
-  probs cache-resident on CPU: one [B, N, T, S + T] pass is memory-bound and was 2-4x slower at
-  T = 1024 (tiny/small presets). Accelerators get ACCELERATOR_SCORE_CHUNK_BYTES: serial small
-  chunks would underuse them.
+  The CPU budget keeps a chunk's scores and probs cache-resident: one [B, N, T, S + T] pass is
+  memory-bound and was 2-4x slower at T = 1024 (tiny/small presets). Accelerators get
+  ACCELERATOR_SCORE_CHUNK_BYTES: serial small chunks would underuse them. Training configs set
+  the field, so a train step does not depend on jax.default_backend() at trace time.
   """
-  cpu = jax.default_backend() == "cpu"
-  budget = SCORE_CHUNK_BYTES if cpu else ACCELERATOR_SCORE_CHUNK_BYTES
+  if config.attention_chunk_bytes:
+    return config.attention_chunk_bytes
+  return SCORE_CHUNK_BYTES if jax.default_backend() == "cpu" else ACCELERATOR_SCORE_CHUNK_BYTES
+
+
+def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int,
+                 budget: int) -> int:
+  """Queries per attention chunk: the largest power of two whose f32 scores fit `budget` bytes,
+  at least MIN_QUERY_CHUNK, at most num_queries (one chunk)."""
   per_query = batch * num_heads * num_keys * 4
   chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (budget // per_query).bit_length() - 1))
   return min(chunk, num_queries)
@@ -134,7 +141,7 @@ def _attend_group(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array |
 
 
 def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
-               v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
+               v_cache: jax.Array | None, mask: jax.Array, chunk_bytes: int) -> jax.Array:
   """GQA attention of T queries over [cache slots | new keys] with one shared softmax.
 
   Long query sequences run in chunks of `_query_chunk` queries (lax.map): each chunk scores all
@@ -148,6 +155,7 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | No
     k, v: [B, T, K, H] keys / values of the new tokens.
     k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
     mask: [B, T, S + T] bool.
+    chunk_bytes: the f32 score budget of one query chunk (score_chunk_bytes).
 
   Returns:
     [B, T, N, H] in q.dtype.
@@ -158,7 +166,7 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | No
   dtype = q.dtype
   q = q * jnp.asarray(h ** -0.5, dtype)
   q = q.reshape(b, t, num_kv, g, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
-  chunk = _query_chunk(b, n, mask.shape[-1], t)
+  chunk = _query_chunk(b, n, mask.shape[-1], t, chunk_bytes)
   if chunk == t:
     out = _attend(q, k, v, k_cache, v_cache, mask)  # [B, K, G, T, H]
   else:
@@ -173,9 +181,29 @@ def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | No
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
 
 
+def shard_activations(x: jax.Array) -> jax.Array:
+  """The one activation-sharding constraint point: the residual stream [B, T, D] is split over
+  the batch axes ('data', 'fsdp') of the mesh in context (jax.set_mesh), replicated over 'tp'.
+
+  A no-op without a mesh in context (eager calls, decoding, single-device tests) or when the mesh
+  has none of those axes, so the forward runs unchanged everywhere.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  names = () if mesh.empty else mesh.axis_names
+  batch_axes = tuple(a for a in ("data", "fsdp") if a in names)
+  if not batch_axes:
+    return x
+  size = int(np.prod([mesh.shape[a] for a in batch_axes]))
+  if x.shape[0] % size:
+    return x
+  spec = jax.sharding.PartitionSpec(batch_axes, *([None] * (x.ndim - 1)))
+  return jax.lax.with_sharding_constraint(x, spec)
+
+
 def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Array, p: dict,
            k_cache: jax.Array | None, v_cache: jax.Array | None):
   """One decoder layer. x [B, T, D] -> (x [B, T, D], (k, v) [B, T, K, H] of the new tokens)."""
+  x = shard_activations(x)
   dt, eps = x.dtype, config.rms_norm_eps
   w = lambda name: p[name].astype(dt)
   h = rms_norm(x, p["input_norm"], eps)
@@ -184,7 +212,7 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Ar
   v = jnp.einsum("BTD,DKH->BTKH", h, w("v"))
   q = apply_rope(rms_norm(q, p["q_norm"], eps), positions, config.rope_theta)
   k = apply_rope(rms_norm(k, p["k_norm"], eps), positions, config.rope_theta)
-  attn = _attention(q, k, v, k_cache, v_cache, mask)
+  attn = _attention(q, k, v, k_cache, v_cache, mask, score_chunk_bytes(config))
   x = x + jnp.einsum("BTNH,NHD->BTD", attn, w("o"))
   h = rms_norm(x, p["post_attn_norm"], eps)
   gate = jnp.einsum("BTD,DF->BTF", h, w("gate"))
@@ -284,6 +312,9 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     p, k_cache, v_cache = layer
     x, kv = _layer(config, x, positions, mask, p, k_cache, v_cache)
     return x, (kv, x if return_hidden else None)
+
+  if config.remat == "full":
+    body = jax.checkpoint(body, prevent_cse=False)  # recompute each layer in the backward pass
 
   layers = (params["layers"], None, None) if s == 0 else (params["layers"], cache.k, cache.v)
   x_out, ((k_new, v_new), hidden) = lax.scan(body, x, layers)  # k_new [L, B, T, K, H]

@@ -124,6 +124,9 @@ def test_jit_and_bf16():
 # Fields consumed outside the forward: by init_cache / generate / gr2jax.diffusion / the tokenizer.
 DECODE_FIELDS = {"max_position_embeddings", "block_size", "mask_token_id", "bos_token_id",
                  "eos_token_ids", "pad_token_id"}
+# Training hooks that must NOT change the values: tested exact in
+# test_remat_and_chunk_budget_do_not_change_loss_or_grads.
+EXACT_HOOK_FIELDS = {"remat", "attention_chunk_bytes"}
 
 
 def test_every_config_field_is_used():
@@ -135,7 +138,7 @@ def test_every_config_field_is_used():
   value_changes = {"rope_theta": 100.0, "rms_norm_eps": 0.5, "tie_word_embeddings": True,
                    "compute_dtype": "bfloat16"}
   fields = {f.name for f in dataclasses.fields(ModelConfig)}
-  assert set(shape_changes) | set(value_changes) | DECODE_FIELDS == fields, (
+  assert set(shape_changes) | set(value_changes) | DECODE_FIELDS | EXACT_HOOK_FIELDS == fields, (
       "a new config field needs a use test")
   shapes = lambda c: jax.tree.map(lambda x: (x.shape, x.dtype), abstract_params(c))
   for name, value in shape_changes.items():
@@ -198,20 +201,37 @@ def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, caus
   if blank_row is not None:
     mask = mask.at[0, blank_row].set(False)  # uniform softmax over all keys, no NaN
 
-  def loss(q, k, v):
-    out = qwen3._attention(q, k, v, *cache_kv, mask)
-    return jnp.sum(out * jnp.cos(out)), out
+  def run(budget):  # traced afresh on each call: picks up the patched chunking constants
+    def loss(q, k, v):
+      out = qwen3._attention(q, k, v, *cache_kv, mask, budget)
+      return jnp.sum(out * jnp.cos(out)), out
 
-  def run():  # traced afresh on each call: picks up the patched chunking constants
     return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, *kv)
 
-  monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", t)
-  (_, whole), whole_grads = run()
-  monkeypatch.setattr(qwen3, "SCORE_CHUNK_BYTES", 1)
+  (_, whole), whole_grads = run(1 << 40)
   monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", 4)
-  assert qwen3._query_chunk(b, n, mask.shape[-1], t) == 4
-  (_, chunked), chunked_grads = run()
+  assert qwen3._query_chunk(b, n, mask.shape[-1], t, 1) == 4
+  (_, chunked), chunked_grads = run(1)
   assert not np.any(np.isnan(chunked))
   np.testing.assert_allclose(chunked, whole, atol=1e-5)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), chunked_grads,
                whole_grads)
+
+
+def test_remat_and_chunk_budget_do_not_change_loss_or_grads():
+  """config.remat='full' and an explicit attention_chunk_bytes are exact (training hooks)."""
+  config = ModelConfig.tiny(vocab_size=64, num_layers=2)
+  params = init_params(config, jax.random.key(0))
+  tokens = jax.random.randint(jax.random.key(1), (2, 40), 0, 64)
+
+  def loss(p, cfg):
+    logits, _ = qwen3.forward(p, cfg, tokens)
+    return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
+
+  base = jax.value_and_grad(loss)(params, config)
+  for cfg in (dataclasses.replace(config, remat="full"),
+              dataclasses.replace(config, attention_chunk_bytes=1)):
+    got = jax.jit(jax.value_and_grad(loss), static_argnums=1)(params, cfg)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), got, base)
+  with pytest.raises(ValueError, match="remat"):
+    ModelConfig.tiny(remat="some")
