@@ -1,94 +1,208 @@
-"""Cache-free replay of a block-diffusion trace (what TraceRL-style RL re-scores).
+"""Differentiable replay of a block-diffusion trace (TraceRL; research/papers.md §2 RL and §4).
 
-Round s of the replay rebuilds, in every block at once, the canvas the decoder saw at denoising
-step s of that block: response tokens with `commit_step >= s` are the mask token, the others
-(seeds and tokens committed at earlier steps) are clean. It is scored in one cache-free forward
-of the x_t (+) x_0 layout
+The decoder (gr2jax/diffusion/decode.py) records, per response token j, the denoising step
+*within j's block* at which it was committed (`commit_step`; SEED_STEP for a block's seed,
+NEVER_STEP where nothing was committed). Replay round s rebuilds, in every block at once, the
+canvas the decoder saw at step s of that block: the tokens with step >= s are the mask token,
+the seeds and the tokens committed at earlier steps are clean (TraceRL `one_round_vectorized`).
+The tokens committed at step s are scored in round s at the query before them (AR shift); the
+seeds are scored from the clean stream (the previous block's commit forward, or the prefill).
 
-  [prompt (P slots) | clean response (R slots) | noisy response (R slots)]
+All rounds are packed into ONE sequence of the shared layout (gr2jax/diffusion/layout.py):
 
-with RoPE positions prompt_length + j for response index j in both halves, and the mask
+  [prompt | clean response | round 0 | round 1 | ... | round S-1]
 
-  prompt / clean queries: block-causal over prompt + clean keys (masks.block_ids);
-  noisy queries of block k: prompt + clean keys of blocks < k, and the noisy keys of block k.
+so the prompt and the clean response are computed once and each round costs R more tokens (not
+P + 2R as a forward per round would); round streams never see each other. The LM head runs only
+at the M scored queries, one per response token. The round count S is static (shapes do not
+depend on the trace), so the replay is jit-able and differentiable; `rounds_needed` gives the S
+that covers every trace of a decode setting, `check_rounds` verifies a trace against it.
 
-This is exactly what each decode forward saw (the cache holds the clean earlier blocks), so the
-log-prob of a token committed at step s is read from the noisy half in round s at the query
-before it (AR shift), and a block's seed token from the clean half at the query before it (the
-previous block's commit forward, or the prompt's last token for block 0).
-R is max_new rounded up to a multiple of the block size; slots beyond max_new hold the mask token,
-as in the decoder.
+Step shrinkage (TraceRL `collapse_k_unique`, an approximation, off by default): with shrink k,
+steps sk .. sk + k - 1 of a block are replayed as one round (round s masks every token with
+step >= sk and scores steps sk .. sk + k - 1 together), so S shrinks k-fold but a token committed
+at step sk + i is scored without the i earlier steps' tokens in view: its log-prob is no longer
+the one the decoder sampled from. The decoder commits >= 1 token per step, so a block's steps are
+0 .. n - 1 with no gap and merging k consecutive distinct steps is `step // k`.
+
+Cost: one forward of P + (1 + S) R tokens. The attention mask is dense [B, N, N] bool.
 """
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-from jax import lax
+import numpy as np
 
-from gr2jax.diffusion import commit
+from gr2jax.diffusion import layout
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP, DiffusionOutput
-from gr2jax.model import masks, qwen3
 from gr2jax.model.config import ModelConfig
 
 
+class ReplayOutput(NamedTuple):
+  """What `replay` returns.
+
+  Attributes:
+    logp: [B, M] f32 log-prob of each committed trace token in its replayed context (0 where
+      never committed).
+    log_probs: [B, M, V] f32 the full distribution at each token's scoring query (the student's
+      policy in its own decoding context, for OPD), or None.
+  """
+
+  logp: jax.Array
+  log_probs: jax.Array | None
+
+
+def replay_rounds(commit_step: jax.Array, shrink: int = 1) -> jax.Array:
+  """The replay round of each response token.
+
+  Args:
+    commit_step: [B, M] int DiffusionOutput.commit_step.
+    shrink: merge every `shrink` consecutive steps of a block into one round (1 = exact).
+
+  Returns:
+    [B, M] int32: SEED_STEP for seeds, NEVER_STEP where never committed, else step // shrink.
+  """
+  if shrink < 1:
+    raise ValueError(f"replay_rounds: shrink={shrink} must be >= 1")
+  steps = jnp.asarray(commit_step, jnp.int32)
+  denoised = (steps != SEED_STEP) & (steps != NEVER_STEP)
+  return jnp.where(denoised, steps // shrink, steps)
+
+
+def rounds_needed(block_size: int, max_steps_per_block: int, shrink: int = 1) -> int:
+  """The static round count S covering every trace of a decode setting.
+
+  A block has block_size - 1 masked positions and every step commits at least one, so a step is
+  at most min(max_steps_per_block, block_size - 1) - 1.
+
+  Args:
+    block_size: B.
+    max_steps_per_block: the decoder's per-block step cap.
+    shrink: steps merged per round.
+
+  Returns:
+    S >= 0 (0 for B = 1: every token is a seed).
+  """
+  steps = min(max_steps_per_block, block_size - 1)
+  return -(-steps // shrink)
+
+
+def check_rounds(commit_step, num_rounds: int, shrink: int = 1) -> None:
+  """Raises if a committed token's round is >= num_rounds (host-side, concrete values only)."""
+  rounds = np.asarray(replay_rounds(commit_step, shrink))
+  used = rounds[(rounds != SEED_STEP) & (rounds != NEVER_STEP)]
+  if used.size and int(used.max()) >= num_rounds:
+    raise ValueError(
+      f"replay: a token was committed in round {int(used.max())} (shrink {shrink}) but the "
+      f"replay has num_rounds={num_rounds}; use replay.rounds_needed(...)"
+    )
+
+
 def replay_inputs(
+  config: ModelConfig,
   prompt_tokens: jax.Array,
   prompt_lengths: jax.Array,
   trace_tokens: jax.Array,
   commit_step: jax.Array,
   lengths: jax.Array,
-  round_index: jax.Array,
   *,
-  block_size: int,
-  mask_token_id: int,
-):
-  """Tokens, positions and mask of replay round `round_index` (layout in the module docstring).
+  rounds,
+  shrink: int = 1,
+) -> layout.Layout:
+  """The layout of the given replay rounds: noisy stream i masks the tokens of round >= rounds[i].
 
   Args:
-    prompt_tokens: [B, P] right-padded prompts.
-    prompt_lengths: [B] real prompt lengths.
+    config: the model (block size, mask token).
+    prompt_tokens: [B, P] right-padded prompts given to the decoder.
+    prompt_lengths: [B].
     trace_tokens: [B, M] DiffusionOutput.trace_tokens.
     commit_step: [B, M] DiffusionOutput.commit_step.
     lengths: [B] DiffusionOutput.lengths.
-    round_index: [] the denoising step s to rebuild.
-    block_size: the decode block size.
-    mask_token_id: the mask token.
+    rounds: a sequence of round indices (static), one noisy stream each.
+    shrink: see replay_rounds.
 
   Returns:
-    (tokens [B, P + 2R] int32, positions [B, P + 2R] int32, mask [B, P + 2R, P + 2R] bool).
+    layout.Layout of `[prompt | clean | round rounds[0] | ...]`.
   """
-  b, p = prompt_tokens.shape
+  r = replay_rounds(commit_step, shrink)  # [B, M]
+  noisy = r[:, None, :] >= jnp.asarray(tuple(rounds), jnp.int32).reshape(1, -1, 1)
+  return layout.two_stream_inputs(
+    config, prompt_tokens, prompt_lengths, trace_tokens, lengths, noisy
+  )
+
+
+def replay(
+  params: dict,
+  config: ModelConfig,
+  prompt_tokens: jax.Array,
+  prompt_lengths: jax.Array,
+  trace_tokens: jax.Array,
+  commit_step: jax.Array,
+  lengths: jax.Array,
+  *,
+  num_rounds: int,
+  temperature: float = 0.0,
+  shrink: int = 1,
+  return_log_probs: bool = False,
+) -> ReplayOutput:
+  """Re-scores every committed token of a trace in its decoding context (differentiable).
+
+  Exact (shrink = 1): equals the decoder's recorded `commit_logprob` up to float error; traced
+  arrays only, so it runs inside a jitted train step and under jax.grad. The trace must satisfy
+  `check_rounds(commit_step, num_rounds, shrink)` (a later round is scored in round S - 1).
+
+  Args:
+    params: the param pytree.
+    config: the model; config.block_size must be the decode block size.
+    prompt_tokens: [B, P] right-padded prompts given to the decoder.
+    prompt_lengths: [B].
+    trace_tokens: [B, M] DiffusionOutput.trace_tokens.
+    commit_step: [B, M] DiffusionOutput.commit_step.
+    lengths: [B] DiffusionOutput.lengths.
+    num_rounds: S, static (rounds_needed).
+    temperature: the decode temperature (commit.token_log_probs; 0 = greedy, scored at 1).
+    shrink: steps merged per round (replay_rounds).
+    return_log_probs: also return the [B, M, V] distributions.
+
+  Returns:
+    ReplayOutput.
+  """
+  p = prompt_tokens.shape[1]
   m = trace_tokens.shape[1]
-  r = -(-m // block_size) * block_size
-  pad = ((0, 0), (0, r - m))
-  trace = jnp.pad(trace_tokens, pad, constant_values=mask_token_id)  # [B, R]
-  steps = jnp.pad(commit_step, pad, constant_values=NEVER_STEP)
-  clean_ok = jnp.arange(r)[None, :] < lengths[:, None]
-  clean = jnp.where(clean_ok, trace, mask_token_id)
-  noisy = jnp.where(steps >= round_index, mask_token_id, trace)
-  tokens = jnp.concatenate([prompt_tokens, clean, noisy], axis=1)
-
-  resp_pos = prompt_lengths[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]  # [B, R]
-  positions = jnp.concatenate(
-    [jnp.broadcast_to(jnp.arange(p, dtype=jnp.int32), (b, p)), resp_pos, resp_pos], axis=1
+  rounds = replay_rounds(commit_step, shrink)  # [B, M]
+  inputs = replay_inputs(
+    config, prompt_tokens, prompt_lengths, trace_tokens, commit_step, lengths,
+    rounds=range(num_rounds), shrink=shrink,
   )
-  part = jnp.concatenate([jnp.zeros(p + r, jnp.int32), jnp.ones(r, jnp.int32)])  # 1 = noisy
-  valid = jnp.concatenate(
-    [masks.padding_mask(prompt_lengths, p), clean_ok, jnp.ones((b, r), bool)], axis=1
+  committed = rounds != NEVER_STEP
+  denoised = committed & (rounds != SEED_STEP)
+  stream = jnp.where(denoised, jnp.minimum(rounds, num_rounds - 1), layout.CLEAN_STREAM)
+  queries = layout.prediction_queries(
+    stream, prompt_lengths, p, layout.padded_width(m, config.block_size)
   )
-  blocks = masks.block_ids(positions, prompt_lengths, block_size)  # [B, N]
-  qb, kb = blocks[:, :, None], blocks[:, None, :]
-  q_noisy, k_noisy = part[None, :, None] == 1, part[None, None, :] == 1
-  mask = jnp.where(
-    q_noisy,
-    jnp.where(k_noisy, kb == qb, kb < qb),
-    ~k_noisy & (kb <= qb),
+  logp, log_probs = layout.score(
+    params, config, inputs, queries, trace_tokens,
+    temperature=temperature, return_log_probs=return_log_probs,
   )
-  return tokens, positions, mask & valid[:, None, :]
+  return ReplayOutput(logp=jnp.where(committed, logp, 0.0), log_probs=log_probs)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "block_size", "temperature"))
+replay_jit = jax.jit(
+  replay, static_argnames=("config", "num_rounds", "temperature", "shrink", "return_log_probs")
+)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "num_rounds", "temperature", "shrink"))
+def _replay_logp(params, config, prompt_tokens, prompt_lengths, output, *, num_rounds,
+                 temperature, shrink):
+  return replay(
+    params, config, prompt_tokens, prompt_lengths, output.trace_tokens, output.commit_step,
+    output.lengths, num_rounds=num_rounds, temperature=temperature, shrink=shrink,
+  ).logp
+
+
 def replay_log_probs(
   params: dict,
   config: ModelConfig,
@@ -96,59 +210,39 @@ def replay_log_probs(
   prompt_lengths: jax.Array,
   output: DiffusionOutput,
   *,
-  block_size: int,
+  block_size: int | None = None,
   temperature: float = 0.0,
+  shrink: int = 1,
+  num_rounds: int | None = None,
 ) -> jax.Array:
-  """Re-scores every committed token of a trace cache-free, round by round.
+  """Host-side convenience: replays a decoder output with the fewest rounds it needs (jitted).
 
   Args:
     params: the param pytree.
-    config: the model.
+    config: the model; the block size is config.block_size.
     prompt_tokens: [B, P] the prompts given to the decoder.
     prompt_lengths: [B].
-    output: the decoder's DiffusionOutput.
-    block_size: the decode block size.
-    temperature: the decode temperature (log-probs use commit.token_log_probs).
+    output: the decoder's DiffusionOutput (concrete).
+    block_size: optional; must equal config.block_size (a conflicting value is an error).
+    temperature: the decode temperature.
+    shrink: steps merged per round (1 = exact).
+    num_rounds: static round count; default the trace's largest round + 1.
 
   Returns:
-    [B, M] f32 log-probs of `output.trace_tokens`, 0 where never committed; equal to
-    `output.commit_logprob` up to float error.
+    [B, M] f32 log-probs of `output.trace_tokens`, 0 where never committed; with shrink = 1 equal
+    to `output.commit_logprob` up to float error.
   """
-  p = prompt_tokens.shape[1]
-  m = output.trace_tokens.shape[1]
-  r = -(-m // block_size) * block_size
-  steps = output.commit_step
-  committed = steps < NEVER_STEP
-  num_rounds = jnp.max(jnp.where(committed, steps, 0)) + 1
-  target = output.trace_tokens
-
-  def score(round_index):
-    tokens, positions, mask = replay_inputs(
-      prompt_tokens,
-      prompt_lengths,
-      output.trace_tokens,
-      steps,
-      output.lengths,
-      round_index,
-      block_size=block_size,
-      mask_token_id=config.mask_token_id,
+  if block_size is not None and block_size != config.block_size:
+    raise ValueError(
+      f"replay_log_probs: block_size={block_size} conflicts with config.block_size="
+      f"{config.block_size} (the block size comes from the model config)"
     )
-    logits, _ = qwen3.forward(params, config, tokens, positions, mask)
-    logp = commit.token_log_probs(logits, config.mask_token_id, temperature)  # [B, N, V]
-    # Response index j is predicted by the query before it (AR shift).
-    clean_q = jnp.broadcast_to(p + jnp.arange(r - 1, dtype=jnp.int32), (target.shape[0], r - 1))
-    seed_q = jnp.concatenate([prompt_lengths[:, None] - 1, clean_q], axis=1)[:, :m]
-    noisy_q = (p + r - 1 + jnp.arange(m))[None, :]
-    pick = lambda q: jnp.take_along_axis(
-      jnp.take_along_axis(logp, q[:, :, None], axis=1), target[:, :, None], axis=2
-    )[..., 0]
-    return pick(seed_q), pick(jnp.broadcast_to(noisy_q, target.shape))
-
-  seed_lp, _ = score(jnp.zeros((), jnp.int32))
-
-  def body(i, acc):
-    _, noisy_lp = score(i)
-    return jnp.where(steps == i, noisy_lp, acc)
-
-  acc = jnp.where(steps == SEED_STEP, seed_lp, 0.0)
-  return lax.fori_loop(0, num_rounds, body, acc)
+  if num_rounds is None:
+    rounds = np.asarray(replay_rounds(output.commit_step, shrink))
+    used = rounds[(rounds != SEED_STEP) & (rounds != NEVER_STEP)]
+    num_rounds = int(used.max()) + 1 if used.size else 0
+  check_rounds(output.commit_step, num_rounds, shrink)
+  return _replay_logp(
+    params, config, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
+    output, num_rounds=num_rounds, temperature=float(temperature), shrink=shrink,
+  )

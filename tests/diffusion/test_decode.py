@@ -4,6 +4,8 @@ All decode calls share the static shapes below (batch 2, prompt 6, 12 new tokens
 compiles the decoder once per block size.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -133,7 +135,8 @@ def test_trace_replay_reproduces_log_probs(params, threshold):
   assert steps.max() < decode.NEVER_STEP
   if threshold < 0.5:  # several tokens per step somewhere, so fewer forwards than tokens
     assert int(out.num_forwards) < 1 + MAX_NEW + MAX_NEW // 4
-  lp = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=4)
+  config = dataclasses.replace(CONFIG, block_size=4)
+  lp = replay.replay_log_probs(params, config, PROMPTS, LENGTHS, out)
   np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
   assert (np.asarray(out.commit_logprob) < 0).all()
 
@@ -141,7 +144,8 @@ def test_trace_replay_reproduces_log_probs(params, threshold):
 @pytest.mark.slow  # decoder + replay compiles at temperature 1
 def test_sampled_trace_replays(params):
   out = _decode(params, threshold=0.03, temperature=1.0, key=jax.random.key(7))
-  lp = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=4, temperature=1.0)
+  config = dataclasses.replace(CONFIG, block_size=4)
+  lp = replay.replay_log_probs(params, config, PROMPTS, LENGTHS, out, temperature=1.0)
   np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
 
 
