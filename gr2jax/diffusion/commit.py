@@ -40,20 +40,23 @@ class CommitResult(NamedTuple):
   logprob: jax.Array
 
 
-def token_log_probs(logits: jax.Array, mask_token_id: int, temperature: float) -> jax.Array:
+def token_log_probs(logits: jax.Array, mask_token_id: int | None, temperature: float) -> jax.Array:
   """The policy's log-probs: mask token suppressed, divided by the temperature (1 when greedy).
 
-  The decoder, the replay and RL all score tokens with this one function.
+  The decoder, the replay, AR RL and diffusion RL all score tokens with this one function (an AR
+  model passes mask_token_id=None): the same temperature convention as the samplers.
 
   Args:
     logits: [..., V] raw logits.
-    mask_token_id: the id of the mask token (its logit becomes -inf).
+    mask_token_id: the id of the mask token (its logit becomes -inf), or None (AR: no mask).
     temperature: sampling temperature; 0 means greedy and scores at temperature 1.
 
   Returns:
     [..., V] f32 log-probs.
   """
-  logits = logits.astype(jnp.float32).at[..., mask_token_id].set(-jnp.inf)
+  logits = logits.astype(jnp.float32)
+  if mask_token_id is not None:
+    logits = logits.at[..., mask_token_id].set(-jnp.inf)
   if temperature > 0:
     logits = logits / temperature
   return jax.nn.log_softmax(logits, axis=-1)
