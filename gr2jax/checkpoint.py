@@ -12,24 +12,38 @@ whole item in host memory while writing it (measured: +1.2-2x the item size): co
 3.1 GB bf16 checkpoint peaked at 2.85x its size as one tree, 0.95x leaf by leaf
 (weights_conversion/convert_hf.py produces the leaves one at a time).
 
-Writes are atomic: everything goes to a hidden temp directory next to the target, which is renamed
-into place only when complete; an existing checkpoint is replaced only after the new one is
-complete, so a crash never leaves a half-written or lost checkpoint at `path`.
+Writes are atomic (`atomic_directory`, also used by every converter and exporter): everything goes
+to a hidden temp directory next to the target, which is renamed into place only when complete; an
+existing checkpoint is replaced only after the new one is complete, so a crash never leaves a
+half-written or lost checkpoint at `path`. While writing, the target is locked
+(`gr2jax.workdir.lock_file` on the sibling `.<name>.lock`): a second writer of the same path gets
+an "in use by pid N" error. Temp siblings (`.<name>.tmp-<pid>-<hex>`, `.<name>.old-<pid>-<hex>`)
+left by a killed writer are removed by the next write of that path (a previous checkpoint parked
+in an `.old-` sibling by a writer killed mid-swap is first moved back). SIGTERM (when no other
+handler is installed) and SIGINT raise in the main thread, so the temp directory is removed before
+the process exits. Directories are created with the normal umask permissions (not 0700).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
+import re
+import secrets
 import shutil
-import tempfile
-from collections.abc import Callable, Iterable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
+from gr2jax import workdir
+from gr2jax.hf import weights as hf_weights
 from gr2jax.model.config import ModelConfig
 
 CONFIG_FILE = "gr2jax_config.json"
@@ -37,6 +51,8 @@ PARAMS_DIR = "params"
 MANIFEST_FILE = "manifest.json"
 _LEAF_KEY = "value"  # each leaf item is the orbax tree {"value": array}
 _FORMAT = "gr2jax"
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -115,8 +131,66 @@ def write_checkpoint(directory: str, config: ModelConfig,
     json.dump(manifest, f, indent=1)
 
 
+def _temp_sibling(parent: str, name: str, kind: str) -> str:
+  """Creates the empty directory `.{name}.{kind}-{pid}-{hex}` in `parent` (umask permissions)."""
+  while True:
+    path = os.path.join(parent, f".{name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+      os.mkdir(path)
+      return path
+    except FileExistsError:
+      continue
+
+
+def _clean_stale_siblings(parent: str, name: str, path: str) -> None:
+  """Removes temp siblings of `path` left by killed writers (call with the target locked).
+
+  A writer killed between parking the old directory and renaming the new one into place leaves
+  `path` missing and the previous directory in `.{name}.old-*/{name}`: it is moved back first.
+  """
+  pattern = re.compile(rf"\.{re.escape(name)}\.(tmp|old)-\d+-[0-9a-f]{{8}}")
+  stale = sorted(e for e in os.listdir(parent) if pattern.fullmatch(e))
+  for entry in stale:
+    parked = os.path.join(parent, entry, name)
+    if pattern.fullmatch(entry)[1] == "old" and not os.path.exists(path) and os.path.isdir(parked):
+      log.warning("%s: restoring the previous directory from %s (a writer was killed mid-swap)",
+                  path, entry)
+      os.rename(parked, path)
+  for entry in stale:
+    log.warning("%s: removing %s left by an interrupted write", path, entry)
+    shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
+def _raise_exit(signum, frame) -> None:
+  del frame
+  raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _exit_on_sigterm() -> Iterator[None]:
+  """Makes SIGTERM raise SystemExit(143) in the main thread (so `finally`/`except` clean up).
+
+  Only when SIGTERM has its default action (a caller's own handler, e.g. a training loop that
+  checkpoints on SIGTERM, is left alone) and only in the main thread (signals go there). SIGINT
+  already raises KeyboardInterrupt.
+  """
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL):
+    yield
+    return
+  signal.signal(signal.SIGTERM, _raise_exit)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
 def atomic_directory(path: str, write: Callable[[str], None], *, overwrite: bool) -> None:
   """Runs `write(tmp_dir)` then renames tmp_dir to `path`; on any error removes tmp_dir.
+
+  The target is locked while this runs, stale temp siblings of earlier killed writers are
+  removed first, and SIGTERM / SIGINT remove the temp directory before the process exits (module
+  docstring).
 
   Args:
     path: the final directory.
@@ -126,25 +200,34 @@ def atomic_directory(path: str, write: Callable[[str], None], *, overwrite: bool
 
   Raises:
     FileExistsError: `path` exists and overwrite is False.
+    gr2jax.workdir.InUseError: another live process is writing `path`.
   """
   path = os.path.abspath(path)
-  if os.path.exists(path) and not overwrite:
-    raise FileExistsError(f"{path} already exists (refusing to overwrite)")
   parent, name = os.path.split(path)
   os.makedirs(parent, exist_ok=True)
-  tmp = tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=parent)
-  try:
-    write(tmp)
-    if os.path.exists(path):
-      old = tempfile.mkdtemp(prefix=f".{name}.old-", dir=parent)
-      os.rename(path, os.path.join(old, name))
-      os.rename(tmp, path)
-      shutil.rmtree(old)
-    else:
-      os.rename(tmp, path)
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
+  with workdir.lock_file(os.path.join(parent, f".{name}.lock"), path), _exit_on_sigterm():
+    _clean_stale_siblings(parent, name, path)
+    if os.path.exists(path) and not overwrite:
+      raise FileExistsError(f"{path} already exists (refusing to overwrite)")
+    tmp = _temp_sibling(parent, name, "tmp")
+    try:
+      write(tmp)
+      if os.path.exists(path):
+        old = _temp_sibling(parent, name, "old")
+        parked = os.path.join(old, name)
+        os.rename(path, parked)
+        try:
+          os.rename(tmp, path)
+        except BaseException:
+          if not os.path.exists(path):
+            os.rename(parked, path)  # interrupted mid-swap: the previous directory stays
+          raise
+        shutil.rmtree(old)
+      else:
+        os.rename(tmp, path)
+    except BaseException:
+      shutil.rmtree(tmp, ignore_errors=True)
+      raise
 
 
 def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True) -> None:
@@ -245,7 +328,7 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
   """Loads (config, params) from a gr2jax checkpoint or a local HF Qwen3 directory.
 
   An HF directory (config.json + safetensors or pytorch_model*.bin) is converted in memory with
-  the same table as weights_conversion/convert_hf.py.
+  the table of gr2jax/hf/table.py (the one weights_conversion/convert_hf.py streams to disk).
 
   Args:
     path: a gr2jax checkpoint directory or an HF model directory.
@@ -256,21 +339,30 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
     (config, params) with params a pytree of jax Arrays.
 
   Raises:
-    CheckpointError: `path` is neither kind of directory, or the checkpoint is damaged.
+    CheckpointError: `path` is neither kind of directory, or the checkpoint is damaged (for an
+      HF directory: a bad config.json, missing, unmapped or wrongly shaped tensors, a truncated
+      or unreadable weight file); the message names the path and the file or tensor.
+    TypeError: `path` is not a string or os.PathLike.
   """
+  if not isinstance(path, (str, os.PathLike)):
+    raise TypeError(f"load_model: path must be a directory path, got {type(path).__name__}")
+  path = os.fspath(path)
   if os.path.isfile(os.path.join(path, CONFIG_FILE)):
     if param_dtype is not None:
       raise CheckpointError(f"{path}: param_dtype applies to HF directories only")
     return restore(path, shardings)
   if os.path.isfile(os.path.join(path, "config.json")):
-    from weights_conversion import convert_hf  # lazy: needs the repo root on sys.path
-
-    config = convert_hf.read_config(path, param_dtype)
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    with convert_hf.HFWeights(path) as weights:  # one host leaf at a time
-      leaves = [(p, jax.device_put(leaf, device if shardings is None
-                                   else _sharding_at(shardings, p, path)))
-                for p, leaf in convert_hf.iter_leaves(config, weights)]
+    try:
+      config = hf_weights.read_config(path, param_dtype)
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      with hf_weights.HFWeights(path) as weights:  # one host leaf at a time
+        leaves = [(p, jax.device_put(leaf, device if shardings is None
+                                     else _sharding_at(shardings, p, path)))
+                  for p, leaf in hf_weights.iter_leaves(config, weights)]
+    except CheckpointError:
+      raise
+    except (OSError, ValueError) as e:  # missing shards, bad JSON, table / safetensors errors
+      raise CheckpointError(f"{path}: cannot load HF directory: {e}") from e
     return config, unflatten(leaves)
   raise CheckpointError(f"{path}: neither a gr2jax checkpoint ({CONFIG_FILE}) nor an HF "
                         "directory (config.json)")

@@ -3,12 +3,17 @@
 import json
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
 
 import jax
 import numpy as np
 import pytest
 
-from gr2jax import checkpoint
+from gr2jax import checkpoint, workdir
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 
@@ -131,3 +136,91 @@ def test_load_model_hf_dir_into_shardings(tmp_path):
   del shardings["lm_head"]
   with pytest.raises(checkpoint.CheckpointError, match="no entry for lm_head"):
     checkpoint.load_model(str(tmp_path), shardings)
+
+
+def _siblings(path):
+  parent, name = os.path.split(path)
+  return sorted(e for e in os.listdir(parent) if e.startswith(f".{name}."))
+
+
+def test_directories_get_umask_permissions(tmp_path, params):
+  """Issue #11 class 6: tempfile.mkdtemp made every checkpoint 0700."""
+  path = str(tmp_path / "model")
+  checkpoint.save(path, CONFIG, params)
+  umask = os.umask(0)
+  os.umask(umask)
+  assert os.stat(path).st_mode & 0o777 == 0o777 & ~umask
+
+
+@pytest.mark.parametrize("signum,exc", [(signal.SIGTERM, SystemExit),
+                                        (signal.SIGINT, KeyboardInterrupt)])
+def test_sigterm_and_sigint_clean_up(tmp_path, signum, exc):
+  if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    pytest.skip("the test runner handles SIGTERM itself")
+  path = str(tmp_path / "model")
+
+  def write(tmp):
+    with open(os.path.join(tmp, "partial"), "w") as f:
+      f.write("x")
+    os.kill(os.getpid(), signum)
+    time.sleep(5)  # the handler raises in this thread at once
+
+  with pytest.raises(exc):
+    checkpoint.atomic_directory(path, write, overwrite=False)
+  assert os.listdir(tmp_path) == []
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is restored
+
+
+def test_stale_siblings_are_removed_and_a_parked_checkpoint_restored(tmp_path, params):
+  path = str(tmp_path / "model")
+  checkpoint.save(path, CONFIG, params)
+  # A writer killed mid-swap: the previous checkpoint parked in .old-*, the new one in .tmp-*.
+  parked = tmp_path / ".model.old-4242-0badc0de"
+  parked.mkdir()
+  os.rename(path, parked / "model")
+  (tmp_path / ".model.tmp-4242-12345678").mkdir()
+  (tmp_path / ".model.tmp-4242-12345678" / "half").write_text("x")
+  other = tmp_path / ".model.tmp-1-abc.keep"  # not a temp name of this target: left alone
+  other.mkdir()
+  with pytest.raises(FileExistsError):
+    checkpoint.atomic_directory(path, lambda tmp: None, overwrite=False)
+  assert _siblings(path) == [other.name]
+  _assert_equal(checkpoint.restore(path)[1], params)
+
+
+def _slow_writer(path: str) -> subprocess.Popen:
+  """A process inside atomic_directory(path) whose write() sleeps; prints 'writing' first."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = textwrap.dedent(f"""
+    import os, sys, time
+    sys.path.insert(0, {root!r})
+    from gr2jax import checkpoint
+    def write(tmp):
+      open(os.path.join(tmp, "partial"), "w").write("x" * 1000)
+      print("writing", flush=True)
+      time.sleep(120)
+    checkpoint.atomic_directory({path!r}, write, overwrite=True)
+  """)
+  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == "writing"
+  return proc
+
+
+def test_killed_writers(tmp_path, params):
+  """A concurrent writer is refused; SIGTERM cleans up; SIGKILL's leftovers go on the next run."""
+  path = str(tmp_path / "model")
+  proc = _slow_writer(path)
+  try:
+    with pytest.raises(workdir.InUseError, match=f"in use by pid {proc.pid}"):
+      checkpoint.save(path, CONFIG, params)
+    proc.terminate()
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert os.listdir(tmp_path) == []
+    proc = _slow_writer(path)
+  finally:
+    proc.kill()
+    proc.wait()
+  assert [e.split("-")[0] for e in _siblings(path)] == [".model.lock", ".model.tmp"]
+  checkpoint.save(path, CONFIG, params)
+  assert os.listdir(tmp_path) == ["model"]
+  _assert_equal(checkpoint.restore(path)[1], params)

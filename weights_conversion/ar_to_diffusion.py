@@ -7,8 +7,9 @@ Every file of the AR checkpoint (the orbax params/ tree, tokenizer files, added_
 is copied byte for byte; only gr2jax_config.json changes: `block_size` (the attention pattern is
 block-causal for block_size > 1, masks.make_attention_mask) and `mask_token_id`. The mask token
 is looked up in the checkpoint's added_token_ids.json (written by convert_hf.py --add_tokens),
-then in its tokenizer.json; it must be an id < vocab_size. Written atomically (a temp directory
-renamed into place): on any error nothing is left at OUT.
+then in its tokenizer.json; it must be an id < vocab_size and must not be one of the model's eos
+(stop) ids or its pad id (a mask token that is also a stop token could never end a row). Written
+atomically (a temp directory renamed into place): on any error nothing is left at OUT.
 """
 
 import dataclasses
@@ -83,6 +84,14 @@ def convert(ar: str, out: str, block_size: int, mask_token: str = MASK_TOKEN) ->
   if not os.path.isdir(os.path.join(ar, checkpoint.PARAMS_DIR)):
     raise checkpoint.CheckpointError(f"{ar}: no {checkpoint.PARAMS_DIR}/ (incomplete checkpoint)")
   mask_id = find_token_id(ar, mask_token, config.vocab_size)
+  for role, ids in (("an eos / stop token (eos_token_ids)", config.eos_token_ids),
+                    ("the pad token (pad_token_id)", (config.pad_token_id,))):
+    if mask_id in ids:
+      raise ValueError(
+        f"{ar}: mask token {mask_token!r} has id {mask_id}, which is {role} of the model: the "
+        "decoder never proposes the mask token, so no row could stop (eos) or padding would "
+        "read as masks (pad); pass --mask_token=<a token of its own> (add it with "
+        "convert_hf.py --add_tokens)")
   config = dataclasses.replace(config, block_size=block_size, mask_token_id=mask_id)
 
   def write(tmp: str) -> None:

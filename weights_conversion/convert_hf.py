@@ -1,159 +1,62 @@
 r"""Converts a local HF Qwen3 directory into a gr2jax (orbax) checkpoint.
 
   python weights_conversion/convert_hf.py --hf_dir=DIR --out_dir=OUT \
-      [--param_dtype=float32|bfloat16] [--add_tokens=FILE] [--add_tokens_seed=0]
+      [--param_dtype=float32|bfloat16] [--add_tokens=FILE] [--add_tokens_seed=0] \
+      [--tokenizer_dir=DIR]
 
 Reads DIR/config.json (`ModelConfig.from_hf_dict`: unsupported fields are an error naming them)
 and the weights: `model.safetensors.index.json` + shards, a single `model.safetensors`, or
-`pytorch_model*.bin` (torch.load with weights_only=True). All names and shapes are checked
-against the table in hf_table.py first (every HF tensor used exactly once, every param filled
-once with the right shape); then each stacked param leaf is filled tensor by tensor from the
-memory-mapped shards, written to orbax and dropped before the next, so peak memory is about 3x
-the largest leaf, well under the checkpoint size for real models. Writes OUT/gr2jax_config.json,
-OUT/params/ (orbax, see gr2jax/checkpoint.py) and copies the tokenizer files it finds. Everything
-is written to a temp directory next to OUT and renamed at the end: on any error nothing is left
-at OUT.
+`pytorch_model*.bin` (torch.load with weights_only=True), through the library's reader
+(gr2jax/hf/weights.py). All names and shapes are checked against the table in gr2jax/hf/table.py
+first (every HF tensor used exactly once, every param filled once with the right shape); then each
+stacked param leaf is filled tensor by tensor from the memory-mapped shards, written to orbax and
+dropped before the next, so peak memory is about 3x the largest leaf, well under the checkpoint
+size for real models. Writes OUT/gr2jax_config.json, OUT/params/ (orbax, see gr2jax/checkpoint.py)
+and copies the tokenizer files it finds. Everything is written to a temp directory next to OUT and
+renamed at the end (`checkpoint.atomic_directory`: OUT locked while writing, temp directories of an
+interrupted earlier run removed, SIGTERM / SIGINT clean up): on any error nothing is left at OUT.
 
 --add_tokens=FILE (one token per line) sets embedding (and untied LM head) rows for new tokens.
-Their ids come from --tokenizer_dir's tokenizer.json (default --hf_dir) when it has one (e.g. the
-output of gr2jax.data.tokenizer.extend_tokenizer; Qwen3's tokenizer ids 151669.. reuse its unused
-padding rows up to 151935 and grow the table beyond), else they are V, V+1, ... Init: mean of the
-other original rows + N(0, (1e-3 * per-dimension std)^2) noise from --add_tokens_seed, so new
-tokens start as an "average" token and are distinguishable. The vocab grows to max(V, max id + 1)
-in the config; OUT/added_token_ids.json maps each new token to its id; the tokenizer files of
---tokenizer_dir are copied.
+Ids come from the tokenizer of --tokenizer_dir (default --hf_dir), its tokenizer.json:
+  - a token that tokenizer already has as an added token keeps its id (e.g. the output of
+    gr2jax.data.tokenizer.extend_tokenizer; Qwen3's ids 151669.. reuse its unused padding rows up
+    to 151935 and grow the table beyond);
+  - a token it lacks is appended to it (the next free id, as `tokenizers` assigns it; a plain,
+    non-special added token) and the copied tokenizer.json holds it, so the checkpoint's tokenizer
+    always agrees with OUT/added_token_ids.json;
+  - a token the model already has -- in --hf_dir's own tokenizer, or in the tokenizer's base
+    vocabulary -- is an error naming it: its trained embedding row would be overwritten;
+    so is an id that --hf_dir's tokenizer gives to another token.
+Without a tokenizer.json (and no slow-tokenizer vocabulary either) the ids are V, V+1, ... A
+--tokenizer_dir that does not exist is an error. Init: mean of the other original rows +
+N(0, (1e-3 * per-dimension std)^2) noise from --add_tokens_seed, so new tokens start as an
+"average" token and are distinguishable. The vocab grows to max(V, max id + 1) in the config;
+OUT/added_token_ids.json maps each new token to its id.
 """
 
-import contextlib
 import dataclasses
-import glob
 import json
 import os
 import shutil
 import sys
-from collections.abc import Iterator
 
-import ml_dtypes
 import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import checkpoint  # noqa: E402
+from gr2jax.hf import weights as hf_weights  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
-from weights_conversion import hf_table, safetensors_io  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
                    "chat_template.jinja", "generation_config.json")
+TOKENIZER_JSON = "tokenizer.json"
+_VOCAB_FILES = ("vocab.json", "tokenizer.model", "added_tokens.json")  # slow-tokenizer vocabularies
 ADDED_IDS_FILE = "added_token_ids.json"
 _NOISE_SCALE = 1e-3
-
-
-def weight_files(hf_dir: str) -> list[str]:
-  """The weight files of an HF directory, in load order.
-
-  Args:
-    hf_dir: the HF model directory.
-
-  Returns:
-    Paths of safetensors shards (from the index, else `model.safetensors`, else `*.safetensors`)
-    or of `pytorch_model*.bin` files.
-
-  Raises:
-    FileNotFoundError: no weights, or the index names a missing shard.
-  """
-  for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
-    index = os.path.join(hf_dir, index_name)
-    if os.path.isfile(index):
-      with open(index) as f:
-        weight_map = json.load(f)["weight_map"]
-      files = [os.path.join(hf_dir, s) for s in dict.fromkeys(weight_map.values())]
-      for file in files:
-        if not os.path.isfile(file):
-          raise FileNotFoundError(f"{index}: shard {os.path.basename(file)} does not exist")
-      return files
-  files = (sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
-           or sorted(glob.glob(os.path.join(hf_dir, "pytorch_model*.bin"))))
-  if not files:
-    raise FileNotFoundError(f"{hf_dir}: no *.safetensors or pytorch_model*.bin weights")
-  return files
-
-
-def _torch_to_numpy(t) -> np.ndarray:
-  """A CPU torch tensor -> an owned numpy array (bf16 via ml_dtypes)."""
-  import torch
-
-  if t.dtype == torch.bfloat16:
-    return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
-  return t.numpy().copy()
-
-
-class HFWeights:
-  """All tensors of an HF directory behind one random-access index (a context manager).
-
-  Safetensors files are memory-mapped (`safetensors_io.Reader`); `pytorch_model*.bin` files are
-  torch.load-ed with weights_only=True and mmap=True. Only headers are read on entry.
-
-  Attributes:
-    shapes: {tensor name: shape} over all files.
-  """
-
-  def __init__(self, hf_dir: str):
-    self.files = weight_files(hf_dir)
-
-  def __enter__(self) -> "HFWeights":
-    self.shapes, self._where = {}, {}
-    self._stack = contextlib.ExitStack()
-    with self._stack as stack:
-      for file in self.files:
-        if file.endswith(".safetensors"):
-          reader = stack.enter_context(safetensors_io.Reader(file))
-          names = {n: e["shape"] for n, e in reader.entries.items()}
-          read = reader.read
-        else:
-          import torch
-
-          state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-          names = {n: tuple(t.shape) for n, t in state.items()}
-          read = lambda n, state=state: _torch_to_numpy(state[n])
-        for name, shape in names.items():
-          if name in self.shapes:
-            raise hf_table.ConversionError(
-              f"tensor {name!r} appears more than once in the checkpoint ({self._where[name][0]} "
-              f"and {file})")
-          self.shapes[name] = shape
-          self._where[name] = (file, read)
-      self._stack = stack.pop_all()  # keep the files open until __exit__
-    return self
-
-  def __exit__(self, *exc) -> None:
-    self._stack.close()
-    self._where = {}
-
-  def read(self, name: str) -> np.ndarray:
-    """The tensor `name` as numpy, in its stored dtype."""
-    return self._where[name][1](name)
-
-
-def _checkpoint_dtype(hf_dir: str) -> str:
-  """'bfloat16' if config.json declares bf16 weights, else 'float32'."""
-  with open(os.path.join(hf_dir, "config.json")) as f:
-    d = json.load(f)
-  return "bfloat16" if (d.get("dtype") or d.get("torch_dtype")) == "bfloat16" else "float32"
-
-
-def read_config(hf_dir: str, param_dtype: str | None = None) -> ModelConfig:
-  """The ModelConfig of an HF directory; param_dtype default: the checkpoint's (see load_hf)."""
-  return ModelConfig.from_hf_dir(hf_dir, param_dtype=param_dtype or _checkpoint_dtype(hf_dir))
-
-
-def iter_leaves(config: ModelConfig, weights: HFWeights
-                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """The param leaves of `config` built from `weights`, one at a time (hf_table.load_leaves)."""
-  return hf_table.load_leaves(weights.shapes, weights.read, params_lib.abstract_params(config),
-                              np.dtype(config.param_dtype))
 
 
 def load_hf(hf_dir: str, param_dtype: str | None = None) -> tuple[ModelConfig, dict]:
@@ -168,12 +71,12 @@ def load_hf(hf_dir: str, param_dtype: str | None = None) -> tuple[ModelConfig, d
     (config, params) with params numpy arrays of `config.param_dtype`.
 
   Raises:
-    ValueError (hf_table.ConversionError, safetensors_io.SafetensorsError): the message names the
-      tensor, file or config field.
+    ValueError (gr2jax.hf.table.ConversionError, gr2jax.hf.safetensors_io.SafetensorsError): the
+      message names the tensor, file or config field.
   """
-  config = read_config(hf_dir, param_dtype)
-  with HFWeights(hf_dir) as weights:
-    return config, checkpoint.unflatten(iter_leaves(config, weights))
+  config = hf_weights.read_config(hf_dir, param_dtype)
+  with hf_weights.HFWeights(hf_dir) as weights:
+    return config, checkpoint.unflatten(hf_weights.iter_leaves(config, weights))
 
 
 def read_token_file(path: str) -> list[str]:
@@ -188,34 +91,73 @@ def read_token_file(path: str) -> list[str]:
   return tokens
 
 
-def new_token_ids(tokens: list[str], vocab_size: int, tokenizer_dir: str | None) -> dict[str, int]:
-  """The id of each new token: the tokenizer's, if `tokenizer_dir` has a tokenizer.json, else
-  vocab_size + i (in file order).
-
-  Args:
-    tokens: the new tokens.
-    vocab_size: V, embedding rows of the HF checkpoint.
-    tokenizer_dir: a directory whose tokenizer.json already contains the tokens (e.g. the output
-      of gr2jax.data.tokenizer.extend_tokenizer), or None.
-
-  Returns:
-    {token: id}.
-
-  Raises:
-    ValueError: the tokenizer lacks a token, or maps one to an id an original token uses.
-  """
-  file = os.path.join(tokenizer_dir, "tokenizer.json") if tokenizer_dir else None
+def _load_tokenizer(directory: str | None):
+  """The `tokenizers.Tokenizer` of directory/tokenizer.json, or None if there is none."""
+  file = os.path.join(directory, TOKENIZER_JSON) if directory else None
   if file is None or not os.path.isfile(file):
-    return {t: vocab_size + i for i, t in enumerate(tokens)}
+    return None
   import tokenizers
 
-  tokenizer = tokenizers.Tokenizer.from_file(file)
-  ids = {t: tokenizer.token_to_id(t) for t in tokens}
+  try:
+    return tokenizers.Tokenizer.from_file(file)
+  except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+    raise ValueError(f"{file}: cannot read the tokenizer: {e}") from None
+
+
+def new_token_ids(tokens: list[str], vocab_size: int, hf_dir: str, tokenizer_dir: str | None
+                  ) -> tuple[dict[str, int], object | None]:
+  """The id of each new token, and the tokenizer to write into the checkpoint (module doc).
+
+  Args:
+    tokens: the new tokens (from --add_tokens).
+    vocab_size: V, embedding rows of the HF checkpoint.
+    hf_dir: the HF directory (its tokenizer.json, if any, lists the tokens the model was trained
+      with).
+    tokenizer_dir: where ids come from (its tokenizer.json); None = hf_dir.
+
+  Returns:
+    ({token: id}, the tokenizers.Tokenizer holding every new token -- with the missing ones
+    appended -- or None when there is no tokenizer.json: ids are then V, V+1, ...).
+
+  Raises:
+    ValueError naming the token: a token the model already has, an id another original token
+      uses, or tokenizer files without a tokenizer.json (the ids could not be recorded).
+  """
+  source_dir = tokenizer_dir or hf_dir
+  flag = "--tokenizer_dir" if tokenizer_dir else "--hf_dir"
+  source = _load_tokenizer(source_dir)
+  if source is None:
+    others = [n for n in _VOCAB_FILES if os.path.isfile(os.path.join(source_dir, n))]
+    if tokenizer_dir or others:
+      raise ValueError(f"{flag}={source_dir} has no {TOKENIZER_JSON} (found {others}): the "
+                       "--add_tokens ids could not be recorded in the copied tokenizer")
+    return {t: vocab_size + i for i, t in enumerate(tokens)}, None
+  base = _load_tokenizer(hf_dir) if tokenizer_dir else source
+  trained: dict[str, int] = {}  # tokens the model already has, with their ids
+  if base is not None:
+    trained |= base.get_vocab(with_added_tokens=True)
+  if tokenizer_dir:  # the extended tokenizer's base vocabulary is original too
+    trained |= source.get_vocab(with_added_tokens=False)
+  existing = [t for t in tokens if t in trained]
+  if existing:
+    raise ValueError(
+      f"--add_tokens: {existing[0]!r} (id {trained[existing[0]]})"
+      + (f" and {len(existing) - 1} more {existing[1:4]}" if len(existing) > 1 else "")
+      + " already in the model's tokenizer: adding it would overwrite its trained embedding "
+      "row and LM-head column; remove it from the --add_tokens file")
+  missing = [t for t in tokens if source.token_to_id(t) is None]
+  if missing:
+    import tokenizers
+
+    source.add_tokens([tokenizers.AddedToken(t, normalized=False, special=False)
+                       for t in missing])
+  ids = {t: source.token_to_id(t) for t in tokens}
+  owner = {i: t for t, i in trained.items()}
   for token, i in ids.items():
-    if i is None:
-      raise ValueError(f"{file}: new token {token!r} is not in the tokenizer (add it first, e.g. "
-                       "with gr2jax.data.tokenizer.extend_tokenizer)")
-  return ids
+    if i in owner:
+      raise ValueError(f"{flag}={source_dir}: new token {token!r} has id {i}, which the model's "
+                       f"tokenizer gives to {owner[i]!r}")
+  return ids, source
 
 
 def grow_vocab(table: np.ndarray, axis: int, ids: dict[str, int], rng: np.random.Generator
@@ -286,27 +228,36 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
 
   Returns:
     The written config.
+
+  Raises:
+    FileNotFoundError: hf_dir or tokenizer_dir is not a directory.
+    ValueError: see `new_token_ids`, `gr2jax.hf.weights`.
   """
   if not os.path.isdir(hf_dir):
     raise FileNotFoundError(f"--hf_dir={hf_dir} is not a directory")
+  if tokenizer_dir is not None and not os.path.isdir(tokenizer_dir):
+    raise FileNotFoundError(f"--tokenizer_dir={tokenizer_dir} is not a directory")
   written = {}
 
   def write(tmp: str) -> None:
     tokens = read_token_file(add_tokens_file) if add_tokens_file else []
-    config = read_config(hf_dir, param_dtype)
-    with HFWeights(hf_dir) as weights:
-      leaves = iter_leaves(config, weights)
+    config = hf_weights.read_config(hf_dir, param_dtype)
+    tokenizer = None
+    with hf_weights.HFWeights(hf_dir) as weights:
+      leaves = hf_weights.iter_leaves(config, weights)
       if tokens:
-        ids = new_token_ids(tokens, config.vocab_size, tokenizer_dir)
+        ids, tokenizer = new_token_ids(tokens, config.vocab_size, hf_dir, tokenizer_dir)
         leaves = _with_added_tokens(leaves, ids, add_tokens_seed)
         config = dataclasses.replace(config, vocab_size=max(config.vocab_size,
                                                             max(ids.values()) + 1))
         with open(os.path.join(tmp, ADDED_IDS_FILE), "w") as f:
           json.dump(ids, f, indent=2, ensure_ascii=False)
       checkpoint.write_checkpoint(tmp, config, leaves)
+    source = tokenizer_dir or hf_dir
     for name in TOKENIZER_FILES:
-      source = tokenizer_dir or hf_dir
-      if os.path.isfile(os.path.join(source, name)):
+      if name == TOKENIZER_JSON and tokenizer is not None:
+        tokenizer.save(os.path.join(tmp, name))  # with the appended tokens
+      elif os.path.isfile(os.path.join(source, name)):
         shutil.copy2(os.path.join(source, name), tmp)
     written["config"] = config
 
@@ -321,10 +272,12 @@ flags.DEFINE_string("out_dir", None, "Output directory to create; must not exist
 flags.DEFINE_enum("param_dtype", None, ["float32", "bfloat16"],
                   "Param storage dtype (default: bfloat16 if the HF config says bf16, else fp32).")
 flags.DEFINE_string("add_tokens", None, "File of new tokens, one per line: grows embed/lm_head "
-                    "(init: mean row + 1e-3*std noise); ids written to added_token_ids.json.")
+                    "(init: mean row + 1e-3*std noise); ids written to added_token_ids.json. A "
+                    "token the model already has is an error.")
 flags.DEFINE_integer("add_tokens_seed", 0, "Seed of the --add_tokens init noise.")
-flags.DEFINE_string("tokenizer_dir", None, "Tokenizer to copy into the checkpoint and to take the "
-                    "--add_tokens ids from (its tokenizer.json); default --hf_dir.")
+flags.DEFINE_string("tokenizer_dir", None, "Existing directory of the tokenizer to copy into the "
+                    "checkpoint and to take the --add_tokens ids from (its tokenizer.json; tokens "
+                    "it lacks are appended to the copy); default --hf_dir.")
 
 
 def main(argv):

@@ -3,8 +3,9 @@ r"""Exports a gr2jax checkpoint as an HF directory that `transformers.Qwen3ForCa
   python weights_conversion/export_hf.py --ckpt=DIR --out_dir=OUT
 
 Writes OUT/config.json (`ModelConfig.to_hf_dict`), OUT/model.safetensors (the inverse of the
-table in hf_table.py, params in their stored dtype, streamed one tensor at a time) and copies the
-tokenizer files of the checkpoint. Atomic like convert_hf.py: on any error nothing is at OUT.
+table in gr2jax/hf/table.py, params in their stored dtype, streamed one tensor at a time) and
+copies the tokenizer files of the checkpoint. Atomic like convert_hf.py: on any error nothing is
+at OUT.
 """
 
 import json
@@ -17,8 +18,10 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import checkpoint  # noqa: E402
+from gr2jax.hf import safetensors_io  # noqa: E402
+from gr2jax.hf import table as hf_table  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
-from weights_conversion import convert_hf, hf_table, safetensors_io  # noqa: E402
+from weights_conversion import convert_hf  # noqa: E402
 
 
 def write_hf(directory: str, config: ModelConfig, params) -> None:

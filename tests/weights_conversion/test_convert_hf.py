@@ -1,4 +1,6 @@
-"""convert_hf.py + hf_table.py: table round trip, formats, dtypes, add_tokens, and bad input."""
+"""convert_hf.py (+ the library's HF reader): formats, dtypes, add_tokens, tokenizers, bad input.
+
+The table and safetensors unit tests live in tests/hf/."""
 
 import json
 import os
@@ -6,16 +8,18 @@ import subprocess
 import sys
 
 import jax
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 
 from gr2jax import checkpoint
+from gr2jax.hf import safetensors_io
+from gr2jax.hf import table as hf_table
+from gr2jax.hf import weights as hf_weights
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 from tests.weights_conversion.conftest import leftovers, run_main, save_hf
-from weights_conversion import convert_hf, hf_table, safetensors_io
+from weights_conversion import convert_hf
 
 
 def _hf_state(model) -> dict[str, np.ndarray]:
@@ -30,37 +34,6 @@ def _assert_matches_hf(params, model):
   assert sorted(exported) == sorted(state)
   for name, value in exported.items():
     np.testing.assert_array_equal(value.astype(np.float32), state[name], err_msg=name)
-
-
-@pytest.mark.parametrize("tied", [False, True])
-def test_table_round_trip(tied):
-  config = ModelConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=48,
-                            num_layers=3, tie_word_embeddings=tied)
-  params = jax.tree.map(np.asarray, params_lib.init_params(config, jax.random.key(0)))
-  tensors = dict(hf_table.export_tensors(params))
-  assert sorted(tensors) == sorted(hf_table.expected_names(params))
-  assert [(n, s) for n, s, _ in hf_table.export_specs(params)] == [
-    (n, t.shape) for n, t in tensors.items()]
-  assert ("lm_head.weight" in tensors) == (not tied)
-  shapes = {n: t.shape for n, t in tensors.items()}
-  leaves = hf_table.load_leaves(shapes, tensors.__getitem__, params_lib.abstract_params(config),
-                                np.float32)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.unflatten(leaves), params)
-
-
-def test_expected_hf_shapes_match_transformers(hf_untied):
-  model, _ = hf_untied
-  config = ModelConfig.from_hf_dict(model.config.to_dict())
-  abstract = params_lib.abstract_params(config)
-  state = _hf_state(model)
-  assert sorted(hf_table.expected_names(abstract)) == sorted(state)
-  for name, value in state.items():
-    rule, layer = hf_table.match(name, abstract)
-    leaf = abstract
-    for key in rule.path:
-      leaf = leaf[key]
-    shape = leaf.shape[1:] if layer is not None else leaf.shape
-    assert hf_table.hf_shape(rule, shape) == value.shape, name
 
 
 def test_convert_main_writes_checkpoint(hf_untied, tmp_path):
@@ -86,7 +59,7 @@ def test_weight_layouts(layout, tmp_path):
                   dtype=torch.bfloat16 if layout == "bf16" else torch.float32)
   if layout == "sharded":
     model.save_pretrained(hf_dir, max_shard_size="20KB")
-    assert len(convert_hf.weight_files(hf_dir)) > 2
+    assert len(hf_weights.weight_files(hf_dir)) > 2
   if layout == "bin":
     os.remove(os.path.join(hf_dir, "model.safetensors"))
     torch.save(model.state_dict(), os.path.join(hf_dir, "pytorch_model.bin"))
@@ -123,38 +96,98 @@ def test_add_tokens(hf_untied, tmp_path):
   assert len({row.tobytes() for row in embed[v:]}) == 3  # the noise separates the new rows
 
 
-def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
-  """Like Qwen3: tokenizer ids 90.. overwrite the unused rows 90..95 of V=96 and grow beyond."""
+def _word_tokenizer(directory, added=()):
+  """Saves a word-level tokenizer.json with base tokens t0..t89 (+ `added` tokens) in directory."""
   import tokenizers
 
-  model, hf_dir = hf_untied
-  tok_dir = tmp_path / "tok"
-  tok_dir.mkdir()
+  os.makedirs(directory, exist_ok=True)
   tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(
     {f"t{i}": i for i in range(90)}, unk_token="t0"))
+  tokenizer.add_tokens(list(added))
+  tokenizer.save(os.path.join(directory, "tokenizer.json"))
+  return str(directory)
+
+
+def _ids(out):
+  """(added_token_ids.json, the same tokens' ids in the copied tokenizer.json)."""
+  import tokenizers
+
+  with open(os.path.join(out, convert_hf.ADDED_IDS_FILE)) as f:
+    ids = json.load(f)
+  copied = tokenizers.Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+  return ids, {t: copied.token_to_id(t) for t in ids}
+
+
+def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
+  """Like Qwen3: tokenizer ids 90.. overwrite the unused rows 90..95 of V=96 and grow beyond."""
+  model, hf_dir = hf_untied
   new = [f"<s_{i}>" for i in range(10)]
-  tokenizer.add_tokens(new)
-  tokenizer.save(str(tok_dir / "tokenizer.json"))
+  tok_dir = _word_tokenizer(tmp_path / "tok", added=new)
   token_file = tmp_path / "added_tokens.txt"
   token_file.write_text("".join(t + "\n" for t in new))
   out = str(tmp_path / "ckpt")
   run_main(convert_hf, hf_dir=hf_dir, out_dir=out, add_tokens=str(token_file),
-           tokenizer_dir=str(tok_dir))
+           tokenizer_dir=tok_dir)
   config, params = checkpoint.restore(out)
   assert config.vocab_size == 100
-  with open(os.path.join(out, convert_hf.ADDED_IDS_FILE)) as f:
-    assert json.load(f) == {t: 90 + i for i, t in enumerate(new)}
-  assert os.path.isfile(os.path.join(out, "tokenizer.json"))
+  ids, copied = _ids(out)
+  assert ids == copied == {t: 90 + i for i, t in enumerate(new)}
   embed = np.asarray(params["embed"])
   np.testing.assert_array_equal(embed[:90], _hf_state(model)["model.embed_tokens.weight"][:90])
   np.testing.assert_allclose(embed[90:], np.broadcast_to(embed[:90].mean(0), (10, 32)),
                              atol=1e-4)
-  missing = tmp_path / "missing.txt"
-  missing.write_text("<s_0>\n<not_there>\n")
-  with pytest.raises(ValueError, match="new token '<not_there>' is not in the tokenizer"):
-    convert_hf.convert(hf_dir, str(tmp_path / "bad"), add_tokens_file=str(missing),
-                       tokenizer_dir=str(tok_dir))
-  assert leftovers(str(tmp_path / "bad")) == []
+  # A token the tokenizer lacks is appended to the copied tokenizer, with the id it gets there.
+  partial = tmp_path / "partial.txt"
+  partial.write_text("<s_0>\n<not_there>\n")
+  out = str(tmp_path / "appended")
+  config = convert_hf.convert(hf_dir, out, add_tokens_file=str(partial), tokenizer_dir=tok_dir)
+  ids, copied = _ids(out)
+  assert ids == copied == {"<s_0>": 90, "<not_there>": 100} and config.vocab_size == 101
+
+
+def test_add_tokens_refuses_tokens_the_model_already_has(hf_untied, tmp_path):
+  """Issue #11 class 1: an existing token is an error naming it; its trained row is untouched."""
+  _, hf_dir = hf_untied
+  tok_dir = _word_tokenizer(tmp_path / "tok", added=["<new>"])
+  token_file = tmp_path / "tokens.txt"
+  token_file.write_text("<new>\nt5\n")
+  out = str(tmp_path / "out")
+  with pytest.raises(ValueError, match=r"'t5' \(id 5\) already in the model's tokenizer"):
+    convert_hf.convert(hf_dir, out, add_tokens_file=str(token_file), tokenizer_dir=tok_dir)
+  assert leftovers(out) == []
+  # The same through --hf_dir's own tokenizer (an added token of it counts as existing too).
+  own = str(tmp_path / "hf")
+  save_hf(own, seed=1)
+  _word_tokenizer(own, added=["<im_end>"])
+  token_file.write_text("<new>\n<im_end>\n")
+  with pytest.raises(ValueError, match=r"'<im_end>' \(id 90\) already"):
+    convert_hf.convert(own, out, add_tokens_file=str(token_file))
+  assert leftovers(out) == []
+
+
+def test_tokenizer_dir(tmp_path):
+  """Issue #11 class 7: a missing --tokenizer_dir is an error; without it --hf_dir's tokenizer
+  gives the ids, and the copied tokenizer agrees with added_token_ids.json."""
+  hf_dir = str(tmp_path / "hf")
+  save_hf(hf_dir, seed=1)
+  _word_tokenizer(hf_dir)
+  token_file = tmp_path / "tokens.txt"
+  token_file.write_text("<a>\n<b>\n")
+  with pytest.raises(FileNotFoundError, match="--tokenizer_dir=.*nowhere is not a directory"):
+    convert_hf.convert(hf_dir, str(tmp_path / "x"), add_tokens_file=str(token_file),
+                       tokenizer_dir=str(tmp_path / "nowhere"))
+  out = str(tmp_path / "ckpt")
+  config = convert_hf.convert(hf_dir, out, add_tokens_file=str(token_file))
+  ids, copied = _ids(out)
+  assert ids == copied == {"<a>": 90, "<b>": 91}  # the tokenizer's next ids (padding rows of V=96)
+  assert config.vocab_size == 96
+  slow_only = tmp_path / "slow"
+  slow_only.mkdir()
+  (slow_only / "vocab.json").write_text("{}")
+  with pytest.raises(ValueError, match="has no tokenizer.json"):
+    convert_hf.convert(hf_dir, str(tmp_path / "y"), add_tokens_file=str(token_file),
+                       tokenizer_dir=str(slow_only))
+  assert leftovers(str(tmp_path / "y")) == []
 
 
 def _rewrite(hf_dir, edit):
@@ -222,21 +255,6 @@ def test_duplicate_tensor_across_shards(tmp_path):
                             {"model.norm.weight": np.ones(32, np.float32)}, {"format": "pt"})
   with pytest.raises(ValueError, match="'model.norm.weight' appears more than once"):
     convert_hf.load_hf(hf_dir)
-
-
-def test_safetensors_io_bf16_round_trip(tmp_path):
-  file = str(tmp_path / "x.safetensors")
-  tensors = {"a": np.arange(6, dtype=np.float32).reshape(2, 3).astype(ml_dtypes.bfloat16),
-             "b": np.ones((0, 4), np.float32), "c": np.arange(5, dtype=np.int64)}
-  safetensors_io.write_file(file, tensors, {"format": "pt"})
-  back = dict(safetensors_io.iter_tensors(file))
-  assert list(back) == ["a", "b", "c"]
-  for k, v in tensors.items():
-    assert back[k].dtype == v.dtype and back[k].shape == v.shape
-    np.testing.assert_array_equal(back[k], v)
-  from safetensors.torch import load_file  # the reference reader agrees
-
-  assert torch.equal(load_file(file)["a"], torch.arange(6.0).reshape(2, 3).bfloat16())
 
 
 def _synthetic_hf_dir(directory: str, config: ModelConfig, num_shards: int) -> int:

@@ -14,7 +14,7 @@ inverse (`to_hf`) runs the same steps backwards, so one table serves conversion 
 param tree (an unmapped, out-of-range, wrongly-shaped or missing tensor is an error naming it,
 raised before any data is read), then builds one stacked leaf at a time from random-access reads,
 so a converter holds one leaf (plus one HF tensor) at a time. Duplicates across shards are the
-reader's to reject (convert_hf.py).
+reader's to reject (gr2jax/hf/weights.py).
 """
 
 import dataclasses
@@ -165,7 +165,7 @@ def match(name: str, abstract: Mapping) -> tuple[Rule, int | None]:
         f"unexpected tensor {name!r}: layer {layer} >= num_hidden_layers {_num_layers(abstract)}"
       )
     return rule, layer
-  raise ConversionError(f"unexpected tensor {name!r}: no rule in weights_conversion/hf_table.py")
+  raise ConversionError(f"unexpected tensor {name!r}: no rule in gr2jax/hf/table.py")
 
 
 def _leaf(tree: Mapping, rule: Rule):

@@ -1,0 +1,143 @@
+"""Reading a local HF Qwen3 directory: its weight files, one index over all shards, its config,
+and the param leaves built from it one at a time (through gr2jax/hf/table.py).
+
+Formats: `model.safetensors.index.json` + shards, a single `model.safetensors`, `*.safetensors`,
+or `pytorch_model*.bin` (torch.load with weights_only=True and mmap=True; torch is imported only
+then). Used by `gr2jax.checkpoint.load_model` (in-memory conversion) and by
+weights_conversion/convert_hf.py (streaming conversion to an orbax checkpoint).
+"""
+
+import contextlib
+import glob
+import json
+import os
+from collections.abc import Iterator
+
+import ml_dtypes
+import numpy as np
+
+from gr2jax.hf import safetensors_io, table
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+
+
+def weight_files(hf_dir: str) -> list[str]:
+  """The weight files of an HF directory, in load order.
+
+  Args:
+    hf_dir: the HF model directory.
+
+  Returns:
+    Paths of safetensors shards (from the index, else `model.safetensors`, else `*.safetensors`)
+    or of `pytorch_model*.bin` files.
+
+  Raises:
+    FileNotFoundError: no weights, or the index names a missing shard.
+    ValueError: an index file that is not `{"weight_map": {name: file}}` JSON.
+  """
+  for index_name in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+    index = os.path.join(hf_dir, index_name)
+    if os.path.isfile(index):
+      try:
+        with open(index) as f:
+          weight_map = json.load(f)["weight_map"]
+        shards = list(dict.fromkeys(weight_map.values()))
+      except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{index}: not a weight index ({type(e).__name__}: {e})") from None
+      files = [os.path.join(hf_dir, s) for s in shards]
+      for file in files:
+        if not os.path.isfile(file):
+          raise FileNotFoundError(f"{index}: shard {os.path.basename(file)} does not exist")
+      return files
+  files = (sorted(glob.glob(os.path.join(hf_dir, "*.safetensors")))
+           or sorted(glob.glob(os.path.join(hf_dir, "pytorch_model*.bin"))))
+  if not files:
+    raise FileNotFoundError(f"{hf_dir}: no *.safetensors or pytorch_model*.bin weights")
+  return files
+
+
+def _torch_to_numpy(t) -> np.ndarray:
+  """A CPU torch tensor -> an owned numpy array (bf16 via ml_dtypes)."""
+  import torch
+
+  if t.dtype == torch.bfloat16:
+    return t.contiguous().view(torch.int16).numpy().view(ml_dtypes.bfloat16).copy()
+  return t.numpy().copy()
+
+
+class HFWeights:
+  """All tensors of an HF directory behind one random-access index (a context manager).
+
+  Safetensors files are memory-mapped (`safetensors_io.Reader`); `pytorch_model*.bin` files are
+  torch.load-ed with weights_only=True and mmap=True. Only headers are read on entry.
+
+  Attributes:
+    shapes: {tensor name: shape} over all files.
+  """
+
+  def __init__(self, hf_dir: str):
+    self.files = weight_files(hf_dir)
+
+  def __enter__(self) -> "HFWeights":
+    self.shapes, self._where = {}, {}
+    self._stack = contextlib.ExitStack()
+    with self._stack as stack:
+      for file in self.files:
+        if file.endswith(".safetensors"):
+          reader = stack.enter_context(safetensors_io.Reader(file))
+          names = {n: e["shape"] for n, e in reader.entries.items()}
+          read = reader.read
+        else:
+          import torch
+
+          state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+          names = {n: tuple(t.shape) for n, t in state.items()}
+          read = lambda n, state=state: _torch_to_numpy(state[n])
+        for name, shape in names.items():
+          if name in self.shapes:
+            raise table.ConversionError(
+              f"tensor {name!r} appears more than once in the checkpoint ({self._where[name][0]} "
+              f"and {file})")
+          self.shapes[name] = shape
+          self._where[name] = (file, read)
+      self._stack = stack.pop_all()  # keep the files open until __exit__
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self._stack.close()
+    self._where = {}
+
+  def read(self, name: str) -> np.ndarray:
+    """The tensor `name` as numpy, in its stored dtype."""
+    return self._where[name][1](name)
+
+
+def _checkpoint_dtype(hf_dir: str) -> str:
+  """'bfloat16' if config.json declares bf16 weights, else 'float32'."""
+  file = os.path.join(hf_dir, "config.json")
+  try:
+    with open(file) as f:
+      d = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{file}:{e.lineno}: invalid JSON ({e.msg})") from None
+  if not isinstance(d, dict):
+    raise ValueError(f"{file}: not a JSON object")
+  return "bfloat16" if (d.get("dtype") or d.get("torch_dtype")) == "bfloat16" else "float32"
+
+
+def read_config(hf_dir: str, param_dtype: str | None = None) -> ModelConfig:
+  """The ModelConfig of an HF directory; param_dtype default: the checkpoint's dtype.
+
+  Args:
+    hf_dir: the HF model directory.
+    param_dtype: 'float32' or 'bfloat16'; default: bfloat16 if config.json says the weights are
+      bf16, else float32 (fp16 checkpoints become fp32).
+  """
+  return ModelConfig.from_hf_dir(hf_dir, param_dtype=param_dtype or _checkpoint_dtype(hf_dir))
+
+
+def iter_leaves(config: ModelConfig, weights: HFWeights
+                ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
+  """The param leaves of `config` built from `weights`, one at a time (table.load_leaves)."""
+  return table.load_leaves(weights.shapes, weights.read, params_lib.abstract_params(config),
+                           np.dtype(config.param_dtype))

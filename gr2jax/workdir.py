@@ -1,0 +1,118 @@
+"""Exclusive locks on a workdir (or any path a run writes), held for as long as the run uses it.
+
+`lock_workdir(workdir)` is what a stage wraps its whole run in; `lock_file(lock_path, what)` is the
+same lock on an explicit lock file (`checkpoint.atomic_directory` locks a sibling of its target).
+
+Mechanism: `fcntl.flock` on a small lock file that holds the owner's pid. The kernel drops a flock
+when its process dies (SIGKILL included), so a lock file left by a dead process is simply taken
+over by the next run (no pid-liveness guessing, no pid-reuse races); the pid in the file only
+serves the error message. A second process gets `InUseError` ("workdir ... in use by pid N")
+at once instead of waiting. The lock file is removed on release; an acquirer that raced with that
+removal notices (its file is no longer the one at the path) and retries.
+
+Locks are re-entrant within a process: a stage holding `lock_workdir(w)` may call code that locks
+`w` again (e.g. the data pipeline); only the outermost release frees the lock. flock is per host:
+two hosts sharing a network filesystem are not excluded.
+"""
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterator
+
+LOCK_FILE = ".lock"
+
+log = logging.getLogger(__name__)
+
+_held: dict[str, list] = {}  # absolute lock path -> [fd, depth] for locks this process holds
+_guard = threading.Lock()
+
+
+class InUseError(RuntimeError):
+  """Another live process holds the lock; the message names its pid and the lock file."""
+
+
+def _read_pid(fd: int) -> int | None:
+  try:
+    text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+    return int(text) if text.isdigit() else None
+  except OSError:
+    return None
+
+
+def _acquire(path: str, what: str) -> int:
+  """Opens, flocks and stamps `path` with our pid; returns the fd (InUseError if held)."""
+  while True:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+      fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+      pid = _read_pid(fd)
+      os.close(fd)
+      owner = f"pid {pid}" if pid is not None else "another process"
+      raise InUseError(f"{what} in use by {owner} (lock file {path}); wait for that run to "
+                       "finish or use another path") from None
+    try:  # the previous holder may have removed the file between our open and flock
+      same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+      same = False
+    if same:
+      break
+    os.close(fd)
+  stale = _read_pid(fd)
+  if stale is not None and stale != os.getpid():
+    log.warning("%s: taking over the stale lock of pid %d (no longer running)", path, stale)
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+  return fd
+
+
+@contextlib.contextmanager
+def lock_file(path: str, what: str) -> Iterator[None]:
+  """Holds an exclusive lock on the file `path` (created if needed, removed on release).
+
+  Args:
+    path: the lock file.
+    what: how the error message names the locked thing, e.g. "workdir /tmp/w".
+
+  Raises:
+    InUseError: another live process holds the lock.
+  """
+  path = os.path.abspath(path)
+  with _guard:
+    entry = _held.get(path)
+    if entry is not None:
+      entry[1] += 1
+  if entry is None:
+    fd = _acquire(path, what)
+    with _guard:
+      entry = _held[path] = [fd, 1]
+  try:
+    yield
+  finally:
+    with _guard:
+      entry[1] -= 1
+      release = entry[1] == 0
+      if release:
+        del _held[path]
+    if release:
+      with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # while still locked: a racing acquirer sees the inode change
+      os.close(entry[0])
+
+
+@contextlib.contextmanager
+def lock_workdir(workdir: str) -> Iterator[None]:
+  """Holds the lock of `workdir` (`workdir/.lock`; the directory is created if needed).
+
+  Args:
+    workdir: the run's working directory.
+
+  Raises:
+    InUseError: "workdir W in use by pid N": another live run holds it.
+  """
+  os.makedirs(workdir, exist_ok=True)
+  with lock_file(os.path.join(workdir, LOCK_FILE), f"workdir {os.path.abspath(workdir)}"):
+    yield

@@ -1,0 +1,56 @@
+"""gr2jax/workdir.py: one live holder per workdir, stale locks taken over, re-entrant in-process."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from gr2jax import workdir
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _holder(path: str) -> subprocess.Popen:
+  """A process that holds lock_workdir(path) until killed (it prints 'locked' once it does)."""
+  code = textwrap.dedent(f"""
+    import sys, time
+    sys.path.insert(0, {ROOT!r})
+    from gr2jax import workdir
+    with workdir.lock_workdir({path!r}):
+      print("locked", flush=True)
+      time.sleep(120)
+  """)
+  proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+  assert proc.stdout.readline().strip() == "locked"
+  return proc
+
+
+def test_second_run_is_refused_and_a_dead_holders_lock_is_taken_over(tmp_path):
+  proc = _holder(str(tmp_path))
+  try:
+    with pytest.raises(workdir.InUseError, match=rf"workdir .* in use by pid {proc.pid}"):
+      with workdir.lock_workdir(str(tmp_path)):
+        pass
+  finally:
+    proc.kill()  # SIGKILL: no cleanup, the lock file (with its pid) stays behind
+    proc.wait()
+  with open(tmp_path / workdir.LOCK_FILE) as f:
+    assert f.read().strip() == str(proc.pid)
+  with workdir.lock_workdir(str(tmp_path)):  # the kernel dropped the dead process's flock
+    with open(tmp_path / workdir.LOCK_FILE) as f:
+      assert f.read().strip() == str(os.getpid())
+  assert not os.path.exists(tmp_path / workdir.LOCK_FILE)  # removed on release
+
+
+def test_reentrant_within_a_process(tmp_path):
+  lock = tmp_path / workdir.LOCK_FILE
+  with workdir.lock_workdir(str(tmp_path)):
+    with workdir.lock_workdir(str(tmp_path)):  # e.g. a stage calling the data pipeline
+      assert lock.exists()
+    assert lock.exists()  # still held by the outer block
+  assert not lock.exists()
+  new = tmp_path / "new" / "dir"
+  with workdir.lock_workdir(str(new)):  # creates the workdir
+    assert new.is_dir()
