@@ -1,0 +1,228 @@
+"""On-policy distillation (OPD) from the frozen AR GR2 teacher; research/papers.md §2 OPD.
+
+  L_OPD = E_P E_{o ~ pi_theta} [ (1/|o|) sum_t KL( pi_AR(. | P, o_<t) || pi_theta(. | ctx_t) ) ]
+
+a forward KL over every committed response token t (|o| = the response length, stop token
+included; tokens the decoder committed after the stop are context, not terms).
+
+  - Trajectories: the student samples G' rollouts per prompt with its real decoder
+    (`block_diffusion_generate`, temperature > 0, the eval tau) in `prepare`, outside the jitted
+    step.
+  - Teacher: scores each trajectory ONCE with a causal forward over [prompt | o]
+    (`teacher_log_probs`); its full distributions at the committed positions are cached in the
+    batch ([B, M, V]; `teacher_dtype` may halve them).
+  - Student context ctx_t: its replayed decoding canvas (gr2jax/diffusion/replay.py), i.e.
+    "its own decoding context" of the paper: the prompt, the clean earlier blocks and the
+    block's canvas at the step t was committed (the tokens committed at earlier steps visible,
+    the rest masked); a block's seed is read where the decoder proposed it (the previous block's
+    commit forward, or the prefill). Both sides use the AR token shift, so they are read at the
+    same index (the query before t).
+  - Both distributions are `commit.token_log_probs` at temperature 1 (the mask token removed
+    from both sides, renormalised over the rest). Our choice: the KL compares the untempered
+    policies; the sampling temperature only decides which trajectories are visited.
+
+Normalisation: the per-trajectory mean over its tokens, then the mean over trajectories (the
+paper's (1/|o|)): loss_sum = sum_i (1/|o_i|) sum_t KL_it, weight = number of trajectories.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr2jax.diffusion import decode, layout, replay
+from gr2jax.model.config import ModelConfig
+
+
+def teacher_log_probs(
+  teacher_params: dict,
+  teacher_config: ModelConfig,
+  prompt_tokens: jax.Array,
+  prompt_lengths: jax.Array,
+  response_tokens: jax.Array,
+  response_lengths: jax.Array,
+  *,
+  mask_token_id: int,
+) -> jax.Array:
+  """The AR teacher's distribution before every response token (one causal forward).
+
+  The shared layout with no noisy stream and block size 1 is `[prompt | response]`, causal over
+  the valid keys, response token j at position prompt_length + j: the teacher's own decoding.
+
+  Args:
+    teacher_params: the frozen teacher's params.
+    teacher_config: an AR model (block_size 1).
+    prompt_tokens: [B, P] right-padded prompts.
+    prompt_lengths: [B].
+    response_tokens: [B, M] the trajectories (DiffusionOutput.trace_tokens).
+    response_lengths: [B] (DiffusionOutput.lengths).
+    mask_token_id: the student's mask token, removed from the teacher's distribution.
+
+  Returns:
+    [B, M, V] f32 log pi_AR(. | P, o_<j) (commit.token_log_probs at temperature 1).
+  """
+  if teacher_config.block_size != 1:
+    raise ValueError(f"teacher_log_probs: the teacher must be AR, got block_size="
+                     f"{teacher_config.block_size}")
+  config = dataclasses.replace(teacher_config, mask_token_id=mask_token_id)
+  b, m = response_tokens.shape
+  inputs = layout.two_stream_inputs(
+    config, prompt_tokens, prompt_lengths, response_tokens, response_lengths,
+    jnp.zeros((b, 0, m), bool),
+  )
+  queries = layout.prediction_queries(
+    jnp.full((b, m), layout.CLEAN_STREAM), prompt_lengths, prompt_tokens.shape[1], m
+  )
+  _, logp = layout.score(teacher_params, config, inputs, queries, response_tokens,
+                         return_log_probs=True)
+  return logp
+
+
+_teacher_log_probs = jax.jit(
+  teacher_log_probs, static_argnames=("teacher_config", "mask_token_id")
+)
+
+
+def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: int) -> jax.Array:
+  """KL(teacher || student) per position over the vocabulary without the mask token.
+
+  Args:
+    teacher_logp: [..., V] log-probs (mask token at -inf).
+    student_logp: [..., V] log-probs (mask token at -inf).
+    mask_token_id: the excluded column.
+
+  Returns:
+    [...] f32 sum_v p_T(v) (log p_T(v) - log p_S(v)).
+  """
+  t = teacher_logp.astype(jnp.float32).at[..., mask_token_id].set(0.0)
+  s = student_logp.astype(jnp.float32).at[..., mask_token_id].set(0.0)
+  p = jnp.exp(teacher_logp.astype(jnp.float32))  # 0 at the mask token
+  return jnp.sum(p * (t - s), axis=-1)
+
+
+def opd_loss(
+  params: dict,
+  batch: dict,
+  key: jax.Array,
+  *,
+  config: ModelConfig,
+  num_rounds: int,
+  shrink: int = 1,
+):
+  """The OPD loss on prepared trajectories (train-step contract; module docstring).
+
+  Args:
+    params: the student's params.
+    batch: from `prepare`: prompt_tokens [B, P], prompt_lengths [B], example_mask [B],
+      trace_tokens [B, M], commit_step [B, M], trace_lengths [B], teacher_log_probs [B, M, V].
+    key: unused (the trajectories are in the batch).
+    config: the student.
+    num_rounds: the replay's static round count (replay.rounds_needed).
+    shrink: replay step shrinkage (1 = exact contexts).
+
+  Returns:
+    (loss_sum = sum_i (1/|o_i|) sum_t KL_it, weight = trajectories, aux sums
+     {'student_logp', 'teacher_logp'}: per-trajectory mean log-prob of the sampled tokens).
+  """
+  del key
+  res = replay.replay(
+    params, config, batch["prompt_tokens"], batch["prompt_lengths"], batch["trace_tokens"],
+    batch["commit_step"], batch["trace_lengths"], num_rounds=num_rounds, shrink=shrink,
+    return_log_probs=True,
+  )
+  teacher = jnp.asarray(batch["teacher_log_probs"], jnp.float32)
+  kl = forward_kl(teacher, res.log_probs, config.mask_token_id)  # [B, M]
+  m = kl.shape[1]
+  lengths = jnp.asarray(batch["trace_lengths"], jnp.int32)
+  tokens = (jnp.arange(m)[None, :] < lengths[:, None]).astype(jnp.float32)
+  row = jnp.asarray(batch["example_mask"], jnp.float32) / jnp.maximum(lengths, 1)  # [B]
+  per_token = tokens * row[:, None]  # 1/|o_i| on o_i's tokens
+  teacher_chosen = jnp.take_along_axis(teacher, batch["trace_tokens"][..., None], axis=-1)[..., 0]
+  aux = {
+    "student_logp": jnp.sum(res.logp * per_token),
+    "teacher_logp": jnp.sum(teacher_chosen * per_token),
+  }
+  return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch["example_mask"], jnp.float32)), aux
+
+
+def repeat_prompts(batch: dict, group_size: int) -> dict:
+  """The batch's prompts, each repeated group_size times (rows g * G .. g * G + G - 1)."""
+  rep = lambda x: np.repeat(np.asarray(x), group_size, axis=0)
+  return {"prompt_tokens": rep(batch["prompt_tokens"]).astype(np.int32),
+          "prompt_lengths": rep(batch["prompt_lengths"]).astype(np.int32),
+          "example_mask": rep(batch["example_mask"]).astype(bool)}
+
+
+def rollout(params: dict, rows: dict, key: jax.Array, *, config: ModelConfig, threshold: float,
+            max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
+            shrink: int = 1) -> tuple[dict, dict]:
+  """Samples one trajectory per row with the student's decoder and checks it can be replayed.
+
+  Args:
+    params: the student's params.
+    rows: prompt_tokens [B, P], prompt_lengths [B] (repeat_prompts).
+    key: the sampling key.
+    config: the student (config.block_size is the decode block size).
+    threshold: tau of the commit rule.
+    max_steps_per_block: the decoder's per-block step cap.
+    max_new_tokens: M.
+    temperature: the sampling temperature (> 0: on-policy samples).
+    num_rounds: the replay's static round count (every trajectory must fit).
+    shrink: replay step shrinkage.
+
+  Returns:
+    ({trace_tokens [B, M], commit_step [B, M], trace_lengths [B]} as numpy, stats
+     {'response_len', 'forwards_per_token'}).
+  """
+  if not temperature > 0:
+    raise ValueError(f"rollout: on-policy trajectories need temperature > 0, got {temperature}")
+  out = decode.block_diffusion_generate(
+    params, config, rows["prompt_tokens"], rows["prompt_lengths"], block_size=config.block_size,
+    threshold=threshold, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
+    temperature=temperature, key=key,
+  )
+  replay.check_rounds(out.commit_step, num_rounds, shrink)
+  lengths = np.asarray(out.lengths)
+  traces = {"trace_tokens": np.asarray(out.trace_tokens),
+            "commit_step": np.asarray(out.commit_step),
+            "trace_lengths": lengths.astype(np.int32)}
+  stats = {"response_len": float(lengths.mean()),
+           "forwards_per_token": float(np.asarray(out.nfe).sum() / max(lengths.sum(), 1))}
+  return traces, stats
+
+
+def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
+            teacher_params: dict, teacher_config: ModelConfig, group_size: int, threshold: float,
+            max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
+            shrink: int = 1, teacher_dtype=np.float32) -> tuple[dict, dict]:
+  """Student rollouts + cached teacher distributions: the OPD train batch (host side).
+
+  Args:
+    params: the student's current params.
+    batch: a training batch of Bp prompts (prompt_tokens, prompt_lengths, example_mask).
+    key: the step's PRNG key.
+    config: the student.
+    teacher_params: the frozen AR teacher's params.
+    teacher_config: the teacher (block_size 1, same vocabulary).
+    group_size: G' trajectories per prompt (paper: 4).
+    threshold, max_steps_per_block, max_new_tokens, temperature: the decoder's settings.
+    num_rounds: the replay's static round count (replay.rounds_needed).
+    shrink: replay step shrinkage.
+    teacher_dtype: storage dtype of the cached teacher log-probs (np.float32, or ml_dtypes
+      bfloat16 to halve the [B, M, V] cache).
+
+  Returns:
+    (the train batch with Bp * G' rows, see opd_loss; rollout stats).
+  """
+  rows = repeat_prompts(batch, group_size)
+  traces, stats = rollout(
+    params, rows, key, config=config, threshold=threshold,
+    max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
+    temperature=temperature, num_rounds=num_rounds, shrink=shrink,
+  )
+  teacher = _teacher_log_probs(
+    teacher_params, teacher_config, rows["prompt_tokens"], rows["prompt_lengths"],
+    traces["trace_tokens"], traces["trace_lengths"], mask_token_id=config.mask_token_id,
+  )
+  return {**rows, **traces, "teacher_log_probs": np.asarray(teacher).astype(teacher_dtype)}, stats
