@@ -12,8 +12,10 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from gr2jax.model import validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.qwen3 import forward, ragged_prefill
@@ -34,10 +36,11 @@ class Sampling:
   top_p: float = 1.0
 
   def __post_init__(self):
+    validate.real("Sampling", "temperature", self.temperature)
     if self.temperature < 0:
       raise ValueError(f"Sampling.temperature={self.temperature} must be >= 0")
-    if self.top_k < 0:
-      raise ValueError(f"Sampling.top_k={self.top_k} must be >= 0")
+    validate.integer("Sampling", "top_k", self.top_k, minimum=0)
+    validate.real("Sampling", "top_p", self.top_p)
     if not 0 < self.top_p <= 1:
       raise ValueError(f"Sampling.top_p={self.top_p} must be in (0, 1]")
 
@@ -110,10 +113,36 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.
 
 
 @functools.partial(jax.jit, static_argnums=1, donate_argnames="cache")
+def _prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
+             cache: KVCache):
+  return ragged_prefill(params, config, tokens, lengths, cache, read_cache=False)
+
+
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
             cache: KVCache):
-  """Jitted `ragged_prefill` into an empty cache, donated: ([B, V] f32 next-token logits, cache)."""
-  return ragged_prefill(params, config, tokens, lengths, cache, read_cache=False)
+  """Jitted `ragged_prefill` into an empty cache, donated: ([B, V] f32 next-token logits, cache).
+
+  The inputs are checked before tracing (`_check_prompts`; errors name the argument).
+  """
+  tokens, lengths = _check_prompts("prefill", config, tokens, lengths)
+  return _prefill(params, config, tokens, lengths, cache)
+
+
+def _check_prompts(where: str, config: ModelConfig, tokens, lengths
+                   ) -> tuple[jax.Array, jax.Array]:
+  """Right-padded prompts [B, P] with ids in [0, V) and lengths [B] in 1..P, as int32 arrays.
+
+  Raises:
+    TypeError / ValueError naming `prompt_tokens` / `prompt_lengths` (gr2jax.model.validate).
+  """
+  tokens = validate.integer_array(where, "prompt_tokens", tokens, ndim=2)
+  validate.check_range(where, "prompt_tokens", tokens, 0, config.vocab_size, "the vocab")
+  b, p = tokens.shape
+  if lengths is None:
+    lengths = np.full((b,), p, np.int32)
+  lengths = validate.integer_array(where, "prompt_lengths", lengths, shape=(b,))
+  validate.check_range(where, "prompt_lengths", lengths, 1, p + 1)
+  return jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
@@ -122,6 +151,9 @@ def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array,
            *, max_new_tokens: int, sampling: Sampling,
            eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
   """Samples up to max_new_tokens tokens after a prefilled cache, in one on-device while loop.
+
+  Jitted and fed by `prefill`: its inputs are device values, not checked here (`generate` checks
+  everything before it calls the two).
 
   Args:
     params: the param pytree.
@@ -197,21 +229,24 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
 
   Returns:
     GenerateOutput (tokens [B, N], logprobs [B, N], lengths [B], nfe incl. the prefill).
+
+  Raises:
+    TypeError / ValueError naming the argument, before anything is traced: prompts that are not
+      [B, P] integers in [0, V), lengths outside 1..P, a non-int or < 1 max_new_tokens, a too
+      small cache_len, a key that is not a PRNG key, sampling that is not a Sampling (or top_k >
+      V), eos ids that are not ints in [0, V).
   """
-  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  if prompt_tokens.ndim != 2:
-    raise ValueError(f"generate: prompt_tokens must be [B, P], got shape {prompt_tokens.shape}")
+  where = "generate"
+  prompt_tokens, prompt_lengths = _check_prompts(where, config, prompt_tokens, prompt_lengths)
   b, p = prompt_tokens.shape
-  if prompt_lengths is None:
-    prompt_lengths = jnp.full((b,), p, jnp.int32)
-  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
-  if prompt_lengths.shape != (b,):
-    raise ValueError(f"generate: prompt_lengths has shape {prompt_lengths.shape}, expected ({b},)")
-  if not bool(jnp.all((prompt_lengths >= 1) & (prompt_lengths <= p))):
-    raise ValueError(f"generate: prompt_lengths {prompt_lengths.tolist()} must be in [1, {p}]")
-  if max_new_tokens < 1:
-    raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be >= 1")
-  cache_len = p + max_new_tokens if cache_len is None else cache_len
+  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
+  if not isinstance(sampling, Sampling):
+    raise TypeError(f"generate: sampling must be a Sampling, got {type(sampling).__name__}")
+  if sampling.top_k > config.vocab_size:
+    raise ValueError(f"generate: sampling.top_k={sampling.top_k} exceeds the vocab size "
+                     f"{config.vocab_size}")
+  cache_len = p + max_new_tokens if cache_len is None else validate.integer(
+    where, "cache_len", cache_len, minimum=1)
   if cache_len < p + max_new_tokens - 1:
     raise ValueError(f"generate: cache_len={cache_len} < prompt {p} + max_new_tokens "
                      f"{max_new_tokens} - 1")
@@ -219,9 +254,12 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
     if sampling.temperature:
       raise ValueError("generate: sampling with temperature > 0 needs an explicit PRNG key")
     key = jax.random.key(0)
-  eos = config.eos_token_ids if eos_token_ids is None else tuple(int(e) for e in eos_token_ids)
-  logits, cache = prefill(params, config, prompt_tokens, prompt_lengths,
-                          init_cache(config, b, cache_len))
+  validate.prng_key(where, "key", key)
+  if eos_token_ids is not None:
+    eos_token_ids = validate.token_ids(where, "eos_token_ids", eos_token_ids, config.vocab_size)
+  eos = config.eos_token_ids if eos_token_ids is None else eos_token_ids
+  logits, cache = _prefill(params, config, prompt_tokens, prompt_lengths,
+                           init_cache(config, b, cache_len))
   out, _ = decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,
                   sampling=sampling, eos_token_ids=eos)
   return out.replace(nfe=out.nfe + 1)

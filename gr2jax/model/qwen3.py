@@ -10,11 +10,14 @@ cache after the layer scan with one scatter at slots `lengths[b] + arange(T)` (i
 donated; out-of-range writes are dropped, never clamped onto valid slots).
 """
 
+from collections.abc import Mapping
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from gr2jax.model import validate
 from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.masks import decode_mask, make_attention_mask
@@ -234,30 +237,34 @@ def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Arra
                                      unique_indices=True)
 
 
-def _concrete_range(x: jax.Array) -> tuple[int, int] | None:
-  """(min, max) of x when it is concrete; None under tracing (the checks below are eager-only)."""
-  try:
-    return int(jnp.min(x)), int(jnp.max(x))
-  except jax.errors.ConcretizationTypeError:
-    return None
+def _check_tokens(where: str, params: dict, config: ModelConfig, tokens) -> jax.Array:
+  """tokens as an integer [B, T] array with B, T >= 1 and ids in [0, V) (values when concrete)."""
+  tokens = validate.integer_array(where, "tokens", tokens, ndim=2)
+  validate.check_range(where, "tokens", tokens, 0, config.vocab_size, "the vocab")
+  embed = params.get("embed") if isinstance(params, Mapping) else None
+  if embed is None:
+    raise TypeError(f"{where}: params must be the param dict (gr2jax.model.params), got "
+                    f"{type(params).__name__}")
+  validate.check_shape(where, "params['embed']", embed,
+                       shape=(config.vocab_size, config.hidden_size))
+  return tokens
 
 
-def _check_values(config: ModelConfig, tokens: jax.Array, cache: KVCache | None,
-                  update_cache: bool) -> None:
-  """Raises on out-of-vocab tokens or a cache overflow when the values are concrete."""
-  token_range = _concrete_range(tokens)
-  if token_range and not (0 <= token_range[0] and token_range[1] < config.vocab_size):
-    raise ValueError(f"forward: tokens span {token_range}, outside the vocab [0, "
-                     f"{config.vocab_size})")
-  length_range = _concrete_range(cache.lengths) if update_cache else None
-  if length_range and length_range[1] + tokens.shape[1] > cache.max_len:
-    raise ValueError(f"forward: writing T={tokens.shape[1]} tokens after cache.lengths max "
+def _check_cache(where: str, config: ModelConfig, cache, b: int, t: int,
+                 update_cache: bool) -> None:
+  """Shapes of a KVCache for B rows; 0 <= lengths <= S, and no overflow when writing T."""
+  if not isinstance(cache, KVCache):
+    raise TypeError(f"{where}: cache must be a KVCache (gr2jax.model.cache.init_cache), got "
+                    f"{type(cache).__name__}")
+  validate.check_shape(where, "cache.k", cache.k, shape=(config.num_layers, b, cache.max_len,
+                                                         config.num_kv_heads, config.head_dim))
+  validate.check_shape(where, "cache.v", cache.v, shape=cache.k.shape)
+  validate.integer_array(where, "cache.lengths", cache.lengths, shape=(b,))
+  validate.check_range(where, "cache.lengths", cache.lengths, 0, cache.max_len + 1)
+  length_range = validate.concrete_range(cache.lengths) if update_cache else None
+  if length_range and length_range[1] + t > cache.max_len:
+    raise ValueError(f"{where}: writing T={t} tokens after cache.lengths max "
                      f"{length_range[1]} overflows the cache of {cache.max_len} slots")
-
-
-def _check_shape(name: str, x: jax.Array, shape: tuple) -> None:
-  if tuple(x.shape) != tuple(shape):
-    raise ValueError(f"forward: {name} has shape {tuple(x.shape)}, expected {tuple(shape)}")
 
 
 def forward(params: dict, config: ModelConfig, tokens: jax.Array,
@@ -285,26 +292,37 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
 
   Returns:
     (logits f32 [B, T or Kq, V], cache), plus hidden [L + 1, B, T, D] when return_hidden.
+
+  Raises:
+    TypeError / ValueError naming the argument (gr2jax.model.validate): a non-integer, wrongly
+      shaped or empty `tokens` / `positions` / `logits_at`, a non-bool or wrongly shaped `mask`,
+      a cache of the wrong shape; when the values are concrete also ids outside [0, V),
+      `logits_at` outside [0, T), cache.lengths outside [0, S] or a write past the cache.
+      Under jit only the static checks run: the caller must feed ids in [0, V) (an id >= V gives
+      NaN logits, a negative id wraps around); `generate` and `block_diffusion_generate` check
+      their inputs before tracing.
   """
+  tokens = _check_tokens("forward", params, config, tokens)
   b, t = tokens.shape
   s = 0 if cache is None or not read_cache else cache.max_len
   if update_cache and cache is None:
     raise ValueError("forward: update_cache=True needs a cache")
-  _check_values(config, tokens, cache, update_cache)
   if cache is not None:
-    _check_shape("cache.k", cache.k, (config.num_layers, b, cache.max_len, config.num_kv_heads,
-                                      config.head_dim))
+    _check_cache("forward", config, cache, b, t, update_cache)
   if positions is None:
     positions = jnp.arange(t, dtype=jnp.int32)[None, :]
     positions = positions + (0 if cache is None else cache.lengths[:, None])
     positions = jnp.broadcast_to(positions, (b, t))
-  _check_shape("positions", positions, (b, t))
+  positions = validate.integer_array("forward", "positions", positions, shape=(b, t))
   if mask is None:
     if s == 0:
       mask = make_attention_mask(positions, positions, jnp.ones((b, t), bool), 0, 1)
     else:
       mask = decode_mask(cache.lengths, s, positions)
-  _check_shape("mask", mask, (b, t, s + t))
+  mask = validate.bool_array("forward", "mask", mask, shape=(b, t, s + t))
+  if logits_at is not None:
+    logits_at = validate.integer_array("forward", "logits_at", logits_at, shape=(b, None))
+    validate.check_range("forward", "logits_at", logits_at, 0, t)
 
   x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)  # [B, T, D]
 
@@ -355,7 +373,16 @@ def ragged_prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths
 
   Returns:
     (logits f32 [B, V] at token lengths[b] - 1, the cache with lengths advanced by `lengths`).
+
+  Raises:
+    TypeError / ValueError naming the argument, as `forward`; also `lengths` not [B] integers in
+      1..T (when concrete) and a cache without room for T tokens.
   """
+  tokens = _check_tokens("ragged_prefill", params, config, tokens)
+  b, t = tokens.shape
+  lengths = validate.integer_array("ragged_prefill", "lengths", lengths, shape=(b,))
+  validate.check_range("ragged_prefill", "lengths", lengths, 1, t + 1)
+  _check_cache("ragged_prefill", config, cache, b, t, True)
   lengths = jnp.asarray(lengths, jnp.int32)
   logits, new_cache = forward(params, config, tokens, cache=cache, update_cache=True,
                               logits_at=(lengths - 1)[:, None], read_cache=read_cache)

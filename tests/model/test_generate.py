@@ -93,6 +93,31 @@ def test_bad_arguments():
              max_new_tokens=4)
 
 
+def test_bad_prompts_are_named_before_tracing():
+  """Issue #11 class 2: under jit an id >= V made the row's logits NaN, a negative id wrapped."""
+  for bad, value in ((64, 64), (-1, -1)):
+    with pytest.raises(ValueError, match=rf"generate: prompt_tokens\[1, 2\] = {value} is outside "
+                                         r"the vocab \[0, 63\]"):
+      generate(PARAMS, CONFIG, PROMPTS.at[1, 2].set(bad), LENGTHS, max_new_tokens=2)
+  with pytest.raises(TypeError, match="prompt_tokens must be an integer array, got dtype float32"):
+    generate(PARAMS, CONFIG, PROMPTS.astype(jnp.float32), max_new_tokens=2)
+  with pytest.raises(ValueError, match=r"prompt_tokens has an empty dimension, shape \(2, 0\)"):
+    generate(PARAMS, CONFIG, PROMPTS[:, :0], max_new_tokens=2)
+  with pytest.raises(ValueError, match=r"prompt_lengths\[0\] = 7 is outside \[1, 6\]"):
+    generate(PARAMS, CONFIG, PROMPTS, np.array([7, 6]), max_new_tokens=2)
+  with pytest.raises(TypeError, match="max_new_tokens must be an int"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2.0)
+  with pytest.raises(TypeError, match="key must be a PRNG key"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=3)
+  with pytest.raises(ValueError, match=r"eos_token_ids\[0\] = 99 is outside the vocab"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, eos_token_ids=(99,))
+  with pytest.raises(ValueError, match="top_k=65 exceeds the vocab size 64"):
+    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=jax.random.key(0),
+             sampling=Sampling(temperature=1.0, top_k=65))
+  with pytest.raises(ValueError, match="temperature=nan must be finite"):
+    Sampling(temperature=float("nan"))
+
+
 def test_first_argmax_equals_jnp_argmax_with_ties_nan_and_inf():
   rng = np.random.default_rng(0)
   x = rng.integers(-2, 2, (64, 9)).astype(np.float32)  # many ties
