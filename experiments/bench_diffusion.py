@@ -177,8 +177,9 @@ def step_costs(config, params):
 
 def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_buckets=1):
   tokens, lengths = _prompts(config, batch, prompt_len)
+  config = dataclasses.replace(config, block_size=block_size)  # B comes from the model config
   fn = lambda: decode.block_diffusion_generate(
-      params, config, tokens, lengths, block_size=block_size, threshold=tau,
+      params, config, tokens, lengths, threshold=tau,
       max_steps_per_block=FLAGS.max_steps_per_block, max_new_tokens=max_new,
       stop_token_ids=() if not FLAGS.ckpt else None, head_buckets=head_buckets)
   first, warm, out = _timed(fn, FLAGS.repeats)
@@ -187,6 +188,7 @@ def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_bucke
               head_buckets=head_buckets, seconds=warm, compile_s=_compile_s(first, warm),
               tokens_per_s=generated / warm,
               nfe_per_token=float(jnp.sum(out.nfe)) / generated,
+              denoise_steps_per_token=float(jnp.sum(out.denoise_steps)) / generated,
               forwards=int(out.num_forwards), tokens_per_forward=generated / batch
               / max(int(out.num_forwards) - 1, 1))
 
@@ -298,7 +300,8 @@ def main(argv):
       "steps": ["batch", "cache", "cache_len", "block", "lm_head", "one_token_ms", "block_ms",
                 "ratio", "compile_s"],
       "e2e": ["method", "batch", "block", "tau", "head_buckets", "tokens_per_s",
-              "nfe_per_token", "tokens_per_forward", "speedup", "compile_s"],
+              "nfe_per_token", "denoise_steps_per_token", "tokens_per_forward", "speedup",
+              "compile_s"],
       "sweep": ["axis", "prompt_len", "max_new", "ar_tokens_per_s", "diffusion_tokens_per_s",
                 "speedup", "nfe_per_token", "ar_compile_s", "diffusion_compile_s"],
   }

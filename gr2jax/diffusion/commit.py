@@ -2,9 +2,10 @@
 
 One denoising step proposes a token for every still-masked position (arg-max at temperature 0,
 a sample otherwise) and commits every masked position whose confidence -- the probability of
-its proposed token -- reaches tau, plus the single most confident masked position (forced, so
-at least one token commits per step). tau = 1.0 thus commits exactly one token per step unless
-a probability rounds to 1.
+its proposed token -- is strictly above tau, plus the single most confident masked position
+(forced, so at least one token commits per step). The strict `>` (Fast-dLLM v2's rule) makes
+tau = 1.0 commit exactly one token per step: a confidence is at most 1.0, and on a peaked
+distribution fp32 rounds several to exactly 1.0, which `>=` would all commit at once.
 
 This is dInfer's `threshold = min(tau, max_conf - 1e-5)` except for near-ties: that form also
 commits every position within 1e-5 of the maximum, which for near-uniform distributions (a
@@ -98,13 +99,14 @@ def commit_step(
   temperature: float = 0.0,
   key: jax.Array | None = None,
 ) -> CommitResult:
-  """Commits every masked position at or above the per-example threshold (>= 1 per example).
+  """Commits every masked position above the per-example threshold (>= 1 per example).
 
   Args:
     logits: [B, T, V] shifted logits (`logits[:, i]` predicts `canvas[:, i]`).
     canvas: [B, T] int32 current tokens (mask token at masked positions).
     masked: [B, T] bool, positions still open; an example with none commits nothing.
-    threshold: tau, a scalar or [B] (a value <= 0 commits every masked position).
+    threshold: tau, a scalar or [B]: confidence > tau commits (a value < 0 commits every masked
+      position, 1.0 only the forced one).
     mask_token_id: id of the mask token, never committed.
     temperature: 0 for greedy, else the sampling temperature.
     key: PRNG key for temperature > 0.
@@ -143,7 +145,7 @@ def select(
   conf = jnp.where(masked, jnp.exp(logprob), -jnp.inf)  # [B, T]
   tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), conf.shape[:1])
   forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), conf.shape[1], dtype=bool)  # [B, T]
-  committed = masked & ((conf >= tau[:, None]) | forced)
+  committed = masked & ((conf > tau[:, None]) | forced)
   return CommitResult(
     canvas=jnp.where(committed, tokens, canvas),
     masked=masked & ~committed,

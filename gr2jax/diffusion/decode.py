@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
-from gr2jax.model import masks, qwen3
+from gr2jax.model import masks, qwen3, validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 
@@ -62,12 +62,16 @@ class DiffusionOutput(NamedTuple):
   Attributes:
     tokens: [B, max_new] int32 generated tokens, pad_token_id after `lengths`.
     lengths: [B] int32 generated tokens per row (the stop token included).
-    nfe: [B] int32 forwards that worked on the row (prefill + denoising steps + commit forwards).
+    nfe: [B] int32 forwards that worked on the row (prefill + denoising steps + commit forwards):
+      the cost in forward passes.
     commit_step: [B, max_new] int32 per-block denoising step of each token (see module doc).
     commit_logprob: [B, max_new] f32 log-prob of each token when committed (0 where never).
     trace_tokens: [B, max_new] int32 every committed token, also those committed after a stop
       token in the final block (mask token where never committed); what replay re-scores.
     num_forwards: [] int32 batched forward calls (prefill included), the wall-clock driver.
+    denoise_steps: [B] int32 denoising steps of the row: NFE as the paper counts it (forwards
+      that commit masked tokens; the prefill and the commit forwards, which only write the
+      cache and propose the next block's seed, are not counted). `nfe` counts them all.
   """
 
   tokens: jax.Array
@@ -77,6 +81,7 @@ class DiffusionOutput(NamedTuple):
   commit_logprob: jax.Array
   trace_tokens: jax.Array
   num_forwards: jax.Array
+  denoise_steps: jax.Array
 
 
 class _State(NamedTuple):
@@ -95,6 +100,7 @@ class _State(NamedTuple):
   out_step: jax.Array  # [B, R]
   out_logp: jax.Array  # [B, R]
   nfe: jax.Array  # [B]
+  denoise_steps: jax.Array  # [B]
   num_forwards: jax.Array  # []
   key: jax.Array
 
@@ -285,6 +291,7 @@ def _generate(
     out_step=jnp.full((b, r), NEVER_STEP, jnp.int32),
     out_logp=jnp.zeros((b, r), jnp.float32),
     nfe=jnp.ones((b,), jnp.int32),
+    denoise_steps=jnp.zeros((b,), jnp.int32),
     num_forwards=jnp.ones((), jnp.int32),
     key=key,
   ))
@@ -339,6 +346,7 @@ def _generate(
       done=s.done | finished,
       lengths=jnp.where(s.done, s.lengths, fin_lengths),
       nfe=s.nfe + active,
+      denoise_steps=s.denoise_steps + denoising,
       num_forwards=s.num_forwards + 1,
       key=key,
     ))
@@ -354,6 +362,7 @@ def _generate(
     commit_logprob=s.out_logp[:, :max_new_tokens],
     trace_tokens=trace_tokens,
     num_forwards=s.num_forwards,
+    denoise_steps=s.denoise_steps,
   )
 
 
@@ -363,10 +372,10 @@ def block_diffusion_generate(
   prompt_tokens: jax.Array,
   prompt_lengths: jax.Array,
   *,
-  block_size: int,
   threshold: float,
   max_steps_per_block: int,
   max_new_tokens: int,
+  block_size: int | None = None,
   temperature: float = 0.0,
   key: jax.Array | None = None,
   stop_token_ids: tuple[int, ...] | None = None,
@@ -376,18 +385,23 @@ def block_diffusion_generate(
 ) -> DiffusionOutput:
   """Block-diffusion generation (see the module docstring for the algorithm and the trace).
 
+  Every argument is checked before anything is traced (README "What bad input gets").
+
   Args:
     params: the param pytree.
-    config: the model; `config.mask_token_id` must be set.
-    prompt_tokens: [B, P] int32 right-padded prompts.
-    prompt_lengths: [B] int32 real prompt lengths (>= 1).
-    block_size: B (1 = AR decoding).
-    threshold: tau of the commit rule (1.0 = one token per step).
+    config: the model; `config.mask_token_id` must be set; `config.block_size` is B (1 = AR
+      decoding).
+    prompt_tokens: [B, P] int right-padded prompts, ids in [0, V).
+    prompt_lengths: [B] int real prompt lengths, each in 1..P.
+    threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
+      strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
     max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
     max_new_tokens: response length cap.
+    block_size: optional; must equal config.block_size (the block size comes from the model
+      config; a conflicting value is an error).
     temperature: 0 = greedy, else sampling with `key`.
     key: PRNG key (required when temperature > 0).
-    stop_token_ids: ids that end a row; default config.eos_token_ids.
+    stop_token_ids: ids that end a row (never the mask token); default config.eos_token_ids.
     constraint: optional gr2jax.diffusion.constrain.AnswerConstraint (off by default).
     cache_size: KV slots per row; default P + ceil(max_new_tokens / B) * B (the minimum).
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
@@ -395,45 +409,71 @@ def block_diffusion_generate(
 
   Returns:
     DiffusionOutput.
+
+  Raises:
+    TypeError / ValueError naming the argument: prompts or lengths (validate.prompts), tau
+      outside (0, 1] or not finite, a negative or non-finite temperature, a block_size other
+      than config.block_size, a missing or out-of-vocab mask token, a stop id that is the mask
+      token or outside the vocab, non-int or < 1 sizes, a key that is not a PRNG key.
   """
-  prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
-  prompt_lengths = jnp.asarray(prompt_lengths, jnp.int32)
-  if prompt_tokens.ndim != 2 or prompt_lengths.shape != prompt_tokens.shape[:1]:
-    raise ValueError(
-      f"block_diffusion_generate: prompt_tokens {prompt_tokens.shape} must be [B, P] and "
-      f"prompt_lengths {prompt_lengths.shape} [B]"
-    )
+  where = "block_diffusion_generate"
+  prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
   if config.mask_token_id is None:
     raise ValueError(
-      "block_diffusion_generate: config.mask_token_id is None (convert the checkpoint with "
+      f"{where}: config.mask_token_id is None (convert the checkpoint with "
       "weights_conversion/ar_to_diffusion.py)"
     )
-  if block_size < 1 or max_steps_per_block < 1 or max_new_tokens < 1:
-    raise ValueError(
-      f"block_diffusion_generate: block_size={block_size}, max_steps_per_block="
-      f"{max_steps_per_block} and max_new_tokens={max_new_tokens} must all be >= 1"
-    )
+  if not 0 <= config.mask_token_id < config.vocab_size:
+    raise ValueError(f"{where}: config.mask_token_id={config.mask_token_id} is outside the vocab "
+                     f"[0, {config.vocab_size - 1}]")
+  if block_size is not None and validate.integer(where, "block_size", block_size) != (
+      config.block_size):
+    raise ValueError(f"{where}: block_size={block_size} conflicts with config.block_size="
+                     f"{config.block_size} (the block size comes from the model config)")
+  block_size = config.block_size
+  tau = validate.real(where, "threshold", threshold)
+  if not 0 < tau <= 1:
+    raise ValueError(f"{where}: threshold={threshold} must be in (0, 1] (tau <= 0 would commit "
+                     "whole blocks at once; 1.0 = one token per step)")
+  temperature = validate.real(where, "temperature", temperature)
+  if temperature < 0:
+    raise ValueError(f"{where}: temperature={temperature} must be >= 0 (0 = greedy)")
+  max_steps_per_block = validate.integer(where, "max_steps_per_block", max_steps_per_block,
+                                         minimum=1)
+  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
+  head_buckets = validate.integer(where, "head_buckets", head_buckets, minimum=1)
   if temperature > 0 and key is None:
-    raise ValueError(f"block_diffusion_generate: temperature={temperature} needs a PRNG key")
+    raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
+  if key is not None:
+    validate.prng_key(where, "key", key)
+  if constraint is not None and not isinstance(constraint, constrain.AnswerConstraint):
+    raise TypeError(f"{where}: constraint must be a constrain.AnswerConstraint, got "
+                    f"{type(constraint).__name__}")
+  stop = validate.token_ids(where, "stop_token_ids", config.eos_token_ids
+                            if stop_token_ids is None else stop_token_ids, config.vocab_size)
+  if config.mask_token_id in stop:
+    raise ValueError(f"{where}: the mask token {config.mask_token_id} is a stop token "
+                     "(stop_token_ids / config.eos_token_ids): it is never proposed, so no row "
+                     "could stop")
   p = prompt_tokens.shape[1]
   needed = p + -(-max_new_tokens // block_size) * block_size
-  cache_size = needed if cache_size is None else cache_size
+  cache_size = needed if cache_size is None else validate.integer(where, "cache_size",
+                                                                  cache_size, minimum=1)
   if cache_size < needed:
-    raise ValueError(f"block_diffusion_generate: cache_size={cache_size} < P + blocks*B={needed}")
-  stop = tuple(config.eos_token_ids if stop_token_ids is None else stop_token_ids)
+    raise ValueError(f"{where}: cache_size={cache_size} < P + blocks*B={needed}")
   return _generate(
     params,
     config,
     prompt_tokens,
     prompt_lengths,
-    jnp.asarray(threshold, jnp.float32),
+    jnp.asarray(tau, jnp.float32),
     jnp.asarray(max_steps_per_block, jnp.int32),
     jnp.asarray(stop or (-1,), jnp.int32),
     jax.random.key(0) if key is None else key,
     constraint,
     block_size=block_size,
     max_new_tokens=max_new_tokens,
-    temperature=float(temperature),
+    temperature=temperature,
     cache_size=cache_size,
     head_buckets=head_buckets,
   )

@@ -12,7 +12,6 @@ import functools
 import flax.struct
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from gr2jax.model import validate
@@ -122,27 +121,10 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
             cache: KVCache):
   """Jitted `ragged_prefill` into an empty cache, donated: ([B, V] f32 next-token logits, cache).
 
-  The inputs are checked before tracing (`_check_prompts`; errors name the argument).
+  The inputs are checked before tracing (`validate.prompts`; errors name the argument).
   """
-  tokens, lengths = _check_prompts("prefill", config, tokens, lengths)
+  tokens, lengths = validate.prompts("prefill", config, tokens, lengths)
   return _prefill(params, config, tokens, lengths, cache)
-
-
-def _check_prompts(where: str, config: ModelConfig, tokens, lengths
-                   ) -> tuple[jax.Array, jax.Array]:
-  """Right-padded prompts [B, P] with ids in [0, V) and lengths [B] in 1..P, as int32 arrays.
-
-  Raises:
-    TypeError / ValueError naming `prompt_tokens` / `prompt_lengths` (gr2jax.model.validate).
-  """
-  tokens = validate.integer_array(where, "prompt_tokens", tokens, ndim=2)
-  validate.check_range(where, "prompt_tokens", tokens, 0, config.vocab_size, "the vocab")
-  b, p = tokens.shape
-  if lengths is None:
-    lengths = np.full((b,), p, np.int32)
-  lengths = validate.integer_array(where, "prompt_lengths", lengths, shape=(b,))
-  validate.check_range(where, "prompt_lengths", lengths, 1, p + 1)
-  return jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
@@ -237,7 +219,7 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
       V), eos ids that are not ints in [0, V).
   """
   where = "generate"
-  prompt_tokens, prompt_lengths = _check_prompts(where, config, prompt_tokens, prompt_lengths)
+  prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
   b, p = prompt_tokens.shape
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
   if not isinstance(sampling, Sampling):

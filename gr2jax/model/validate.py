@@ -166,3 +166,25 @@ def prng_key(where: str, name: str, key) -> None:
     return
   raise TypeError(f"{where}: {name} must be a PRNG key (jax.random.key(seed)), got "
                   f"{type(key).__name__}" + (f" {dtype}{tuple(key.shape)}" if dtype else ""))
+
+
+def prompts(where: str, config, tokens, lengths) -> tuple[jax.Array, jax.Array]:
+  """Right-padded prompts [B, P] with ids in [0, V) and lengths [B] in 1..P, as int32 arrays.
+
+  Args:
+    where: the entry point.
+    config: the ModelConfig (its vocab_size).
+    tokens: [B, P] prompts.
+    lengths: [B] real prompt lengths, or None for P everywhere.
+
+  Raises:
+    TypeError / ValueError naming `prompt_tokens` / `prompt_lengths`.
+  """
+  tokens = integer_array(where, "prompt_tokens", tokens, ndim=2)
+  check_range(where, "prompt_tokens", tokens, 0, config.vocab_size, "the vocab")
+  b, p = tokens.shape
+  if lengths is None:
+    lengths = np.full((b,), p, np.int32)
+  lengths = integer_array(where, "prompt_lengths", lengths, shape=(b,))
+  check_range(where, "prompt_lengths", lengths, 1, p + 1)
+  return jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)

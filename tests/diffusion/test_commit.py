@@ -89,10 +89,16 @@ def test_tau_one_commits_one_per_step():
     assert masked.sum() == 3 * (7 - step)
 
 
-def test_tau_one_commits_all_positions_at_probability_one():
+def test_tau_one_commits_one_per_step_even_at_probability_one():
+  """Peaked rows round to confidence exactly 1.0; tau = 1.0 still commits only the forced one."""
   probs = [[[0, 1.0, 0, 0], [0, 0, 1.0, 0], [0, 0.5, 0.5, 0]]]
   out = _run(probs, [[MASK] * 3], [[True] * 3], 1.0)
-  np.testing.assert_array_equal(out.committed, [[True, True, False]])
+  np.testing.assert_array_equal(out.committed, [[True, False, False]])
+  logits = jnp.asarray([[[0.0, 90.0, 0.0, 0.0], [0.0, 0.0, 80.0, 0.0]]])  # conf == 1.0 in fp32
+  assert (jnp.exp(commit.token_log_probs(logits, MASK, 0.0).max(-1)) == 1.0).all()
+  out = commit.commit_step(logits, jnp.full((1, 2), MASK), jnp.ones((1, 2), bool), threshold=1.0,
+                           mask_token_id=MASK)
+  np.testing.assert_array_equal(out.committed, [[True, False]])
 
 
 def test_per_example_threshold_and_rows_without_masks():

@@ -59,7 +59,8 @@ def test_bad_constraint_input():
 
 @pytest.mark.slow  # two decoder compiles
 def test_decoder_respects_the_constraint():
-  config = ModelConfig.tiny(vocab_size=V, mask_token_id=MASK, eos_token_ids=(), pad_token_id=0)
+  config = ModelConfig.tiny(vocab_size=V, mask_token_id=MASK, eos_token_ids=(), pad_token_id=0,
+                            block_size=4)
   params = init_params(config, jax.random.key(0))
   # answer_start_id = the decoder's first (seed) token, so every later position is in the span.
   prompts = jnp.array([[3, 4, 5, 6]] * 2, jnp.int32)

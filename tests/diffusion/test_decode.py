@@ -31,9 +31,9 @@ def params():
 
 def _decode(params, prompts=PROMPTS, lengths=LENGTHS, block_size=4, threshold=0.9, **kw):
   kw = {"max_steps_per_block": 8, "max_new_tokens": MAX_NEW, "stop_token_ids": (), **kw}
-  return decode.block_diffusion_generate(
-    params, CONFIG, prompts, lengths, block_size=block_size, threshold=threshold, **kw
-  )
+  config = dataclasses.replace(CONFIG, block_size=block_size)
+  return decode.block_diffusion_generate(params, config, prompts, lengths, threshold=threshold,
+                                         **kw)
 
 
 _forward = jax.jit(qwen3.forward, static_argnums=1, static_argnames="update_cache")
@@ -184,26 +184,68 @@ def test_head_buckets_and_cache_size_do_not_change_tokens(params):
 def test_bad_input_raises():
   with pytest.raises(ValueError, match="mask_token_id is None"):
     decode.block_diffusion_generate(
-      {},
-      ModelConfig.tiny(),
-      PROMPTS,
-      LENGTHS,
-      block_size=4,
-      threshold=0.9,
-      max_steps_per_block=4,
+      {}, ModelConfig.tiny(), PROMPTS, LENGTHS, threshold=0.9, max_steps_per_block=4,
       max_new_tokens=4,
     )
-  with pytest.raises(ValueError, match=r"prompt_lengths \(3,\)"):
+  with pytest.raises(ValueError, match=r"prompt_lengths has shape \(3,\), expected \(2,\)"):
     decode.block_diffusion_generate(
-      {},
-      CONFIG,
-      PROMPTS,
-      jnp.ones(3),
-      block_size=4,
-      threshold=0.9,
-      max_steps_per_block=4,
+      {}, CONFIG, PROMPTS, jnp.ones(3, jnp.int32), threshold=0.9, max_steps_per_block=4,
       max_new_tokens=4,
     )
+
+
+BAD_ARGUMENTS = {  # issue #11 classes 2 and 4: each was accepted (and misbehaved) before
+  "tau_zero": (dict(threshold=0.0), ValueError, r"threshold=0.0 must be in \(0, 1\]"),
+  "tau_negative": (dict(threshold=-0.5), ValueError, r"threshold=-0.5 must be in \(0, 1\]"),
+  "tau_above_one": (dict(threshold=1.5), ValueError, r"threshold=1.5 must be in \(0, 1\]"),
+  "tau_inf": (dict(threshold=float("inf")), ValueError, "threshold=inf must be finite"),
+  "tau_nan": (dict(threshold=float("nan")), ValueError, "threshold=nan must be finite"),
+  "tau_str": (dict(threshold="0.9"), TypeError, "threshold must be a real number"),
+  "negative_temperature": (dict(temperature=-1.0), ValueError, r"temperature=-1.0 must be >= 0"),
+  "block_size": (dict(block_size=8), ValueError, "block_size=8 conflicts with config.block_size=4"),
+  "token_too_big": (dict(prompt_tokens=PROMPTS.at[0, 1].set(64)), ValueError,
+                    r"prompt_tokens\[0, 1\] = 64 is outside the vocab \[0, 63\]"),
+  "token_negative": (dict(prompt_tokens=PROMPTS.at[1, 0].set(-3)), ValueError,
+                     r"prompt_tokens\[1, 0\] = -3 is outside the vocab"),
+  "float_tokens": (dict(prompt_tokens=PROMPTS.astype(jnp.float32)), TypeError,
+                   "prompt_tokens must be an integer array"),
+  "length_zero": (dict(prompt_lengths=jnp.array([0, 3])), ValueError,
+                  r"prompt_lengths\[0\] = 0 is outside \[1, 6\]"),
+  "length_past_p": (dict(prompt_lengths=jnp.array([5, 7])), ValueError,
+                    r"prompt_lengths\[1\] = 7 is outside \[1, 6\]"),
+  "mask_is_stop": (dict(stop_token_ids=(MASK,)), ValueError, "the mask token 63 is a stop token"),
+  "stop_outside_vocab": (dict(stop_token_ids=(70,)), ValueError,
+                         r"stop_token_ids\[0\] = 70 is outside the vocab"),
+  "max_new_float": (dict(max_new_tokens=4.0), TypeError, "max_new_tokens must be an int"),
+  "bad_key": (dict(key=7, temperature=1.0), TypeError, "key must be a PRNG key"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_ARGUMENTS))
+def test_bad_arguments_are_named_before_tracing(case):
+  override, error, message = BAD_ARGUMENTS[case]
+  kw = dict(prompt_tokens=PROMPTS, prompt_lengths=LENGTHS, threshold=0.9, max_steps_per_block=4,
+            max_new_tokens=4, block_size=4)
+  kw.update(override)
+  config = dataclasses.replace(CONFIG, block_size=4)
+  with pytest.raises(error, match=message):
+    decode.block_diffusion_generate({}, config, **kw)
+
+
+def test_tau_one_commits_one_token_per_step_on_a_peaked_model(params):
+  """Issue #8 item 6: with a peaked LM head fp32 confidences round to exactly 1.0; `conf >= tau`
+  then committed several tokens per step at tau = 1.0. Each step must commit exactly one."""
+  peaked = {**params, "lm_head": params["lm_head"] * 1e4}
+  out = _decode(peaked, threshold=1.0)
+  assert (np.asarray(out.commit_logprob) == 0).mean() > 0.5  # mostly probability exactly 1.0
+  steps = np.asarray(out.commit_step).reshape(2, MAX_NEW // 4, 4)
+  np.testing.assert_array_equal(steps[..., 0], decode.SEED_STEP)
+  np.testing.assert_array_equal(np.sort(steps[..., 1:], axis=-1),
+                                np.broadcast_to([0, 1, 2], (2, MAX_NEW // 4, 3)))
+  # NFE both ways: 3 denoising steps per block (the paper's count); plus the prefill and one
+  # commit forward per block but the last.
+  np.testing.assert_array_equal(out.denoise_steps, [3 * MAX_NEW // 4] * 2)
+  np.testing.assert_array_equal(out.nfe, out.denoise_steps + MAX_NEW // 4)
 
 
 def test_step_cap_commits_the_rest(params):
