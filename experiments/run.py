@@ -37,8 +37,42 @@ def _run_data(config, workdir):
   return pipeline.run(config.data, workdir)
 
 
+def _resolve_init(config, workdir):
+  """`{workdir}` in config.init names this run's workdir (a previous stage's export)."""
+  if "init" in config:
+    with config.unlocked():
+      config.init = config.init.format(workdir=workdir)
+
+
+def _run_training(config, workdir):
+  from gr2jax.train import loop, stages
+
+  _resolve_init(config, workdir)
+  return loop.train(config, workdir, stages.STAGES[config.stage])
+
+
+def _run_eval(config, workdir):
+  import json
+
+  from gr2jax import checkpoint
+  from gr2jax.train import loop
+
+  if not config.eval.ckpt:
+    raise app.UsageError("eval.py needs --config.eval.ckpt=<checkpoint or HF dir>")
+  model_config, params = checkpoint.load_model(config.eval.ckpt.format(workdir=workdir))
+  ctx = loop.load_context(config, workdir, model_config)
+  out_dir = config.eval.out_dir or config.eval.ckpt.format(workdir=workdir)
+  name = f"{config.eval.split}_tau{config.eval.tau:g}"
+  result = loop.run_evaluation(ctx, params, 0, name, out_dir)
+  print(json.dumps({k: v for k, v in result.items() if k != "counts"}, indent=1))
+  return result
+
+
 STAGES = {
     "data": _run_data,
+    "sft": _run_training,
+    "ar_rl": _run_training,
+    "eval": _run_eval,
 }
 
 

@@ -1,0 +1,229 @@
+"""The one training loop every stage runs: resume or initialise, step, log, save, evaluate, export.
+
+Layout under the run's workdir:
+  workdir/data-.../, tokenizer-.../, tfds-.../   the data build (cached, shared by stages)
+  workdir/<stage>/checkpoints/<step>/             orbax run checkpoints (state + iterator)
+  workdir/<stage>/export/                         final params, gr2jax/checkpoint.py format
+  workdir/<stage>/logs/                           metrics.jsonl, TensorBoard events, config.txt
+  workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
+
+A stage starts from its own newest readable checkpoint, else from `config.init` (a preset or the
+previous stage's export). A non-finite loss stops the run with an error; the checkpoints already
+on disk (the last good state) are kept. SIGTERM / SIGINT save a checkpoint, then exit.
+"""
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from gr2jax import checkpoint as model_checkpoint
+from gr2jax.data import pipeline
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+from gr2jax.train import checkpoints, evaluation, inputs, optim
+from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import state as state_lib
+from gr2jax.train import step as step_lib
+from gr2jax.train.writer import MetricsWriter, progress
+
+
+@dataclasses.dataclass
+class Context:
+  """What a stage's builders get: the run's model, data and settings.
+
+  Attributes:
+    config: the whole run config.
+    model_config: the model being trained.
+    tokenizer: the data build's tokenizer.
+    train: the training split; eval: the evaluation split.
+    prompt_len, response_len: static P and R.
+    mesh: the training mesh.
+    workdir: the run's workdir.
+  """
+
+  config: object
+  model_config: ModelConfig
+  tokenizer: object
+  train: inputs.SplitData
+  eval: inputs.SplitData
+  prompt_len: int
+  response_len: int
+  mesh: object
+  workdir: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A training stage: its loss and an optional host-side batch preparation (rollouts).
+
+  Attributes:
+    name: the stage's directory under the workdir.
+    make_loss: Context -> loss_fn(params, batch, key) -> (sum, weight, aux) (train/step.py).
+    make_prepare: Context -> prepare(params, batch, key) -> (batch, stats), or None.
+    prompts_per_step: rows drawn from the training split per step (before any rollouts).
+  """
+
+  name: str
+  make_loss: Callable
+  make_prepare: Callable | None = None
+
+
+def model_from_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
+  """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory."""
+  if init.startswith("preset:"):
+    name = init.split(":", 1)[1]
+    if not hasattr(ModelConfig, name):
+      raise ValueError(f"init={init!r}: no ModelConfig preset {name!r}")
+    vocab = inputs.round_up(len(tokenizer), 128)
+    eos = tuple(tokenizer.convert_tokens_to_ids([t]) [0] for t in ("<|im_end|>", "<|endoftext|>"))
+    config = getattr(ModelConfig, name)(vocab_size=vocab, eos_token_ids=eos,
+                                        pad_token_id=int(tokenizer.pad_token_id))
+    return config, params_lib.init_params(config, jax.random.key(stage_cfg.seed))
+  if not os.path.isdir(init):
+    raise FileNotFoundError(f"init={init!r} is neither 'preset:NAME' nor a checkpoint "
+                            "directory (did the previous stage finish? its export is "
+                            "<workdir>/<stage>/export)")
+  return model_checkpoint.load_model(init)
+
+
+def load_context(config, workdir: str, model_config: ModelConfig | None = None) -> Context:
+  """The data build (cached), tokenizer, splits, static lengths and mesh of a run."""
+  summary = pipeline.run(config.data, workdir)
+  paths = summary["paths"]
+  tokenizer = tokenizer_lib.load_tokenizer(paths["tokenizer"])
+  train = inputs.load_split(paths["tfds"], "train", tokenizer, limit=config.train.limit)
+  eval_data = inputs.load_split(paths["tfds"], config.eval.split, tokenizer,
+                                limit=config.eval.limit)
+  p, r = inputs.static_lengths([train, eval_data])
+  mesh = mesh_lib.make_mesh(**config.mesh)
+  return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir)
+
+
+def _model_config_for_training(config: ModelConfig, cfg) -> ModelConfig:
+  return dataclasses.replace(config, remat=cfg.model.remat,
+                             attention_chunk_bytes=cfg.model.attention_chunk_bytes,
+                             param_dtype=cfg.model.param_dtype or config.param_dtype)
+
+
+def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str) -> dict:
+  """The one evaluation on ctx.eval; writes out_dir/eval_<name>.json (+ .jsonl per example)."""
+  cfg = ctx.config
+  stage_dir = out_dir
+  result = evaluation.evaluate(
+    params, ctx.model_config, ctx.eval, ctx.tokenizer, batch_size=cfg.eval.batch_size,
+    prompt_len=ctx.prompt_len, max_new_tokens=ctx.response_len, tau=cfg.eval.tau,
+    max_steps_per_block=cfg.eval.max_steps_per_block,
+    out_path=os.path.join(stage_dir, f"eval_{name}.jsonl"), desc=f"eval {name}")
+  result["step"] = step
+  if jax.process_index() == 0:
+    with open(os.path.join(stage_dir, f"eval_{name}.json"), "w") as f:
+      json.dump(result, f, indent=1)
+  print(evaluation.format_result(f"[{cfg.stage} step {step}] {cfg.eval.split}", result),
+        flush=True)
+  return result
+
+
+def train(config, workdir: str, stage: Stage) -> dict:
+  """Runs (or resumes) one training stage to config.train.steps; returns the final evaluation."""
+  stage_dir = os.path.join(workdir, stage.name)
+  os.makedirs(stage_dir, exist_ok=True)
+  tcfg = config.train
+  ctx = load_context(config, workdir)
+  model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg)
+  model_config = _model_config_for_training(model_config, config)
+  ctx.model_config = model_config
+  if tcfg.batch_size % mesh_lib.batch_size_multiple(ctx.mesh):
+    raise ValueError(f"train.batch_size={tcfg.batch_size} is not a multiple of the mesh's batch "
+                     f"axes ({mesh_lib.batch_size_multiple(ctx.mesh)})")
+
+  optimizer = optim.make_optimizer(config.optimizer)
+  abstract = state_lib.abstract_state(params_lib.abstract_params(model_config), optimizer)
+  shardings = state_lib.state_shardings(model_config, abstract, ctx.mesh)
+  abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
+                          abstract, shardings)
+  manager = checkpoints.make_manager(os.path.join(stage_dir, "checkpoints"), keep=tcfg.keep,
+                                     async_save=tcfg.async_save)
+  iterator = inputs.BatchIterator(
+    ctx.train, batch_size=tcfg.batch_size, seed=tcfg.seed, prompt_len=ctx.prompt_len,
+    response_len=ctx.response_len, pad_id=model_config.pad_token_id,
+    lambda_r=config.data.lambda_r, lambda_o=config.data.lambda_o)
+  restored = checkpoints.restore_latest(manager, abstract)
+  if restored is None:
+    params = jax.tree.map(lambda x, sh: jax.device_put(x.astype(sh.dtype), sh.sharding),
+                          init_params, abstract.params)
+    state = jax.jit(lambda p: state_lib.create_state(p, optimizer, tcfg.seed),
+                    out_shardings=shardings)(params)
+    print(f"[{stage.name}] starting from {config.init}", flush=True)
+  else:
+    state, data_state, at = restored
+    iterator.set_state(data_state)
+    print(f"[{stage.name}] resuming from checkpoint step {at}", flush=True)
+  del init_params
+
+  writer = MetricsWriter(os.path.join(stage_dir, "logs"))
+  writer.write_text("config", f"{config}\nmodel: {model_config}\nP={ctx.prompt_len} "
+                              f"R={ctx.response_len}\ndevices: {jax.devices()}\nmesh: {ctx.mesh}")
+  loss_fn = stage.make_loss(ctx)
+  prepare = stage.make_prepare(ctx) if stage.make_prepare else None
+  with jax.set_mesh(ctx.mesh):
+    train_step = step_lib.make_train_step(loss_fn, optimizer, micro_batches=tcfg.micro_batches,
+                                          state_shardings=shardings,
+                                          batch_sharding=mesh_lib.batch_sharding(ctx.mesh))
+  start_step = int(jax.device_get(state.step))
+  bar = progress(tcfg.steps, initial=start_step, desc=stage.name)
+  tokens_seen, t_start = 0, time.perf_counter()
+  with checkpoints.StopFlag() as stop:
+    while int(jax.device_get(state.step)) < tcfg.steps and not stop:
+      step_now = int(jax.device_get(state.step))
+      batch = next(iterator)
+      stats = {}
+      if prepare is not None:
+        key = jax.random.fold_in(jax.random.fold_in(state.key, step_now), 1 << 20)
+        batch, stats = prepare(state.params, batch, key)
+      batch = {k: v for k, v in batch.items() if k != "example_index"}
+      with jax.set_mesh(ctx.mesh):
+        state, metrics = train_step(state, batch)
+      metrics = jax.device_get(metrics)
+      if not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"]):
+        manager.wait_until_finished()
+        raise FloatingPointError(
+          f"[{stage.name}] non-finite loss {metrics['loss']} / grad norm "
+          f"{metrics['grad_norm']} at step {step_now}; stopped. The last good checkpoint "
+          f"(step {manager.latest_step()}) is kept under {manager.directory}")
+      tokens_seen += int(batch["tokens"].size if "tokens" in batch else
+                         batch["response_tokens"].size)
+      elapsed = time.perf_counter() - t_start
+      metrics = {**metrics, **stats, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
+                 "learning_rate": optim.learning_rate_schedule(config.optimizer)(step_now)}
+      writer.write(step_now + 1, metrics, prefix="train/")
+      bar.set_postfix(loss=f"{float(metrics['loss']):.4f}",
+                      tok_s=f"{metrics['tokens_per_s']:.0f}",
+                      **{k: f"{v:.3f}" for k, v in stats.items() if k in ("reward", "valid_rate")})
+      bar.update(1)
+      done = step_now + 1
+      if stop or done % tcfg.save_every == 0 or done == tcfg.steps:
+        checkpoints.save(manager, state, iterator.get_state())
+      if tcfg.eval_every and done % tcfg.eval_every == 0 and done < tcfg.steps:
+        result = run_evaluation(ctx, state.params, done, str(done), stage_dir)
+        writer.write(done, {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
+  bar.close()
+  manager.wait_until_finished()
+  if stop:
+    raise SystemExit(f"[{stage.name}] stopped by signal {stop.signum} at step "
+                     f"{int(jax.device_get(state.step))}; checkpoint saved, rerun to resume")
+  export = os.path.join(stage_dir, "export")
+  if jax.process_index() == 0:
+    model_checkpoint.save(export, dataclasses.replace(model_config, remat="none",
+                                                      attention_chunk_bytes=0),
+                          jax.device_get(state.params))
+  result = run_evaluation(ctx, state.params, int(jax.device_get(state.step)), "final", stage_dir)
+  writer.write(int(jax.device_get(state.step)),
+               {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
+  writer.close()
+  return result
