@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.diffusion import layout
+from gr2jax.diffusion import decode, layout
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP, DiffusionOutput
 from gr2jax.model.config import ModelConfig
 
@@ -246,3 +246,66 @@ def replay_log_probs(
     params, config, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
     output, num_rounds=num_rounds, temperature=float(temperature), shrink=shrink,
   )
+
+
+def repeat_rows(batch: dict, group_size: int, keys) -> dict:
+  """`batch[k]` for k in keys, each row repeated group_size times (rows i*G .. i*G + G - 1)."""
+  return {k: np.repeat(np.asarray(batch[k]), group_size, axis=0) for k in keys}
+
+
+def sample_traces(
+  params: dict,
+  config: ModelConfig,
+  prompt_tokens,
+  prompt_lengths,
+  key: jax.Array,
+  *,
+  threshold: float,
+  max_steps_per_block: int,
+  max_new_tokens: int,
+  temperature: float,
+  num_rounds: int,
+  shrink: int = 1,
+) -> tuple[dict, dict]:
+  """On-policy rollouts for OPD / RL: one decoded trace per row, checked to fit the replay.
+
+  Host side (outside the jitted train step). The block size is config.block_size.
+
+  Args:
+    params: the policy's params.
+    config: the model.
+    prompt_tokens: [B, P] right-padded prompts.
+    prompt_lengths: [B].
+    key: the sampling key.
+    threshold: tau of the commit rule.
+    max_steps_per_block: the decoder's per-block step cap.
+    max_new_tokens: M.
+    temperature: the sampling temperature (> 0: on-policy samples).
+    num_rounds: the replay's static round count (every trace must fit: check_rounds).
+    shrink: replay step shrinkage.
+
+  Returns:
+    ({trace_tokens [B, M] int32, commit_step [B, M] int32, trace_lengths [B] int32,
+      response_tokens [B, M] int32 (pad after the stop), commit_logprob [B, M] f32 (the
+      decoder's record, for diagnostics: losses use the replay)} as numpy,
+     stats {'response_len', 'forwards_per_token'}).
+  """
+  if not temperature > 0:
+    raise ValueError(f"sample_traces: on-policy rollouts need temperature > 0, got {temperature}")
+  out = decode.block_diffusion_generate(
+    params, config, prompt_tokens, prompt_lengths, block_size=config.block_size,
+    threshold=threshold, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
+    temperature=temperature, key=key,
+  )
+  check_rounds(out.commit_step, num_rounds, shrink)
+  lengths = np.asarray(out.lengths).astype(np.int32)
+  traces = {
+    "trace_tokens": np.asarray(out.trace_tokens),
+    "commit_step": np.asarray(out.commit_step),
+    "trace_lengths": lengths,
+    "response_tokens": np.asarray(out.tokens),
+    "commit_logprob": np.asarray(out.commit_logprob),
+  }
+  stats = {"response_len": float(lengths.mean()),
+           "forwards_per_token": float(np.asarray(out.nfe).sum() / max(lengths.sum(), 1))}
+  return traces, stats

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.diffusion import decode, layout, replay
+from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
 
 
@@ -146,52 +146,6 @@ def opd_loss(
   return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch["example_mask"], jnp.float32)), aux
 
 
-def repeat_prompts(batch: dict, group_size: int) -> dict:
-  """The batch's prompts, each repeated group_size times (rows g * G .. g * G + G - 1)."""
-  rep = lambda x: np.repeat(np.asarray(x), group_size, axis=0)
-  return {"prompt_tokens": rep(batch["prompt_tokens"]).astype(np.int32),
-          "prompt_lengths": rep(batch["prompt_lengths"]).astype(np.int32),
-          "example_mask": rep(batch["example_mask"]).astype(bool)}
-
-
-def rollout(params: dict, rows: dict, key: jax.Array, *, config: ModelConfig, threshold: float,
-            max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
-            shrink: int = 1) -> tuple[dict, dict]:
-  """Samples one trajectory per row with the student's decoder and checks it can be replayed.
-
-  Args:
-    params: the student's params.
-    rows: prompt_tokens [B, P], prompt_lengths [B] (repeat_prompts).
-    key: the sampling key.
-    config: the student (config.block_size is the decode block size).
-    threshold: tau of the commit rule.
-    max_steps_per_block: the decoder's per-block step cap.
-    max_new_tokens: M.
-    temperature: the sampling temperature (> 0: on-policy samples).
-    num_rounds: the replay's static round count (every trajectory must fit).
-    shrink: replay step shrinkage.
-
-  Returns:
-    ({trace_tokens [B, M], commit_step [B, M], trace_lengths [B]} as numpy, stats
-     {'response_len', 'forwards_per_token'}).
-  """
-  if not temperature > 0:
-    raise ValueError(f"rollout: on-policy trajectories need temperature > 0, got {temperature}")
-  out = decode.block_diffusion_generate(
-    params, config, rows["prompt_tokens"], rows["prompt_lengths"], block_size=config.block_size,
-    threshold=threshold, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-    temperature=temperature, key=key,
-  )
-  replay.check_rounds(out.commit_step, num_rounds, shrink)
-  lengths = np.asarray(out.lengths)
-  traces = {"trace_tokens": np.asarray(out.trace_tokens),
-            "commit_step": np.asarray(out.commit_step),
-            "trace_lengths": lengths.astype(np.int32)}
-  stats = {"response_len": float(lengths.mean()),
-           "forwards_per_token": float(np.asarray(out.nfe).sum() / max(lengths.sum(), 1))}
-  return traces, stats
-
-
 def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
             teacher_params: dict, teacher_config: ModelConfig, group_size: int, threshold: float,
             max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
@@ -215,9 +169,9 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
   Returns:
     (the train batch with Bp * G' rows, see opd_loss; rollout stats).
   """
-  rows = repeat_prompts(batch, group_size)
-  traces, stats = rollout(
-    params, rows, key, config=config, threshold=threshold,
+  rows = replay.repeat_rows(batch, group_size, ("prompt_tokens", "prompt_lengths", "example_mask"))
+  traces, stats = replay.sample_traces(
+    params, config, rows["prompt_tokens"], rows["prompt_lengths"], key, threshold=threshold,
     max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
     temperature=temperature, num_rounds=num_rounds, shrink=shrink,
   )
