@@ -6,6 +6,14 @@ files of the modules it runs. Outputs live under `workdir/cache/` (pickles) or
 `workdir/<step>-<key>/` (directories); a re-run with unchanged inputs only loads them. The summary
 (statistics, floor and teacher metrics, SID stats, prompt lengths per variant, timings) is
 returned, printed as a table and written to `workdir/summary.json`.
+
+Safety (README "What bad input gets"): the run holds the workdir lock (`gr2jax.workdir`; a second
+run on the same workdir fails at once with "workdir ... in use by pid N"); every output is built
+under a unique temp name (`<path>.tmp-<pid>-<hex>`; temp leftovers of a killed run are removed at
+the start of the next) and renamed into place; a completion record `<path>.complete.json` (the
+size of every file) is written last, and a cached output is reused only if its record is there
+and every file it lists still has its size -- a deleted TFDS shard, a truncated pickle or an
+output without a record is logged and rebuilt.
 """
 
 import dataclasses
@@ -14,6 +22,8 @@ import json
 import logging
 import os
 import pickle
+import re
+import secrets
 import shutil
 import time
 
@@ -36,6 +46,7 @@ from gr2jax.data import (
   tokenizer,
 )
 from gr2jax.data.records import RerankExample
+from gr2jax.workdir import lock_workdir
 
 # config fields that decide the examples (and so the examples step's cache key)
 EXAMPLE_FIELDS = ("max_history", "num_candidates", "negative_pool", "pool_size", "seed",
@@ -63,6 +74,70 @@ def _file_digest(path: str) -> str:
     return hashlib.file_digest(f, "sha256").hexdigest()
 
 
+COMPLETE_SUFFIX = ".complete.json"
+_TEMP = re.compile(r".+\.tmp-\d+-[0-9a-f]{8}")
+
+
+def _temp_name(path: str) -> str:
+  """A temp path next to `path`, unique to this process and call."""
+  return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _inventory(path: str) -> dict[str, int]:
+  """{relative file path: size} of a file ('' = itself) or of every file under a directory."""
+  if os.path.isfile(path):
+    return {"": os.path.getsize(path)}
+  out = {}
+  for root, _, files in os.walk(path):
+    for name in files:
+      full = os.path.join(root, name)
+      out[os.path.relpath(full, path)] = os.path.getsize(full)
+  return out
+
+
+def _mark_complete(path: str) -> None:
+  """Writes `path`.complete.json, the completion record of a finished output (atomically)."""
+  tmp = _temp_name(path + COMPLETE_SUFFIX)
+  with open(tmp, "w") as f:
+    json.dump({"files": _inventory(path)}, f, indent=0)
+  os.replace(tmp, path + COMPLETE_SUFFIX)
+
+
+def _incomplete(path: str) -> str | None:
+  """Why the output at `path` cannot be reused (None when it is complete; see module doc)."""
+  if not os.path.exists(path):
+    return "missing"
+  try:
+    with open(path + COMPLETE_SUFFIX) as f:
+      files = json.load(f)["files"]
+  except (OSError, ValueError, KeyError, TypeError):
+    return f"no valid completion record {os.path.basename(path)}{COMPLETE_SUFFIX}"
+  for rel, size in files.items():
+    full = os.path.join(path, rel) if rel else path
+    if not os.path.isfile(full):
+      return f"{full} is missing"
+    if os.path.getsize(full) != size:
+      return f"{full} has {os.path.getsize(full)} bytes, {size} when it was written (truncated?)"
+  return None
+
+
+def _remove(path: str) -> None:
+  for p in (path, path + COMPLETE_SUFFIX):
+    if os.path.isdir(p):
+      shutil.rmtree(p)
+    elif os.path.exists(p):
+      os.remove(p)
+
+
+def _remove_stale_temps(*directories: str) -> None:
+  """Removes `*.tmp-<pid>-<hex>` outputs of an earlier, killed run (call with the lock held)."""
+  for directory in directories:
+    for name in os.listdir(directory):
+      if _TEMP.fullmatch(name):
+        log.warning("removing %s left by an interrupted run", os.path.join(directory, name))
+        _remove(os.path.join(directory, name))
+
+
 class _Steps:
   """Runs cached steps in a workdir and records their wall-clock times."""
 
@@ -71,20 +146,36 @@ class _Steps:
     self.timings: dict[str, float] = {}
     self.cached: dict[str, bool] = {}
     os.makedirs(os.path.join(workdir, "cache"), exist_ok=True)
+    _remove_stale_temps(workdir, os.path.join(workdir, "cache"))
+
+  def _reusable(self, name: str, path: str) -> bool:
+    reason = _incomplete(path)
+    if reason is not None and reason != "missing":
+      log.warning("step %s: not reusing %s: %s; rebuilding", name, path, reason)
+      _remove(path)
+    return reason is None
 
   def value(self, name: str, key: str, fn):
     """fn() cached as a pickle under cache/{name}-{key}.pkl."""
     path = os.path.join(self.workdir, "cache", f"{name}-{key}.pkl")
     start = time.perf_counter()
-    hit = os.path.exists(path)
+    hit = self._reusable(name, path)
     if hit:
-      with open(path, "rb") as f:
-        out = pickle.load(f)
-    else:
+      try:
+        with open(path, "rb") as f:
+          out = pickle.load(f)
+      except Exception as e:  # a damaged pickle can raise almost anything; it is only a cache
+        log.warning("step %s: %s is unreadable (%s: %s); rebuilding", name, path,
+                    type(e).__name__, e)
+        _remove(path)
+        hit = False
+    if not hit:
       out = fn()
-      with open(path + ".tmp", "wb") as f:
+      tmp = _temp_name(path)
+      with open(tmp, "wb") as f:
         pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-      os.replace(path + ".tmp", path)
+      os.replace(tmp, path)
+      _mark_complete(path)
     self._done(name, start, hit)
     return out
 
@@ -92,12 +183,16 @@ class _Steps:
     """fn(tmp_dir) fills a directory, kept as {name}-{key}/ once complete; returns its path."""
     path = os.path.join(self.workdir, f"{name}-{key}")
     start = time.perf_counter()
-    hit = os.path.isdir(path)
+    hit = self._reusable(name, path)
     if not hit:
-      tmp = path + ".tmp"
-      shutil.rmtree(tmp, ignore_errors=True)
-      fn(tmp)
-      os.replace(tmp, path)
+      tmp = _temp_name(path)
+      try:
+        fn(tmp)
+        os.replace(tmp, path)
+      except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+      _mark_complete(path)
     self._done(name, start, hit)
     return path
 
@@ -261,8 +356,15 @@ def run(config, workdir: str) -> dict:
 
   Returns:
     The summary dict; `summary['paths']` holds the tokenizer and TFDS directories.
+
+  Raises:
+    gr2jax.workdir.InUseError: another live run holds the workdir.
   """
-  os.makedirs(workdir, exist_ok=True)
+  with lock_workdir(workdir):
+    return _run(config, workdir)
+
+
+def _run(config, workdir: str) -> dict:
   steps = _Steps(workdir)
   start = time.perf_counter()
   items_path = os.path.join(config.data_dir, "items.jsonl.gz")
@@ -332,7 +434,10 @@ def run(config, workdir: str) -> dict:
     "cached": steps.cached,
     "paths": {"tokenizer": tok_dir, "tfds": tfds_dir},
   }
-  with open(os.path.join(workdir, "summary.json"), "w") as f:
+  summary_file = os.path.join(workdir, "summary.json")
+  tmp = _temp_name(summary_file)
+  with open(tmp, "w") as f:
     json.dump(summary, f, indent=1, default=lambda x: np.asarray(x).tolist())
+  os.replace(tmp, summary_file)
   print(format_summary(summary), flush=True)
   return summary

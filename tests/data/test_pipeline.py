@@ -6,11 +6,13 @@ The fast tests load a SID file; the RQ-VAE path (JIT compiles for ~20 s) is mark
 import gzip
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from experiments.configs import data as data_config
+from gr2jax import workdir
 from gr2jax.data import answer, batches, pipeline, rqvae, tfds_builder, tokenizer
 
 NUM_ITEMS, NUM_USERS = 300, 160
@@ -130,6 +132,45 @@ def test_llm_traces_replace_rule_reasoning(data_dir, tmp_path):
   assert [r["user"] for r in records] == [3, 5, 8]
   assert records[1]["reasoning"] == "<think>\nLLM thought 5\n</think>\n\n"
   assert answer.parse_answer(records[0]["answer"], records[0]["labels"]).ranking[0] == 9
+
+
+def test_workdir_is_locked_by_the_run(data_dir, tmp_path):
+  """Issue #11 class 5: a second run on the same workdir is refused while the first holds it."""
+  from tests.test_workdir import _holder
+
+  holder = _holder(str(tmp_path))
+  try:
+    with pytest.raises(workdir.InUseError, match=rf"workdir .* in use by pid {holder.pid}"):
+      pipeline.run(_config(data_dir, data_dir / "sids.npy"), str(tmp_path))
+  finally:
+    holder.kill()
+    holder.wait()
+  assert os.listdir(tmp_path) == [workdir.LOCK_FILE]  # nothing was built
+
+
+def test_incomplete_cached_outputs_are_rebuilt(built, data_dir, tmp_path):
+  """Issue #11 class 5: a deleted TFDS shard, a truncated pickle, a killed run's temp dir and an
+  output without a completion record are each detected, not reused."""
+  _, first_workdir, first = built
+  work = str(tmp_path / "work")
+  shutil.copytree(first_workdir, work)
+  tfds_dir = os.path.join(work, os.path.basename(first["paths"]["tfds"]))
+  shard = max((os.path.join(r, f) for r, _, fs in os.walk(tfds_dir) for f in fs
+               if "array_record" in f), key=os.path.getsize)
+  os.remove(shard)
+  examples_pkl = [os.path.join(work, "cache", f) for f in os.listdir(os.path.join(work, "cache"))
+                  if f.startswith("examples-") and f.endswith(".pkl")][0]
+  os.truncate(examples_pkl, os.path.getsize(examples_pkl) // 2)
+  tok_dir = os.path.join(work, os.path.basename(first["paths"]["tokenizer"]))
+  os.remove(tok_dir + pipeline.COMPLETE_SUFFIX)
+  stale = os.path.join(work, "tfds-0123.tmp-4242-deadbeef")
+  os.makedirs(stale)
+  summary = pipeline.run(_config(data_dir, data_dir / "sids.npy"), work)
+  assert {k for k, hit in summary["cached"].items() if not hit} == {"examples", "tokenizer",
+                                                                     "tfds"}
+  assert os.path.isfile(shard) and not os.path.exists(stale)
+  assert len(list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "train"))) == NUM_USERS
+  assert all(pipeline.run(_config(data_dir, data_dir / "sids.npy"), work)["cached"].values())
 
 
 @pytest.mark.slow
