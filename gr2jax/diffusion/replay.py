@@ -25,7 +25,11 @@ at step sk + i is scored without the i earlier steps' tokens in view: its log-pr
 the one the decoder sampled from. The decoder commits >= 1 token per step, so a block's steps are
 0 .. n - 1 with no gap and merging k consecutive distinct steps is `step // k`.
 
-Cost: one forward of P + (1 + S) R tokens. The attention mask is dense [B, N, N] bool.
+Cost: one forward of N = P + (1 + S) R tokens with a dense [B, N, N] bool mask (tiny, B = 32,
+S = 31: P ~ 290, R = 64 -> N ~ 2.4k; a forward per round would cost S (P + 2R) ~ 13k tokens).
+S = rounds_needed(...) is an upper bound; rounds no block reached cost their R tokens anyway.
+
+`sample_traces` (host side) decodes the rollouts of OPD and RL and checks they fit the replay.
 """
 
 import functools

@@ -1,5 +1,6 @@
 """The shared two-stream layout: replay rounds and CFT batches build identical inputs."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -30,21 +31,25 @@ TRACE = np.array([
 LENGTHS = np.array([6, 10], np.int32)
 
 
+_replay_inputs = jax.jit(replay.replay_inputs, static_argnames=("config", "rounds", "shrink"))
+_cft_inputs = jax.jit(cft.cft_inputs, static_argnums=0)
+
+
 def _cft_batch():
   return {"prompt_tokens": PROMPTS, "prompt_lengths": PROMPT_LENGTHS, "response_tokens": TRACE,
           "response_lengths": LENGTHS}
 
 
 def _replay(rounds):
-  return replay.replay_inputs(CONFIG, PROMPTS, PROMPT_LENGTHS, TRACE, COMMIT_STEP, LENGTHS,
-                              rounds=rounds)
+  return _replay_inputs(CONFIG, PROMPTS, PROMPT_LENGTHS, TRACE, COMMIT_STEP, LENGTHS,
+                        rounds=tuple(rounds))
 
 
 @pytest.mark.parametrize("s", [0, 1, 2])
 def test_replay_round_equals_cft_batch_with_the_same_noisy_set(s):
   noisy = (COMMIT_STEP >= s)[:, None, :]  # what round s masks
   got = _replay((s,))
-  want = cft.cft_inputs(CONFIG, _cft_batch(), jnp.asarray(noisy))
+  want = _cft_inputs(CONFIG, _cft_batch(), jnp.asarray(noisy))
   for a, b in zip(got, want, strict=True):
     np.testing.assert_array_equal(a, b)
   # Seeds and earlier steps are visible, round-s tokens and never-committed slots are masks.

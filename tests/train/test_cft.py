@@ -72,6 +72,7 @@ def _embed_grad(params, batch, noisy):
   return np.asarray(_loss_and_embed_grad(params, batch, noisy)[1])
 
 
+_targets = jax.jit(cft.cft_targets, static_argnums=0)
 _sample = jax.jit(cft.sample_noisy, static_argnames=("width", "block_size", "complementary"))
 
 
@@ -92,7 +93,7 @@ def test_seeds_never_masked_and_complementary_pairs_supervise_every_token_once()
     count = noisy.sum(axis=1)  # streams masking each position
     np.testing.assert_array_equal(count[real & (j % B != 0)], 1)
     assert noisy[~np.broadcast_to(real[:, None], noisy.shape)].all()  # padding = mask tokens
-    _, supervised, _ = cft.cft_targets(CONFIG, _batch(), noisy)
+    _, supervised, _ = _targets(CONFIG, _batch(), noisy)
     np.testing.assert_array_equal(supervised, real)
     rates.append(noisy[:, 0][real & (j % B != 0)].mean())
   assert 0.3 < np.mean(rates) < 0.7  # E[t] = (1 + eps) / 2
