@@ -103,6 +103,12 @@ def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int)
 def make_train_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,
                      pad_id: int, lambda_r: float, lambda_o: float) -> dict:
   """batches.make_batch (bucket = P + R) plus the prompt / response arrays (module docstring)."""
+  for ex in examples:
+    if len(ex.prompt) > prompt_len:
+      raise ValueError(f"prompt of {len(ex.prompt)} tokens exceeds prompt_len={prompt_len}")
+    if len(ex.reasoning) + len(ex.answer) > response_len:
+      raise ValueError(f"response of {len(ex.reasoning) + len(ex.answer)} tokens exceeds "
+                       f"response_len={response_len}")
   batch = batches.make_batch(examples, batch_size=batch_size,
                              buckets=(prompt_len + response_len,), pad_id=pad_id,
                              lambda_r=lambda_r, lambda_o=lambda_o)
@@ -111,11 +117,7 @@ def make_train_batch(examples: list, *, batch_size: int, prompt_len: int, respon
   weights = np.zeros((batch_size, response_len), np.float32)
   response_lengths = np.zeros((batch_size,), np.int32)
   for b, ex in enumerate(examples):
-    if len(ex.prompt) > prompt_len:
-      raise ValueError(f"prompt of {len(ex.prompt)} tokens exceeds prompt_len={prompt_len}")
     tokens = np.concatenate([ex.reasoning, ex.answer])
-    if len(tokens) > response_len:
-      raise ValueError(f"response of {len(tokens)} tokens exceeds response_len={response_len}")
     response[b, :len(tokens)] = tokens
     response_lengths[b] = len(tokens)
     p = len(ex.prompt)

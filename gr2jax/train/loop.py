@@ -129,12 +129,19 @@ def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str) -> 
   return result
 
 
-def train(config, workdir: str, stage: Stage) -> dict:
-  """Runs (or resumes) one training stage to config.train.steps; returns the final evaluation."""
+def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dict:
+  """Runs (or resumes) one training stage to config.train.steps; returns the final evaluation.
+
+  Args:
+    config: the run config (experiments/configs/common.py and the stage's file).
+    workdir: the run's workdir.
+    stage: the stage (gr2jax/train/stages.py).
+    ctx: the data context; default load_context(config, workdir) (the data build).
+  """
   stage_dir = os.path.join(workdir, stage.name)
   os.makedirs(stage_dir, exist_ok=True)
   tcfg = config.train
-  ctx = load_context(config, workdir)
+  ctx = load_context(config, workdir) if ctx is None else ctx
   model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg)
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config

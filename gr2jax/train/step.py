@@ -88,7 +88,7 @@ def train_step(state: TrainState, batch: dict, *, loss_fn: LossFn,
   denom = jnp.maximum(weight, 1e-8)
   grads = jax.tree.map(lambda g: g / denom.astype(g.dtype), grads)
   new_state = apply_gradients(state, grads, optimizer)
-  metrics = {"loss": total / denom, "weight": weight, "grad_norm": optax.global_norm(grads),
+  metrics = {"loss": total / denom, "weight": weight, "grad_norm": optax.tree.norm(grads),
              **{k: v / denom for k, v in aux.items()}}
   return new_state, metrics
 

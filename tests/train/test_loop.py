@@ -1,0 +1,121 @@
+"""The training loop: resume after SIGKILL, fallback past a broken checkpoint, NaN stops the run,
+final export + evaluation files."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from gr2jax import checkpoint as model_checkpoint
+from gr2jax.train import checkpoints, loop, stages
+from tests.train.toy import toy_config, toy_context, toy_tokenizer
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("tok"))
+  toy_tokenizer(out)
+  return out
+
+
+@pytest.fixture(scope="module")
+def tok(tok_dir):
+  from gr2jax.data import tokenizer as tokenizer_lib
+  return tokenizer_lib.load_tokenizer(tok_dir)
+
+
+def _toy_run(workdir, tok_dir, steps=STEPS):
+  return subprocess.Popen([sys.executable, "-m", "tests.train.toy_run", workdir, tok_dir,
+                           str(steps)], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+
+
+def _exported(workdir):
+  return model_checkpoint.restore(os.path.join(workdir, "sft", "export"))[1]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, tok_dir):
+  workdir = str(tmp_path_factory.mktemp("full"))
+  proc = _toy_run(workdir, tok_dir)
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out
+  return workdir
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_ends_with_the_same_params(tmp_path, tok_dir, uninterrupted):
+  workdir = str(tmp_path)
+  proc = _toy_run(workdir, tok_dir)
+  ckpt_dir = os.path.join(workdir, "sft", "checkpoints")
+  deadline = time.time() + 600
+  while time.time() < deadline and not os.path.isdir(os.path.join(ckpt_dir, "4")):
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  assert not os.path.exists(os.path.join(workdir, "sft", "export")), "killed before the end"
+  proc = _toy_run(workdir, tok_dir)
+  out, _ = proc.communicate(timeout=600)
+  assert proc.returncode == 0, out
+  assert "resuming from checkpoint step" in out
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               _exported(workdir), _exported(uninterrupted))
+
+
+def test_final_export_and_evaluation_files(uninterrupted):
+  stage_dir = os.path.join(uninterrupted, "sft")
+  result = json.load(open(os.path.join(stage_dir, "eval_final.json")))
+  assert result["step"] == STEPS and result["num"] == 8
+  rows = [json.loads(line) for line in open(os.path.join(stage_dir, "eval_final.jsonl"))]
+  assert len(rows) == 8 and {"user", "response", "kind", "ranking", "target_rank"} <= set(rows[0])
+  metrics = [json.loads(line) for line in open(os.path.join(stage_dir, "logs", "metrics.jsonl"))]
+  assert [m["step"] for m in metrics if "train/loss" in m] == list(range(1, STEPS + 1))
+  assert glob.glob(os.path.join(stage_dir, "logs", "events.out.tfevents.*"))
+  assert sorted(int(s) for s in os.listdir(os.path.join(stage_dir, "checkpoints"))) == [2, 4, 6, 8]
+
+
+def test_broken_latest_checkpoint_falls_back(tmp_path, uninterrupted, tok, capsys):
+  import shutil
+
+  workdir = str(tmp_path)
+  shutil.copytree(os.path.join(uninterrupted, "sft", "checkpoints"),
+                  os.path.join(workdir, "ckpts"))
+  for path in glob.glob(os.path.join(workdir, "ckpts", "8", "state", "**", "*"),
+                        recursive=True):
+    if os.path.isfile(path):
+      open(path, "w").close()  # truncate every file of the newest step
+  config = toy_config(steps=STEPS)
+  ctx = toy_context(config, tok, workdir)
+  manager = checkpoints.make_manager(os.path.join(workdir, "ckpts"), keep=5, async_save=False)
+  model_config, params = loop.model_from_init("preset:tiny", tok, config.train)
+  from gr2jax.train import optim
+  from gr2jax.train import state as state_lib
+  optimizer = optim.make_optimizer(config.optimizer)
+  abstract = state_lib.abstract_state(jax.eval_shape(lambda: params), optimizer)
+  _, data_state, step = checkpoints.restore_latest(manager, abstract)
+  assert step == 6 and data_state["index"] >= 0
+  assert "step 8 is unreadable" in capsys.readouterr().out
+  del ctx, model_config
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tok):
+  workdir = str(tmp_path)
+  config = toy_config(steps=STEPS, save_every=1)
+  config.optimizer.learning_rate = 1e30  # diverges within a few steps
+  config.optimizer.clip_norm = 0.0
+  config.optimizer.warmup_steps = 0
+  ctx = toy_context(config, tok, workdir)
+  with pytest.raises(FloatingPointError, match="non-finite loss .* last good checkpoint"):
+    loop.train(config, workdir, stages.STAGES["sft"], ctx)
+  kept = os.listdir(os.path.join(workdir, "sft", "checkpoints"))
+  assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))

@@ -1,0 +1,58 @@
+"""A toy run context for the training tests: toy records, a toy tokenizer, short prompts."""
+
+import os
+import sys
+
+import numpy as np
+
+from gr2jax.data import batches, prompts, tokenizer
+from gr2jax.train import inputs, loop
+from gr2jax.train import mesh as mesh_lib
+from tests.data.toy_records import toy_catalog, toy_example, toy_sids
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
+from common import get_common_config  # noqa: E402
+
+PROMPT = prompts.PromptConfig(answer_format="slot", evidence="flags", fields=("brand",),
+                              history_items=0, max_citations=1)
+
+
+def toy_split(tok, users, with_teacher=True) -> inputs.SplitData:
+  catalog, sids = toy_catalog(), toy_sids()
+  examples = [toy_example(user=u, with_teacher=with_teacher) for u in users]
+  rendered = [prompts.render_example(ex, catalog, sids, PROMPT) for ex in examples]
+  encoded = batches.encode_examples(rendered, [ex.target_position for ex in examples], tok)
+  teacher = [int(ex.teacher_ranking[0]) if ex.teacher_ranking is not None else -1
+             for ex in examples]
+  return inputs.SplitData(encoded, np.asarray(users), [r.labels for r in rendered],
+                          np.asarray(teacher, np.int32))
+
+
+def toy_tokenizer(out_dir: str):
+  catalog, sids = toy_catalog(), toy_sids()
+  texts = []
+  for u in range(24):
+    r = prompts.render_example(toy_example(user=u), catalog, sids, PROMPT)
+    texts.append(r.prompt + r.reasoning + r.answer)
+  return tokenizer.train_tokenizer(texts, out_dir, vocab_size=1200,
+                                   codes_per_level=(256, 256, 256, 3), num_slots=10,
+                                   evidence_levels=5)
+
+
+def toy_config(stage="sft", **train):
+  config = get_common_config(stage)
+  config.model.attention_chunk_bytes = 8 << 20
+  config.train.update(dict(steps=6, batch_size=8, save_every=2, keep=5, async_save=False))
+  config.train.update(train)
+  config.optimizer.warmup_steps = 2
+  config.eval.batch_size = 8
+  return config
+
+
+def toy_context(config, tok, workdir, mesh=None) -> loop.Context:
+  train = toy_split(tok, range(24))
+  evaluation = toy_split(tok, range(100, 108), with_teacher=False)
+  p, r = inputs.static_lengths([train, toy_split(tok, range(100, 108))])
+  mesh = mesh_lib.make_mesh(fsdp=1, devices=[__import__("jax").devices()[0]]) if mesh is None \
+    else mesh
+  return loop.Context(config, None, tok, train, evaluation, p, r, mesh, workdir)
