@@ -119,3 +119,22 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tok
     loop.train(config, workdir, stages.STAGES["sft"], ctx)
   kept = os.listdir(os.path.join(workdir, "sft", "checkpoints"))
   assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))
+
+
+def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
+  """Two GRPO steps with real rollouts from the toy SFT export: rewards, groups and the update."""
+  workdir = str(tmp_path)
+  config = toy_config("ar_rl", steps=2, batch_size=2, save_every=2)
+  from ml_collections import ConfigDict
+  config.rl = ConfigDict(dict(group_size=4, temperature=1.0, eps_low=0.2, eps_high=0.28,
+                              alpha=0.2))
+  config.init = os.path.join(uninterrupted, "sft", "export")
+  config.optimizer.learning_rate = 1e-4
+  result = loop.train(config, workdir, stages.STAGES["ar_rl"], toy_context(config, tok, workdir))
+  metrics = [json.loads(line) for line in
+             open(os.path.join(workdir, "ar_rl", "logs", "metrics.jsonl"))]
+  train_rows = [m for m in metrics if "train/reward" in m]
+  assert len(train_rows) == 2
+  for m in train_rows:
+    assert -1.0 <= m["train/reward"] <= 1.2 and 0 <= m["train/kept_groups"] <= 1
+  assert result["num"] == 8
