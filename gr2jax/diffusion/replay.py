@@ -297,8 +297,8 @@ def sample_traces(
   if not temperature > 0:
     raise ValueError(f"sample_traces: on-policy rollouts need temperature > 0, got {temperature}")
   out = decode.block_diffusion_generate(
-    params, config, prompt_tokens, prompt_lengths, block_size=config.block_size,
-    threshold=threshold, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
+    params, config, prompt_tokens, prompt_lengths, threshold=threshold,
+    max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
     temperature=temperature, key=key,
   )
   check_rounds(out.commit_step, num_rounds, shrink)

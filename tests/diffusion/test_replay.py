@@ -32,9 +32,8 @@ def params():
 
 def _decode(params, threshold, temperature=0.0, stop=()):
   return decode.block_diffusion_generate(
-    params, CONFIG, PROMPTS, LENGTHS, block_size=CONFIG.block_size, threshold=threshold,
-    max_steps_per_block=STEPS, max_new_tokens=MAX_NEW, temperature=temperature,
-    key=jax.random.key(5), stop_token_ids=stop,
+    params, CONFIG, PROMPTS, LENGTHS, threshold=threshold, max_steps_per_block=STEPS,
+    max_new_tokens=MAX_NEW, temperature=temperature, key=jax.random.key(5), stop_token_ids=stop,
   )
 
 
