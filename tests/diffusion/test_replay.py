@@ -84,6 +84,7 @@ def test_replay_is_differentiable(params):
   assert norms["embed"] > 0 and norms["layers"]["q"] > 0 and norms["lm_head"] > 0
 
 
+@pytest.mark.slow  # one more replay compile (the optional shrinkage)
 def test_shrink_merges_rounds(params):
   out = _decode(params, 0.9)
   steps = np.asarray(out.commit_step)
