@@ -68,6 +68,9 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
 
 def config_from_dict(d: Mapping[str, Any], source: str = "config") -> ModelConfig:
   """Inverse of `config_to_dict`; unknown or missing fields are an error naming `source`."""
+  if not isinstance(d, Mapping):
+    raise CheckpointError(f"{source}: not a gr2jax config (a JSON object), got "
+                          f"{type(d).__name__}")
   d = dict(d)
   if d.pop("format", None) != _FORMAT:
     raise CheckpointError(f"{source}: not a gr2jax config (missing \"format\": \"{_FORMAT}\")")
@@ -257,6 +260,8 @@ def load_config(path: str) -> ModelConfig:
       d = json.load(f)
   except json.JSONDecodeError as e:
     raise CheckpointError(f"{file}:{e.lineno}: invalid JSON ({e.msg})") from None
+  except UnicodeDecodeError as e:
+    raise CheckpointError(f"{file}: not UTF-8 text ({e.reason} at byte {e.start})") from None
   return config_from_dict(d, source=file)
 
 

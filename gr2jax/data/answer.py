@@ -93,8 +93,19 @@ def parse_answer(text: str, candidate_labels) -> AnswerResult:
 
   Returns:
     The AnswerResult; its ranking is D's order unless the answer is a valid permutation.
+
+  Raises:
+    TypeError: text is not a str, or candidate_labels is not a sequence of str.
+    ValueError: candidate_labels are not distinct.
   """
+  if not isinstance(text, str):
+    raise TypeError(f"parse_answer: text must be a str, got {type(text).__name__}")
+  if isinstance(candidate_labels, (str, bytes)) or not hasattr(candidate_labels, "__iter__"):
+    raise TypeError("parse_answer: candidate_labels must be a sequence of label strings, got "
+                    f"{type(candidate_labels).__name__}")
   candidate_labels = tuple(candidate_labels)
+  if not all(isinstance(label, str) for label in candidate_labels):
+    raise TypeError(f"parse_answer: candidate_labels must all be str, got {candidate_labels}")
   if len(set(candidate_labels)) != len(candidate_labels):
     raise ValueError(f"candidate_labels are not distinct: {candidate_labels}")
   identity = np.arange(len(candidate_labels), dtype=np.int32)

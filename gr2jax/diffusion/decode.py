@@ -392,7 +392,7 @@ def block_diffusion_generate(
     config: the model; `config.mask_token_id` must be set; `config.block_size` is B (1 = AR
       decoding).
     prompt_tokens: [B, P] int right-padded prompts, ids in [0, V).
-    prompt_lengths: [B] int real prompt lengths, each in 1..P.
+    prompt_lengths: [B] int real prompt lengths, each in 1..P (None: P for every row).
     threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
       strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
     max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).

@@ -238,7 +238,7 @@ def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Arra
 
 
 def _check_tokens(where: str, params: dict, config: ModelConfig, tokens) -> jax.Array:
-  """tokens as an integer [B, T] array with B, T >= 1 and ids in [0, V) (values when concrete)."""
+  """tokens as an int32 [B, T] array; B, T >= 1, ids in [0, V) (values when concrete)."""
   tokens = validate.integer_array(where, "tokens", tokens, ndim=2)
   validate.check_range(where, "tokens", tokens, 0, config.vocab_size, "the vocab")
   embed = params.get("embed") if isinstance(params, Mapping) else None
@@ -247,7 +247,7 @@ def _check_tokens(where: str, params: dict, config: ModelConfig, tokens) -> jax.
                     f"{type(params).__name__}")
   validate.check_shape(where, "params['embed']", embed,
                        shape=(config.vocab_size, config.hidden_size))
-  return tokens
+  return jnp.asarray(tokens, jnp.int32)  # checked: one dtype downstream (uint8 / int64 / lists)
 
 
 def _check_cache(where: str, config: ModelConfig, cache, b: int, t: int,

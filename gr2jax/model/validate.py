@@ -74,6 +74,12 @@ def bool_array(where: str, name: str, x, *, shape: tuple[int | None, ...]):
   return x
 
 
+def _shape_text(shape) -> str:
+  """(2, ?) for a shape with None entries (any size); (2,) for one dimension."""
+  parts = ["?" if d is None else str(d) for d in shape]
+  return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
 def check_shape(where: str, name: str, x, *, ndim: int | None = None,
                 shape: tuple[int | None, ...] | None = None, nonempty: bool = False) -> None:
   """Raises ValueError naming `name` on a wrong rank / shape or an empty dimension."""
@@ -81,12 +87,11 @@ def check_shape(where: str, name: str, x, *, ndim: int | None = None,
   if shape is not None:
     ndim = len(shape)
   if ndim is not None and len(actual) != ndim:
-    want = f"{tuple('?' if d is None else d for d in shape)}" if shape else f"rank {ndim}"
-    raise ValueError(f"{where}: {name} must have shape {want}, got {actual}")
+    want = f"shape {_shape_text(shape)}" if shape else f"rank {ndim}"
+    raise ValueError(f"{where}: {name} must have {want}, got shape {actual}")
   if shape is not None and any(w is not None and w != a for w, a in zip(shape, actual,
                                                                         strict=True)):
-    want = tuple("?" if d is None else d for d in shape)
-    raise ValueError(f"{where}: {name} has shape {actual}, expected {want}")
+    raise ValueError(f"{where}: {name} has shape {actual}, expected {_shape_text(shape)}")
   if nonempty and 0 in actual:
     raise ValueError(f"{where}: {name} has an empty dimension, shape {actual}")
 
