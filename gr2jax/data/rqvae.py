@@ -27,6 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from gr2jax.progress import progress
+
 MAX_COLLISIONS = 256  # size cap of the 4th (collision) vocabulary
 
 
@@ -407,16 +409,20 @@ def train_rqvae(embeddings: np.ndarray, config: RQVAEConfig, seed: int = 0) -> t
   chunk = config.reset_every if config.reset_every > 0 else config.epochs
   last_reset = int(config.epochs * config.reset_fraction) if config.reset_every > 0 else 0
   history, codes_reset, done = [], np.zeros(config.num_levels, np.int64), 0
+  bar = progress(config.epochs, desc="RQ-VAE", unit="epoch")
   while done < config.epochs:
     epochs = min(chunk, config.epochs - done)
     k_train, k_epochs, k_reset = jax.random.split(k_train, 3)
     params, opt_state, metrics = train_epochs(params, opt_state, config, x, k_epochs, epochs)
     history.extend(np.asarray(metrics["loss"]).tolist())
     done += epochs
+    bar.update(epochs)
+    bar.set_postfix(loss=f"{history[-1]:.4f}")
     if done <= last_reset and done < config.epochs:
       params, num_reset = reset_dead_codes(params, config, x, k_reset)
       codes_reset += np.asarray(num_reset)
 
+  bar.close()
   _, aux = loss_fn(params, config, x)
   stats = code_stats(np.asarray(aux["codes"]), config.codebook_size)
   stats.update(recon_loss=float(aux["recon"]), quant_loss=float(aux["quant"]),

@@ -9,6 +9,8 @@ so neither writing nor reading needs TensorFlow (research/env_feasibility.md §2
 from collections.abc import Iterable, Mapping
 
 import grain
+import os
+
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -110,6 +112,7 @@ def build(records: Mapping[str, Iterable[dict]], data_dir: str) -> AmazonBeautyG
     The prepared builder.
   """
   builder = AmazonBeautyGr2(records=records, data_dir=data_dir)
+  tfds.display_progress_bar(os.environ.get("GR2JAX_PROGRESS", "1") != "0")  # per-split bars
   builder.download_and_prepare()
   return builder
 

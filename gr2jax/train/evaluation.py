@@ -20,8 +20,8 @@ from gr2jax.data import answer
 from gr2jax.diffusion import decode as diffusion_decode
 from gr2jax.model import generate as generate_lib
 from gr2jax.model.config import ModelConfig
+from gr2jax.progress import progress
 from gr2jax.train import inputs
-from gr2jax.train.writer import progress
 
 
 def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,

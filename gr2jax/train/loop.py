@@ -26,11 +26,12 @@ from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
+from gr2jax.progress import progress
 from gr2jax.train import checkpoints, evaluation, inputs, optim
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
-from gr2jax.train.writer import MetricsWriter, progress
+from gr2jax.train.writer import MetricsWriter
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 
 Only process 0 writes. `MetricsWriter.write(step, metrics)` appends one JSON line
 `{"step": s, "time": t, **metrics}` to `metrics.jsonl` and one TensorBoard scalar per metric;
-`write_text` logs the resolved config and the devices at the start of a run.
+`write_text` logs the resolved config and the devices at the start of a run. Progress bars:
+gr2jax/progress.py.
 """
 
 import json
@@ -12,7 +13,6 @@ import time
 import jax
 import numpy as np
 import tensorboardX
-import tqdm
 
 
 def _scalar(v):
@@ -52,9 +52,3 @@ class MetricsWriter:
     if self.active:
       self._tb.close()
       self._jsonl.close()
-
-
-def progress(total: int, initial: int = 0, desc: str = "", disable: bool = False) -> tqdm.tqdm:
-  """A console progress bar (rate, ETA) on stderr; silent on processes other than 0."""
-  return tqdm.tqdm(total=total, initial=initial, desc=desc, dynamic_ncols=True, mininterval=2.0,
-                   disable=disable or jax.process_index() != 0)
