@@ -39,9 +39,10 @@ def _run_data(config, workdir):
 
 def _resolve_init(config, workdir):
   """`{workdir}` in config.init names this run's workdir (a previous stage's export)."""
-  if "init" in config:
-    with config.unlocked():
-      config.init = config.init.format(workdir=workdir)
+  with config.unlocked():
+    config.init = config.init.format(workdir=workdir)
+    if "opd" in config:
+      config.opd.teacher = config.opd.teacher.format(workdir=workdir)
 
 
 def _run_training(config, workdir):
@@ -72,6 +73,9 @@ STAGES = {
     "data": _run_data,
     "sft": _run_training,
     "ar_rl": _run_training,
+    "cft": _run_training,
+    "opd": _run_training,
+    "rl": _run_training,
     "eval": _run_eval,
 }
 

@@ -20,7 +20,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.data import answer
 from gr2jax.diffusion import commit
 from gr2jax.model import generate as generate_lib
 from gr2jax.model import masks, qwen3
@@ -77,18 +76,6 @@ def _old_log_probs(params, config, batch, temperature):
   return response_log_probs(params, config, batch, temperature)
 
 
-def parse_rollouts(tokenizer, tokens: np.ndarray, lengths: np.ndarray, stopped: np.ndarray,
-                   labels: list) -> tuple[np.ndarray, np.ndarray, list]:
-  """Parses G rollouts per prompt: (rankings [B, N], valid [B] (an overflowing row is invalid),
-  AnswerResults)."""
-  results = []
-  for i, (row, n) in enumerate(zip(tokens, lengths, strict=True)):
-    text = tokenizer.decode(row[:n].tolist(), skip_special_tokens=False)
-    results.append(answer.parse_answer(text, labels[i]))
-  valid = np.asarray([r.valid for r in results]) & stopped
-  return np.stack([r.ranking for r in results]), valid, results
-
-
 def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, tokenizer,
             labels_of, group_size: int, temperature: float, max_new_tokens: int,
             alpha: float) -> tuple[dict, dict]:
@@ -116,11 +103,10 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, t
                               max_new_tokens=max_new_tokens, key=key,
                               sampling=generate_lib.Sampling(temperature=temperature))
   tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
-  last = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
-  stopped = np.isin(last, config.eos_token_ids) & (lengths > 0)
   labels = [labels_of(int(i)) for i in rep(batch["example_index"])]
-  rankings, valid, results = parse_rollouts(tokenizer, tokens, lengths, stopped, labels)
-  reward = rewards.rank_rewards(rankings, valid, rep(batch["target_position"]), alpha=alpha)
+  reward, valid, results = rewards.rollout_rewards(
+    tokenizer, tokens, lengths, labels, rep(batch["target_position"]), config.eos_token_ids,
+    alpha=alpha)
   adv, keep = grpo.group_advantages(reward.reshape(-1, group_size))
   weights = (np.arange(tokens.shape[1])[None, :] < lengths[:, None]).astype(np.float32)
   weights *= np.repeat(keep, group_size)[:, None]

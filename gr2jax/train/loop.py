@@ -24,6 +24,8 @@ import numpy as np
 from gr2jax import checkpoint as model_checkpoint
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.data.prompts import MASK_TOKEN
+from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
@@ -75,8 +77,24 @@ class Stage:
   make_prepare: Callable | None = None
 
 
-def model_from_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
-  """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory."""
+def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
+                    ) -> tuple[ModelConfig, dict]:
+  """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory; with
+  block_size > 0 an AR model is converted to block diffusion (diffusion/convert.py, mask token
+  <|mask|> of the tokenizer; the weights are unchanged)."""
+  config, params = _load_init(init, tokenizer, stage_cfg)
+  if block_size and config.mask_token_id is None:
+    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
+    if mask_id is None or mask_id == tokenizer.unk_token_id:
+      raise ValueError(f"the tokenizer has no {MASK_TOKEN} token to convert to diffusion")
+    config = convert.to_diffusion(config, block_size, int(mask_id))
+  elif block_size and config.block_size != block_size:
+    raise ValueError(f"init={init!r} is a diffusion model with block_size={config.block_size}, "
+                     f"the config asks for {block_size}")
+  return config, params
+
+
+def _load_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
   if init.startswith("preset:"):
     name = init.split(":", 1)[1]
     if not hasattr(ModelConfig, name):
@@ -143,7 +161,8 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
   os.makedirs(stage_dir, exist_ok=True)
   tcfg = config.train
   ctx = load_context(config, workdir) if ctx is None else ctx
-  model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg)
+  model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg,
+                                              config.get("block_size", 0))
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
   if tcfg.batch_size % mesh_lib.batch_size_multiple(ctx.mesh):

@@ -12,6 +12,8 @@ the target is not already first.
 
 import numpy as np
 
+from gr2jax.data import answer
+
 INVALID_REWARD = -1.0
 
 
@@ -41,3 +43,33 @@ def rank_rewards(rankings: np.ndarray, valid: np.ndarray, target_position: np.nd
   paid = (r_rank > 0) | ((rank_in_d == 1) & (rank_out == 1))
   reward = r_rank + alpha * paid
   return np.where(valid, reward, INVALID_REWARD).astype(np.float32)
+
+
+def rollout_rewards(tokenizer, tokens: np.ndarray, lengths: np.ndarray, labels: list,
+                    target_position: np.ndarray, stop_token_ids: tuple[int, ...], *,
+                    alpha: float = 0.2) -> tuple[np.ndarray, np.ndarray, list]:
+  """Parses decoded rollouts (AR or diffusion) and scores them with `rank_rewards`.
+
+  A row that did not end with a stop token within its budget (overflow) is invalid, whatever
+  its text parses to.
+
+  Args:
+    tokenizer: the data build's tokenizer.
+    tokens: [B, M] response tokens; lengths: [B] tokens per row (the stop token included).
+    labels: [B] tuples of candidate label strings.
+    target_position: [B] the target's slot in D.
+    stop_token_ids: the ids that end a response.
+    alpha: format-reward weight.
+
+  Returns:
+    (rewards [B] f32, valid [B] bool, AnswerResults).
+  """
+  tokens, lengths = np.asarray(tokens), np.asarray(lengths)
+  results = [answer.parse_answer(tokenizer.decode(row[:n].tolist(), skip_special_tokens=False),
+                                 labels[i])
+             for i, (row, n) in enumerate(zip(tokens, lengths, strict=True))]
+  last = tokens[np.arange(len(tokens)), np.maximum(lengths - 1, 0)]
+  stopped = np.isin(last, stop_token_ids) & (lengths > 0)
+  valid = np.asarray([r.valid for r in results], bool) & stopped
+  rankings = np.stack([r.ranking for r in results])
+  return rank_rewards(rankings, valid, target_position, alpha=alpha), valid, results

@@ -1,0 +1,35 @@
+"""CFT (Diffusion-GR2 §2): masked-diffusion fine-tuning of the converted AR GR2 on the re-ranking
+data, reasoning / answer weights decoupled as in SFT.
+
+  python experiments/run.py --config=cft.py --workdir=workdir
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diffusion_common import get_diffusion_config  # noqa: E402
+
+
+def get_config(variant: str = ""):
+  c = get_diffusion_config("cft", os.path.join("{workdir}", "ar_rl", "export"))
+  c.cft = ml_collections.ConfigDict()
+  c.cft.eps = 1e-3  # per-block masking rate t ~ U(eps, 1)
+  c.cft.complementary = True  # also train the inverted mask (every token supervised per pair)
+  c.train.steps = 500
+  c.train.batch_size = 16
+  c.optimizer.learning_rate = 5e-4
+  c.optimizer.warmup_steps = 30
+  if variant == "qwen3_8b":
+    c.model.remat = "full"
+    c.model.param_dtype = "bfloat16"
+    c.model.attention_chunk_bytes = 1 << 30
+    c.train.batch_size = 32
+    c.train.micro_batches = 16
+    c.train.steps = 860  # 3 epochs of 9.2k examples at batch 32
+    c.optimizer.learning_rate = 1e-5
+  elif variant:
+    raise ValueError(f"cft.py: unknown variant {variant!r}; expected '' or 'qwen3_8b'")
+  return c

@@ -1,0 +1,38 @@
+"""OPD (Diffusion-GR2 §2): the CFT student decodes with its own block diffusion; the frozen AR
+GR2 (SFT + RL) gives per-token forward-KL targets on those trajectories.
+
+  python experiments/run.py --config=opd.py --workdir=workdir
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from diffusion_common import get_diffusion_config  # noqa: E402
+
+
+def get_config(variant: str = ""):
+  c = get_diffusion_config("opd", os.path.join("{workdir}", "cft", "export"))
+  c.opd = ml_collections.ConfigDict()
+  c.opd.teacher = os.path.join("{workdir}", "ar_rl", "export")  # the frozen AR GR2
+  c.opd.group_size = 4  # G' student trajectories per prompt (paper: 4)
+  c.train.steps = 40
+  c.train.batch_size = 8  # prompts per step (x G')
+  c.train.save_every = 20
+  c.optimizer.learning_rate = 5e-5
+  c.optimizer.schedule = "constant"  # paper: constant lr
+  c.optimizer.warmup_steps = 2
+  c.optimizer.weight_decay = 0.0
+  if variant == "qwen3_8b":
+    c.model.remat = "full"
+    c.model.param_dtype = "bfloat16"
+    c.model.attention_chunk_bytes = 1 << 30
+    c.train.batch_size = 128  # paper: 128 prompts per step, 1 epoch
+    c.train.micro_batches = 64
+    c.train.steps = 1500
+    c.optimizer.learning_rate = 1e-6
+  elif variant:
+    raise ValueError(f"opd.py: unknown variant {variant!r}; expected '' or 'qwen3_8b'")
+  return c
