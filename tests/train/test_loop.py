@@ -145,6 +145,7 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
   """CFT (converted to B=4) -> OPD (AR teacher) -> RL, each a couple of real steps through the
   one loop, each ending with the one evaluation (diffusion decoding)."""
   import sys as _sys
+
   from ml_collections import ConfigDict
 
   _sys.path.insert(0, os.path.join(REPO, "experiments", "configs"))
