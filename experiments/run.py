@@ -69,8 +69,16 @@ def _run_eval(config, workdir):
   return result
 
 
+def _run_table2(config, workdir):
+  from gr2jax import reproduce
+
+  sys.path.insert(0, CONFIG_DIR)  # reproduce imports each stage's config file
+  return reproduce.run(config, workdir)
+
+
 STAGES = {
     "data": _run_data,
+    "table2": _run_table2,
     "sft": _run_training,
     "ar_rl": _run_training,
     "cft": _run_training,

@@ -10,13 +10,15 @@ target's rank in the resulting list gives R@1 / R@3 / N@3 (gr2jax.metrics).
 
 import json
 import os
+import re
 import time
 
 import jax
 import numpy as np
 
 from gr2jax import metrics as metrics_lib
-from gr2jax.data import answer
+from gr2jax.data import answer, prompts
+from gr2jax.diffusion import constrain
 from gr2jax.diffusion import decode as diffusion_decode
 from gr2jax.model import generate as generate_lib
 from gr2jax.model.config import ModelConfig
@@ -24,9 +26,30 @@ from gr2jax.progress import progress
 from gr2jax.train import inputs
 
 
+def label_levels(tokenizer, depth: int) -> list[list[int]]:
+  """Token ids of each answer-label level: slot tokens (depth 1) or the SID levels a, b, c, d."""
+  vocab = tokenizer.get_vocab()
+  patterns = [r"<slot_\d+>"] if depth == 1 else [rf"<{c}_\d+>" for c in "abcdefgh"[:depth]]
+  return [sorted(i for t, i in vocab.items() if re.fullmatch(p, t)) for p in patterns]
+
+
+def answer_constraint(tokenizer, config: ModelConfig, label_tokens: np.ndarray):
+  """The decoding-time answer constraint (diffusion/constrain.py) of a batch's candidates.
+
+  Args:
+    tokenizer: the data build's tokenizer.
+    config: the model (its vocabulary size).
+    label_tokens: [B, N, Lc] int32 each candidate's label tokens.
+  """
+  return constrain.make_constraint(label_tokens, label_levels(tokenizer, label_tokens.shape[2]),
+                                   config.vocab_size,
+                                   tokenizer.convert_tokens_to_ids(prompts.THINK_END))
+
+
 def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
                  prompt_lengths: np.ndarray, *, max_new_tokens: int, tau: float,
-                 max_steps_per_block: int, temperature: float = 0.0, key=None) -> dict:
+                 max_steps_per_block: int, temperature: float = 0.0, key=None,
+                 constraint=None) -> dict:
   """Decodes one batch of right-padded prompts with the checkpoint's own decoder.
 
   Args:
@@ -37,6 +60,7 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     max_steps_per_block: the diffusion denoising-step cap per block (paper: 64).
     temperature: 0 greedy; > 0 samples with `key`.
     key: PRNG key for sampling.
+    constraint: an AnswerConstraint (diffusion only; the constrained-decoding ablation).
 
   Returns:
     {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill included),
@@ -46,9 +70,11 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     out = diffusion_decode.block_diffusion_generate(
       params, config, prompt_tokens, prompt_lengths, block_size=config.block_size,
       threshold=tau, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-      temperature=temperature, key=key)
+      temperature=temperature, key=key, constraint=constraint)
     nfe = np.asarray(out.nfe)
   else:
+    if constraint is not None:
+      raise ValueError("constrained decoding is a diffusion-decoder ablation; this model is AR")
     sampling = generate_lib.Sampling(temperature=temperature)
     out = generate_lib.generate(params, config, prompt_tokens, prompt_lengths,
                                 max_new_tokens=max_new_tokens, sampling=sampling, key=key)
@@ -93,7 +119,7 @@ def score(results: list, data: inputs.SplitData) -> dict:
 def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenizer, *,
              batch_size: int, prompt_len: int, max_new_tokens: int, tau: float = 1.0,
              max_steps_per_block: int = 64, out_path: str | None = None,
-             desc: str = "eval") -> dict:
+             desc: str = "eval", constrained: bool = False) -> dict:
   """Decodes, validates and scores a split; optionally writes per-example JSONL.
 
   Args:
@@ -108,6 +134,7 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
     out_path: JSONL with one row per example (user, response text, ranking, validity, target
       rank), or None.
     desc: progress-bar label.
+    constrained: decode with the answer constraint (diffusion models only; an ablation).
 
   Returns:
     score(...) plus 'mean_response_len', 'mean_nfe', 'nfe_per_token', 'tokens_per_s' (after the
@@ -121,9 +148,14 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
     chunk = data.encoded[first:first + batch_size]
     prompts, prompt_lengths = inputs.prompt_arrays(chunk, batch_size, prompt_len,
                                                    config.pad_token_id)
+    constraint = None
+    if constrained:
+      labels = np.stack([e.label_tokens for e in chunk])
+      labels = np.concatenate([labels, np.repeat(labels[-1:], batch_size - len(chunk), 0)])
+      constraint = answer_constraint(tokenizer, config, labels)
     t0 = time.perf_counter()
     out = decode_batch(params, config, prompts, prompt_lengths, max_new_tokens=max_new_tokens,
-                       tau=tau, max_steps_per_block=max_steps_per_block)
+                       tau=tau, max_steps_per_block=max_steps_per_block, constraint=constraint)
     jax.block_until_ready(out["tokens"])
     if first > 0:
       decode_s += time.perf_counter() - t0
