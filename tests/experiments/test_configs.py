@@ -12,7 +12,8 @@ import pytest
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
 from gr2jax.train import mesh as mesh_lib
-from gr2jax.train import optim, state as state_lib
+from gr2jax.train import optim
+from gr2jax.train import state as state_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
 sys.path.insert(0, CONFIG_DIR)
