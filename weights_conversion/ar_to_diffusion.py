@@ -12,7 +12,6 @@ then in its tokenizer.json; it must be an id < vocab_size and must not be one of
 atomically (a temp directory renamed into place): on any error nothing is left at OUT.
 """
 
-import dataclasses
 import json
 import os
 import shutil
@@ -22,7 +21,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import checkpoint
+from gr2jax.diffusion import convert as diffusion_convert  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 from weights_conversion import convert_hf  # noqa: E402
 
@@ -84,15 +84,11 @@ def convert(ar: str, out: str, block_size: int, mask_token: str = MASK_TOKEN) ->
   if not os.path.isdir(os.path.join(ar, checkpoint.PARAMS_DIR)):
     raise checkpoint.CheckpointError(f"{ar}: no {checkpoint.PARAMS_DIR}/ (incomplete checkpoint)")
   mask_id = find_token_id(ar, mask_token, config.vocab_size)
-  for role, ids in (("an eos / stop token (eos_token_ids)", config.eos_token_ids),
-                    ("the pad token (pad_token_id)", (config.pad_token_id,))):
-    if mask_id in ids:
-      raise ValueError(
-        f"{ar}: mask token {mask_token!r} has id {mask_id}, which is {role} of the model: the "
-        "decoder never proposes the mask token, so no row could stop (eos) or padding would "
-        "read as masks (pad); pass --mask_token=<a token of its own> (add it with "
-        "convert_hf.py --add_tokens)")
-  config = dataclasses.replace(config, block_size=block_size, mask_token_id=mask_id)
+  try:
+    config = diffusion_convert.to_diffusion(config, block_size, mask_id)
+  except ValueError as e:
+    raise ValueError(f"{ar}: mask token {mask_token!r}: {e}; pass --mask_token=<a token of its "
+                     "own> (add it with convert_hf.py --add_tokens)") from None
 
   def write(tmp: str) -> None:
     for name in sorted(os.listdir(ar)):
