@@ -93,6 +93,20 @@ def rounds_needed(block_size: int, max_steps_per_block: int, shrink: int = 1) ->
   return -(-steps // shrink)
 
 
+def round_bucket(commit_step, num_rounds: int, shrink: int = 1) -> int:
+  """The replay rounds a batch of traces needs, rounded up to a power of two (<= num_rounds).
+
+  A trained model commits most of a block in a few steps, so replaying all rounds_needed(...)
+  rounds (31 at B = 32) would spend most of the packed sequence on empty rounds (about 1 GB of
+  activations per tiny-model row at 31 rounds, 0.2 GB at 8). Powers of two keep the number of
+  distinct compiled shapes at log2(num_rounds) + 1.
+  """
+  rounds = np.asarray(replay_rounds(commit_step, shrink))
+  used = rounds[(rounds != SEED_STEP) & (rounds != NEVER_STEP)]
+  need = int(used.max()) + 1 if used.size else 1
+  return min(num_rounds, 1 << max(need - 1, 0).bit_length()) if num_rounds else 0
+
+
 def check_rounds(commit_step, num_rounds: int, shrink: int = 1) -> None:
   """Raises if a committed token's round is >= num_rounds (host-side, concrete values only)."""
   rounds = np.asarray(replay_rounds(commit_step, shrink))
@@ -291,7 +305,8 @@ def sample_traces(
   Returns:
     ({trace_tokens [B, M] int32, commit_step [B, M] int32, trace_lengths [B] int32,
       response_tokens [B, M] int32 (pad after the stop), commit_logprob [B, M] f32 (the
-      decoder's record, for diagnostics: losses use the replay)} as numpy,
+      decoder's record, for diagnostics: losses use the replay), replay_rounds [B, S] bool
+      whose width S = round_bucket(...) is the static round count the losses replay} as numpy,
      stats {'response_len', 'forwards_per_token'}).
   """
   if not temperature > 0:
@@ -303,7 +318,9 @@ def sample_traces(
   )
   check_rounds(out.commit_step, num_rounds, shrink)
   lengths = np.asarray(out.lengths).astype(np.int32)
+  bucket = round_bucket(out.commit_step, num_rounds, shrink)
   traces = {
+    "replay_rounds": np.zeros((len(lengths), bucket), bool),
     "trace_tokens": np.asarray(out.trace_tokens),
     "commit_step": np.asarray(out.commit_step),
     "trace_lengths": lengths,

@@ -107,7 +107,7 @@ def opd_loss(
   key: jax.Array,
   *,
   config: ModelConfig,
-  num_rounds: int,
+  num_rounds: int | None = None,
   shrink: int = 1,
 ):
   """The OPD loss on prepared trajectories (train-step contract; module docstring).
@@ -118,7 +118,8 @@ def opd_loss(
       trace_tokens [B, M], commit_step [B, M], trace_lengths [B], teacher_log_probs [B, M, V].
     key: unused (the trajectories are in the batch).
     config: the student.
-    num_rounds: the replay's static round count (replay.rounds_needed).
+    num_rounds: the replay's static round count; None = the width of batch['replay_rounds']
+      (set by `prepare`: the rounds this batch needs, replay.round_bucket).
     shrink: replay step shrinkage (1 = exact contexts).
 
   Returns:
@@ -126,6 +127,8 @@ def opd_loss(
      {'student_logp', 'teacher_logp'}: per-trajectory mean log-prob of the sampled tokens).
   """
   del key
+  if num_rounds is None:
+    num_rounds = batch["replay_rounds"].shape[1]
   res = replay.replay(
     params, config, batch["prompt_tokens"], batch["prompt_lengths"], batch["trace_tokens"],
     batch["commit_step"], batch["trace_lengths"], num_rounds=num_rounds, shrink=shrink,

@@ -46,7 +46,7 @@ def _cft_loss(ctx: Context):
 
 
 def _opd_loss(ctx: Context):
-  return functools.partial(opd.opd_loss, config=ctx.model_config, num_rounds=_num_rounds(ctx),
+  return functools.partial(opd.opd_loss, config=ctx.model_config,
                            shrink=ctx.config.diffusion.shrink)
 
 
@@ -64,8 +64,8 @@ def _rl_loss(ctx: Context):
   rl = ctx.config.rl
   d = ctx.config.diffusion
   return functools.partial(trace_rl.trace_rl_loss, config=ctx.model_config,
-                           num_rounds=_num_rounds(ctx), temperature=d.temperature,
-                           shrink=d.shrink, eps_low=rl.eps_low, eps_high=rl.eps_high)
+                           temperature=d.temperature, shrink=d.shrink, eps_low=rl.eps_low,
+                           eps_high=rl.eps_high)
 
 
 def _rl_prepare(ctx: Context):

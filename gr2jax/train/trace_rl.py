@@ -61,8 +61,8 @@ def trace_rl_loss(
   key: jax.Array,
   *,
   config: ModelConfig,
-  num_rounds: int,
   temperature: float,
+  num_rounds: int | None = None,
   shrink: int = 1,
   eps_low: float = 0.2,
   eps_high: float = 0.2,
@@ -76,8 +76,9 @@ def trace_rl_loss(
       token_weights [B, M].
     key: unused.
     config: the model.
-    num_rounds: the replay's static round count (replay.rounds_needed).
     temperature: the rollout temperature (log-probs of the distribution sampled from).
+    num_rounds: the replay's static round count; None = the width of batch['replay_rounds']
+      (set by `prepare`: the rounds this batch needs, replay.round_bucket).
     shrink: replay step shrinkage (as in `prepare`).
     eps_low: lower clip range.
     eps_high: upper clip range.
@@ -86,6 +87,8 @@ def trace_rl_loss(
     grpo.policy_loss's (loss_sum, token count, aux sums).
   """
   del key
+  if num_rounds is None:
+    num_rounds = batch["replay_rounds"].shape[1]
   logp = replay_log_probs(params, batch, config=config, num_rounds=num_rounds,
                           temperature=temperature, shrink=shrink)
   return grpo.policy_loss(logp, batch["logp_old"], batch["advantages"], batch["token_weights"],
@@ -155,7 +158,8 @@ def prepare(
     "advantages": advantages.reshape(-1), "token_weights": weights,
   }
   train["logp_old"] = np.asarray(_old_log_probs(
-    params, train, config=config, num_rounds=num_rounds, temperature=float(temperature),
+    params, train, config=config, num_rounds=train["replay_rounds"].shape[1],
+    temperature=float(temperature),
     shrink=shrink,
   ))
   stats = {**stats, "reward": float(rewards.mean()), "kept_groups": float(keep.mean())}
