@@ -25,6 +25,7 @@ def get_config(variant: str = ""):
   c.optimizer.schedule = "constant"  # paper: constant lr
   c.optimizer.warmup_steps = 2
   c.optimizer.weight_decay = 0.0
+  c.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
   if variant == "qwen3_8b":
     c.model.remat = "full"
     c.model.param_dtype = "bfloat16"

@@ -26,6 +26,7 @@ def get_config(variant: str = ""):
   c.eval = common.eval  # eval.tau = 1.0 (quality mode), eval.limit = 0 (all users)
   c.splits = ("test_1615", "test")  # evaluated splits (the paper's 1,615 users, all users)
   c.block_size = 32  # B of the diffusion stages (paper: 32)
+  c.rollout_max_steps_per_block = 64  # OPD / RL rollout step cap per block (eval: eval.*)
   c.results_dir = os.path.join("{workdir}", "results")  # where table2.{md,csv,json} go
   c.stages = ml_collections.ConfigDict()  # per-stage overrides of config.train (steps, ...)
   for name in STAGES:
@@ -35,6 +36,9 @@ def get_config(variant: str = ""):
     c.splits = ("test_1615",)
     c.eval.limit = 32
     c.eval.batch_size = 32
+    c.eval.max_steps_per_block = 4  # untrained models commit ~1 token per step
+    c.rollout_max_steps_per_block = 4
+    c.data.rqvae.epochs = 10
     for name in STAGES:
       c.stages[name] = ml_collections.ConfigDict(dict(steps=2, batch_size=4, limit=256,
                                                       save_every=2))
