@@ -63,8 +63,8 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     constraint: an AnswerConstraint (diffusion only; the constrained-decoding ablation).
 
   Returns:
-    {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill included),
-     'output': the decoder's raw output}.
+    {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill and commit forwards
+     included), 'denoise_steps' [B] the paper's NFE (denoising steps; AR: tokens), 'output'}.
   """
   if config.mask_token_id is not None:
     out = diffusion_decode.block_diffusion_generate(
@@ -72,6 +72,7 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
       threshold=tau, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
       temperature=temperature, key=key, constraint=constraint)
     nfe = np.asarray(out.nfe)
+    denoise = np.asarray(out.denoise_steps)
   else:
     if constraint is not None:
       raise ValueError("constrained decoding is a diffusion-decoder ablation; this model is AR")
@@ -79,8 +80,9 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     out = generate_lib.generate(params, config, prompt_tokens, prompt_lengths,
                                 max_new_tokens=max_new_tokens, sampling=sampling, key=key)
     nfe = np.full(prompt_tokens.shape[:1], int(out.nfe))
+    denoise = np.asarray(out.lengths)  # AR: one forward per token (the paper's B = 1 count)
   return {"tokens": np.asarray(out.tokens), "lengths": np.asarray(out.lengths), "nfe": nfe,
-          "output": out}
+          "denoise_steps": denoise, "output": out}
 
 
 def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -137,10 +139,11 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
     constrained: decode with the answer constraint (diffusion models only; an ablation).
 
   Returns:
-    score(...) plus 'mean_response_len', 'mean_nfe', 'nfe_per_token', 'tokens_per_s' (after the
-    first, compiling batch) and 'seconds'.
+    score(...) plus 'mean_response_len', 'mean_nfe' and 'nfe_per_token' (forwards incl. prefill
+    and commit forwards), 'paper_nfe_per_token' (denoising steps per token, the paper's count),
+    'tokens_per_s' (after the first, compiling batch) and 'seconds'.
   """
-  results, rows, lengths, nfes = [], [], [], []
+  results, rows, lengths, nfes, steps = [], [], [], [], []
   decode_s, decoded_tokens = 0.0, 0
   start = time.perf_counter()
   bar = progress(len(data), desc=desc)
@@ -170,12 +173,14 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
                    "target_position": int(data.encoded[index].target_position)})
     lengths += out["lengths"][:len(chunk)].tolist()
     nfes += out["nfe"][:len(chunk)].tolist()
+    steps += out["denoise_steps"][:len(chunk)].tolist()
     bar.update(len(chunk))
   bar.close()
   out = score(results, data)
   out["mean_response_len"] = float(np.mean(lengths))
   out["mean_nfe"] = float(np.mean(nfes))
   out["nfe_per_token"] = float(np.sum(nfes) / max(np.sum(lengths), 1))
+  out["paper_nfe_per_token"] = float(np.sum(steps) / max(np.sum(lengths), 1))
   out["tokens_per_s"] = decoded_tokens / decode_s if decode_s > 0 else None
   out["seconds"] = time.perf_counter() - start
   if out_path is not None and jax.process_index() == 0:
@@ -196,6 +201,7 @@ def format_result(name: str, result: dict) -> str:
           f"N@3 {result['N@3']:.4f} | valid {result['valid_rate']:.3f} {counts} | top1=D "
           f"{result['top1_is_D_first']:.3f}"
           + (f" top1=teacher {teacher:.3f}" if teacher is not None else "")
-          + f" | len {result['mean_response_len']:.1f} nfe/tok {result['nfe_per_token']:.3f}"
+          + f" | len {result['mean_response_len']:.1f} fwd/tok {result['nfe_per_token']:.3f}"
+          + f" steps/tok {result['paper_nfe_per_token']:.3f}"
           + (f" {result['tokens_per_s']:.0f} tok/s" if result["tokens_per_s"] else "")
           + f" | n={result['num']} {result['seconds']:.0f} s")
