@@ -56,7 +56,7 @@ def get_common_config(stage: str) -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.split = "test_1615"  # 'test_1615' (the paper's 1,615 users) | 'test' | 'validation'
   c.eval.limit = 0  # evaluate only the first N examples (0 = all)
-  c.eval.batch_size = 64  # decode batch size
+  c.eval.batch_size = 256  # decode batch size
   c.eval.tau = 1.0  # diffusion commit threshold (quality mode 1.0; ignored for AR)
   c.eval.max_steps_per_block = 64  # diffusion denoising-step cap per block (paper: 64)
   return c

@@ -16,6 +16,11 @@ from common import get_common_config  # noqa: E402
 
 def get_config(variant: str = ""):
   c = get_common_config("sft")
+  c.train.steps = 1200  # ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt
+  c.train.batch_size = 32
+  c.train.save_every = 200
+  c.optimizer.learning_rate = 2e-3  # docs/calibration_tiny_prompt.md
+  c.optimizer.warmup_steps = 100
   if variant == "qwen3_8b":
     c.init = "ckpt/qwen3_8b"  # convert_hf.py output with the project's tokens added
     c.data.prompt.answer_format = "sid"
