@@ -11,7 +11,7 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import get_common_config  # noqa: E402
+from common import get_common_config, use_constant_lr, use_qwen3_8b_model  # noqa: E402
 
 
 def get_config(variant: str = ""):
@@ -20,10 +20,7 @@ def get_config(variant: str = ""):
   c.train.steps = 60
   c.train.batch_size = 8  # prompts per step (x G rollouts)
   c.train.save_every = 20
-  c.optimizer.learning_rate = 1e-4
-  c.optimizer.warmup_steps = 5
-  c.optimizer.schedule = "constant"
-  c.optimizer.weight_decay = 0.0
+  use_constant_lr(c, 1e-4, 5)
   c.rl = ml_collections.ConfigDict()
   c.rl.group_size = 8  # G rollouts per prompt (paper: 8)
   c.rl.temperature = 1.0  # sampling temperature; log-probs use the same (commit.token_log_probs)
@@ -31,9 +28,7 @@ def get_config(variant: str = ""):
   c.rl.eps_high = 0.2  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
   c.rl.alpha = 0.2  # conditional format-reward weight (Diffusion-GR2 App. B)
   if variant == "qwen3_8b":
-    c.model.remat = "full"
-    c.model.param_dtype = "bfloat16"
-    c.model.attention_chunk_bytes = 1 << 30
+    use_qwen3_8b_model(c)
     c.train.batch_size = 128
     c.train.micro_batches = 32
     c.optimizer.learning_rate = 1e-6

@@ -10,6 +10,7 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import use_qwen3_8b_model  # noqa: E402
 from diffusion_common import get_diffusion_config  # noqa: E402
 
 
@@ -23,9 +24,7 @@ def get_config(variant: str = ""):
   c.optimizer.learning_rate = 5e-4
   c.optimizer.warmup_steps = 30
   if variant == "qwen3_8b":
-    c.model.remat = "full"
-    c.model.param_dtype = "bfloat16"
-    c.model.attention_chunk_bytes = 1 << 30
+    use_qwen3_8b_model(c)
     c.train.batch_size = 32
     c.train.micro_batches = 16
     c.train.steps = 860  # 3 epochs of 9.2k examples at batch 32

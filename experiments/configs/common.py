@@ -60,3 +60,20 @@ def get_common_config(stage: str) -> ml_collections.ConfigDict:
   c.eval.tau = 1.0  # diffusion commit threshold (quality mode 1.0; ignored for AR)
   c.eval.max_steps_per_block = 64  # diffusion denoising-step cap per block (paper: 64)
   return c
+
+
+def use_qwen3_8b_model(c: ml_collections.ConfigDict) -> None:
+  """The paper-scale model settings every `:qwen3_8b` variant shares: bf16 params (fp32 Adam
+  moments), layer remat, accelerator-sized attention chunks."""
+  c.model.remat = "full"
+  c.model.param_dtype = "bfloat16"
+  c.model.attention_chunk_bytes = 1 << 30
+
+
+def use_constant_lr(c: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int) -> None:
+  """The on-policy stages' optimiser (AR RL, OPD, RL): constant lr after a short warm-up, no
+  weight decay (the paper: constant 1e-6 for OPD, 5e-7 for RL)."""
+  c.optimizer.learning_rate = learning_rate
+  c.optimizer.schedule = "constant"
+  c.optimizer.warmup_steps = warmup_steps
+  c.optimizer.weight_decay = 0.0

@@ -10,6 +10,7 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import use_constant_lr, use_qwen3_8b_model  # noqa: E402
 from diffusion_common import get_diffusion_config  # noqa: E402
 
 
@@ -21,15 +22,10 @@ def get_config(variant: str = ""):
   c.train.steps = 40
   c.train.batch_size = 8  # prompts per step (x G')
   c.train.save_every = 20
-  c.optimizer.learning_rate = 5e-5
-  c.optimizer.schedule = "constant"  # paper: constant lr
-  c.optimizer.warmup_steps = 2
-  c.optimizer.weight_decay = 0.0
+  use_constant_lr(c, 5e-5, 2)
   c.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
   if variant == "qwen3_8b":
-    c.model.remat = "full"
-    c.model.param_dtype = "bfloat16"
-    c.model.attention_chunk_bytes = 1 << 30
+    use_qwen3_8b_model(c)
     c.train.batch_size = 128  # paper: 128 prompts per step, 1 epoch
     c.train.micro_batches = 64
     c.train.steps = 1500

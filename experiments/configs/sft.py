@@ -11,7 +11,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import get_common_config  # noqa: E402
+from common import get_common_config, use_qwen3_8b_model  # noqa: E402
 
 
 def get_config(variant: str = ""):
@@ -28,9 +28,7 @@ def get_config(variant: str = ""):
     c.data.prompt.fields = ("sid", "brand", "leaf", "title")
     c.data.prompt.history_items = 20
     c.data.prompt.max_citations = 3
-    c.model.remat = "full"
-    c.model.param_dtype = "bfloat16"
-    c.model.attention_chunk_bytes = 1 << 30
+    use_qwen3_8b_model(c)
     c.train.batch_size = 32
     c.train.micro_batches = 8
     c.train.steps = 900  # ~3 epochs of 9.2k accepted traces at batch 32
