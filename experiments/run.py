@@ -76,8 +76,15 @@ def _run_table2(config, workdir):
   return reproduce.run(config, workdir)
 
 
+def _run_rerank(config, workdir):
+  from gr2jax import rerank
+
+  return rerank.run(config, workdir)
+
+
 STAGES = {
     "data": _run_data,
+    "rerank": _run_rerank,
     "table2": _run_table2,
     "sft": _run_training,
     "ar_rl": _run_training,

@@ -5,6 +5,7 @@ The public API, importable from a notebook without loading JAX until first use:
   config, params = gr2jax.load_model(path)          # orbax checkpoint or local HF Qwen3 dir
   logits, cache = gr2jax.forward(params, config, tokens[B, T])   # fp32 [B, T, V]
   out = gr2jax.generate(params, config, prompts[B, P], lengths[B], max_new_tokens=N)
+  rows = gr2jax.rerank("requests.jsonl", "W/rl/export", workdir="W")   # re-ranking as a tool
 
 See WORKSPACE.md for the module map and contracts.
 """
@@ -20,6 +21,7 @@ _EXPORTS = {
     "generate": "gr2jax.model.generate",
     "Sampling": "gr2jax.model.generate",
     "load_model": "gr2jax.checkpoint",
+    "rerank": "gr2jax.rerank",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -29,7 +31,10 @@ def __getattr__(name: str):
   """Imports the public names lazily (PEP 562), so `import gr2jax` stays light."""
   if name not in _EXPORTS:
     raise AttributeError(f"module 'gr2jax' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_EXPORTS[name]), name)
+  module = importlib.import_module(_EXPORTS[name])
+  # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/rerank.py): exporting the
+  # module itself keeps `from gr2jax import rerank` the same object whatever was imported first.
+  value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
   globals()[name] = value
   return value
 

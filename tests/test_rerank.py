@@ -1,0 +1,184 @@
+"""Re-ranking as a tool (gr2jax/rerank.py): good requests answered, bad ones named per-request
+errors that never stop the batch; the evidence matches the data build's; the reader survives
+random garbage."""
+
+import dataclasses
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import gr2jax
+from gr2jax import rerank
+from gr2jax.data import evidence as evidence_lib
+from gr2jax.data import prompts
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import abstract_params
+from tests.data.toy_records import toy_catalog, toy_sids
+from tests.train.toy import PROMPT, toy_tokenizer
+
+THRESHOLDS = np.tile([0.2, 0.4, 0.6], (3, 1))
+
+
+@pytest.fixture(scope="module")
+def tok(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("tok"))
+  toy_tokenizer(out)
+  return tokenizer_lib.load_tokenizer(out)
+
+
+def _model(tok, diffusion: bool):
+  """A tiny random model over the toy tokenizer (numpy init: no init compile)."""
+  mask = tok.convert_tokens_to_ids(prompts.MASK_TOKEN)
+  eos = tuple(tok.convert_tokens_to_ids([prompts.IM_END, prompts.END_OF_TEXT]))
+  config = ModelConfig.tiny(vocab_size=-(-len(tok) // 128) * 128, hidden_size=32, head_dim=8,
+                            intermediate_size=64, num_layers=1, eos_token_ids=eos,
+                            pad_token_id=int(tok.pad_token_id),
+                            **(dict(mask_token_id=mask, block_size=8) if diffusion else {}))
+  rng = np.random.default_rng(0)
+  params = jax.tree_util.tree_map_with_path(
+    lambda path, s: jnp.asarray(1.0 + 0.1 * rng.standard_normal(s.shape) if "norm" in
+                                path[-1].key else 0.1 * rng.standard_normal(s.shape), s.dtype),
+    abstract_params(config))
+  return config, params
+
+
+def _reranker(tok, diffusion=False, prompt=PROMPT, sids=None):
+  config, params = _model(tok, diffusion)
+  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids() if sids is None else sids)
+  return rerank.Reranker(params, config, tok, catalogue, prompt, THRESHOLDS, 0.8, 20, 20, 10,
+                         max_new_tokens=16)
+
+
+def _good(i):
+  rng = np.random.default_rng(i)
+  items = rng.permutation(40)
+  return {"id": f"r{i}", "history": items[:5].tolist(), "candidates": items[5:15].tolist()}
+
+
+BAD = {  # line -> the error kind it must get
+  "{not json": "malformed_json",
+  "[1, 2, 3]": "not_an_object",
+  json.dumps({"id": 1, "history": [1]}): "missing_field",
+  json.dumps({"id": 2, "history": 5, "candidates": list(range(10))}): "bad_field",
+  json.dumps({"id": 3, "history": [], "candidates": [*range(9), 40]}): "unknown_item",
+  json.dumps({"id": 4, "history": ["NOPE"], "candidates": list(range(10))}): "unknown_item",
+  json.dumps({"id": 5, "history": [1], "candidates": list(range(9))}): "wrong_candidate_count",
+  json.dumps({"id": 6, "history": [1], "candidates": list(range(11))}): "wrong_candidate_count",
+  json.dumps({"id": 7, "history": [1], "candidates": [*range(9), 3]}): "duplicate_candidates",
+  json.dumps({"id": 8, "history": [True], "candidates": list(range(10))}): "bad_field",
+}
+
+
+@pytest.mark.parametrize("diffusion", [False, True])
+def test_mixed_requests_good_answered_bad_named(tok, diffusion):
+  reranker = _reranker(tok, diffusion)
+  lines = []
+  for i, bad in enumerate(BAD):
+    lines += [json.dumps(_good(i)), bad, ""]
+  # candidates by ASIN work as well, and come back as given
+  asin = _good(99) | {"candidates": [f"B{i:09d}" for i in _good(99)["candidates"]]}
+  lines.append(json.dumps(asin))
+  rows = rerank.rerank_lines(lines, reranker, batch_size=4)
+  assert len(rows) == 2 * len(BAD) + 1  # blank lines skipped, nothing dropped
+  good = [r for r in rows if "error" not in r]
+  bad = [r for r in rows if "error" in r]
+  assert [r["id"] for r in good] == [f"r{i}" for i in range(len(BAD))] + ["r99"]
+  for row in good:
+    assert sorted(row["ranking_slots"]) == list(range(10))
+    request = json.loads(lines[row["line"] - 1])
+    assert row["ranking"] == [request["candidates"][s] for s in row["ranking_slots"]]
+    assert row["fallback"] == (row["kind"] != "valid")
+    assert isinstance(row["reasoning"], str) and isinstance(row["response"], str)
+  assert [r["error"]["kind"] for r in bad] == list(BAD.values())
+  assert all(r["error"]["message"] for r in bad)
+  assert [r["id"] for r in bad][2:] == list(range(1, 9))  # ids read back where readable
+  summary = rerank.summarize(rows)
+  assert summary["answered"] == len(good) and summary["errors"] == len(BAD)
+
+
+def test_evidence_is_the_data_builds():
+  """to_examples' buckets = evidence.compute + bucketize on the right-aligned last 20 items."""
+  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids())
+  reranker = rerank.Reranker(None, None, None, catalogue, PROMPT, THRESHOLDS, 0.8, 20, 3, 10, 16)
+  request = rerank.parse_request(json.dumps(_good(1)), 1, catalogue, 10, False)
+  [example] = rerank.to_examples([request], reranker)
+  hist = np.asarray(_good(1)["history"][-3:], np.int32)[None]
+  ev = evidence_lib.compute(catalogue.features, hist, request.candidates[None], 0.8, 20)
+  np.testing.assert_array_equal(example.evidence,
+                                evidence_lib.bucketize(ev.values, THRESHOLDS)[0])
+  np.testing.assert_array_equal(example.history, hist[0])
+  assert example.evidence.max() > 0  # the toy catalogue shares brands and categories
+
+
+def test_answer_row_valid_answer_and_reasoning():
+  request = rerank.Request(1, "x", np.arange(3), np.arange(10), tuple(f"i{k}" for k in range(10)))
+  labels = tuple(prompts.slot_token(s) for s in range(10))
+  ranking = np.asarray([3, 1, 0, 2, 4, 5, 6, 7, 8, 9])
+  text = prompts.think_block("<slot_3><brand_2>") + prompts.render_answer(ranking, labels)
+  row = rerank.answer_row(request, text, labels)
+  assert row["kind"] == "valid" and not row["fallback"]
+  assert row["ranking"][:2] == ["i3", "i1"] and row["reasoning"] == "<slot_3><brand_2>"
+  row = rerank.answer_row(request, "<think>\nhalf", labels)
+  assert row["fallback"] and row["ranking_slots"] == list(range(10))
+  assert row["reasoning"] == "half"
+
+
+def test_sid_prompt_needs_sids_of_the_build():
+  """With SIDs in the prompt, an item the build has no SID for is a named error; a user
+  catalogue is matched to the build's SIDs by ASIN."""
+  build = toy_catalog()
+  user = dataclasses.replace(build, asins=build.asins[:30] + tuple(f"NEW{i}" for i in range(10)))
+  catalogue = rerank.Catalogue.make(user, toy_sids(), build)
+  np.testing.assert_array_equal(catalogue.sids[:30], toy_sids()[:30])
+  assert (catalogue.sids[30:] == -1).all()
+  line = json.dumps({"id": 0, "history": [1], "candidates": list(range(25, 35))})
+  [row] = rerank.read_requests([line], catalogue, 10, needs_sids=True)
+  assert row["error"]["kind"] == "no_semantic_id"
+  [ok] = rerank.read_requests([line], catalogue, 10, needs_sids=False)
+  assert isinstance(ok, rerank.Request)
+
+
+def test_fuzz_reader_never_raises():
+  """Random garbage lines (bytes, JSON of random shapes, deep nesting) give a Request or a named
+  error row, never an exception."""
+  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids())
+  rng = np.random.default_rng(0)
+  atoms = [None, True, -1, 0, 5, 39, 40, 2**70, 1.5, float("nan"), "", "B000000001", "x", [], {}]
+
+  def value(depth=0):
+    kind = rng.integers(4 if depth < 3 else 1)
+    if kind == 0:
+      return atoms[rng.integers(len(atoms))]
+    if kind == 1:
+      return [value(depth + 1) for _ in range(rng.integers(12))]
+    if kind == 2:
+      keys = ["id", "history", "candidates", "extra"]
+      return {keys[rng.integers(4)]: value(depth + 1) for _ in range(rng.integers(5))}
+    return {"id": value(depth + 1), "history": value(depth + 1),
+            "candidates": [int(x) for x in rng.integers(-2, 42, rng.integers(8, 12))]}
+
+  lines = [bytes(rng.integers(0, 256, rng.integers(1, 40), dtype=np.uint8)).decode("latin-1")
+           for _ in range(100)]
+  lines += [json.dumps(value()) for _ in range(300)]
+  lines += ["[" * 100000, '{"id": ' + "[" * 5000, "\x00", "{}", "null", '"str"']
+  lines += [value() for _ in range(50)]  # already-decoded objects (the Python API)
+  lines += [json.dumps(_good(i)) for i in range(5)]
+  rows = rerank.read_requests(lines, catalogue, 10, needs_sids=True)
+  for row in rows:
+    assert isinstance(row, rerank.Request) or row["error"]["kind"] in rerank.ERROR_KINDS
+  assert all(isinstance(r, rerank.Request) for r in rows[-5:])
+
+
+def test_python_api_is_the_package_export(tmp_path, tok):
+  path = os.path.join(tmp_path, "req.jsonl")
+  with open(path, "w") as f:
+    f.write("".join(json.dumps(_good(i)) + "\n" for i in range(4)) + "{bad\n")
+  rows = gr2jax.rerank(path, _reranker(tok), batch_size=4)  # the mixed test's compiled shape
+  assert all("error" not in r for r in rows[:4]) and rows[4]["error"]["kind"] == "malformed_json"
+  with pytest.raises(ValueError, match="workdir"):
+    gr2jax.rerank(path, "some/ckpt")
