@@ -21,6 +21,11 @@ Compile time (first call minus a warm call) is reported apart from every timing.
 On random weights almost no proposal reaches tau, so diffusion commits ~1 token per step; its
 speed-up must be measured on a trained checkpoint (--ckpt). Random-weight runs report the per-step
 cost ratio, which bounds the speed-up: speed-up ~= (tokens per forward) / (cost ratio).
+--forced_tokens_per_step=TAU:K,... emulates a trained model's schedule on random weights: the e2e
+run at TAU caps each block at ceil((B - 1) / K) denoising steps (the decoder's own step cap, whose
+last step commits every remaining mask), so a block takes exactly the forwards of K tokens per
+step; the forwards cost the same whatever they commit (the LM head runs at all B queries with
+--head_buckets=1), so the timing is that of a model committing K tokens per step.
 Outputs: OUT/bench_diffusion.json, OUT/bench_diffusion.md (tables) and PNG plots.
 """
 
@@ -59,7 +64,10 @@ flags.DEFINE_integer("prompt_len", 512, "Prompt length (e2e, output-length sweep
 flags.DEFINE_integer("max_new_tokens", 128, "Output length (e2e, prompt-length sweep, steps).")
 flags.DEFINE_integer("max_steps_per_block", 64, "Denoising-step cap per block (paper: 64).")
 flags.DEFINE_integer("naive_cache_len", 2048, "Cache slots of the lever-off step measurement.")
-flags.DEFINE_integer("head_buckets", 4, "LM-head buckets of the lever-on e2e run.")
+flags.DEFINE_integer("head_buckets", 4, "LM-head buckets of the lever-on e2e run (1 = no "
+                     "lever-on run).")
+flags.DEFINE_list("forced_tokens_per_step", [], "TAU:K pairs: at TAU, cap each block at "
+                  "ceil((B - 1) / K) denoising steps (module docstring; e.g. 0.9:3,0.6:4,0.4:5).")
 flags.DEFINE_float("sweep_threshold", 0.9, "tau of the sweeps.")
 flags.DEFINE_list("output_lens", ["32", "64", "128", "256", "512"], "Output-length sweep.")
 flags.DEFINE_list("prompt_lens", ["32", "128", "512", "1024", "2048"], "Prompt-length sweep.")
@@ -175,17 +183,31 @@ def step_costs(config, params):
 # ---- end to end -------------------------------------------------------------------------------
 
 
-def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_buckets=1):
+def forced_steps(block_size: int) -> dict[float, tuple[int, int]]:
+  """--forced_tokens_per_step as {tau: (K, the per-block step cap that emulates it)}."""
+  out = {}
+  for item in FLAGS.forced_tokens_per_step:
+    tau, k = item.split(":")
+    if int(k) < 1:
+      raise app.UsageError(f"--forced_tokens_per_step: K={k} must be >= 1")
+    out[float(tau)] = int(k), max(1, -(-(block_size - 1) // int(k)))
+  return out
+
+
+def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_buckets=1,
+         max_steps=None):
   tokens, lengths = _prompts(config, batch, prompt_len)
   config = dataclasses.replace(config, block_size=block_size)  # B comes from the model config
+  max_steps = FLAGS.max_steps_per_block if max_steps is None else max_steps
   fn = lambda: decode.block_diffusion_generate(
       params, config, tokens, lengths, threshold=tau,
-      max_steps_per_block=FLAGS.max_steps_per_block, max_new_tokens=max_new,
+      max_steps_per_block=max_steps, max_new_tokens=max_new,
       stop_token_ids=() if not FLAGS.ckpt else None, head_buckets=head_buckets)
   first, warm, out = _timed(fn, FLAGS.repeats)
   generated = int(jnp.sum(out.lengths))
   return dict(batch=batch, prompt_len=prompt_len, max_new=max_new, block=block_size, tau=tau,
-              head_buckets=head_buckets, seconds=warm, compile_s=_compile_s(first, warm),
+              head_buckets=head_buckets, max_steps_per_block=max_steps, seconds=warm,
+              compile_s=_compile_s(first, warm),
               tokens_per_s=generated / warm,
               nfe_per_token=float(jnp.sum(out.nfe)) / generated,
               denoise_steps_per_token=float(jnp.sum(out.denoise_steps)) / generated,
@@ -197,15 +219,21 @@ def end_to_end(config, params):
   rows = []
   p, m, b = FLAGS.prompt_len, FLAGS.max_new_tokens, FLAGS.block_size
   taus = [float(t) for t in FLAGS.thresholds]
+  forced = forced_steps(b)
   for batch in map(int, FLAGS.batch_sizes):
     ar = _run(config, params, batch, p, m, 1, 1.0)
     rows.append(dict(ar, method="AR"))
     print(f"[e2e] batch {batch} AR: {ar['tokens_per_s']:.1f} tok/s", flush=True)
     for tau in taus:
-      r = _run(config, params, batch, p, m, b, tau)
-      rows.append(dict(r, method="diffusion", speedup=r["tokens_per_s"] / ar["tokens_per_s"]))
-      print(f"[e2e] batch {batch} B={b} tau {tau}: {r['tokens_per_s']:.1f} tok/s, NFE/token "
-            f"{r['nfe_per_token']:.3f}, speed-up {rows[-1]['speedup']:.2f}", flush=True)
+      k, cap = forced.get(tau, (None, None))
+      r = _run(config, params, batch, p, m, b, tau, max_steps=cap)
+      method = "diffusion" if k is None else f"diffusion forced K={k}"
+      rows.append(dict(r, method=method, forced_k=k,
+                       speedup=r["tokens_per_s"] / ar["tokens_per_s"]))
+      print(f"[e2e] batch {batch} B={b} tau {tau} ({method}): {r['tokens_per_s']:.1f} tok/s, "
+            f"NFE/token {r['nfe_per_token']:.3f}, speed-up {rows[-1]['speedup']:.2f}", flush=True)
+    if FLAGS.head_buckets <= 1:
+      continue
     r = _run(config, params, batch, p, m, b, taus[0], FLAGS.head_buckets)
     rows.append(dict(r, method="diffusion+head_buckets",
                      speedup=r["tokens_per_s"] / ar["tokens_per_s"]))
@@ -299,7 +327,8 @@ def main(argv):
   columns = {
       "steps": ["batch", "cache", "cache_len", "block", "lm_head", "one_token_ms", "block_ms",
                 "ratio", "compile_s"],
-      "e2e": ["method", "batch", "block", "tau", "head_buckets", "tokens_per_s",
+      "e2e": ["method", "batch", "block", "tau", "max_steps_per_block", "head_buckets",
+              "tokens_per_s",
               "nfe_per_token", "denoise_steps_per_token", "tokens_per_forward", "speedup",
               "compile_s"],
       "sweep": ["axis", "prompt_len", "max_new", "ar_tokens_per_s", "diffusion_tokens_per_s",

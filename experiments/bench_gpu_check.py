@@ -1,0 +1,358 @@
+r"""The GPU check: one prepared run that measures what experiments/plan.py can only predict.
+
+  bash scripts/gpu_check.sh                       # qwen3_8b, random bf16 weights, a GPU box
+  bash scripts/gpu_check.sh --preset=tiny --out_dir=/tmp/gpu_check      # CPU smoke run (slow test)
+
+Sections, each a subprocess with its own time limit (PRESETS[...]['budget_s']; the qwen3_8b
+limits sum to under 10 min), so one that fails or runs over leaves the others' numbers:
+  ar_decode  experiments/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
+             utilisation, MBU = (weights + KV cache bytes read per step) / step time / peak HBM
+             bandwidth of the device (target >= 70%).
+  diffusion  experiments/bench_diffusion.py --sections=e2e: block diffusion (B = 32) vs AR at
+             tau in {0.9, 0.6, 0.4} with --forced_tokens_per_step (random weights commit one
+             token per step; the forced schedule emulates K tokens per step at each tau).
+  train      this file --section=train: SFT and CFT train steps (experiments/plan.py's stage
+             definitions, remat on, bf16 params, fp32 moments) on all local devices (fsdp), at
+             1 and 2 rows per device, then the largest micro-batch the memory line predicts
+             fits (compiled, checked with memory_analysis, run); MFU = model FLOPs
+             (plan.forward_flops) / step time / (peak x devices) (target >= 40%). When the
+             train state (~24 bytes per param incl. the update's fp32 temporaries; 8B: ~200 GB)
+             does not fit 3/4 of the local memory (fewer than ~4 H100s), the section times the
+             full-depth forward + backward alone (mode 'grad'; reported per row).
+Then OUT/gpu_check.json (everything) and OUT/gpu_check.md (three tables).
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.join(REPO, "experiments"))  # plan.py
+
+FLAGS = flags.FLAGS
+flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
+flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
+flags.DEFINE_enum("section", "all", ["all", "ar_decode", "diffusion", "train", "report"],
+                  "'all' runs every section as a subprocess, then the report.")
+flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
+                  "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
+                  "near the paper's frontier, 2.4x / 3.3x / 3.5x over AR).")
+
+# Peak bf16 dense FLOP/s and HBM bytes/s by device_kind substring (first match wins).
+PEAKS = (("H200", 989e12, 4.8e12), ("H100 PCIe", 756e12, 2.0e12), ("H100", 989e12, 3.35e12),
+         ("A100", 312e12, 2.0e12), ("B200", 2250e12, 8.0e12), ("L40S", 362e12, 0.864e12))
+STATE_BYTES_PER_PARAM = 24  # bf16 params + grads, fp32 mu + nu, the update's fp32 temporaries
+
+PRESETS = {
+  "qwen3_8b": dict(prompt_len=2200, new_tokens=128, block_size=32, repeats=2,
+                   max_rows_per_device=16, budget_s=dict(ar_decode=150, diffusion=200, train=220)),
+  "tiny": dict(prompt_len=64, new_tokens=32, block_size=8, repeats=1, max_rows_per_device=2,
+               budget_s=dict(ar_decode=300, diffusion=400, train=400)),
+}
+
+
+def peaks(device_kind: str) -> tuple[float | None, float | None]:
+  """(peak FLOP/s, peak HBM bytes/s) of a device kind, (None, None) when unknown (CPU)."""
+  for name, flops, bw in PEAKS:
+    if name.lower() in device_kind.lower():
+      return flops, bw
+  return None, None
+
+
+# ---- sections run as subprocesses ------------------------------------------------------------
+
+
+def _commands(out_dir: str) -> dict[str, list[str]]:
+  p = PRESETS[FLAGS.preset]
+  py = sys.executable
+  return {
+    "ar_decode": [py, os.path.join(REPO, "experiments", "bench_decode.py"),
+                  f"--presets={FLAGS.preset}", "--random_weights", "--hf=false",
+                  "--dtype=bfloat16", "--batch_sizes=1", f"--prompt_lens={p['prompt_len']}",
+                  f"--new_tokens={p['new_tokens']}",
+                  f"--json_out={os.path.join(out_dir, 'ar_decode.json')}"],
+    "diffusion": [py, os.path.join(REPO, "experiments", "bench_diffusion.py"),
+                  f"--preset={FLAGS.preset}", "--random_weights", "--param_dtype=bfloat16",
+                  "--sections=e2e", "--batch_sizes=1",
+                  "--thresholds=" + ",".join(x.split(":")[0] for x in
+                                             FLAGS.forced_tokens_per_step),
+                  "--forced_tokens_per_step=" + ",".join(FLAGS.forced_tokens_per_step),
+                  f"--block_size={p['block_size']}", f"--prompt_len={p['prompt_len']}",
+                  f"--max_new_tokens={p['new_tokens']}", "--head_buckets=1",
+                  f"--repeats={p['repeats']}", f"--out_dir={os.path.join(out_dir, 'diffusion')}"],
+    "train": [py, os.path.abspath(__file__), f"--preset={FLAGS.preset}", "--section=train",
+              f"--out_dir={out_dir}"],
+  }
+
+
+def run_sections(out_dir: str) -> dict:
+  """Runs each section as a subprocess under its time limit; logs to OUT/<section>.log."""
+  status = {}
+  for name, cmd in _commands(out_dir).items():
+    limit = PRESETS[FLAGS.preset]["budget_s"][name]
+    start = time.perf_counter()
+    with open(os.path.join(out_dir, f"{name}.log"), "w") as log:
+      try:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=limit,
+                            cwd=REPO).returncode
+        state = "ok" if rc == 0 else f"failed (exit {rc})"
+      except subprocess.TimeoutExpired:
+        state = f"timed out after {limit} s"
+    status[name] = {"status": state, "seconds": time.perf_counter() - start}
+    print(f"[gpu_check] {name}: {state} in {status[name]['seconds']:.0f} s "
+          f"(log {os.path.join(out_dir, name + '.log')})", flush=True)
+  return status
+
+
+# ---- train section ---------------------------------------------------------------------------
+
+
+def _concrete_batch(stage, rows: int, shapes, sharding):
+  """Random tokens, full lengths, unit weights for the stage's batch fields, placed on devices."""
+  import jax
+  import numpy as np
+
+  rng = np.random.default_rng(0)
+  vocab = stage.config.vocab_size - 2  # below the mask token
+  full = {"prompt_lengths": shapes.prompt_len, "response_lengths": shapes.response_len,
+          "trace_lengths": shapes.response_len}
+  out = {}
+  for name, (shape, dtype) in stage.batch(rows).items():
+    if name in full:
+      x = np.full(shape, full[name], np.int32)
+    elif name == "positions":
+      x = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()
+    elif np.dtype(dtype) == np.int32:
+      x = rng.integers(0, vocab, shape, dtype=np.int32)
+    else:
+      x = np.ones(shape, np.dtype(dtype))
+    out[name] = jax.device_put(x, sharding)
+  return out
+
+
+def _mode(config, devices: int, limit) -> str:
+  """'train_step' when the whole train state fits 3/4 of the local memory, else 'grad' (forward
+  + backward of the full-depth model, no optimiser: the optimiser update is memory-bound and
+  small next to fwd + bwd, so the MFU changes little, while dropping layers would not be the
+  model's mix of layer and LM-head FLOPs)."""
+  from gr2jax.model import params as params_lib
+
+  if limit is None:
+    return "train_step"
+  state = STATE_BYTES_PER_PARAM * params_lib.param_count(config)
+  return "train_step" if state <= 0.75 * limit * devices else "grad"
+
+
+def _time_step(call, compiled, carry, batch, repeats: int):
+  """(fastest step seconds, carry) after one warm-up call."""
+  import jax
+
+  carry, out = call(compiled, carry, batch)
+  jax.block_until_ready(out)
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    carry, out = call(compiled, carry, batch)
+    jax.block_until_ready(out)
+    times.append(time.perf_counter() - start)
+  return min(times), carry
+
+
+def _runner(stage, mesh, mode: str, optimizer):
+  """(lower(batch spec) -> Lowered, call(compiled, carry, batch) -> (carry, out), carry)."""
+  import jax
+
+  from gr2jax.model import params as params_lib
+  from gr2jax.model import sharding as model_sharding
+  from gr2jax.train import mesh as mesh_lib
+  from gr2jax.train import state as state_lib
+  from gr2jax.train import step as step_lib
+
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  config = stage.config
+  with_sh = lambda tree, sh: jax.tree.map(
+    lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, sh)
+  if mode == "train_step":
+    abstract = state_lib.abstract_state(params_lib.abstract_params(config), optimizer)
+    shardings = state_lib.state_shardings(config, abstract, mesh)
+    with jax.set_mesh(mesh):
+      step = step_lib.make_train_step(stage.loss, optimizer, state_shardings=shardings,
+                                      batch_sharding=batch_sh)
+      carry = jax.jit(lambda: state_lib.create_state(params_lib.init_params(
+        config, jax.random.key(0)), optimizer, 0), out_shardings=shardings)()
+    return (lambda spec: step.lower(with_sh(abstract, shardings), spec),
+            lambda c, state, batch: c(state, batch), carry)
+  param_sh = model_sharding.param_shardings(config, mesh)
+  grad = jax.jit(lambda p, b: jax.grad(lambda q: stage.loss(q, b, jax.random.key(0))[0])(p),
+                 in_shardings=(param_sh, batch_sh), out_shardings=param_sh)
+  with jax.set_mesh(mesh):
+    carry = jax.jit(lambda: params_lib.init_params(config, jax.random.key(0)),
+                    out_shardings=param_sh)()
+  return (lambda spec: grad.lower(with_sh(params_lib.abstract_params(config), param_sh), spec),
+          lambda c, params, batch: (params, c(params, batch)), carry)
+
+
+def train_section(out_dir: str) -> list[dict]:
+  """SFT and CFT step MFU at growing micro-batches (module docstring); writes OUT/train.json."""
+  import jax
+  import plan
+
+  from gr2jax.train import mesh as mesh_lib
+
+  devices = jax.local_devices()
+  n = len(devices)
+  limit = (devices[0].memory_stats() or {}).get("bytes_limit")
+  kind = devices[0].device_kind
+  peak, _ = peaks(kind)
+  shapes = plan.PRESETS[FLAGS.preset]
+  cfg = PRESETS[FLAGS.preset]
+  mesh = mesh_lib.make_mesh(1, n, 1, devices=devices)
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  rows_out = []
+  for name in ("sft", "cft"):
+    stage = plan.train_stages(shapes)[name]
+    mode = _mode(stage.config, n, limit)
+    lower, call, carry = _runner(stage, mesh, mode, plan._optimizer())
+    tried = []
+    per_device = 1
+    while per_device:
+      rows = per_device * n
+      batch = _concrete_batch(stage, rows, shapes, batch_sh)
+      spec = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                          batch)
+      row = {"stage": name, "mode": mode, "device": kind, "devices": n,
+             "rows_per_device": per_device, "tokens_per_row": stage.work.tokens}
+      try:
+        with jax.set_mesh(mesh):
+          start = time.perf_counter()
+          compiled = lower(spec).compile()
+          row["compile_s"] = time.perf_counter() - start
+          mem = compiled.memory_analysis()
+          row["gib_per_device"] = (mem.argument_size_in_bytes + mem.output_size_in_bytes
+                                   - mem.alias_size_in_bytes + mem.temp_size_in_bytes) / 2**30
+          if limit and row["gib_per_device"] * 2**30 > limit:
+            raise MemoryError(f"needs {row['gib_per_device']:.1f} GiB > {limit / 2**30:.1f}")
+          step_s, carry = _time_step(call, compiled, carry, batch, cfg["repeats"])
+      except (MemoryError, jax.errors.JaxRuntimeError) as e:
+        if isinstance(e, jax.errors.JaxRuntimeError) and "RESOURCE_EXHAUSTED" not in str(e):
+          raise
+        row.update(fits=False, error=str(e)[:300])
+        rows_out.append(row)
+        print(f"[train] {name} {per_device} rows/device: does not fit ({row['error'][:120]})",
+              flush=True)
+        break
+      flops = 3 * rows * stage.work.model_flops(stage.config)
+      row.update(fits=True, step_s=step_s, tokens_per_s=rows * stage.work.tokens / step_s,
+                 model_flops=flops, mfu=flops / (step_s * peak * n) if peak else None)
+      rows_out.append(row)
+      tried.append(row)
+      print(f"[train] {name} ({mode}) {per_device} rows/device: {step_s:.3f} s/step, "
+            f"{row['tokens_per_s']:.0f} tok/s, MFU {row['mfu']}", flush=True)
+      per_device = _next_rows(tried, limit, cfg["max_rows_per_device"])
+    del carry
+  with open(os.path.join(out_dir, "train.json"), "w") as f:
+    json.dump(rows_out, f, indent=1)
+  return rows_out
+
+
+def _next_rows(tried: list[dict], limit, cap: int) -> int:
+  """1, 2, then the largest rows/device the memory line through them predicts fits (0 = stop)."""
+  done = [t["rows_per_device"] for t in tried]
+  if len(done) < 2:
+    return min(2, cap) if 2 not in done and cap >= 2 else 0
+  if limit is None:
+    return 0
+  a, b = tried[0], tried[1]
+  slope = (b["gib_per_device"] - a["gib_per_device"]) / (b["rows_per_device"] -
+                                                         a["rows_per_device"])
+  best = a["rows_per_device"] + (limit / 2**30 - a["gib_per_device"]) / max(slope, 1e-9)
+  best = min(cap, 2 ** int(math.log2(max(best, 1))))
+  return best if best > max(done) else 0
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def _load(path):
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
+def _fmt(v, spec="{:.3g}"):
+  if v is None:
+    return "n/a"
+  return spec.format(v) if isinstance(v, float) else str(v)
+
+
+def report(out_dir: str, status: dict) -> dict:
+  """Merges the sections' outputs into OUT/gpu_check.json and OUT/gpu_check.md."""
+  ar = _load(os.path.join(out_dir, "ar_decode.json")) or []
+  diffusion = _load(os.path.join(out_dir, "diffusion", "bench_diffusion.json")) or {}
+  train = _load(os.path.join(out_dir, "train.json")) or []
+  for r in ar:
+    _, bw = peaks(r.get("device", ""))
+    r["mbu"] = r["achieved_gbs"] * 1e9 / bw if bw else None
+  result = {"preset": FLAGS.preset, "status": status, "ar_decode": ar,
+            "diffusion": diffusion.get("e2e", []), "train": train}
+  lines = [f"# GPU check ({FLAGS.preset})", "",
+           "| section | status | seconds |", "|---|---|---|"]
+  lines += [f"| {k} | {v['status']} | {v['seconds']:.0f} |" for k, v in status.items()]
+  lines += ["", "## AR decode, batch 1 (target MBU >= 70%)", "",
+            "| device | prompt | new | decode tok/s | ms/token | GB/s | MBU |",
+            "|---|---|---|---|---|---|---|"]
+  for r in ar:
+    lines.append(f"| {r['device']} | {r['prompt']} | {r['new_tokens']} | "
+                 f"{r['gr2jax_decode_tok_s']:.1f} | {1e3 / r['gr2jax_decode_tok_s']:.2f} | "
+                 f"{r['achieved_gbs']:.0f} | {_fmt(r['mbu'], '{:.1%}')} |")
+  lines += ["", "## Block diffusion vs AR, batch 1 (forced K tokens per denoising step)", "",
+            "| method | tau | max steps/block | tok/s | NFE/token | speed-up vs AR |",
+            "|---|---|---|---|---|---|"]
+  for r in result["diffusion"]:
+    lines.append(f"| {r['method']} | {r['tau']} | {r['max_steps_per_block']} | "
+                 f"{r['tokens_per_s']:.1f} | {r['nfe_per_token']:.3f} | "
+                 f"{_fmt(r.get('speedup'), '{:.2f}x')} |")
+  lines += ["", "## Train step (target MFU >= 40%)", "",
+            "| stage | mode | device x n | rows/device | tokens/row | GiB/device | step s | "
+            "tokens/s | MFU |", "|---|---|---|---|---|---|---|---|---|"]
+  for r in train:
+    lines.append(f"| {r['stage']} | {r['mode']} | {r['device']} x {r['devices']} | "
+                 f"{r['rows_per_device']} | {r['tokens_per_row']} | "
+                 f"{_fmt(r.get('gib_per_device'), '{:.1f}')} | "
+                 + (f"{r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {_fmt(r['mfu'], '{:.1%}')} |"
+                    if r["fits"] else "does not fit | | |"))
+  with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  with open(os.path.join(out_dir, "gpu_check.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  return result
+
+
+def main(argv):
+  del argv
+  out_dir = os.path.abspath(FLAGS.out_dir)
+  os.makedirs(out_dir, exist_ok=True)
+  if FLAGS.section == "train":
+    train_section(out_dir)
+  elif FLAGS.section in ("ar_decode", "diffusion"):
+    cmd = _commands(out_dir)[FLAGS.section]
+    sys.exit(subprocess.run(cmd, cwd=REPO).returncode)
+  else:
+    status = run_sections(out_dir) if FLAGS.section == "all" else _load(
+      os.path.join(out_dir, "gpu_check.json")).get("status", {})
+    report(out_dir, status)
+    failed = [k for k, v in status.items() if v["status"] != "ok"]
+    if failed:
+      sys.exit(f"gpu_check: sections {failed} did not finish; see their logs in {out_dir}")
+
+
+if __name__ == "__main__":
+  app.run(main)

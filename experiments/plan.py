@@ -1,0 +1,735 @@
+r"""Ahead-of-time plan: every train step and decoder of the recipe, compiled on a simulated mesh.
+
+  python experiments/plan.py                       # qwen3_8b, fsdp 8 and fsdp x tp 4 x 2 (~25 min)
+  python experiments/plan.py --preset=tiny --out_dir=/tmp/plan     # seconds (tests/test_plan.py)
+  python experiments/plan.py --stages=sft,opd --layouts=8x1        # a subset
+
+Nothing is allocated: each step is `jax.jit(...).lower(ShapeDtypeStructs with shardings)
+.compile()` on 8 host CPU devices (XLA_FLAGS=--xla_force_host_platform_device_count=8, set by
+`main` before JAX starts; importing this module changes nothing), bf16 params, fp32 Adam
+moments, remat 'full'. Per (stage, layout) it reports:
+
+  memory    compiled.memory_analysis() per device: arguments, outputs, temporaries; the total a
+            device holds is arg + out - alias + temp (the donated state aliases its output).
+            Train steps are compiled at two micro-batch sizes (1 and 2 rows per batch shard, the
+            real step: global batch, lax.scan over micro-batches); the total is linear in the
+            micro-batch, and the line gives the largest micro-batch whose total fits a card
+            (80 GB H100, 141 GB H200) minus a reserve (--reserve, 10%: CUDA context, NCCL
+            buffers, fragmentation; run with XLA_PYTHON_CLIENT_MEM_FRACTION=0.95).
+            Decoders are compiled once at the largest batch a stage decodes (RL rollouts).
+  FLOPs     analytic (`forward_flops`): XLA's cost_analysis counts a loop body once (the layer
+            scan, the attention-chunk map, micro-batches, decode loops), so it is useless on the
+            real step. The formula is checked against cost_analysis on small configs where every
+            loop has one trip (1 layer, one attention chunk, one micro-batch; `verify_flops`).
+            Model FLOPs (MFU numerator) = 3 x forward with only the attention pairs the mask
+            allows; executed FLOPs add the remat forward and the dense attention (our attention
+            scores every key, masked or not, apart from the causal group skip).
+  time      step time = model FLOPs / (MFU x peak x devices) at 40% MFU of an H100 (989 TFLOP/s
+            bf16 dense) per device; stage wall time = steps x step time, plus for OPD / RL the
+            rollouts and the prepare-side forwards (teacher log-probs, pi_old replay), each
+            max(FLOPs at 40% MFU, HBM bytes at peak bandwidth) per decoder forward.
+
+Outputs: --out_dir/plan_<preset>.json and plan_<preset>.md (the tables), and, with --doc, the
+tables between the `<!-- plan:begin -->` / `<!-- plan:end -->` markers of that markdown file
+(docs/plan_qwen3_8b.md keeps its hand-written findings outside the markers).
+"""
+
+import contextlib
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
+from gr2jax.diffusion import layout, replay  # noqa: E402
+from gr2jax.model import generate as generate_lib  # noqa: E402
+from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax.model import qwen3  # noqa: E402
+from gr2jax.model import sharding as model_sharding  # noqa: E402
+from gr2jax.model.cache import init_cache  # noqa: E402
+from gr2jax.model.config import ModelConfig  # noqa: E402
+from gr2jax.train import ar_rl, cft, opd, optim, sft, trace_rl  # noqa: E402
+from gr2jax.train import mesh as mesh_lib  # noqa: E402
+from gr2jax.train import state as state_lib  # noqa: E402
+from gr2jax.train import step as step_lib  # noqa: E402
+
+H100_PEAK_FLOPS = 989e12  # bf16 dense, per device
+H100_HBM_BYTES_S = 3.35e12  # H100 SXM HBM3
+CARDS = {"80GB": 80e9, "141GB": 141e9}  # H100 80 GB, H200 141 GB
+GIB = 2**30
+_FLAG = "--xla_force_host_platform_device_count"
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command-line flags (defined only when run as a script, so importing this module from
+  another absl program, e.g. experiments/bench_gpu_check.py, defines nothing)."""
+  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
+  flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the 8 devices.")
+  flags.DEFINE_list("stages", ["sft", "ar_rl", "cft", "opd", "rl", "ar_decode",
+                               "diffusion_decode"], "Which steps to compile.")
+  flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step (1, 2, ... rows "
+                       "per batch shard; 2 give the memory line).")
+  flags.DEFINE_bool("verify_flops", True, "Check the FLOP formula against cost_analysis on small "
+                    "one-trip configs.")
+  flags.DEFINE_float("mfu", 0.4, "Model-FLOP utilisation of the time prediction.")
+  flags.DEFINE_float("reserve", 0.1, "Fraction of each card kept free (not given to XLA).")
+  flags.DEFINE_float("forwards_per_token", 0.5, "Block-diffusion rollout forwards per output "
+                     "token (denoising + commit; issue #8's tau = 0.9 target), time model.")
+  flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
+                       "faster compiles; buffer sizes do not depend on it).")
+  flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
+  flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
+  flags.DEFINE_list("what_if", [], "Library changes to price (WHAT_IFS: attention_remat, "
+                    "teacher_bf16); the rows are marked with them.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """How the plan compiles and what it assumes (the flags of the same names)."""
+
+  points: int = 2
+  mfu: float = 0.4
+  reserve: float = 0.1
+  forwards_per_token: float = 0.5
+  opt_level: int = 0
+  what_if: tuple[str, ...] = ()
+
+
+# ---- what-ifs: library changes the plan can price before they are made ------------------------
+
+WHAT_IFS = {
+  "attention_remat": "jax.checkpoint around each attention query chunk (qwen3._attend), so the "
+                     "backward of the chunk map recomputes one chunk's scores at a time instead "
+                     "of keeping every chunk's f32 scores and probs: O(chunk x N), not O(N^2)",
+  "teacher_bf16": "OPD's cached teacher log-probs [B, M, V] in bf16 (opd.prepare(teacher_dtype="
+                  "ml_dtypes.bfloat16), already supported) instead of the default float32",
+  "cache_write": "qwen3._write_cache as a scatter vmapped over the batch (the row is a batching "
+                 "dimension of the scatter) instead of one scatter indexed by (row, slot) pairs, "
+                 "which XLA's SPMD partitioner cannot split by row: it replicates the whole KV "
+                 "cache on every device",
+}
+
+
+def _write_cache_by_row(buf, new, lengths):
+  """qwen3._write_cache with the batch as a batching dimension of the scatter (what-if)."""
+  slots = lengths[:, None] + jnp.arange(new.shape[2], dtype=jnp.int32)[None, :]  # [B, T]
+  write = lambda b, n, s: b.at[:, s].set(n.astype(b.dtype), indices_are_sorted=True,
+                                         unique_indices=True)
+  return jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)(buf, new, slots)
+
+
+
+@contextlib.contextmanager
+def what_if(names: tuple[str, ...]):
+  """Applies the named WHAT_IFS for the duration (the library is restored afterwards)."""
+  unknown = set(names) - set(WHAT_IFS)
+  if unknown:
+    raise ValueError(f"unknown what-ifs {sorted(unknown)}; known: {sorted(WHAT_IFS)}")
+  original, write = qwen3._attend, qwen3._write_cache
+  if "attention_remat" in names:
+    qwen3._attend = jax.checkpoint(original, prevent_cse=False)
+  if "cache_write" in names:
+    qwen3._write_cache = _write_cache_by_row
+  try:
+    yield
+  finally:
+    qwen3._attend, qwen3._write_cache = original, write
+
+
+# ---- shapes ----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+  """The recipe's shapes (research/papers.md §1.4-§2; experiments/configs/*:qwen3_8b).
+
+  Attributes:
+    model: the AR model as trained (bf16, remat, chunk budget); diffusion stages add the block
+      size and the mask token.
+    prompt_len, response_len: P and R (paper: prompts ~2,200 tokens, responses ~256).
+    block_size: diffusion B (paper: 32).
+    max_steps_per_block: the decoder's cap (paper: 64); sets the replay's round count.
+    sft_rows, cft_rows: sequences per step.
+    ar_rl_prompts, opd_prompts, rl_prompts: prompts per step; each has *_group rollouts.
+    steps: optimiser steps per stage (comments in PRESETS).
+  """
+
+  model: ModelConfig
+  prompt_len: int
+  response_len: int
+  block_size: int
+  max_steps_per_block: int
+  sft_rows: int
+  cft_rows: int
+  ar_rl_prompts: int
+  ar_rl_group: int
+  opd_prompts: int
+  opd_group: int
+  rl_prompts: int
+  rl_group: int
+  steps: dict
+
+  def diffusion(self) -> ModelConfig:
+    return dataclasses.replace(self.model, block_size=self.block_size,
+                               mask_token_id=self.model.vocab_size - 1)
+
+  @property
+  def rounds(self) -> int:
+    return replay.rounds_needed(self.block_size, self.max_steps_per_block)
+
+
+def _presets() -> dict:
+  train = dict(param_dtype="bfloat16", compute_dtype="bfloat16", remat="full")
+  return {
+    "qwen3_8b": Shapes(
+      model=ModelConfig.qwen3_8b(attention_chunk_bytes=1 << 30, **train),
+      prompt_len=2200, response_len=256, block_size=32, max_steps_per_block=64,
+      sft_rows=32, cft_rows=32, ar_rl_prompts=128, ar_rl_group=8, opd_prompts=128, opd_group=4,
+      rl_prompts=128, rl_group=8,
+      # sft.py:qwen3_8b (3 epochs of ~9.2k traces at 32); CFT the same 3 epochs; ar_rl: GR2 does
+      # not say, 600 like the diffusion RL; OPD: the paper's ~1.5k steps; RL: 600 steps.
+      steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600)),
+    "tiny": Shapes(
+      model=ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train),
+      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
+      sft_rows=16, cft_rows=16, ar_rl_prompts=2, ar_rl_group=8, opd_prompts=4, opd_group=4,
+      rl_prompts=2, rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10)),
+  }
+
+
+PRESETS = _presets()
+
+
+# ---- FLOPs -----------------------------------------------------------------------------------
+
+
+def forward_flops(config: ModelConfig, tokens: float, pairs: float, queries: float) -> float:
+  """Matmul FLOPs of one forward (2 per multiply-add).
+
+  Args:
+    config: the model.
+    tokens: tokens through the layers.
+    pairs: attention (query, key) pairs scored.
+    queries: positions where the LM head runs.
+
+  Returns:
+    L (tokens x 2 (D (N + 2K) H + N H D + 3 D F) + pairs x 4 N H) + queries x 2 D V.
+  """
+  c = config
+  per_token = 2 * c.hidden_size * (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+  per_token += 2 * c.num_heads * c.head_dim * c.hidden_size
+  per_token += 6 * c.hidden_size * c.intermediate_size
+  per_pair = 4 * c.num_heads * c.head_dim
+  return c.num_layers * (tokens * per_token + pairs * per_pair) + queries * 2 * c.hidden_size * (
+    c.vocab_size)
+
+
+def causal_pairs(n: int) -> int:
+  return n * (n + 1) // 2
+
+
+def layout_pairs(config: ModelConfig, p: int, r: int, streams: int) -> int:
+  """Attention pairs the two-stream layout allows for one full-length row (prompt P, response R)."""
+  noisy = jnp.zeros((1, streams, r), bool)
+  inputs = layout.two_stream_inputs(config, jnp.zeros((1, p), jnp.int32), jnp.array([p]),
+                                    jnp.zeros((1, r), jnp.int32), jnp.array([r]), noisy)
+  return int(jnp.sum(inputs.mask))
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+  """One forward's shape per row: tokens, allowed and dense attention pairs, LM-head queries."""
+
+  tokens: int
+  pairs: int
+  dense_pairs: int
+  queries: int
+
+  def model_flops(self, config):
+    return forward_flops(config, self.tokens, self.pairs, self.queries)
+
+  def dense_flops(self, config):
+    return forward_flops(config, self.tokens, self.dense_pairs, self.queries)
+
+
+# ---- train stages ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainStage:
+  """A train step to plan.
+
+  Attributes:
+    name: the stage.
+    config: the model it trains.
+    rows: sequences per optimiser step.
+    loss: loss_fn(params, batch, key) (train/step.py contract).
+    batch: rows -> {name: (shape, dtype)}.
+    work: one row's forward (Work).
+    prepare: per row, host-side forwards before the step: [(config, Work)] (teacher, pi_old).
+    rollout: per row, the decoder that samples it: (config, block_size) or None.
+  """
+
+  name: str
+  config: ModelConfig
+  rows: int
+  loss: Callable
+  batch: Callable[[int], dict]
+  work: Work
+  prepare: tuple = ()
+  rollout: tuple | None = None
+
+
+def train_stages(s: Shapes, teacher_dtype=jnp.float32) -> dict[str, TrainStage]:
+  """SFT, AR RL, CFT, OPD and diffusion RL at the shapes of `s` (OPD's cached teacher log-probs
+  in `teacher_dtype`)."""
+  p, r = s.prompt_len, s.response_len
+  i32, f32 = jnp.int32, jnp.float32
+  ar, diff = s.model, s.diffusion()
+  rp = layout.padded_width(r, s.block_size)
+
+  def prompt_fields(n):
+    return {"prompt_tokens": ((n, p), i32), "prompt_lengths": ((n,), i32)}
+
+  def trace_fields(n):
+    return {**prompt_fields(n), "trace_tokens": ((n, r), i32), "commit_step": ((n, r), i32),
+            "trace_lengths": ((n,), i32)}
+
+  # What inputs.make_train_batch gives every stage (a loss reads what it needs).
+  sft_batch = lambda n: {"tokens": ((n, p + r), i32), "positions": ((n, p + r), i32),
+                         "loss_weights": ((n, p + r), f32), **prompt_fields(n),
+                         "response_tokens": ((n, r), i32), "response_lengths": ((n,), i32),
+                         "response_weights": ((n, r), f32)}
+  ar_rl_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
+                           "response_lengths": ((n,), i32), "advantages": ((n,), f32),
+                           "token_weights": ((n, r), f32), "logp_old": ((n, r), f32)}
+  cft_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
+                         "response_lengths": ((n,), i32), "response_weights": ((n, r), f32),
+                         "example_mask": ((n,), f32)}
+  opd_batch = lambda n: {**trace_fields(n), "example_mask": ((n,), f32),
+                         "teacher_log_probs": ((n, r, diff.vocab_size), teacher_dtype)}
+  rl_batch = lambda n: {**trace_fields(n), "logp_old": ((n, r), f32), "advantages": ((n,), f32),
+                        "token_weights": ((n, r), f32)}
+
+  # [prompt | response], causal; the LM head at the R response queries (sft.py, ar_rl.py).
+  ar_scored = Work(p + r, causal_pairs(p + r), (p + r) ** 2, r)
+  n_cft = p + 3 * rp
+  cft_work = Work(n_cft, layout_pairs(diff, p, r, 2), n_cft ** 2, r)
+  n_replay = p + (1 + s.rounds) * rp
+  replay_work = Work(n_replay, layout_pairs(diff, p, r, s.rounds), n_replay ** 2, r)
+  return {
+    "sft": TrainStage("sft", ar, s.sft_rows, functools.partial(sft.sft_loss, config=ar),
+                      sft_batch, ar_scored),
+    "ar_rl": TrainStage(
+      "ar_rl", ar, s.ar_rl_prompts * s.ar_rl_group,
+      functools.partial(ar_rl.ar_rl_loss, config=ar, temperature=1.0, eps_low=0.2,
+                        eps_high=0.2),
+      ar_rl_batch, ar_scored, prepare=((ar, ar_scored),), rollout=(ar, 1)),
+    "cft": TrainStage("cft", diff, s.cft_rows, functools.partial(cft.cft_loss, config=diff),
+                      cft_batch, cft_work),
+    "opd": TrainStage(
+      "opd", diff, s.opd_prompts * s.opd_group,
+      functools.partial(opd.opd_loss, config=diff, num_rounds=s.rounds), opd_batch,
+      replay_work, prepare=((ar, ar_scored),), rollout=(diff, s.block_size)),
+    "rl": TrainStage(
+      "rl", diff, s.rl_prompts * s.rl_group,
+      functools.partial(trace_rl.trace_rl_loss, config=diff, num_rounds=s.rounds,
+                        temperature=1.0),
+      rl_batch, replay_work, prepare=((diff, replay_work),),
+      rollout=(diff, s.block_size)),
+  }
+
+
+def _optimizer():
+  cfg = ml_collections.ConfigDict(dict(
+    learning_rate=1e-5, warmup_steps=10, total_steps=1000, schedule="cosine", end_lr_factor=0.1,
+    b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.01, clip_norm=1.0))
+  return optim.make_optimizer(cfg)
+
+
+def _memory(compiled) -> dict:
+  m = compiled.memory_analysis()
+  out = {"argument": m.argument_size_in_bytes, "output": m.output_size_in_bytes,
+         "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes}
+  out["total"] = out["argument"] + out["output"] - out["alias"] + out["temp"]
+  return out
+
+
+def _compile(lowered, opt_level: int):
+  return lowered.compile(compiler_options={"xla_backend_optimization_level": opt_level})
+
+
+def _specs(fields: dict, sharding) -> dict:
+  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+          for k, (shape, dtype) in fields.items()}
+
+
+def compile_train_step(stage: TrainStage, mesh, micro_rows: int, opt_level: int = 0) -> dict:
+  """Compiles the stage's real step (global batch, micro-batches of `micro_rows`) on `mesh`."""
+  optimizer = _optimizer()
+  abstract = state_lib.abstract_state(params_lib.abstract_params(stage.config), optimizer)
+  shardings = state_lib.state_shardings(stage.config, abstract, mesh)
+  abstract = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                          abstract, shardings)
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  batch = _specs(stage.batch(stage.rows), batch_sh)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    step = step_lib.make_train_step(stage.loss, optimizer,
+                                    micro_batches=stage.rows // micro_rows,
+                                    state_shardings=shardings, batch_sharding=batch_sh)
+    lowered = step.lower(abstract, batch)
+    lower_s = time.perf_counter() - start
+    compiled = _compile(lowered, opt_level)
+  return {"micro_rows": micro_rows, "micro_batches": stage.rows // micro_rows,
+          "lower_s": lower_s, "compile_s": time.perf_counter() - start - lower_s,
+          "memory": _memory(compiled)}
+
+
+def fit_micro_rows(points: list[dict], rows: int, multiple: int, budget: float):
+  """The largest micro-batch (a multiple of `multiple` dividing `rows`) whose predicted total
+  fits `budget` bytes, from the line through the compiled points; None if none fits.
+
+  Returns:
+    (micro_rows or None, predicted total bytes, whether it was compiled).
+  """
+  xs = [pt["micro_rows"] for pt in points]
+  ys = [pt["memory"]["total"] for pt in points]
+  slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
+  predict = lambda m: ys[0] + slope * (m - xs[0])
+  best = None
+  for m in range(multiple, rows + 1, multiple):
+    if rows % m == 0 and predict(m) <= budget:
+      best = m
+  if best is None:
+    return None, predict(multiple), multiple in xs
+  return best, predict(best), best in xs
+
+
+# ---- decoders --------------------------------------------------------------------------------
+
+
+def _param_specs(config, mesh):
+  return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                      params_lib.abstract_params(config), model_sharding.param_shardings(config,
+                                                                                         mesh))
+
+
+def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0) -> dict:
+  """Compiles AR sampling (prefill + decode loop) or block-diffusion decoding of `rows` prompts."""
+  config = (s.model if kind == "ar_decode" else s.diffusion())
+  config = dataclasses.replace(config, remat="none")
+  p, r = s.prompt_len, s.response_len
+  batch_sh = mesh_lib.batch_sharding(mesh)
+  tokens = jax.ShapeDtypeStruct((rows, p), jnp.int32, sharding=batch_sh)
+  lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch_sh)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  if kind == "ar_decode":
+    sampling = generate_lib.Sampling(temperature=1.0)
+
+    def fn(params, tokens, lengths, key):
+      logits, cache = qwen3.ragged_prefill(params, config, tokens, lengths,
+                                           init_cache(config, rows, p + r), read_cache=False)
+      return generate_lib.decode(params, config, cache, logits, key, max_new_tokens=r,
+                                 sampling=sampling, eos_token_ids=config.eos_token_ids)[0]
+  else:
+    def fn(params, tokens, lengths, key):
+      return diffusion_decode.block_diffusion_generate(
+        params, config, tokens, lengths, threshold=0.9, max_steps_per_block=s.max_steps_per_block,
+        max_new_tokens=r, temperature=1.0, key=key)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn).lower(_param_specs(config, mesh), tokens, lengths, key)
+    lower_s = time.perf_counter() - start
+    compiled = _compile(lowered, opt_level)
+  return {"rows": rows, "lower_s": lower_s, "compile_s": time.perf_counter() - start - lower_s,
+          "memory": _memory(compiled)}
+
+
+def decode_seconds(config: ModelConfig, rows: int, p: int, r: int, block: int, devices: int,
+                   tp: int, settings: Settings) -> dict:
+  """Time model of one rollout batch (module docstring): per forward max(FLOPs at the MFU,
+  weights / tp + the rows' KV cache read at HBM bandwidth), per device."""
+  kv_per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2  # bf16 K + V
+  weights = params_lib.param_count(config) * 2 - config.vocab_size * config.hidden_size * 2
+  flops = forward_flops(config, rows * p, rows * causal_pairs(p), rows)
+  rate = settings.mfu * H100_PEAK_FLOPS * devices
+  seconds = max(flops / rate,
+                (weights / tp + rows * p * kv_per_slot / devices) / H100_HBM_BYTES_S)
+  num_forwards = r if block == 1 else math.ceil(settings.forwards_per_token * r)
+  for i in range(num_forwards):
+    cache = p + (i + 1) * r / num_forwards
+    width = 1 if block == 1 else block
+    f = forward_flops(config, rows * width, rows * width * cache, rows * width)
+    read = weights / tp + rows * cache * kv_per_slot / devices
+    seconds += max(f / rate, read / H100_HBM_BYTES_S)
+    flops += f
+  return {"flops": flops, "forwards": num_forwards + 1, "seconds": seconds}
+
+
+# ---- FLOP check ------------------------------------------------------------------------------
+
+
+def verify_flops(names=None) -> list[dict]:
+  """The FLOP formula vs cost_analysis where every loop has one trip (module docstring).
+
+  Small 8B-shaped configs (1 layer, one attention chunk, no remat, one micro-batch, one device):
+  fwd + bwd of each loss = 3 x forward with dense attention.
+
+  Args:
+    names: the train stages to check (default all).
+
+  Returns:
+    [{'loss', 'analytic', 'cost_analysis', 'ratio'}].
+  """
+  base = dict(vocab_size=8192, hidden_size=512, num_layers=1, num_heads=8, num_kv_heads=2,
+              head_dim=64, intermediate_size=1536, attention_chunk_bytes=1 << 40,
+              param_dtype="float32", compute_dtype="float32")
+  small = Shapes(model=ModelConfig(**base), prompt_len=96, response_len=32, block_size=8,
+                 max_steps_per_block=8, sft_rows=2, cft_rows=2, ar_rl_prompts=1, ar_rl_group=2,
+                 opd_prompts=1, opd_group=2, rl_prompts=1, rl_group=2, steps={})
+  rows = []
+  for name, stage in train_stages(small).items():
+    if names is not None and name not in names:
+      continue
+    params = params_lib.abstract_params(stage.config)
+    batch = _specs(stage.batch(stage.rows), None)
+    grad = jax.jit(jax.grad(lambda p, b, loss=stage.loss: loss(p, b, jax.random.key(0))[0]))
+    cost = grad.lower(params, batch).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    analytic = 3 * stage.rows * stage.work.dense_flops(stage.config)
+    rows.append({"loss": name, "analytic": analytic, "cost_analysis": float(cost["flops"]),
+                 "ratio": float(cost["flops"]) / analytic})
+    print(f"[flops] {name}: analytic {analytic:.4g} cost_analysis {cost['flops']:.4g} ratio "
+          f"{rows[-1]['ratio']:.3f}", flush=True)
+  return rows
+
+
+# ---- the plan --------------------------------------------------------------------------------
+
+
+def _layout(text: str) -> tuple[int, int]:
+  fsdp, tp = text.lower().split("x")
+  return int(fsdp), int(tp)
+
+
+def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int,
+               settings: Settings) -> dict:
+  multiple = mesh_lib.batch_size_multiple(mesh)
+  devices = fsdp * tp
+  points = []
+  for k in range(1, settings.points + 1):
+    m = k * multiple
+    if stage.rows % m:
+      continue
+    points.append(compile_train_step(stage, mesh, m, settings.opt_level))
+    mem = points[-1]["memory"]
+    print(f"[plan] {stage.name} {fsdp}x{tp} micro {m}: total {mem['total'] / GIB:.1f} GiB "
+          f"(arg {mem['argument'] / GIB:.1f}, temp {mem['temp'] / GIB:.1f}); compile "
+          f"{points[-1]['compile_s']:.0f} s", flush=True)
+  model = 3 * stage.rows * stage.work.model_flops(stage.config)
+  executed = 4 * stage.rows * stage.work.dense_flops(stage.config)  # fwd + bwd + remat forward
+  rate = settings.mfu * H100_PEAK_FLOPS * devices
+  step_s = model / rate
+  steps = s.steps[stage.name]
+  row = {"kind": "train", "stage": stage.name, "mesh": f"{fsdp}x{tp}", "rows": stage.rows,
+         "tokens_per_row": stage.work.tokens, "points": points, "model_flops": model,
+         "executed_flops": executed, "step_s": step_s, "steps": steps}
+  for card, capacity in CARDS.items():
+    m, predicted, compiled = fit_micro_rows(points, stage.rows, multiple,
+                                            capacity * (1 - settings.reserve))
+    row[f"fit_{card}"] = {"micro_rows": m, "micro_batches": stage.rows // m if m else None,
+                          "predicted_total": predicted, "compiled": compiled}
+  extra = 0.0
+  for config, work in stage.prepare:
+    extra += stage.rows * work.model_flops(config) / rate
+  if stage.rollout is not None:
+    config, block = stage.rollout
+    extra += decode_seconds(config, stage.rows, s.prompt_len, s.response_len, block, devices, tp,
+                            settings)["seconds"]
+  row["prepare_s"] = extra
+  row["stage_h"] = steps * (step_s + extra) / 3600
+  return row
+
+
+def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings) -> dict:
+  rows = s.rl_prompts * s.rl_group if kind == "diffusion_decode" else (
+    s.ar_rl_prompts * s.ar_rl_group)
+  out = compile_decoder(kind, s, mesh, rows, settings.opt_level)
+  mem = out["memory"]
+  config = s.model if kind == "ar_decode" else s.diffusion()
+  devices = fsdp * tp
+  params_dev = params_lib.param_count(config) * 2 / devices
+  per_row = max(mem["total"] - params_dev, 0) / (rows / mesh_lib.batch_size_multiple(mesh))
+  block = 1 if kind == "ar_decode" else s.block_size
+  timing = decode_seconds(config, rows, s.prompt_len, s.response_len, block, devices, tp,
+                          settings)
+  row = {"kind": "decode", "stage": kind, "mesh": f"{fsdp}x{tp}", "rows": rows,
+         "prompt_len": s.prompt_len, "new_tokens": s.response_len, **out,
+         "per_row_bytes": per_row, **timing}
+  for card, capacity in CARDS.items():
+    room = capacity * (1 - settings.reserve) - params_dev
+    row[f"rows_per_shard_{card}"] = int(room // per_row) if per_row else None
+  print(f"[plan] {kind} {fsdp}x{tp} rows {rows}: total {mem['total'] / GIB:.1f} GiB "
+        f"(arg {mem['argument'] / GIB:.1f}, temp {mem['temp'] / GIB:.1f}); compile "
+        f"{out['compile_s']:.0f} s", flush=True)
+  return row
+
+
+def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Settings | None = None,
+             verify: bool = True) -> dict:
+  """Compiles every requested step on every layout; returns the plan dict.
+
+  Args:
+    preset: a PRESETS key.
+    layouts: meshes as 'FSDPxTP' (e.g. '8x1', '4x2').
+    stages: train stages (train_stages) and/or 'ar_decode', 'diffusion_decode'.
+    settings: Settings.
+    verify: also run verify_flops.
+  """
+  s = PRESETS[preset]
+  settings = Settings() if settings is None else settings
+  if jax.device_count() != 8:
+    raise RuntimeError(f"the plan needs 8 devices, got {jax.device_count()} (set XLA_FLAGS="
+                       f"{_FLAG}=8 before JAX starts)")
+  train = train_stages(s, jnp.bfloat16 if "teacher_bf16" in settings.what_if else jnp.float32)
+  unknown = set(stages) - {*train, "ar_decode", "diffusion_decode"}
+  if unknown:
+    raise ValueError(f"unknown stages {sorted(unknown)}")
+  t0 = time.perf_counter()
+  result = {"preset": preset, "settings": dataclasses.asdict(settings),
+            "mfu": settings.mfu, "reserve": settings.reserve,
+            "peak_flops": H100_PEAK_FLOPS, "cards": CARDS, "jax": jax.__version__,
+            "shapes": {k: v for k, v in dataclasses.asdict(s).items() if k != "model"},
+            "model": dataclasses.asdict(s.model), "params": params_lib.param_count(s.model),
+            "rows": []}
+  for text in layouts:
+    fsdp, tp = _layout(text)
+    mesh = mesh_lib.make_mesh(1, fsdp, tp)
+    for name in stages:
+      with what_if(settings.what_if):
+        if name in train:
+          row = plan_train(train[name], s, mesh, fsdp, tp, settings)
+        else:
+          row = plan_decoder(name, s, mesh, fsdp, tp, settings)
+      result["rows"].append({**row, "what_if": list(settings.what_if)})
+  if verify:
+    result["flop_check"] = verify_flops()
+  result["wall_s"] = time.perf_counter() - t0
+  return result
+
+
+# ---- report ----------------------------------------------------------------------------------
+
+
+def _gib(x):
+  return f"{x / GIB:.1f}"
+
+
+def _fit(fit: dict) -> str:
+  if fit["micro_rows"] is None:
+    return f"**no** (1 row/shard: {_gib(fit['predicted_total'])} GiB)"
+  mark = "" if fit["compiled"] else " (pred.)"
+  return f"{fit['micro_rows']} x {fit['micro_batches']}{mark}"
+
+
+def _name(row: dict) -> str:
+  return row["stage"] + (f" [{', '.join(row['what_if'])}]" if row.get("what_if") else "")
+
+
+def markdown(result: dict) -> str:
+  """The plan's tables (train steps, decoders, FLOP check) as markdown."""
+  lines = [f"Preset `{result['preset']}` ({result['params'] / 1e9:.2f}B params), jax "
+           f"{result['jax']}, 8 simulated devices; {result['mfu']:.0%} MFU of "
+           f"{result['peak_flops'] / 1e12:.0f} TFLOP/s per device; cards keep "
+           f"{result['reserve']:.0%} free. Plan wall time {result['wall_s'] / 60:.1f} min."]
+  for name in result.get("settings", {}).get("what_if", ()):
+    lines.append(f"What-if `{name}` (not the library today): {WHAT_IFS[name]}.")
+  lines += ["", "| stage | mesh fsdp x tp | step batch (rows x tokens) | GiB/device at 1, 2 rows/"
+                "shard (arg / temp) | 80 GB: micro rows x M | 141 GB: micro rows x M | model "
+                "TFLOP/step | step s | prepare s | steps | stage h |", "|" + "---|" * 11]
+  for r in result["rows"]:
+    if r["kind"] != "train":
+      continue
+    mem = ", ".join(f"{_gib(p['memory']['total'])} ({_gib(p['memory']['argument'])} / "
+                    f"{_gib(p['memory']['temp'])})" for p in r["points"])
+    lines.append(f"| {_name(r)} | {r['mesh']} | {r['rows']} x {r['tokens_per_row']} | {mem} | "
+                 f"{_fit(r['fit_80GB'])} | {_fit(r['fit_141GB'])} | "
+                 f"{r['model_flops'] / 1e12:,.0f} | {r['step_s']:.1f} | {r['prepare_s']:.1f} | "
+                 f"{r['steps']} | {r['stage_h']:.1f} |")
+  decoders = [r for r in result["rows"] if r["kind"] == "decode"]
+  if decoders:
+    lines += ["", "| decoder | mesh | rows x (prompt + new) | GiB/device (arg / temp) | "
+                  "rows per batch shard that fit 80 / 141 GB | forwards | s per batch |",
+              "|" + "---|" * 7]
+    for r in decoders:
+      m = r["memory"]
+      lines.append(f"| {_name(r)} | {r['mesh']} | {r['rows']} x ({r['prompt_len']} + "
+                   f"{r['new_tokens']}) | {_gib(m['total'])} ({_gib(m['argument'])} / "
+                   f"{_gib(m['temp'])}) | {r['rows_per_shard_80GB']} / "
+                   f"{r['rows_per_shard_141GB']} | {r['forwards']} | {r['seconds']:.1f} |")
+  if result.get("flop_check"):
+    lines += ["", "| FLOP check (1 layer, 1 chunk, 1 micro-batch) | analytic | cost_analysis | "
+                  "ratio |", "|---|---|---|---|"]
+    for r in result["flop_check"]:
+      lines.append(f"| {r['loss']} | {r['analytic']:.4g} | {r['cost_analysis']:.4g} | "
+                   f"{r['ratio']:.3f} |")
+  return "\n".join(lines) + "\n"
+
+
+def update_doc(path: str, table: str, tag: str = "plan") -> None:
+  """Replaces the text between `<!-- TAG:begin -->` and `<!-- TAG:end -->` in `path` (appends
+  the block when absent); the rest of the file is kept."""
+  text = open(path).read() if os.path.exists(path) else ""
+  begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+  block = f"{begin}\n{table}{end}"
+  if begin in text and end in text:
+    text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+  else:
+    text = f"{text.rstrip()}\n\n{block}\n" if text else f"{block}\n"
+  with open(path, "w") as f:
+    f.write(text)
+
+
+def use_host_devices(count: int = 8) -> None:
+  """CPU backend with `count` host devices; must run before JAX initialises its backend."""
+  if _FLAG not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}={count}".strip()
+  jax.config.update("jax_platforms", "cpu")
+
+
+def main(argv):
+  del argv
+  use_host_devices()
+  settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
+                      forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level,
+                      what_if=tuple(FLAGS.what_if))
+  result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops)
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  name = f"plan_{FLAGS.preset}" + ("_what_if" if settings.what_if else "")
+  with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
+    json.dump(result, f, indent=1, default=float)
+  table = markdown(result)
+  with open(os.path.join(FLAGS.out_dir, f"{name}.md"), "w") as f:
+    f.write(table)
+  if FLAGS.doc:
+    update_doc(FLAGS.doc, table, "plan-what-if" if settings.what_if else "plan")
+  print(table)
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

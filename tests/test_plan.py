@@ -1,0 +1,97 @@
+"""experiments/plan.py on the tiny preset: the code path of the 8B plan, in seconds.
+
+The 8B plan itself (`python experiments/plan.py`, ~25 min) is not a test; its output is
+docs/plan_qwen3_8b.md. Here: a real train step (CFT: the two-stream layout) compiled on the
+(4, 2) fsdp x tp mesh with memory_analysis, the FLOP formula against cost_analysis on one-trip
+configs, the micro-batch fit, and the report.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "experiments"))
+import plan  # noqa: E402
+
+from gr2jax.train import mesh as mesh_lib  # noqa: E402
+
+
+def test_flop_formula_matches_cost_analysis_on_one_trip_configs():
+  rows = plan.verify_flops(("sft", "cft"))
+  assert [r["loss"] for r in rows] == ["sft", "cft"]
+  for r in rows:  # matmuls exactly; the rest (softmax, norms, RoPE, Adam-free grads) < 2%
+    assert 1.0 <= r["ratio"] < 1.02, r
+
+
+def test_tiny_cft_step_compiles_on_fsdp_x_tp_and_reports_memory():
+  s = plan.PRESETS["tiny"]
+  stage = plan.train_stages(s)["cft"]
+  mesh = mesh_lib.make_mesh(1, 4, 2)
+  point = plan.compile_train_step(stage, mesh, micro_rows=4)
+  assert point["micro_batches"] == stage.rows // 4
+  mem = point["memory"]
+  assert mem["argument"] > 0 and mem["temp"] > 0
+  assert mem["total"] == mem["argument"] + mem["output"] - mem["alias"] + mem["temp"]
+  # The donated state aliases its output: what a device holds is far below arg + out.
+  assert mem["alias"] > 0.9 * mem["output"]
+
+
+def test_work_counts_the_layouts():
+  s = plan.PRESETS["tiny"]
+  stages = plan.train_stages(s)
+  p, r = s.prompt_len, s.response_len
+  assert stages["sft"].work.tokens == p + r
+  assert stages["sft"].work.pairs == (p + r) * (p + r + 1) // 2
+  assert stages["cft"].work.tokens == p + 3 * r  # prompt | clean | two noisy streams
+  assert stages["opd"].work.tokens == p + (1 + s.rounds) * r  # every replay round packed
+  # A noisy block sees the prompt, earlier clean blocks and its own block: fewer pairs than dense.
+  assert stages["cft"].work.pairs < stages["cft"].work.dense_pairs
+  assert stages["rl"].rows == s.rl_prompts * s.rl_group
+
+
+def test_fit_micro_rows_uses_the_memory_line():
+  points = [{"micro_rows": 8, "memory": {"total": 30e9}},
+            {"micro_rows": 16, "memory": {"total": 40e9}}]
+  # 10 GB per 8 rows: 32 rows -> 60 GB fits 72 GB; 64 rows -> 100 GB does not.
+  assert plan.fit_micro_rows(points, 64, 8, 72e9) == (32, 60e9, False)
+  assert plan.fit_micro_rows(points, 64, 8, 40e9) == (16, 40e9, True)
+  assert plan.fit_micro_rows(points, 64, 8, 20e9) == (None, 30e9, True)
+  # Only divisors of the step's rows: 48 rows -> 8, 16, 24 (not 32).
+  assert plan.fit_micro_rows(points, 48, 8, 72e9)[0] == 24
+
+
+def test_markdown_and_doc_block(tmp_path):
+  fit = {"micro_rows": 16, "micro_batches": 2, "predicted_total": 40e9, "compiled": True}
+  none = {"micro_rows": None, "micro_batches": None, "predicted_total": 90e9, "compiled": True}
+  mem = {"total": 30 * 2**30, "argument": 10 * 2**30, "temp": 20 * 2**30}
+  result = {"preset": "tiny", "params": 1e6, "jax": "x", "mfu": 0.4, "peak_flops": 989e12,
+            "reserve": 0.1, "wall_s": 60.0, "rows": [
+              {"kind": "train", "stage": "sft", "mesh": "8x1", "rows": 32, "tokens_per_row": 64,
+               "points": [{"memory": mem}], "fit_80GB": fit, "fit_141GB": none,
+               "model_flops": 2e12, "step_s": 1.5, "prepare_s": 0.0, "steps": 10,
+               "stage_h": 0.01},
+              {"kind": "decode", "stage": "ar_decode", "mesh": "8x1", "rows": 16,
+               "prompt_len": 48, "new_tokens": 16, "memory": mem, "rows_per_shard_80GB": 3,
+               "rows_per_shard_141GB": 6, "forwards": 17, "seconds": 0.5}],
+            "flop_check": [{"loss": "sft", "analytic": 1.0, "cost_analysis": 1.004,
+                            "ratio": 1.004}]}
+  table = plan.markdown(result)
+  assert "| sft | 8x1 | 32 x 64 | 30.0 (10.0 / 20.0) | 16 x 2 | **no** (1 row/shard: 83.8 GiB)" \
+    in table
+  assert "| ar_decode | 8x1 | 16 x (48 + 16) |" in table and "| sft | 1 | 1.004 | 1.004 |" in table
+  doc = tmp_path / "plan.md"
+  doc.write_text("# Findings\n\nhand-written\n")
+  plan.update_doc(str(doc), "table one\n")
+  plan.update_doc(str(doc), "what-if table\n", "plan-what-if")
+  plan.update_doc(str(doc), "table two\n")
+  text = doc.read_text()
+  assert "<!-- plan-what-if:begin -->\nwhat-if table\n<!-- plan-what-if:end -->" in text
+  assert text.startswith("# Findings\n\nhand-written\n")
+  assert "table two" in text and "table one" not in text and text.count("<!-- plan:begin -->") == 1
+
+
+def test_run_plan_refuses_unknown_stages():
+  with pytest.raises(ValueError, match="unknown stages"):
+    plan.run_plan("tiny", ["8x1"], ["sft", "nope"], verify=False)
