@@ -82,9 +82,18 @@ def _run_rerank(config, workdir):
   return rerank.run(config, workdir)
 
 
+def _run_tables(config, workdir):
+  from gr2jax import tables
+
+  return getattr(tables, f"run_{config.stage}")(config, workdir)
+
+
 STAGES = {
     "data": _run_data,
     "rerank": _run_rerank,
+    "table3": _run_tables,
+    "fig6": _run_tables,
+    "table4": _run_tables,
     "table2": _run_table2,
     "sft": _run_training,
     "ar_rl": _run_training,

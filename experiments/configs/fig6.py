@@ -1,0 +1,36 @@
+"""Figure 6 of Diffusion-GR2: speed-up of the final diffusion model over AR vs output length and
+vs prompt length (every example decoded alone, warm jit); writes <results>/fig6.{json,png}.
+
+  python experiments/run.py --config=fig6.py --workdir=W        (W: a finished table2.py workdir)
+  python experiments/run.py --config=fig6.py:smoke --workdir=W  (after table2.py:smoke)
+
+The data build, eval settings and results directory are table2.py's (same variant), so the models
+and the data build of W are reused. gr2jax/tables.py holds the logic.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from table2 import get_config as get_table2_config  # noqa: E402
+
+
+def get_config(variant: str = ""):
+  t2 = get_table2_config(variant)  # raises on an unknown variant
+  c = ml_collections.ConfigDict()
+  c.stage = "fig6"  # experiments/run.py STAGES key
+  c.data = t2.data  # the data build the models were trained on (table2.py's)
+  c.eval = t2.eval  # decode batch size, step cap per block, eval.limit (first N examples)
+  c.split = "test_1615"  # the evaluated split (the paper's 1,615 users)
+  c.ar_ckpt = os.path.join("{workdir}", "ar_rl", "export")  # AR GR2 (SFT + RL)
+  c.diffusion_ckpt = os.path.join("{workdir}", "rl", "export")  # final Diffusion-GR2
+  c.results_dir = t2.results_dir  # where the outputs go
+  c.fig6 = ml_collections.ConfigDict()
+  c.fig6.tau = 0.9  # diffusion commit threshold of the timed decodes
+  c.fig6.limit = 300  # examples decoded one by one by each model (0 = the whole split)
+  c.fig6.num_bins = 6  # quantile bins of output / prompt length
+  if variant == "smoke":
+    c.fig6.limit = 8
+  return c

@@ -1,0 +1,136 @@
+"""Table 3 / Figure 6 / Table 4 (gr2jax/tables.py): the reasoning checks on hand-written
+responses, and every table and figure produced from tiny random AR and diffusion models."""
+
+import dataclasses
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from gr2jax import tables
+from gr2jax.data import prompts
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.train import inputs
+from tests.data.toy_records import toy_catalog, toy_example, toy_sids
+from tests.test_rerank import _model
+from tests.train.toy import PROMPT, toy_split, toy_tokenizer
+
+USERS = range(100, 108)
+
+
+def _record(user, prompt=PROMPT):
+  ex = toy_example(user=user, with_teacher=False)
+  labels = prompts.candidate_labels(ex, toy_sids(), prompt)
+  return {"history": ex.history, "candidates": ex.candidates, "evidence": ex.evidence,
+          "labels": labels}
+
+
+def _answer(labels):
+  return prompts.render_answer(np.arange(10), labels)
+
+
+def test_terse_flags_checks():
+  record = _record(100)
+  ev = record["evidence"]
+  hit = int(np.argmax(ev[:, 0] > 0))  # a slot with a brand match
+  miss = int(np.argmax(ev[:, 1] == 0))  # a slot without a leaf match
+  text = (prompts.think_block(f"<slot_{hit}><brand_{ev[hit, 0]}>\n<slot_{miss}><leaf_1>")
+          + _answer(record["labels"]))
+  c = tables.reasoning_checks(text, record, PROMPT, toy_catalog(), None)
+  assert c == {"ids_ok": True, "history_as_candidate": False, "citations": 2, "grounded": 1,
+               "lines": 2, "parsed": True, "valid": True}
+  c = tables.reasoning_checks(prompts.think_block("H1<brand_1>") + "{oops", record, PROMPT,
+                              toy_catalog(), None)
+  assert c["history_as_candidate"] and not c["ids_ok"] and not c["parsed"]
+
+
+def test_chat_citations_grounded_only_when_true():
+  chat = dataclasses.replace(PROMPT, style="chat", evidence="raw")
+  record = _record(101, chat)
+  catalog = toy_catalog()
+  slot = int(np.argmax(record["evidence"][:, 0] > 0))
+  brand = catalog.brands[int(record["candidates"][slot])]
+  other = next(b for b in ("Revlon", "Maybelline") if b != brand)
+  text = prompts.think_block(f"<slot_{slot}> brand {brand}: H1\n<slot_{slot}> brand {other}")
+  c = tables.reasoning_checks(text + _answer(record["labels"]), record, chat, catalog, None)
+  assert c["citations"] == 2 and c["grounded"] == 1 and c["ids_ok"]
+
+
+def test_sid_labels_must_be_in_history_or_candidates():
+  sid_prompt = dataclasses.replace(PROMPT, answer_format="sid")
+  record = _record(102, sid_prompt)
+  sids = toy_sids()
+  hist_sid = prompts.sid_string(sids[record["history"][0]])
+  outside = next(i for i in range(40) if i not in set(record["history"].tolist())
+                 | set(record["candidates"].tolist()))
+  good = prompts.think_block(f"{record['labels'][3]}<brand_1>: {hist_sid}")
+  c = tables.reasoning_checks(good + _answer(record["labels"]), record, sid_prompt,
+                              toy_catalog(), sids)
+  assert c["ids_ok"] and c["citations"] == 1
+  bad = prompts.think_block(f"{prompts.sid_string(sids[outside])}<brand_1>")
+  c = tables.reasoning_checks(bad, record, sid_prompt, toy_catalog(), sids)
+  assert not c["ids_ok"] and not c["history_as_candidate"]
+  as_candidate = prompts.think_block(f"{hist_sid}<brand_1>")
+  c = tables.reasoning_checks(as_candidate, record, sid_prompt, toy_catalog(), sids)
+  assert c["history_as_candidate"] and not c["ids_ok"]
+  c = tables.reasoning_checks(prompts.think_block("<a_1><b_2>"), record, sid_prompt,
+                              toy_catalog(), sids)
+  assert not c["ids_ok"]  # a partial SID is not an identifier of H or D
+
+
+def test_bin_edges_and_speedup_bins():
+  np.testing.assert_array_equal(tables.bin_edges(np.full(5, 57), 4), [57, 58])
+  by = np.asarray([10, 10, 20, 40])
+  ar = {"seconds": np.asarray([2.0, 2.0, 4.0, 8.0]), "forwards": np.asarray([10, 10, 20, 40]),
+        "output_len": by}
+  diff = {"seconds": np.asarray([1.0, 1.0, 1.0, 2.0]), "forwards": np.asarray([3, 3, 5, 9]),
+          "output_len": by}
+  bins = tables.speedup_bins(ar, diff, by, 2)
+  assert sum(b["num"] for b in bins) == 4
+  assert bins[-1]["speedup_time"] == pytest.approx((8 / 40) / (2 / 40))
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("tok"))
+  toy_tokenizer(out)
+  tok = tokenizer_lib.load_tokenizer(out)
+  data = toy_split(tok, USERS, with_teacher=False)
+  p, r = inputs.static_lengths([toy_split(tok, range(24)), toy_split(tok, USERS)])
+  inp = tables.Inputs(tok, data, [_record(u) for u in USERS], p, min(r, 16), PROMPT,
+                      toy_catalog(), None)
+  models = {name: (*_model(tok, name == "diffusion"), name) for name in ("ar", "diffusion")}
+  return inp, models
+
+
+@pytest.mark.slow  # ~35 s on 2 busy cores: AR and diffusion evaluations + batch-1 timings
+def test_tables_and_figure_from_toy_models(toy, tmp_path):
+  inp, models = toy
+  eval_cfg = ml_collections.ConfigDict(dict(batch_size=4, max_steps_per_block=4))
+  rows = tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path))
+  assert [r["tau"] for r in rows] == [None, 1.0, 0.5]
+  assert rows[0]["speedup"] == pytest.approx(1.0)
+  assert all(r["tokens_per_s"] and r["num"] == len(USERS) for r in rows)
+  md = tables.markdown(rows, tables.TABLE3_COLUMNS)
+  assert md.count("\n") == 2 + len(rows) and "speedup" in md
+  cached = sorted(os.listdir(tmp_path))
+  assert tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path))[2]["R@1"] \
+      == rows[2]["R@1"]
+  assert sorted(os.listdir(tmp_path)) == cached  # the second call decoded nothing
+  tables.frontier_png(rows, str(tmp_path / "frontier.png"))
+  assert os.path.getsize(tmp_path / "frontier.png") > 1000
+
+  _, eval_rows = tables.evaluate_cached("diffusion", models["diffusion"][:2], "diffusion", inp,
+                                        eval_cfg, 1.0, str(tmp_path))
+  row = tables.table4_row("Diffusion-GR2", eval_rows, inp)
+  assert row["num"] == len(USERS) and 0 <= row["identifier_correct"] <= 1
+  assert set(tables.TABLE4_COLUMNS) <= set(row)
+
+  data = tables.fig6(models, inp, limit=4, tau=0.9, max_steps_per_block=4, num_bins=2)
+  assert data["num"] == 4 and data["by_output_length"] and data["by_prompt_length"]
+  assert sum(b["num"] for b in data["by_prompt_length"]) == 4
+  assert data["overall"]["speedup_time"] > 0
+  tables.fig6_png(data, str(tmp_path / "fig6.png"))
+  json.dumps(data)
