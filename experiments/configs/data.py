@@ -33,11 +33,13 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.accept_position_leak = False  # True builds even with a late-position target spike
 
   c.all_training_targets = False  # True: one training example per training target, not per user
+  #                                 (57k lists with rejection; tiny: R@1 on a par, slower build)
   c.evidence_decay = 0.8  # recency decay of the brand/leaf/path match levels
   c.evidence_window = 20  # history items the evidence looks at
 
   c.rejection = True  # keep only training examples whose teacher top-1 is the target (GR2);
-  #                     False keeps all (with small margins either can train the better student)
+  #                     False keeps all (tiny, terse prompt: R@1 floor +.000 off vs +.03 on;
+  #                     docs/calibration_tiny_prompt.md)
   c.learned_headroom = True  # also fit a GBDT on validation lists: the headroom over the teacher
   #                             (headroom.py; printed for test and the 1,615 subset; 20-30 s on
   #                             2 busy cores, paid once per examples build since that is cached)
@@ -58,18 +60,25 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.rqvae.kmeans_iters = 25  # Lloyd iterations of the k-means codebook initialisation
   c.rqvae.reset_every = 20  # epochs between dead-code resets (0 disables them)
 
+  # Tiny default measured in docs/calibration_tiny_prompt.md: a terse prompt of slot + evidence
+  # flags only (57 prompt / 29-35 response tokens) is what a from-scratch tiny model learns to
+  # use in a CPU budget. The 8B/paper prompt: style 'chat', answer_format 'sid', evidence 'raw',
+  # fields ('sid', 'brand', 'leaf', 'title'), history_items 20, max_citations 3.
   c.prompt = ml_collections.ConfigDict()
+  c.prompt.style = "terse"  # 'terse' (tiny: chat markup + one line per item, no system turn,
+  #                           headers or instruction; citations = slot + evidence token) or 'chat'
   c.prompt.answer_format = "slot"  # 'slot' (tiny) or 'sid' (8B; the paper's)
   c.prompt.evidence = "flags"  # 'flags' (tiny: per-candidate match buckets) or 'raw' (8B)
-  c.prompt.fields = ("sid", "brand", "leaf")  # item fields shown; 8B: + 'title'
+  c.prompt.fields = ()  # item fields shown (tiny: none, the flags carry the evidence); 8B: all 4
   c.prompt.title_words = 6  # title truncation (words) when 'title' is shown
-  c.prompt.history_items = 3  # history items shown (flags already summarise 20); 8B: 20
+  c.prompt.history_items = 0  # history items shown (tiny: none, flags summarise 20); 8B: 20
   c.prompt.max_citations = 2  # teacher citations rendered in the reasoning (8B: 3+)
 
   c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
   c.tokenizer_sample = 4000  # train examples (4 prompt variants) in the BPE corpus / length stats
 
-  c.length_buckets = (256, 320, 384, 448, 512)  # static sequence lengths of training batches
+  c.length_buckets = (96, 128, 192, 256, 320, 384, 448, 512)  # static sequence lengths of
+  #                                 training batches (tiny default: <= 92 tokens -> 96)
   c.lambda_r = 0.5  # SFT loss weight of reasoning tokens (GR2: lambda_r < lambda_o)
   c.lambda_o = 1.0  # SFT loss weight of answer tokens
   return c

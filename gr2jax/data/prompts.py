@@ -9,6 +9,11 @@ One example renders to three strings that are tokenized separately and concatena
 
 Qwen3's own `<think>` block holds the short reasoning (the choice that keeps the 8B path's native
 format; research/papers.md §1.3 leaves it open), and the JSON object holds only the ranked labels.
+`style='chat'` is the paper-like prompt (system turn, headers, an instruction line, citations with
+their brand/category text); `style='terse'` (the tiny default, measured in
+docs/calibration_tiny_prompt.md) keeps only the chat markup, one line per item and citations as
+`{label}<kind_bucket>`, so that a from-scratch model sees ~4x shorter sequences. The response
+format (think block, JSON, end of turn) is the same in both styles.
 Labels are the candidates' SID strings (`answer_format='sid'`) or slot tokens (`'slot'`); both go
 through `gr2jax/data/answer.py`. WORKSPACE.md "Prompt and answer formats" shows rendered examples.
 
@@ -24,6 +29,7 @@ import numpy as np
 from gr2jax.data.records import Catalog, RerankExample
 
 ANSWER_FORMATS = ("sid", "slot")
+STYLES = ("chat", "terse")
 EVIDENCE_MODES = ("raw", "flags")
 FIELDS = ("sid", "brand", "leaf", "title")
 EVIDENCE_KINDS = ("brand", "leaf", "path")  # the columns of RerankExample.evidence
@@ -41,13 +47,19 @@ NO_TITLE = "(no title)"
 NO_BRAND = "(no brand)"
 
 SYSTEM_PROMPT = "You are an expert re-ranker of Amazon Beauty products for a user's next purchase."
+NO_MATCH = "No history match; keep the retriever order."  # chat style; terse: an empty think block
 
 
 @dataclasses.dataclass(frozen=True)
 class PromptConfig:
   """How an example is shown to the model.
 
+  Defaults are the tiny CPU setting (docs/calibration_tiny_prompt.md); the 8B/paper prompt is
+  style='chat', answer_format='sid', evidence='raw', fields=FIELDS, history_items=20.
+
   Attributes:
+    style: 'chat' (system turn, section headers, instruction line, citations with their text) or
+      'terse' (chat markup only, no headers or instruction, citations as label + evidence token).
     answer_format: 'sid' (the answer lists candidate SIDs; 8B default) or 'slot' (slot labels;
       tiny default).
     evidence: 'raw' (history items with their fields; the paper's prompt) or 'flags' (each
@@ -59,15 +71,18 @@ class PromptConfig:
     max_citations: at most this many teacher citations are rendered in the reasoning.
   """
 
+  style: str = "terse"
   answer_format: str = "slot"
   evidence: str = "flags"
-  fields: tuple[str, ...] = ("sid", "brand", "leaf")
+  fields: tuple[str, ...] = ()
   title_words: int = 6
-  history_items: int = 3
+  history_items: int = 0
   evidence_levels: int = 5
   max_citations: int = 2
 
   def __post_init__(self):
+    if self.style not in STYLES:
+      raise ValueError(f"style={self.style!r}; expected one of {STYLES}")
     if self.answer_format not in ANSWER_FORMATS:
       raise ValueError(f"answer_format={self.answer_format!r}; expected one of {ANSWER_FORMATS}")
     if self.evidence not in EVIDENCE_MODES:
@@ -176,7 +191,7 @@ def _item_fields(item: int, catalog: Catalog, sids: np.ndarray, config: PromptCo
 def _join(label: str, text: str) -> str:
   """`label` then `text`, with a space only before plain text (a space before an added token
   would cost a token of its own)."""
-  return label + (text if text.startswith("<") else " " + text)
+  return label + (text if not text or text.startswith("<") else " " + text)
 
 
 def _shown_history(example: RerankExample, config: PromptConfig) -> np.ndarray:
@@ -196,51 +211,58 @@ def _history_ref(position: int, example: RerankExample, config: PromptConfig) ->
 
 def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
                   config: PromptConfig) -> str:
-  """The chat prompt: system role, history (marked H1..), candidates (slot labels), output spec.
+  """The chat prompt: (system role,) history (marked H1..), candidates (slot labels)(, spec).
 
   Args:
     example: the re-ranking example.
     catalog: item metadata.
     sids: [num_items, L] int32 semantic IDs.
-    config: prompt settings.
+    config: prompt settings; style='terse' drops the system turn, headers and instruction.
 
   Returns:
     The prompt text ending with the assistant header.
   """
-  shown = [f for f in FIELDS if f in config.fields]
-  header = " | ".join(shown)
+  chat = config.style == "chat"
+  header = " | ".join(f for f in FIELDS if f in config.fields)
   lines = []
   history = _shown_history(example, config)
   if len(history):
-    lines.append(f"History, oldest first (H | {header}):")
+    if chat:
+      lines.append(f"History, oldest first (H | {header}):")
     lines += [_join(f"H{i + 1}", _item_fields(int(item), catalog, sids, config))
               for i, item in enumerate(history)]
-  flags_header = " | match brand leaf path" if config.evidence == "flags" else ""
-  lines.append(f"Candidates in retriever order (slot | {header}{flags_header}):")
+  flags = config.evidence == "flags"
+  if chat:
+    lines.append(f"Candidates in retriever order (slot | {header}"
+                 f"{' | match brand leaf path' if flags else ''}):")
   evidence = np.asarray(example.evidence)
   levels = config.evidence_levels
-  if config.evidence == "flags" and (evidence.min() < 0 or evidence.max() >= levels):
+  if flags and (evidence.min() < 0 or evidence.max() >= levels):
     raise ValueError(f"user {example.user}: evidence buckets {evidence.tolist()} outside "
                      f"[0, {levels})")
   for slot, item in enumerate(example.candidates):
     line = _join(slot_token(slot), _item_fields(int(item), catalog, sids, config))
-    if config.evidence == "flags":
-      line += " |" + "".join(evidence_token(k, int(v))
-                              for k, v in zip(EVIDENCE_KINDS, evidence[slot], strict=True))
+    if flags:
+      line += (" |" if chat else "") + "".join(
+        evidence_token(k, int(v)) for k, v in zip(EVIDENCE_KINDS, evidence[slot], strict=True))
     lines.append(line)
-  what = "candidate SIDs" if config.answer_format == "sid" else "candidate slots"
-  lines.append(f"Reason briefly, then answer JSON {{\"ranking\": [all {len(example.candidates)} "
-               f"{what}, best first]}}.")
+  if chat:
+    what = "candidate SIDs" if config.answer_format == "sid" else "candidate slots"
+    lines.append(f"Reason briefly, then answer JSON {{\"ranking\": [all {len(example.candidates)} "
+                 f"{what}, best first]}}.")
   user = "\n".join(lines)
-  return (f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n{IM_START}user\n{user}{IM_END}\n"
-          f"{IM_START}assistant\n")
+  system = f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n" if chat else ""
+  return f"{system}{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
 
 
 def render_reasoning(example: RerankExample, labels: tuple[str, ...], config: PromptConfig) -> str:
   """The `<think>` block citing the teacher's evidence as it appears in the prompt.
 
-  One line per citation (at most `max_citations`): `{candidate label} {kind} {value}: H.. H..`,
-  where the H markers are the shown history items that share it (newest first).
+  One line per citation (at most `max_citations`): `{candidate label} {kind} {value}: H.. H..`
+  (chat style, or terse without flags) or `{candidate label}<{kind}_{bucket}>: H..` (terse style
+  with evidence flags: the bucket token the prompt shows for that candidate), where the H markers
+  are the shown history items that share it (newest first). No citation: the chat style says so
+  (NO_MATCH), the terse style leaves the think block empty.
 
   Args:
     example: the example; its `citations` are rendered.
@@ -257,9 +279,15 @@ def render_reasoning(example: RerankExample, labels: tuple[str, ...], config: Pr
                        f"[0, {len(labels)})")
     refs = [_history_ref(p, example, config) for p in citation.history_positions]
     refs = [r for r in refs if r is not None]
-    line = f"{labels[citation.slot]} {citation.kind} {citation.value}"
+    if config.style == "terse" and config.evidence == "flags":
+      bucket = int(np.asarray(example.evidence)[citation.slot, EVIDENCE_KINDS.index(citation.kind)])
+      line = labels[citation.slot] + evidence_token(citation.kind, bucket)
+    else:
+      line = f"{labels[citation.slot]} {citation.kind} {citation.value}"
     lines.append(f"{line}: {' '.join(refs)}" if refs else line)
-  return think_block("\n".join(lines) if lines else "No history match; keep the retriever order.")
+  if not lines and config.style == "chat":
+    lines = [NO_MATCH]
+  return think_block("\n".join(lines))
 
 
 def think_block(text: str) -> str:

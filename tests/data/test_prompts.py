@@ -10,9 +10,10 @@ import pytest
 from gr2jax.data import prompts
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 
-VARIANTS = [prompts.PromptConfig(answer_format=a, evidence=e, fields=prompts.FIELDS,
+VARIANTS = [prompts.PromptConfig(style="chat", answer_format=a, evidence=e, fields=prompts.FIELDS,
                                  history_items=5)
             for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES]
+CHAT = prompts.PromptConfig(style="chat", fields=("sid", "brand", "leaf"), history_items=3)
 
 
 @pytest.mark.parametrize("config", VARIANTS, ids=lambda c: f"{c.answer_format}-{c.evidence}")
@@ -65,7 +66,7 @@ def test_response_is_reasoning_then_json_answer(config):
 
 def test_no_teacher_and_no_citations():
   catalog, sids = toy_catalog(), toy_sids()
-  config = prompts.PromptConfig()
+  config = CHAT
   plain = prompts.render_example(toy_example(with_teacher=False), catalog, sids, config)
   assert plain.reasoning == "" and plain.answer == ""
   ex = dataclasses.replace(toy_example(), citations=())
@@ -76,11 +77,11 @@ def test_no_teacher_and_no_citations():
 
 def test_fields_and_history_length_are_configurable():
   catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
-  config = prompts.PromptConfig(fields=("brand",), history_items=0, evidence="raw")
+  config = prompts.PromptConfig(style="chat", fields=("brand",), history_items=0, evidence="raw")
   prompt = prompts.render_prompt(ex, catalog, sids, config)
   assert "<a_" not in prompt and "History" not in prompt and "Product" not in prompt
   assert "\n<slot_9> " in prompt  # a space before plain text only
-  long = prompts.render_prompt(ex, catalog, sids, prompts.PromptConfig(history_items=50))
+  long = prompts.render_prompt(ex, catalog, sids, dataclasses.replace(CHAT, history_items=50))
   assert len(re.findall(r"\nH\d+<", long)) == len(ex.history)
 
 
@@ -96,6 +97,8 @@ def test_bad_inputs_raise_clear_errors():
   catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
   with pytest.raises(ValueError, match="answer_format"):
     prompts.PromptConfig(answer_format="ids")
+  with pytest.raises(ValueError, match="style"):
+    prompts.PromptConfig(style="verbose")
   with pytest.raises(ValueError, match="fields"):
     prompts.PromptConfig(fields=("price",))
   bad = dataclasses.replace(ex, evidence=np.full((10, 3), 7, np.int32))
@@ -109,8 +112,49 @@ def test_added_tokens_cover_rendered_tokens():
   tokens = prompts.added_tokens((256, 256, 256, 3), 10, 5)
   assert len(tokens) == len(set(tokens)) == 256 * 3 + 3 + 10 + 15
   catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
-  config = prompts.PromptConfig(answer_format="sid", fields=prompts.FIELDS)
+  for style in prompts.STYLES:
+    config = prompts.PromptConfig(style=style, answer_format="sid", fields=prompts.FIELDS)
+    rendered = prompts.render_example(ex, catalog, sids, config)
+    text = rendered.prompt + rendered.reasoning + rendered.answer
+    used = set(re.findall(r"<[^<>\s]+>", text))
+    assert used <= set(tokens) | set(prompts.CHAT_TOKENS)
+
+
+def test_terse_default_prompt_is_slots_and_flags_only():
+  catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
+  config = prompts.PromptConfig()  # the tiny default
+  assert (config.style, config.answer_format, config.evidence) == ("terse", "slot", "flags")
   rendered = prompts.render_example(ex, catalog, sids, config)
-  text = rendered.prompt + rendered.reasoning + rendered.answer
-  used = set(re.findall(r"<[^<>\s]+>", text))
-  assert used <= set(tokens) | set(prompts.CHAT_TOKENS)
+  lines = [prompts.slot_token(s) + "".join(prompts.evidence_token(k, int(v)) for k, v in
+                                           zip(prompts.EVIDENCE_KINDS, ex.evidence[s], strict=True))
+           for s in range(10)]
+  assert rendered.prompt == ("<|im_start|>user\n" + "\n".join(lines)
+                             + "<|im_end|>\n<|im_start|>assistant\n")
+  # Citations name the candidate and the evidence token its prompt line shows.
+  brand, leaf = int(ex.evidence[2, 0]), int(ex.evidence[5, 1])
+  assert rendered.reasoning == (f"<think>\n<slot_2><brand_{brand}>\n<slot_5><leaf_{leaf}>\n"
+                                "</think>\n\n")
+  assert json.loads(rendered.answer.removesuffix("<|im_end|>")) == {
+    "ranking": [rendered.labels[s] for s in ex.teacher_ranking]}
+  # No citation: an empty think block (Qwen3's own no-thinking form).
+  none = prompts.render_example(dataclasses.replace(ex, citations=()), catalog, sids, config)
+  assert none.reasoning == "<think>\n\n</think>\n\n"
+
+
+@pytest.mark.parametrize("evidence", prompts.EVIDENCE_MODES)
+def test_terse_with_fields_and_history(evidence):
+  catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
+  config = prompts.PromptConfig(evidence=evidence, fields=("brand", "leaf"), history_items=5)
+  rendered = prompts.render_example(ex, catalog, sids, config)
+  prompt = rendered.prompt
+  assert prompt.startswith("<|im_start|>user\nH1 ")
+  assert "system" not in prompt and "History" not in prompt and "Reason" not in prompt
+  item = int(ex.candidates[4])
+  line = f"\n<slot_4> {catalog.brands[item] or prompts.NO_BRAND} | {catalog.categories[item][-1]}"
+  flags = "".join(prompts.evidence_token(k, int(v))
+                  for k, v in zip(prompts.EVIDENCE_KINDS, ex.evidence[4], strict=True))
+  assert line + (flags if evidence == "flags" else "") + "\n<slot_5>" in prompt
+  # Citation of slot 2 (history positions 7, 1): only 7 is among the 5 shown items -> H5.
+  cited = (f"<slot_2><brand_{int(ex.evidence[2, 0])}>" if evidence == "flags"
+           else "<slot_2> brand Maybelline")
+  assert f"{cited}: H5\n" in rendered.reasoning

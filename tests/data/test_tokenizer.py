@@ -9,8 +9,10 @@ from gr2jax.data import prompts, tokenizer
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 
 CODES = (256, 256, 256, 3)
-VARIANTS = [prompts.PromptConfig(answer_format=a, evidence=e, fields=prompts.FIELDS)
-            for a in prompts.ANSWER_FORMATS for e in prompts.EVIDENCE_MODES]
+VARIANTS = [prompts.PromptConfig(style=s, answer_format=a, evidence=e, fields=prompts.FIELDS,
+                                 history_items=3)
+            for s in prompts.STYLES for a in prompts.ANSWER_FORMATS
+            for e in prompts.EVIDENCE_MODES]
 
 
 def _rendered():
