@@ -7,7 +7,7 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
       --batch_size=8 --seq_len=2048 --micro_batches=1,2 --peak_tflops=989
 
 Each row: a fresh TrainState (random params, AdamW), the jitted step of gr2jax/train/step.py on
-random tokens with every token weighted, compile time (lower + compile) separately, then the
+random rows (half prompt, half weighted response), compile time (lower + compile) separately, then the
 median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens + the
 attention's 12 x L x B x T^2 x N x H for forward + backward); MFU = FLOPs / step time / peak.
 Prints one JSON line per row and a table at the end.
@@ -51,9 +51,9 @@ def step_flops(config: ModelConfig, batch: int, seq: int) -> float:
   d, f, layers = config.hidden_size, config.intermediate_size, config.num_layers
   nh, kv, h = config.num_heads, config.num_kv_heads, config.head_dim
   per_layer = d * nh * h * 2 + d * kv * h * 2 + 3 * d * f  # q, o, k, v, gate/up/down
-  matmul = layers * per_layer + d * config.vocab_size  # + LM head
   attention = 2 * 2 * layers * seq * seq * nh * h  # QK^T and PV, forward, per row
-  return 6.0 * matmul * batch * seq + 3.0 * attention * batch
+  head = d * config.vocab_size * (seq - seq // 2)  # the LM head on the response half
+  return 6.0 * (layers * per_layer * seq + head) * batch + 3.0 * attention * batch
 
 
 def bench(preset: str, micro_batches: int) -> dict:
@@ -72,9 +72,11 @@ def bench(preset: str, micro_batches: int) -> dict:
   state = init(jax.random.key(0))
   b, t = FLAGS.batch_size, FLAGS.seq_len
   rng = np.random.default_rng(0)
-  batch = {"tokens": rng.integers(0, config.vocab_size, (b, t)).astype(np.int32),
-           "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
-           "loss_weights": np.ones((b, t), np.float32)}
+  tokens = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
+  p = t // 2  # half prompt, half response (the LM head runs on the response only)
+  batch = {"tokens": tokens, "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
+           "prompt_lengths": np.full((b,), p, np.int32), "response_tokens": tokens[:, p:],
+           "response_weights": np.ones((b, t - p), np.float32)}
   with jax.set_mesh(mesh):
     train_step = step_lib.make_train_step(
       functools.partial(sft.sft_loss, config=config), optimizer, micro_batches=micro_batches,

@@ -23,6 +23,7 @@ def get_config(variant: str = ""):
   c.optimizer.warmup_steps = 100
   if variant == "qwen3_8b":
     c.init = "ckpt/qwen3_8b"  # convert_hf.py output with the project's tokens added
+    c.data.prompt.style = "chat"
     c.data.prompt.answer_format = "sid"
     c.data.prompt.evidence = "raw"
     c.data.prompt.fields = ("sid", "brand", "leaf", "title")

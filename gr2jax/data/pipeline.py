@@ -207,6 +207,7 @@ def prompt_config(config, answer_format: str | None = None,
   """The PromptConfig of `config.prompt`, optionally with another answer format / evidence."""
   p = config.prompt
   return prompts.PromptConfig(
+    style=p.style,
     answer_format=answer_format or p.answer_format, evidence=evidence_mode or p.evidence,
     fields=tuple(p.fields), title_words=p.title_words, history_items=p.history_items,
     evidence_levels=evidence.NUM_BUCKETS, max_citations=p.max_citations)

@@ -22,22 +22,27 @@ def token_log_probs(logits: jax.Array, targets: jax.Array) -> jax.Array:
 
 
 def sft_loss(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig):
-  """Weighted next-token cross-entropy (AR shift: logits at t - 1 predict token t).
+  """Weighted next-token cross-entropy on the response (AR shift: query t - 1 predicts token t).
 
   Args:
     params: the param pytree.
-    batch: tokens, positions [B, T] int32, loss_weights [B, T] f32 (see the module docstring).
+    batch: tokens, positions [B, T] int32 (prompt + response contiguous, right-padded),
+      prompt_lengths [B], response_tokens [B, R], response_weights [B, R] f32.
     key: unused (SFT draws nothing).
     config: the model.
 
   Returns:
-    (sum_t w_t * -log p(x_t | x_<t), sum_t w_t, {'accuracy': sum of w_t * [argmax == x_t]}).
+    (sum_j w_j * -log p(r_j | P, r_<j), sum_j w_j, {'accuracy': sum of w_j * [r_j is the arg-max]}).
   """
   del key
-  tokens, weights = batch["tokens"], batch["loss_weights"]
-  chex.assert_equal_shape([tokens, batch["positions"], weights])
-  logits, _ = qwen3.forward(params, config, tokens, batch["positions"])  # causal, right-padded
-  targets, w = tokens[:, 1:], weights[:, 1:].astype(jnp.float32)
-  logp = token_log_probs(logits[:, :-1], targets)
-  correct = (jnp.argmax(logits[:, :-1], axis=-1) == targets).astype(jnp.float32)
+  targets, w = batch["response_tokens"], batch["response_weights"].astype(jnp.float32)
+  chex.assert_equal_shape([batch["tokens"], batch["positions"]])
+  chex.assert_equal_shape([targets, w])
+  r = targets.shape[1]
+  query = batch["prompt_lengths"][:, None] - 1 + jnp.arange(r)[None, :]  # [B, R]
+  query = jnp.minimum(query, batch["tokens"].shape[1] - 1)  # padding rows past T weigh 0
+  logits, _ = qwen3.forward(params, config, batch["tokens"], batch["positions"],
+                            logits_at=query)  # causal over the right-padded rows; [B, R, V]
+  logp = token_log_probs(logits, targets)
+  correct = (logp >= jnp.max(jax.nn.log_softmax(logits), axis=-1)).astype(jnp.float32)
   return -jnp.sum(logp * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}

@@ -14,12 +14,20 @@ PARAMS = init_params(CONFIG, jax.random.key(0))
 
 
 def _batch():
+  """Row 0: prompt 0..2, reasoning 3..4, answer 5, pad 6..7; row 1: prompt 0..3, response 4..7."""
   tokens = np.array([[5, 6, 7, 8, 9, 10, 0, 0], [11, 12, 13, 14, 15, 16, 17, 18]], np.int32)
   weights = np.zeros((2, 8), np.float32)
-  weights[0, 3:5], weights[0, 5] = 0.5, 1.0  # prompt 0..2, reasoning 3..4, answer 5, pad 6..7
+  weights[0, 3:5], weights[0, 5] = 0.5, 1.0
   weights[1, 4:6], weights[1, 6:8] = 0.5, 1.0
+  prompt_lengths = np.array([3, 4], np.int32)
+  response = np.zeros((2, 5), np.int32)
+  response_weights = np.zeros((2, 5), np.float32)
+  for b, p in enumerate(prompt_lengths):
+    n = 8 - p
+    response[b, :n], response_weights[b, :n] = tokens[b, p:], weights[b, p:]
   return {"tokens": tokens, "positions": np.broadcast_to(np.arange(8), (2, 8)).astype(np.int32),
-          "loss_weights": weights}
+          "loss_weights": weights, "prompt_lengths": prompt_lengths,
+          "response_tokens": response, "response_weights": response_weights}
 
 
 def test_sft_loss_equals_numpy():
@@ -54,6 +62,7 @@ def test_prompt_and_pad_positions_get_zero_gradient():
   # And the loss ignores what the prompt/pad tokens are as targets (only their role as inputs).
   changed = _batch()
   changed["tokens"][0, 7] = 3  # a pad token
+  changed["response_tokens"][0, 4] = 3
   a = sft.sft_loss(PARAMS, batch, None, config=CONFIG)[0]
   b = sft.sft_loss(PARAMS, changed, None, config=CONFIG)[0]
   assert float(a) == float(b)

@@ -18,12 +18,14 @@ from tests.train.toy import toy_config
 CONFIG = dataclasses.replace(ModelConfig.tiny(vocab_size=64), attention_chunk_bytes=8 << 20)
 
 
-def _batch(seed=0, b=8, t=16):
+def _batch(seed=0, b=8, t=16, p=4):
+  """Random rows: a p-token prompt, then t - p response tokens with random weights."""
   rng = np.random.default_rng(seed)
-  weights = rng.choice([0.0, 0.5, 1.0], size=(b, t)).astype(np.float32)
-  return {"tokens": rng.integers(0, 64, (b, t)).astype(np.int32),
-          "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
-          "loss_weights": weights}
+  tokens = rng.integers(0, 64, (b, t)).astype(np.int32)
+  weights = rng.choice([0.0, 0.5, 1.0], size=(b, t - p)).astype(np.float32)
+  return {"tokens": tokens, "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
+          "prompt_lengths": np.full((b,), p, np.int32), "response_tokens": tokens[:, p:],
+          "response_weights": weights}
 
 
 def _run(mesh, micro_batches=1, steps=2):
