@@ -7,8 +7,8 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
       --batch_size=8 --seq_len=2048 --micro_batches=1,2 --peak_tflops=989
 
 Each row: a fresh TrainState (random params, AdamW), the jitted step of gr2jax/train/step.py on
-random rows (half prompt, half weighted response), compile time (lower + compile) separately, then the
-median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens + the
+random rows (half prompt, half weighted response), compile time (lower + compile) separately,
+then the median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens + the
 attention's 12 x L x B x T^2 x N x H for forward + backward); MFU = FLOPs / step time / peak.
 Prints one JSON line per row and a table at the end.
 """
