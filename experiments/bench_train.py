@@ -8,8 +8,9 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
 
 Each row: a fresh TrainState (random params, AdamW), the jitted step of gr2jax/train/step.py on
 random rows (half prompt, half weighted response), compile time (lower + compile) separately,
-then the median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens + the
-attention's 12 x L x B x T^2 x N x H for forward + backward); MFU = FLOPs / step time / peak.
+then the median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens +
+the attention's 12 x L x B x T^2 x N x H for forward + backward, the LM head on the response
+half only); MFU = FLOPs / step time / peak.
 Prints one JSON line per row and a table at the end.
 """
 
