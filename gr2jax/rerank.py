@@ -241,27 +241,34 @@ class Reranker:
     return self.prompt.answer_format == "sid" or "sid" in self.prompt.fields
 
 
-def to_examples(requests: list[Request], reranker: Reranker) -> list[RerankExample]:
-  """RerankExamples of requests, with the evidence buckets the data build would compute.
+def evidence_levels(histories: list, candidates: np.ndarray, catalogue: Catalogue,
+                    max_history: int, decay: float, window: int) -> np.ndarray:
+  """[E, N, 3] evidence.compute levels of item histories (oldest first) against candidates,
+  with the histories cut to their last `max_history` items and right-aligned as in
+  data/examples.py (evidence.compute looks at the last `window` of them)."""
+  histories_arr = np.full((len(histories), max(max_history, 1)), PAD, np.int32)
+  for e, history in enumerate(histories):
+    h = np.asarray(history, np.int32)[-max_history:] if max_history else []
+    histories_arr[e, histories_arr.shape[1] - len(h):] = h
+  return evidence_lib.compute(catalogue.features, histories_arr, np.asarray(candidates, np.int32),
+                              decay, window).values
 
-  Histories are cut to the last `max_history` items and right-aligned as in data/examples.py;
-  evidence.compute looks at the last `evidence_window` of them.
-  """
+
+def to_examples(requests: list[Request], reranker: Reranker) -> list[RerankExample]:
+  """RerankExamples of requests, with the evidence buckets the data build would compute."""
   if not requests:
     return []
-  width = reranker.max_history
-  histories = np.full((len(requests), max(width, 1)), PAD, np.int32)
-  for e, r in enumerate(requests):
-    h = r.history[-width:] if width else r.history[:0]
-    histories[e, histories.shape[1] - len(h):] = h
   candidates = np.stack([r.candidates for r in requests])
-  ev = evidence_lib.compute(reranker.catalogue.features, histories, candidates,
-                            reranker.evidence_decay, reranker.evidence_window)
-  buckets = evidence_lib.bucketize(ev.values, reranker.thresholds)
-  return [RerankExample(user=-1, split="request", history=histories[e][histories[e] != PAD],
+  levels = evidence_levels([r.history for r in requests], candidates, reranker.catalogue,
+                           reranker.max_history, reranker.evidence_decay,
+                           reranker.evidence_window)
+  buckets = evidence_lib.bucketize(levels, reranker.thresholds)
+  width = reranker.max_history
+  return [RerankExample(user=-1, split="request",
+                        history=r.history[-width:] if width else r.history[:0],
                         candidates=candidates[e], target_position=-1,
                         retriever_scores=np.zeros(len(candidates[e]), np.float32),
-                        evidence=buckets[e]) for e in range(len(requests))]
+                        evidence=buckets[e]) for e, r in enumerate(requests)]
 
 
 def reasoning_text(response: str) -> str:
@@ -364,6 +371,55 @@ def build_sids(data_config, workdir: str) -> tuple[Catalog, np.ndarray]:
     return catalog, pipeline._semantic_ids(steps, data_config, catalog, raw_key)[0]
 
 
+def exact_thresholds(rounded: np.ndarray, levels: np.ndarray, buckets: np.ndarray,
+                     unit: float = 1e-6) -> np.ndarray:
+  """The build's evidence thresholds, recovered from the rounded ones its summary keeps.
+
+  The summary rounds them to 6 decimals, and evidence levels often sit exactly on a threshold
+  (a quantile of repeated values such as 1/3), so the rounded value would move such levels up a
+  bucket. Within half a rounding unit of each rounded threshold, the build's own records say
+  which levels were above it: the exact threshold is the largest level there that was not.
+
+  Args:
+    rounded: [3, 3] thresholds from the summary.
+    levels: [M, 3] evidence levels of the build's records (evidence_levels).
+    buckets: [M, 3] the buckets the build gave them.
+    unit: the rounding unit.
+
+  Returns:
+    [3, 3] thresholds that give every one of the records its build bucket.
+  """
+  out = np.asarray(rounded, np.float64).copy()
+  for k in range(out.shape[0]):
+    v, b = levels[:, k], buckets[:, k]
+    for j in range(out.shape[1]):
+      near = (np.abs(v - out[k, j]) <= unit / 2) & (v > 0)
+      below = near & (b < j + 2)  # bucket = 1 + the number of thresholds a level exceeds
+      if below.any():
+        out[k, j] = v[below].max()
+      elif near.any():  # every level there was above: the lowest threshold the rounding allows
+        out[k, j] -= unit / 2
+  return out
+
+
+def build_thresholds(summary: dict, data_config, catalogue: Catalogue,
+                     limit: int = 5000) -> np.ndarray:
+  """The data build's exact evidence thresholds (exact_thresholds on its first `limit` training
+  records; the records' history and candidates are the build's own)."""
+  from gr2jax.data import tfds_builder
+
+  cfg = summary["examples"]["config"]
+  rounded = np.asarray([summary["examples"]["evidence_thresholds"][k]
+                        for k in evidence_lib.KINDS], np.float64)
+  source = tfds_builder.data_source(summary["paths"]["tfds"], "train")
+  records = [source[i] for i in range(min(limit, len(source)))]
+  levels = evidence_levels([r["history"] for r in records],
+                           np.stack([r["candidates"] for r in records]), catalogue,
+                           cfg["max_history"], cfg["evidence_decay"], cfg["evidence_window"])
+  buckets = np.stack([r["evidence"] for r in records])
+  return exact_thresholds(rounded, levels.reshape(-1, 3), buckets.reshape(-1, 3))
+
+
 def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
                   max_new_tokens: int = 0) -> Reranker:
   """The Reranker of a checkpoint and the data build (in `workdir`) it was trained on.
@@ -387,11 +443,11 @@ def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
   catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
   prompt = pipeline.prompt_config(data_config)
   stats = summary["examples"]
-  thresholds = np.asarray([stats["evidence_thresholds"][k] for k in evidence_lib.KINDS])
   if not max_new_tokens:
     variant = f"{prompt.answer_format}/{prompt.evidence}"
     max_new_tokens = _round_up(int(summary["prompt_lengths"][variant]["response"]["p100"]), 16)
   cfg = stats["config"]
+  thresholds = build_thresholds(summary, data_config, Catalogue.make(build_catalog, sids))
   return Reranker(params, model_config, tok, Catalogue.make(catalog, sids, build_catalog), prompt,
                   thresholds, cfg["evidence_decay"], cfg["evidence_window"], cfg["max_history"],
                   cfg["num_candidates"], max_new_tokens)
@@ -468,7 +524,7 @@ def run(config, workdir: str) -> dict:
   if not c.requests:
     raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
-  reranker = load_reranker(c.ckpt.format(workdir=workdir), config.data, workdir, items=c.items,
+  reranker = load_reranker(c.ckpt.format(workdir=workdir), config.data, workdir, items=c.items_file,
                            max_new_tokens=c.max_new_tokens)
   rows = rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size, tau=c.tau,
                       max_steps_per_block=c.max_steps_per_block)

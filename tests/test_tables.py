@@ -128,8 +128,10 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   assert row["num"] == len(USERS) and 0 <= row["identifier_correct"] <= 1
   assert set(tables.TABLE4_COLUMNS) <= set(row)
 
-  data = tables.fig6(models, inp, limit=4, tau=0.9, max_steps_per_block=4, num_bins=2)
+  data = tables.fig6(models, inp, limit=4, tau=0.9, max_steps_per_block=4, num_bins=2,
+                     output_lengths=(8, 24), sweep_examples=2)
   assert data["num"] == 4 and data["by_output_length"] and data["by_prompt_length"]
+  assert [b["mean"] for b in data["by_forced_output_length"]] == [8, 24]  # no stop: exact
   assert sum(b["num"] for b in data["by_prompt_length"]) == 4
   assert data["overall"]["speedup_time"] > 0
   tables.fig6_png(data, str(tmp_path / "fig6.png"))

@@ -31,6 +31,10 @@ def get_config(variant: str = ""):
   c.fig6.tau = 0.9  # diffusion commit threshold of the timed decodes
   c.fig6.limit = 300  # examples decoded one by one by each model (0 = the whole split)
   c.fig6.num_bins = 6  # quantile bins of output / prompt length
+  c.fig6.output_lengths = (32, 64, 128, 256)  # forced output lengths of the controlled sweep
+  c.fig6.sweep_examples = 20  # examples decoded (batch 1) at each forced length by each model
   if variant == "smoke":
     c.fig6.limit = 8
+    c.fig6.output_lengths = (16, 32)
+    c.fig6.sweep_examples = 2
   return c

@@ -25,7 +25,7 @@ def get_config():
   c.rerank.ckpt = os.path.join("{workdir}", "rl", "export")  # the model export (AR or diffusion)
   c.rerank.requests = ""  # JSONL of requests (required)
   c.rerank.out = ""  # output JSONL ('' = <requests>.ranked.jsonl)
-  c.rerank.items = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
+  c.rerank.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
   c.rerank.batch_size = 64  # decode batch size (one compiled shape)
   c.rerank.tau = 1.0  # diffusion commit threshold (ignored for AR models)
   c.rerank.max_steps_per_block = 64  # diffusion denoising-step cap per block (paper: 64)
