@@ -68,8 +68,8 @@ class Stage:
   Attributes:
     name: the stage's directory under the workdir.
     make_loss: Context -> loss_fn(params, batch, key) -> (sum, weight, aux) (train/step.py).
-    make_prepare: Context -> prepare(params, batch, key) -> (batch, stats), or None.
-    prompts_per_step: rows drawn from the training split per step (before any rollouts).
+    make_prepare: Context -> prepare(params, batch, key) -> (batch, stats), or None
+      (the batch it gets holds config.train.batch_size training rows: prompts, for rollouts).
   """
 
   name: str
