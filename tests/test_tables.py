@@ -109,10 +109,12 @@ def toy(tmp_path_factory):
 def test_tables_and_figure_from_toy_models(toy, tmp_path):
   inp, models = toy
   eval_cfg = ml_collections.ConfigDict(dict(batch_size=4, max_steps_per_block=4))
-  rows = tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path))
+  rows = tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path), speed_examples=2)
   assert [r["tau"] for r in rows] == [None, 1.0, 0.5]
-  assert rows[0]["speedup"] == pytest.approx(1.0)
-  assert all(r["tokens_per_s"] and r["num"] == len(USERS) for r in rows)
+  assert rows[0]["speedup"] == pytest.approx(1.0) and rows[0]["b1_speedup"] == 1.0
+  assert all(r["tokens_per_s"] and r["b1_tokens_per_s"] and r["num"] == len(USERS)
+             for r in rows)
+  assert rows[0]["paper"].startswith("0.2960") and rows[2]["paper"] is None
   md = tables.markdown(rows, tables.TABLE3_COLUMNS)
   assert md.count("\n") == 2 + len(rows) and "speedup" in md
   cached = sorted(os.listdir(tmp_path))

@@ -29,6 +29,8 @@ def get_config(variant: str = ""):
   c.diffusion_ckpt = os.path.join("{workdir}", "rl", "export")  # final Diffusion-GR2
   c.results_dir = t2.results_dir  # where the outputs go
   c.taus = (1.0, 0.9, 0.6, 0.4)  # diffusion commit thresholds (paper Table 3)
+  c.speed_examples = 100  # examples decoded alone per row for the batch-1 tokens/s (0 = skip)
   if variant == "smoke":
+    c.speed_examples = 4
     c.eval.batch_size = 16  # >= 2 batches, so tokens/s (measured after the first) exists
   return c
