@@ -60,6 +60,7 @@ class Inputs:
     prompt_len, response_len: static P and R (train + this split, as the training runs).
     prompt: the build's PromptConfig.
     catalog: the build's catalogue; sids: [I, L] its semantic IDs (None when not needed).
+    tfds_dir: the build's TFDS directory.
   """
 
   tokenizer: object
@@ -70,6 +71,7 @@ class Inputs:
   prompt: prompts.PromptConfig
   catalog: object
   sids: np.ndarray | None
+  tfds_dir: str = ""
 
 
 def load_inputs(table, workdir: str) -> Inputs:
@@ -83,7 +85,8 @@ def load_inputs(table, workdir: str) -> Inputs:
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
   p, r = inputs.static_lengths([train, data])
   catalog, sids = rerank_lib.build_sids(table.data, workdir)
-  return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids)
+  return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids,
+                paths["tfds"])
 
 
 def model_key(export: str) -> str:
@@ -514,6 +517,14 @@ def table4_row(name: str, rows: list[dict], inp: Inputs) -> dict:
   }
 
 
+def teacher_row(inp: Inputs, records: list[dict]) -> dict:
+  """The reference row: the rule teacher's own rendered reasoning + answer of training records,
+  under the same checks (identifiers and grounding are 1.0 by construction)."""
+  rows = [{"response": r["reasoning"] + r["answer"]} for r in records]
+  return table4_row("Rule teacher (train targets)", rows, dataclasses.replace(inp,
+                                                                              records=records))
+
+
 def run_table4(table, workdir: str) -> str:
   inp = load_inputs(table, workdir)
   out_dir = os.path.join(workdir, "tables")
@@ -525,6 +536,9 @@ def run_table4(table, workdir: str) -> str:
     config, params, key = models[name]
     _, eval_rows = evaluate_cached(name, (config, params), key, inp, table.eval, tau, out_dir)
     rows.append(table4_row(label, eval_rows, inp))
+  source = tfds_builder.data_source(inp.tfds_dir, "train")
+  rows.append(teacher_row(inp, [tfds_builder.decode_record(source[i])
+                                for i in range(min(len(inp.data), len(source)))]))
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
   md = (f"Table 4, the checkable part, on {table.split} (n={len(inp.data)}; diffusion "

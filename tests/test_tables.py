@@ -80,6 +80,38 @@ def test_sid_labels_must_be_in_history_or_candidates():
   assert not c["ids_ok"]  # a partial SID is not an identifier of H or D
 
 
+@pytest.mark.parametrize("style,answer_format", [("terse", "slot"), ("chat", "slot"),
+                                                 ("chat", "sid")])
+def test_teacher_reasoning_is_correct_and_grounded(style, answer_format):
+  """The rule teacher's rendered traces pass every check (citations are true by construction)."""
+  prompt = dataclasses.replace(PROMPT, style=style, answer_format=answer_format,
+                               history_items=8 if style == "chat" else 0)
+  catalog, sids = toy_catalog(), toy_sids()
+  records = []
+  for user in range(12):
+    ex = toy_example(user=user)
+    ev = ex.evidence.copy()
+    for c in ex.citations:  # the toy citations need the matches they claim
+      ev[c.slot, prompts.EVIDENCE_KINDS.index(c.kind)] = 2
+    item = int(ex.candidates[2])
+    catalog = dataclasses.replace(catalog, brands=tuple(
+      "Maybelline" if i == item else b for i, b in enumerate(catalog.brands)))
+    ex = dataclasses.replace(ex, evidence=ev)
+    if style == "chat":  # slot 5 cites leaf Mascara
+      cats = list(catalog.categories)
+      cats[int(ex.candidates[5])] = ("Beauty", "Makeup", "Mascara")
+      catalog = dataclasses.replace(catalog, categories=tuple(cats))
+    r = prompts.render_example(ex, catalog, sids, prompt)
+    records.append({"history": ex.history, "candidates": ex.candidates, "evidence": ev,
+                    "labels": r.labels, "reasoning": r.reasoning, "answer": r.answer})
+  inp = tables.Inputs(None, None, [], 0, 0, prompt, catalog, sids)
+  inp = dataclasses.replace(inp, tokenizer=lambda texts, **_: {"input_ids": [t.split()
+                                                                             for t in texts]})
+  row = tables.teacher_row(inp, records)
+  assert row["identifier_correct"] == row["parse_rate"] == row["valid_rate"] == 1.0
+  assert row["with_citations"] == 1.0 and row["grounded_citations"] == 1.0
+
+
 def test_bin_edges_and_speedup_bins():
   np.testing.assert_array_equal(tables.bin_edges(np.full(5, 57), 4), [57, 58])
   by = np.asarray([10, 10, 20, 40])
