@@ -21,7 +21,8 @@ sys.path.insert(0, CONFIG_DIR)
 NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(CONFIG_DIR, "*.py"))
                if not os.path.basename(p).startswith(("common", "diffusion_common")))
 VARIANTS = {"sft": ["qwen3_8b"], "ar_rl": ["qwen3_8b"], "cft": ["qwen3_8b"],
-            "opd": ["qwen3_8b"], "rl": ["qwen3_8b"], "table2": ["smoke"]}
+            "opd": ["qwen3_8b"], "rl": ["qwen3_8b"], "table2": ["smoke"], "table3": ["smoke"],
+            "fig6": ["smoke"], "table4": ["smoke"]}
 
 
 @pytest.mark.parametrize("name", NAMES)
