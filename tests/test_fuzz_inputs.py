@@ -6,7 +6,8 @@ never NaN from valid-looking input, never a raw JAX / numpy / orbax error, never
 refused. Entry points: qwen3.forward, qwen3.ragged_prefill, generate.generate,
 decode.block_diffusion_generate, checkpoint.load_model and data.answer.parse_answer (the re-ranking
 tool's request reader is fuzzed in tests/test_rerank.py::test_fuzz_reader_never_raises).
-The `tiny` preset with V = 32, fixed seeds, and one valid shape per entry point (so each compiles once) keep the file fast.
+The `tiny` preset with V = 32, fixed seeds, and one valid shape per entry point (so each
+compiles once) keep the file fast.
 """
 
 import json
