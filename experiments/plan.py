@@ -29,9 +29,10 @@ moments, remat 'full'. Per (stage, layout) it reports:
             rollouts and the prepare-side forwards (teacher log-probs, pi_old replay), each
             max(FLOPs at 40% MFU, HBM bytes at peak bandwidth) per decoder forward.
 
-Outputs: --out_dir/plan_<preset>.json and plan_<preset>.md (the tables), and, with --doc, the
-tables between the `<!-- plan:begin -->` / `<!-- plan:end -->` markers of that markdown file
-(docs/plan_qwen3_8b.md keeps its hand-written findings outside the markers).
+Outputs: --out_dir/plan_<preset>[_what_if].json, and the tables either in
+--out_dir/plan_<preset>[_what_if].md or, with --doc, between the `<!-- plan:begin -->` /
+`<!-- plan:end -->` (what-ifs: `plan-what-if`) markers of that markdown file, whose hand-written
+parts are kept (docs/plan_qwen3_8b.md). `--render=JSON --doc=...` re-renders without compiling.
 """
 
 import contextlib
@@ -93,7 +94,8 @@ def define_flags() -> None:
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
   flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
   flags.DEFINE_list("what_if", [], "Library changes to price (WHAT_IFS: attention_remat, "
-                    "teacher_bf16); the rows are marked with them.")
+                    "teacher_bf16, cache_write); the rows are marked with them.")
+  flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -713,20 +715,27 @@ def use_host_devices(count: int = 8) -> None:
 
 def main(argv):
   del argv
-  use_host_devices()
-  settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
-                      forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level,
-                      what_if=tuple(FLAGS.what_if))
-  result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  name = f"plan_{FLAGS.preset}" + ("_what_if" if settings.what_if else "")
-  with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
-    json.dump(result, f, indent=1, default=float)
+  if FLAGS.render:  # re-render a saved plan (e.g. after editing the doc's hand-written parts)
+    with open(FLAGS.render) as f:
+      result = json.load(f)
+    what = result.get("settings", {}).get("what_if")
+  else:
+    use_host_devices()
+    settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
+                        forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level,
+                        what_if=tuple(FLAGS.what_if))
+    result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops)
+    what = settings.what_if
+    os.makedirs(FLAGS.out_dir, exist_ok=True)
+    name = f"plan_{FLAGS.preset}" + ("_what_if" if what else "")
+    with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
+      json.dump(result, f, indent=1, default=float)
   table = markdown(result)
-  with open(os.path.join(FLAGS.out_dir, f"{name}.md"), "w") as f:
-    f.write(table)
   if FLAGS.doc:
-    update_doc(FLAGS.doc, table, "plan-what-if" if settings.what_if else "plan")
+    update_doc(FLAGS.doc, table, "plan-what-if" if what else "plan")
+  elif not FLAGS.render:
+    with open(os.path.join(FLAGS.out_dir, f"{name}.md"), "w") as f:
+      f.write(table)
   print(table)
 
 

@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 NUM_PROCESSES = 2
 DEVICES_PER_PROCESS = 2
 STEPS = 2
-ROWS, LENGTH = 8, 24
+ROWS, PROMPT, LENGTH = 8, 16, 24
 
 
 def _setup():
@@ -36,19 +36,31 @@ def _setup():
   from gr2jax.model.config import ModelConfig
   from gr2jax.train import optim
 
-  config = ModelConfig.tiny(vocab_size=256, remat="full", attention_chunk_bytes=1 << 20)
+  config = ModelConfig.tiny(vocab_size=256, attention_chunk_bytes=1 << 20)
   optimizer = optim.make_optimizer(ml_collections.ConfigDict(dict(
     learning_rate=1e-2, warmup_steps=1, total_steps=10, schedule="cosine", end_lr_factor=0.1,
     b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.01, clip_norm=1.0)))
   rng = np.random.default_rng(0)
   batches = []
-  for _ in range(STEPS + 1):
-    weights = (rng.random((ROWS, LENGTH)) < 0.7).astype(np.float32)
-    weights[:, 0] = 0.0
-    batches.append({"tokens": rng.integers(0, config.vocab_size, (ROWS, LENGTH), dtype=np.int32),
-                    "positions": np.broadcast_to(np.arange(LENGTH, dtype=np.int32),
-                                                 (ROWS, LENGTH)).copy(),
-                    "loss_weights": weights})
+  for _ in range(STEPS + 1):  # inputs.make_train_batch's fields: [prompt | response] + both apart
+    b = {"tokens": np.zeros((ROWS, LENGTH), np.int32), "loss_weights": np.zeros((ROWS, LENGTH),
+                                                                                np.float32),
+         "positions": np.broadcast_to(np.arange(LENGTH, dtype=np.int32), (ROWS, LENGTH)).copy(),
+         "prompt_tokens": np.zeros((ROWS, PROMPT), np.int32),
+         "prompt_lengths": rng.integers(PROMPT // 2, PROMPT + 1, ROWS).astype(np.int32),
+         "response_tokens": np.zeros((ROWS, LENGTH - PROMPT), np.int32),
+         "response_lengths": rng.integers(2, LENGTH - PROMPT + 1, ROWS).astype(np.int32),
+         "response_weights": np.zeros((ROWS, LENGTH - PROMPT), np.float32)}
+    for i in range(ROWS):
+      p, r = b["prompt_lengths"][i], b["response_lengths"][i]
+      prompt, response = rng.integers(0, config.vocab_size, (2, LENGTH))
+      w = rng.choice(np.float32([0.5, 1.0]), r)
+      b["prompt_tokens"][i, :p] = prompt[:p]
+      b["response_tokens"][i, :r] = response[:r]
+      b["response_weights"][i, :r] = w
+      b["tokens"][i, :p + r] = np.concatenate([prompt[:p], response[:r]])
+      b["loss_weights"][i, p:p + r] = w
+    batches.append(b)
   return config, optimizer, batches
 
 
