@@ -244,6 +244,7 @@ def train_section(out_dir: str) -> list[dict]:
           raise
         row.update(fits=False, error=str(e)[:300])
         rows_out.append(row)
+        _save(out_dir, rows_out)
         print(f"[train] {name} {per_device} rows/device: does not fit ({row['error'][:120]})",
               flush=True)
         break
@@ -252,13 +253,18 @@ def train_section(out_dir: str) -> list[dict]:
                  model_flops=flops, mfu=flops / (step_s * peak * n) if peak else None)
       rows_out.append(row)
       tried.append(row)
+      _save(out_dir, rows_out)  # each row as it lands: a section stopped by its limit keeps them
       print(f"[train] {name} ({mode}) {per_device} rows/device: {step_s:.3f} s/step, "
             f"{row['tokens_per_s']:.0f} tok/s, MFU {row['mfu']}", flush=True)
       per_device = _next_rows(tried, limit, cfg["max_rows_per_device"])
     del carry
-  with open(os.path.join(out_dir, "train.json"), "w") as f:
-    json.dump(rows_out, f, indent=1)
+  _save(out_dir, rows_out)
   return rows_out
+
+
+def _save(out_dir: str, rows: list[dict]) -> None:
+  with open(os.path.join(out_dir, "train.json"), "w") as f:
+    json.dump(rows, f, indent=1)
 
 
 def _next_rows(tried: list[dict], limit, cap: int) -> int:
