@@ -1,6 +1,5 @@
 """Tests for experiments/run.py: config resolution, locked configs, unknown stages."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,10 +12,10 @@ RUN = os.path.join(REPO, "experiments", "run.py")
 
 @pytest.fixture(scope="module")
 def run_module():
-  spec = importlib.util.spec_from_file_location("gr2jax_run_main", RUN)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+  """experiments/run.py as one module object (its absl flags may be defined only once per
+  process, and tests/experiments/test_configs.py imports it as `experiments.run`)."""
+  from experiments import run
+  return run
 
 
 def test_bare_config_name_resolves_to_configs_dir(run_module):
