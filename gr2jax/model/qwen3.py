@@ -115,11 +115,17 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
 
 def _attend_chunks(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
                    v_cache: jax.Array | None, mask: jax.Array, chunk: int) -> jax.Array:
-  """`_attend` over [B, K, G, C * chunk, H] queries, `chunk` at a time (lax.map); f32 out."""
+  """`_attend` over [B, K, G, C * chunk, H] queries, `chunk` at a time (lax.map); f32 out.
+
+  Each chunk is rematerialised in the backward pass (jax.checkpoint), so a gradient keeps one
+  chunk's [chunk, S + T] scores at a time instead of all of them (at the paper's 10k-token
+  replay that was ~20 GB per row; docs/plan_qwen3_8b.md). Exact; decoding has no backward.
+  """
   b, num_kv, g, rows, h = q.shape
   q = q.reshape(b, num_kv, g, rows // chunk, chunk, h).transpose(3, 0, 1, 2, 4, 5)
   mask = mask.reshape(b, rows // chunk, chunk, -1).swapaxes(0, 1)
-  out = lax.map(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]), (q, mask))
+  attend = jax.checkpoint(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]))
+  out = lax.map(attend, (q, mask))
   return out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, rows, h)
 
 

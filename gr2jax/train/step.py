@@ -44,14 +44,14 @@ def accumulate(loss_fn: LossFn, params: dict, batch: dict, key: jax.Array, micro
     micro_batches: M, dividing B.
 
   Returns:
-    (loss_sum, weight, aux, grads), all summed, nothing normalised.
+    (loss_sum, weight, aux, grads in fp32), all summed, nothing normalised.
   """
   def one(mb, m):
     def f(p):
       total, weight, aux = loss_fn(p, mb, jax.random.fold_in(key, m))
       return total, (weight, aux)
     (total, (weight, aux)), grads = jax.value_and_grad(f, has_aux=True)(params)
-    return total, weight, aux, grads
+    return total, weight, aux, fp32(grads)  # summed in fp32 (bf16 sums lose precision)
 
   if micro_batches == 1:
     return one(batch, 0)
@@ -68,9 +68,9 @@ def accumulate(loss_fn: LossFn, params: dict, batch: dict, key: jax.Array, micro
 
 
 def apply_gradients(state: TrainState, grads: dict, optimizer: optax.GradientTransformation):
-  """One optimiser update on the fp32 view of the params; params keep their dtype."""
+  """One optimiser update (fp32 grads) on the fp32 view of the params; params keep their dtype."""
   params32 = fp32(state.params)
-  updates, opt_state = optimizer.update(fp32(grads), state.opt_state, params32)
+  updates, opt_state = optimizer.update(grads, state.opt_state, params32)
   params = jax.tree.map(lambda p, p32, u: (p32 + u).astype(p.dtype), state.params, params32,
                         updates)
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
