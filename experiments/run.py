@@ -55,15 +55,18 @@ def _run_training(config, workdir):
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax import checkpoint
   from gr2jax.train import loop
 
   if not config.eval.ckpt:
     raise app.UsageError("eval.py needs --config.eval.ckpt=<checkpoint or HF dir>")
-  model_config, params = checkpoint.load_model(config.eval.ckpt.format(workdir=workdir))
-  ctx = loop.load_context(config, workdir, model_config)
-  out_dir = config.eval.out_dir or config.eval.ckpt.format(workdir=workdir)
+  ckpt = config.eval.ckpt.format(workdir=workdir)
+  ctx = loop.load_context(config, workdir)
+  ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None,
+                                                  config.eval.block_size)
+  out_dir = config.eval.out_dir or ckpt
   name = f"{config.eval.split}_tau{config.eval.tau:g}"
+  if config.eval.block_size:
+    name += f"_B{config.eval.block_size}"
   result = loop.run_evaluation(ctx, params, 0, name, out_dir)
   print(json.dumps({k: v for k, v in result.items() if k != "counts"}, indent=1))
   return result

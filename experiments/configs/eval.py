@@ -4,7 +4,10 @@
   python experiments/run.py --config=eval.py --config.eval.ckpt=... --config.eval.tau=0.9 \
       --config.eval.split=test --config.eval.limit=500
 
-Writes <eval.out_dir or ckpt>/eval_<split>_tau<tau>.{json,jsonl} (per-example rows a person can
+  python experiments/run.py --config=eval.py --config.eval.ckpt=workdir/ar_rl/export \
+      --config.eval.block_size=32          (naive Diffusion-GR2: the AR model converted, untrained)
+
+Writes <eval.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per-example rows a person can
 read: user, response text, validity kind, ranking, target rank).
 """
 
@@ -19,4 +22,5 @@ def get_config():
   c = get_common_config("eval")
   c.eval.ckpt = ""  # the checkpoint to evaluate (a gr2jax checkpoint or HF directory)
   c.eval.out_dir = ""  # where results go ('' = next to the checkpoint)
+  c.eval.block_size = 0  # > 0: convert an AR checkpoint to block diffusion first (the naive row)
   return c
