@@ -7,8 +7,8 @@
   python experiments/run.py --config=eval.py --config.eval.ckpt=workdir/ar_rl/export \
       --config.eval.block_size=32   (naive Diffusion-GR2: the AR model converted, untrained)
 
-Writes <eval.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per-example rows a person can
-read: user, response text, validity kind, ranking, target rank).
+Writes <eval.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per-example rows a
+person can read: user, response text, validity kind, ranking, target rank).
 """
 
 import os
