@@ -142,9 +142,10 @@ def opd_loss(
   row = jnp.asarray(batch["example_mask"], jnp.float32) / jnp.maximum(lengths, 1)  # [B]
   per_token = tokens * row[:, None]  # 1/|o_i| on o_i's tokens
   teacher_chosen = jnp.take_along_axis(teacher, batch["trace_tokens"][..., None], axis=-1)[..., 0]
+  scored = per_token > 0  # never-committed slots hold the mask token (log-prob -inf)
   aux = {
-    "student_logp": jnp.sum(res.logp * per_token),
-    "teacher_logp": jnp.sum(teacher_chosen * per_token),
+    "student_logp": jnp.sum(jnp.where(scored, res.logp, 0.0) * per_token),
+    "teacher_logp": jnp.sum(jnp.where(scored, teacher_chosen, 0.0) * per_token),
   }
   return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch["example_mask"], jnp.float32)), aux
 
