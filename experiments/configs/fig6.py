@@ -14,19 +14,11 @@ import sys
 import ml_collections
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from table2 import get_config as get_table2_config  # noqa: E402
+from table2 import get_tables_config  # noqa: E402
 
 
 def get_config(variant: str = ""):
-  t2 = get_table2_config(variant)  # raises on an unknown variant
-  c = ml_collections.ConfigDict()
-  c.stage = "fig6"  # experiments/run.py STAGES key
-  c.data = t2.data  # the data build the models were trained on (table2.py's)
-  c.eval = t2.eval  # decode batch size, step cap per block, eval.limit (first N examples)
-  c.split = "test_1615"  # the evaluated split (the paper's 1,615 users)
-  c.ar_ckpt = os.path.join("{workdir}", "ar_rl", "export")  # AR GR2 (SFT + RL)
-  c.diffusion_ckpt = os.path.join("{workdir}", "rl", "export")  # final Diffusion-GR2
-  c.results_dir = t2.results_dir  # where the outputs go
+  c = get_tables_config("fig6", variant)
   c.fig6 = ml_collections.ConfigDict()
   c.fig6.tau = 0.9  # diffusion commit threshold of the timed decodes
   c.fig6.limit = 300  # examples decoded one by one by each model (0 = the whole split)

@@ -45,3 +45,18 @@ def get_config(variant: str = ""):
   elif variant:
     raise ValueError(f"table2.py: unknown variant {variant!r}; expected '' or 'smoke'")
   return c
+
+
+def get_tables_config(stage: str, variant: str = "") -> ml_collections.ConfigDict:
+  """The fields Table 3, Table 4 and Figure 6 share: table2.py's data build, eval settings and
+  results directory (same variant), the evaluated split and the two models of a table2 workdir."""
+  t2 = get_config(variant)  # raises on an unknown variant
+  c = ml_collections.ConfigDict()
+  c.stage = stage  # experiments/run.py STAGES key
+  c.data = t2.data  # the data build the models were trained on (table2.py's)
+  c.eval = t2.eval  # decode batch size, step cap per block, eval.limit (first N examples)
+  c.split = "test_1615"  # the evaluated split (the paper's 1,615 users)
+  c.ar_ckpt = os.path.join("{workdir}", "ar_rl", "export")  # AR GR2 (SFT + RL)
+  c.diffusion_ckpt = os.path.join("{workdir}", "rl", "export")  # final Diffusion-GR2
+  c.results_dir = t2.results_dir  # where the outputs go
+  return c

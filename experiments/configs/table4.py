@@ -12,21 +12,11 @@ and the data build of W are reused. gr2jax/tables.py holds the logic.
 import os
 import sys
 
-import ml_collections
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from table2 import get_config as get_table2_config  # noqa: E402
+from table2 import get_tables_config  # noqa: E402
 
 
 def get_config(variant: str = ""):
-  t2 = get_table2_config(variant)  # raises on an unknown variant
-  c = ml_collections.ConfigDict()
-  c.stage = "table4"  # experiments/run.py STAGES key
-  c.data = t2.data  # the data build the models were trained on (table2.py's)
-  c.eval = t2.eval  # decode batch size, step cap per block, eval.limit (first N examples)
-  c.split = "test_1615"  # the evaluated split (the paper's 1,615 users)
-  c.ar_ckpt = os.path.join("{workdir}", "ar_rl", "export")  # AR GR2 (SFT + RL)
-  c.diffusion_ckpt = os.path.join("{workdir}", "rl", "export")  # final Diffusion-GR2
-  c.results_dir = t2.results_dir  # where the outputs go
+  c = get_tables_config("table4", variant)
   # the diffusion model is decoded at eval.tau (1.0, quality mode; Table 3's tau = 1.0 decode)
   return c
