@@ -37,18 +37,10 @@ def _run_data(config, workdir):
   return pipeline.run(config.data, workdir)
 
 
-def _resolve_init(config, workdir):
-  """`{workdir}` in config.init names this run's workdir (a previous stage's export)."""
-  with config.unlocked():
-    config.init = config.init.format(workdir=workdir)
-    if "opd" in config:
-      config.opd.teacher = config.opd.teacher.format(workdir=workdir)
-
-
 def _run_training(config, workdir):
   from gr2jax.train import loop, stages
 
-  _resolve_init(config, workdir)
+  loop.resolve_workdir_paths(config, workdir)
   return loop.train(config, workdir, stages.STAGES[config.stage])
 
 

@@ -60,9 +60,7 @@ def stage_config(table, name: str, workdir: str):
   if "block_size" in config:
     config.block_size = table.block_size
     config.diffusion.max_steps_per_block = table.rollout_max_steps_per_block
-  config.init = config.init.format(workdir=workdir)
-  if "opd" in config:
-    config.opd.teacher = config.opd.teacher.format(workdir=workdir)
+  loop.resolve_workdir_paths(config, workdir)
   return config
 
 

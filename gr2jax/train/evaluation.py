@@ -64,7 +64,7 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
 
   Returns:
     {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill and commit forwards
-     included), 'denoise_steps' [B] the paper's NFE (denoising steps; AR: tokens), 'output'}.
+     included), 'denoise_steps' [B] the paper's NFE (denoising steps; AR: tokens)}.
   """
   if config.mask_token_id is not None:
     out = diffusion_decode.block_diffusion_generate(
@@ -82,7 +82,7 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     nfe = np.full(prompt_tokens.shape[:1], int(out.nfe))
     denoise = np.asarray(out.lengths)  # AR: one forward per token (the paper's B = 1 count)
   return {"tokens": np.asarray(out.tokens), "lengths": np.asarray(out.lengths), "nfe": nfe,
-          "denoise_steps": denoise, "output": out}
+          "denoise_steps": denoise}
 
 
 def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:

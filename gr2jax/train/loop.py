@@ -77,6 +77,15 @@ class Stage:
   make_prepare: Callable | None = None
 
 
+def resolve_workdir_paths(config, workdir: str) -> None:
+  """Replaces `{workdir}` in config.init (and opd.teacher) by the run's workdir, in place: a stage
+  names the previous stage's export as `{workdir}/<stage>/export`."""
+  with config.unlocked():
+    config.init = config.init.format(workdir=workdir)
+    if "opd" in config:
+      config.opd.teacher = config.opd.teacher.format(workdir=workdir)
+
+
 def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
                     ) -> tuple[ModelConfig, dict]:
   """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory; with
