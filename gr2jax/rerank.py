@@ -340,35 +340,12 @@ def rerank_lines(lines: Iterable, reranker: Reranker, *, batch_size: int = 64, t
   return [next(answered) if isinstance(r, Request) else r for r in parsed]
 
 
-def build_sids(data_config, workdir: str) -> tuple[Catalog, np.ndarray]:
-  """The data build's catalogue and semantic IDs [I, L] (its cached `raw` and `sids` steps; the
-  build must have run).
-
-  The pipeline keeps the SIDs only in its step cache; this reads that step with the pipeline's
-  own cache keys and refuses to recompute a missing step (that would retrain the RQ-VAE).
+def build_sids(summary: dict) -> tuple[Catalog, np.ndarray]:
+  """The data build's catalogue and semantic IDs [I, L + 1], from the paths of its summary
+  (`pipeline.run(...)['paths']`: items.jsonl.gz and the sids.npy the prompts were rendered with).
   """
-  from gr2jax.data import pipeline
-  from gr2jax.workdir import lock_workdir
-
-  items = os.path.join(data_config.data_dir, "items.jsonl.gz")
-  if data_config.sids_file:
-    catalog = raw.load_catalog(items)
-    return catalog, rqvae.load_sids(data_config.sids_file, catalog.num_items)
-
-  class _CacheOnly(pipeline._Steps):
-    def value(self, name, key, fn):
-      def missing():
-        raise FileNotFoundError(f"data build step {name!r} (key {key}) is not cached in "
-                                f"{workdir}; run the data stage first")
-      return super().value(name, key, missing)
-
-  seqs = os.path.join(data_config.data_dir, "sequences.txt.gz")
-  raw_key = pipeline._key(pipeline._file_digest(items), pipeline._file_digest(seqs),
-                          pipeline._code(raw))
-  with lock_workdir(workdir):
-    steps = _CacheOnly(workdir)
-    catalog, _ = steps.value("raw", raw_key, None)
-    return catalog, pipeline._semantic_ids(steps, data_config, catalog, raw_key)[0]
+  catalog = raw.load_catalog(pathlib.Path(summary["paths"]["items"]))
+  return catalog, rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
 
 
 def exact_thresholds(rounded: np.ndarray, levels: np.ndarray, buckets: np.ndarray,
@@ -439,7 +416,7 @@ def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
   summary = pipeline.run(data_config, workdir)
   model_config, params = checkpoint.load_model(ckpt)
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  build_catalog, sids = build_sids(data_config, workdir)
+  build_catalog, sids = build_sids(summary)
   catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
   prompt = pipeline.prompt_config(data_config)
   stats = summary["examples"]

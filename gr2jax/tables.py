@@ -84,7 +84,7 @@ def load_inputs(table, workdir: str) -> Inputs:
   source = tfds_builder.data_source(paths["tfds"], table.split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
   p, r = inputs.static_lengths([train, data])
-  catalog, sids = rerank_lib.build_sids(table.data, workdir)
+  catalog, sids = rerank_lib.build_sids(summary)
   return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids,
                 paths["tfds"])
 

@@ -348,6 +348,13 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
   return *steps.value("sids", key, train), key
 
 
+def _save_sids(out: str, sids: np.ndarray) -> None:
+  """Writes the build's SIDs [I, 4] as out/sids.npy (rqvae.save_sids), for readers of the build
+  (rerank, tables) and for pinning them on another machine (data.sids_file)."""
+  os.makedirs(out)
+  rqvae.save_sids(os.path.join(out, "sids.npy"), sids)
+
+
 def run(config, workdir: str) -> dict:
   """Builds (or loads from cache) every data artefact into `workdir`.
 
@@ -356,7 +363,8 @@ def run(config, workdir: str) -> dict:
     workdir: output directory.
 
   Returns:
-    The summary dict; `summary['paths']` holds the tokenizer and TFDS directories.
+    The summary dict; `summary['paths']` holds the tokenizer and TFDS directories, the catalogue
+    (items.jsonl.gz) and the SIDs file (sids.npy, int32 [I, 4]) the prompts were rendered with.
 
   Raises:
     gr2jax.workdir.InUseError: another live run holds the workdir.
@@ -396,6 +404,7 @@ def _run(config, workdir: str) -> dict:
   by_split = _split_examples(by_split, test_users)
 
   sids, sid_stats, sids_key = _semantic_ids(steps, config, catalog, raw_key)
+  sids_dir = steps.directory("sids_npy", sids_key, lambda out: _save_sids(out, sids))
 
   tok_key = _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
                  _code(prompts, tokenizer),
@@ -433,7 +442,8 @@ def _run(config, workdir: str) -> dict:
     "prompt_lengths": prompt_lengths,
     "timings": steps.timings,
     "cached": steps.cached,
-    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir},
+    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": items_path,
+              "sids": os.path.join(sids_dir, "sids.npy")},
   }
   summary_file = os.path.join(workdir, "summary.json")
   tmp = _temp_name(summary_file)
