@@ -187,11 +187,15 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
 
 
 def provenance(summary: dict) -> dict:
-  """Digests of what every number depends on: the tokenizer and the SIDs (via the TFDS records)."""
+  """Digests of what every number depends on: the tokenizer and the SIDs file the prompts were
+  rendered with (pin it on another machine with --config.data.sids_file=<that file>)."""
   h = hashlib.sha256(open(os.path.join(summary["paths"]["tokenizer"], "tokenizer.json"),
                           "rb").read()).hexdigest()[:16]
   sids = summary.get("sids", {})
-  return {"tokenizer_sha256": h, "sids_collision_rate": sids.get("collision_rate"),
+  sids_file = summary["paths"].get("sids")
+  sids_sha = hashlib.sha256(open(sids_file, "rb").read()).hexdigest()[:16] if sids_file else None
+  return {"tokenizer_sha256": h, "sids_sha256": sids_sha, "sids_file": sids_file,
+          "sids_collision_rate": sids.get("collision_rate"),
           "sids_max_collisions": sids.get("max_collisions"), "devices": str(jax.devices())}
 
 
