@@ -93,8 +93,8 @@ def define_flags() -> None:
                        "faster compiles; buffer sizes do not depend on it).")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
   flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
-  flags.DEFINE_list("what_if", [], "Library changes to price (WHAT_IFS: attention_remat, "
-                    "teacher_bf16, cache_write); the rows are marked with them.")
+  flags.DEFINE_list("what_if", [], "Library changes to price (WHAT_IFS: teacher_bf16); the "
+                    "rows are marked with them.")
   flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
 
 
@@ -113,42 +113,18 @@ class Settings:
 # ---- what-ifs: library changes the plan can price before they are made ------------------------
 
 WHAT_IFS = {
-  "attention_remat": "jax.checkpoint around each attention query chunk (qwen3._attend), so the "
-                     "backward of the chunk map recomputes one chunk's scores at a time instead "
-                     "of keeping every chunk's f32 scores and probs: O(chunk x N), not O(N^2)",
   "teacher_bf16": "OPD's cached teacher log-probs [B, M, V] in bf16 (opd.prepare(teacher_dtype="
                   "ml_dtypes.bfloat16), already supported) instead of the default float32",
-  "cache_write": "qwen3._write_cache as a scatter vmapped over the batch (the row is a batching "
-                 "dimension of the scatter) instead of one scatter indexed by (row, slot) pairs, "
-                 "which XLA's SPMD partitioner cannot split by row: it replicates the whole KV "
-                 "cache on every device",
 }
-
-
-def _write_cache_by_row(buf, new, lengths):
-  """qwen3._write_cache with the batch as a batching dimension of the scatter (what-if)."""
-  slots = lengths[:, None] + jnp.arange(new.shape[2], dtype=jnp.int32)[None, :]  # [B, T]
-  write = lambda b, n, s: b.at[:, s].set(n.astype(b.dtype), indices_are_sorted=True,
-                                         unique_indices=True)
-  return jax.vmap(write, in_axes=(1, 1, 0), out_axes=1)(buf, new, slots)
-
 
 
 @contextlib.contextmanager
 def what_if(names: tuple[str, ...]):
-  """Applies the named WHAT_IFS for the duration (the library is restored afterwards)."""
+  """Checks the named WHAT_IFS (each is applied where the plan builds the stage it changes)."""
   unknown = set(names) - set(WHAT_IFS)
   if unknown:
     raise ValueError(f"unknown what-ifs {sorted(unknown)}; known: {sorted(WHAT_IFS)}")
-  original, write = qwen3._attend, qwen3._write_cache
-  if "attention_remat" in names:
-    qwen3._attend = jax.checkpoint(original, prevent_cse=False)
-  if "cache_write" in names:
-    qwen3._write_cache = _write_cache_by_row
-  try:
-    yield
-  finally:
-    qwen3._attend, qwen3._write_cache = original, write
+  yield
 
 
 # ---- shapes ----------------------------------------------------------------------------------

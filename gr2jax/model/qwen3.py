@@ -233,14 +233,21 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Ar
 def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
   """Writes new [L, B, T, K, H] into buf [L, B, S, K, H] at slots lengths[b] + arange(T).
 
-  One scatter over (batch, slot) index pairs: it updates the donated buffer in place (a vmapped
-  dynamic_update_slice makes XLA transpose and copy the whole cache every step).
+  One scatter whose batching dimensions are the layer and the row (vmapped over L, then B):
+  - XLA's SPMD partitioner splits a scatter along a batching dimension, so a cache sharded over
+    B stays sharded; a scatter indexed by (row, slot) pairs is replicated instead (the whole
+    cache on every device: docs/plan_qwen3_8b.md finding 5);
+  - L and B are the buffer's leading dimensions, in order, so XLA scatters into the donated
+    buffer in place (vmapping over B alone makes it transpose B to the front: two copies of the
+    whole cache per write; a vmapped dynamic_update_slice copies it too).
   """
-  b, t = new.shape[1], new.shape[2]
-  rows = jnp.arange(b, dtype=jnp.int32)[:, None]  # [B, 1]
-  slots = lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
-  return buf.at[:, rows, slots].set(new.astype(buf.dtype), indices_are_sorted=True,
+  slots = lengths[:, None] + jnp.arange(new.shape[2], dtype=jnp.int32)[None, :]  # [B, T]
+
+  def write(buf_row, new_row, slots_row):  # [S, K, H], [T, K, H], [T]
+    return buf_row.at[slots_row].set(new_row.astype(buf_row.dtype), indices_are_sorted=True,
                                      unique_indices=True)
+
+  return jax.vmap(jax.vmap(write), in_axes=(0, 0, None))(buf, new, slots)
 
 
 def _check_tokens(where: str, params: dict, config: ModelConfig, tokens) -> jax.Array:

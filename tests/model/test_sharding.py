@@ -12,7 +12,7 @@ from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.generate import generate
 from gr2jax.model.params import init_params
-from gr2jax.model.qwen3 import forward
+from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
   cache_spec,
   data_spec,
@@ -79,3 +79,28 @@ def test_sharded_generate_equals_unsharded():
   out = generate(shard_params(params, mesh), CONFIG, on_batch(prompts), on_batch(lengths),
                  max_new_tokens=5)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_cache_write_is_split_by_row():
+  """The prefill's K/V write on an 8-way batch-sharded mesh (the cache created inside jit, as the
+  decoders do): every device handles only its rows. A scatter indexed by (row, slot) pairs made
+  XLA's partitioner replicate it, with [L, B, ...] arrays of all rows on every device (the 8B
+  decoders' replicated KV cache, docs/plan_qwen3_8b.md)."""
+  rows, prompt, slots = 24, 256, 320  # 24 rows: no param dimension is 24
+  mesh = make_mesh(fsdp=8, tp=1)
+  batch = NamedSharding(mesh, data_spec())
+  params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
+                        jax.eval_shape(lambda: init_params(CONFIG, jax.random.key(0))),
+                        param_shardings(CONFIG, mesh))
+
+  def prefill(params, tokens, lengths):
+    return ragged_prefill(params, CONFIG, tokens, lengths, init_cache(CONFIG, rows, slots),
+                          read_cache=False)
+
+  with jax.set_mesh(mesh):
+    hlo = jax.jit(prefill).lower(
+      params, jax.ShapeDtypeStruct((rows, prompt), jnp.int32, sharding=batch),
+      jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)).compile().as_text()
+  layers = CONFIG.num_layers
+  assert f"[{layers},{rows // 8},{slots}," in hlo  # the cache, split by row
+  assert f"[{layers},{rows}," not in hlo  # no layer-stacked array of all rows
