@@ -1,21 +1,49 @@
-r"""Train-step benchmark: tokens/s of the one train step, compile time, micro-batch scaling, MFU.
+r"""Train-step benchmark: tokens/s of every stage's train step, compile time, micro-batches, MFU.
 
-CPU (default: tiny + small, fp32, SFT):
+CPU, the stages side by side (tiny, fp32, the tiny default's shapes; issue #8):
+  python experiments/bench_train.py --presets=tiny --stages=sft,cft,opd,rl --batch_size=16 \
+      --micro_batches=2 --steps=3 --prompt_width=64 --prompt_tokens=57 --response_width=48 \
+      --response_tokens=35 --replay_rounds=16 --replay_sweep=2,4,8,16,31 \
+      --json_out=docs/benchmarks/bench_train_stages.json \
+      --md_out=docs/benchmarks/bench_train_stages.md
+CPU, SFT micro-batch scaling (tiny + small):
   python experiments/bench_train.py --json_out=docs/benchmarks/bench_train.json
 GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
   python experiments/bench_train.py --presets=qwen3_8b --dtype=bfloat16 --remat=full \
-      --batch_size=8 --seq_len=2048 --micro_batches=1,2 --peak_tflops=989
+      --batch_size=8 --prompt_width=1024 --response_width=1024 --micro_batches=1,2 --peak_tflops=989
 
-Each row: a fresh TrainState (random params, AdamW), the jitted step of gr2jax/train/step.py on
-random rows (half prompt, half weighted response), compile time (lower + compile) separately,
-then the median of --steps timed steps. FLOPs per step are analytic (6 x matmul params x tokens +
-the attention's 12 x L x B x T^2 x N x H for forward + backward, the LM head on the response
-half only); MFU = FLOPs / step time / peak.
-Prints one JSON line per row and a table at the end.
+Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
+the stage config's optimiser), the stage's REAL loss (`stages.STAGES[name].make_loss` on the
+stage's experiments/configs/<name>.py) in the one step factory (gr2jax/train/step.py), on
+synthetic rows with the shapes the stage's own batch has (`synthetic_batch`): SFT's
+[prompt | response] rows, CFT's prompt / response arrays, OPD's and RL's decoded trajectories
+(a step map over --replay_rounds rounds in the replay_rounds bucket, teacher log-probs [B, M, V],
+pi_old log-probs, advantages). Every stage gets the same rows (prompts, responses), so the
+token counts agree across stages:
+
+  response tokens = the real response tokens of the rows (--response_tokens each; for OPD / RL
+                    the trajectory's tokens), the tokens a stage learns from;
+  processed tokens = the tokens of the forward the loss runs per row (`forward_len`): SFT's
+                    P + M, CFT's two-stream layout P + 3 R (complementary pair), the replay's
+                    P + (1 + S) R (R = M rounded up to the block size, S replay rounds).
+
+Compile time (lower + compile) is apart; then one warm step and the median of --steps timed
+steps. The host-side `prepare` of OPD / RL (rollouts, teacher forward, pi_old replay) is not part
+of the step and not timed here; the replay section prices its forwards. FLOPs are analytic and
+dense (6 x matmul params x processed tokens + 12 x L x N^2 x heads x head_dim for the attention,
+every key scored as our attention does, + the LM head at the M response queries);
+MFU = FLOPs / step time / peak.
+
+Replay (--replay_sweep, issue #8 (b)): the forward of `replay.replay` (as OPD calls it, with the
+[B, M, V] distributions) over trajectories of S rounds vs the AR teacher's one causal forward over
+[prompt | response] (`opd.teacher_log_probs`) for the same rows and the same model weights; the
+cost ratio next to the token ratio (P + (1 + S) R) / (P + M).
+Prints one JSON line per row and the tables; --json_out / --md_out write them.
 """
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import os
 import sys
@@ -27,101 +55,331 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gr2jax.diffusion import decode, layout, replay  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 from gr2jax.train import mesh as mesh_lib  # noqa: E402
-from gr2jax.train import optim, sft  # noqa: E402
-from gr2jax.train import state as state_lib
-from gr2jax.train import step as step_lib
+from gr2jax.train import opd, optim  # noqa: E402
+from gr2jax.train import state as state_lib  # noqa: E402
+from gr2jax.train import step as step_lib  # noqa: E402
+from gr2jax.train.loop import Context  # noqa: E402
+from gr2jax.train.stages import STAGES  # noqa: E402
 
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 FLAGS = flags.FLAGS
-flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets.")
-flags.DEFINE_integer("vocab_size", 3072, "Vocab of the tiny/small presets (the project's BPE).")
-flags.DEFINE_integer("batch_size", 16, "Rows per step.")
-flags.DEFINE_integer("seq_len", 384, "Tokens per row (tiny default prompt + response ~ 340).")
-flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
-flags.DEFINE_integer("steps", 5, "Timed steps per row (after the compiling one).")
-flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.")
-flags.DEFINE_enum("remat", "none", ["none", "full"], "Layer rematerialisation.")
-flags.DEFINE_float("peak_tflops", None, "Peak dense TFLOP/s of one device for MFU (H100 989).")
-flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
+
+# The fields of each stage's train batch that its loss reads (what inputs.make_train_batch or
+# the stage's `prepare` hands the step).
+PROMPT = ("prompt_tokens", "prompt_lengths", "example_mask")
+TRACE = PROMPT + ("trace_tokens", "commit_step", "trace_lengths", "replay_rounds")
+FIELDS = {
+  "sft": ("tokens", "positions", "prompt_lengths", "response_tokens", "response_weights"),
+  "cft": PROMPT + ("response_tokens", "response_lengths", "response_weights"),
+  "opd": TRACE + ("teacher_log_probs",),
+  "rl": TRACE + ("logp_old", "advantages", "token_weights"),
+}
 
 
-def step_flops(config: ModelConfig, batch: int, seq: int) -> float:
-  """Forward + backward FLOPs of one step: 6 x matmul params x tokens + attention scores/values."""
+def define_flags() -> None:
+  """The command-line flags (defined only when run as a script, so tests import this module
+  without defining absl flags twice)."""
+  flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets.")
+  flags.DEFINE_list("stages", ["sft"], f"Stages to time ({', '.join(FIELDS)}).")
+  flags.DEFINE_integer("vocab_size", 3072, "Vocab of the tiny/small presets (the project's BPE).")
+  flags.DEFINE_integer("batch_size", 16, "Rows per step (OPD / RL: trajectories).")
+  flags.DEFINE_integer("seq_len", 0, "Shorthand: P = seq_len // 2, M = the rest (0 = use "
+                       "--prompt_width / --response_width).")
+  flags.DEFINE_integer("prompt_width", 48, "P: prompt slots per row.")
+  flags.DEFINE_integer("prompt_tokens", 0, "Real prompt tokens per row (0 = P).")
+  flags.DEFINE_integer("response_width", 48, "M: response slots per row.")
+  flags.DEFINE_integer("response_tokens", 0, "Real response tokens per row (0 = M).")
+  flags.DEFINE_integer("replay_rounds", 16, "S: the replay rounds of the OPD / RL rows (the "
+                       "tiny default's trained rollouts need 16: docs/benchmarks/"
+                       "bench_train_stages.md).")
+  flags.DEFINE_list("replay_sweep", [], "Round counts of the replay-vs-causal-forward section "
+                    "(empty = skipped).")
+  flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
+  flags.DEFINE_integer("steps", 5, "Timed steps per row (after the compiling one).")
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.")
+  flags.DEFINE_enum("remat", "none", ["none", "full"], "Layer rematerialisation.")
+  flags.DEFINE_float("peak_tflops", None, "Peak dense TFLOP/s of one device for MFU (H100 989).")
+  flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
+  flags.DEFINE_string("md_out", None, "Also write the tables to this markdown file.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rows:
+  """The shapes of the benchmark's rows, shared by every stage.
+
+  Attributes:
+    rows: rows per step (OPD / RL: trajectories).
+    prompt_width, prompt_tokens: P and the real prompt tokens per row.
+    response_width, response_tokens: M and the real response tokens per row.
+    rounds: S, the replay rounds of the OPD / RL trajectories.
+  """
+
+  rows: int
+  prompt_width: int
+  prompt_tokens: int
+  response_width: int
+  response_tokens: int
+  rounds: int
+
+
+def stage_config(name: str):
+  """experiments/configs/<name>.py's get_config() (the stage's real settings)."""
+  spec = importlib.util.spec_from_file_location(f"_bench_config_{name}",
+                                                os.path.join(CONFIG_DIR, f"{name}.py"))
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config()
+
+
+def diffusion_model(base: ModelConfig, block_size: int) -> ModelConfig:
+  """The AR base converted to block size B with a mask token (the last id, as bench_diffusion's
+  random weights)."""
+  return dataclasses.replace(base, block_size=block_size, mask_token_id=base.vocab_size - 1)
+
+
+def step_map(width: int, block_size: int, rounds: int) -> np.ndarray:
+  """A decoded trajectory's commit steps [width]: each block's seed, then its other positions
+  spread over steps 0 .. rounds - 1 in order (every round of a full block commits >= 1 token)."""
+  j = np.arange(width) % block_size
+  steps = (j - 1) * rounds // max(block_size - 1, 1)
+  return np.where(j == 0, decode.SEED_STEP, steps).astype(np.int32)
+
+
+def synthetic_batch(name: str, config: ModelConfig, shape: Rows, seed: int = 0) -> dict:
+  """A train batch of stage `name` (FIELDS[name]) on random rows of the given shape.
+
+  The same seed gives every stage the same prompts and responses; OPD / RL see the response as
+  the decoded trajectory (committed in full, the stop at response_tokens).
+  """
+  rng = np.random.default_rng(seed)
+  b, p, m = shape.rows, shape.prompt_width, shape.response_width
+  lp, lr = shape.prompt_tokens, shape.response_tokens
+  v = config.vocab_size
+  prompts = np.zeros((b, p), np.int32)
+  prompts[:, :lp] = rng.integers(1, v - 1, (b, lp))
+  responses = rng.integers(1, v - 1, (b, m)).astype(np.int32)  # never the mask token (v - 1)
+  real = (np.arange(m)[None, :] < lr) & np.ones((b, 1), bool)
+  tokens = np.zeros((b, p + m), np.int32)
+  tokens[:, :lp] = prompts[:, :lp]
+  tokens[:, lp:lp + lr] = responses[:, :lr]
+  teacher = rng.standard_normal((b, m, v)).astype(np.float32)
+  if config.mask_token_id is not None:
+    teacher[..., config.mask_token_id] = -np.inf
+  teacher -= np.log(np.sum(np.exp(teacher), axis=-1, keepdims=True))
+  every = {
+    "tokens": tokens,
+    "positions": np.broadcast_to(np.arange(p + m, dtype=np.int32), (b, p + m)),
+    "prompt_tokens": prompts,
+    "prompt_lengths": np.full((b,), lp, np.int32),
+    "example_mask": np.ones((b,), bool),
+    "response_tokens": np.where(real, responses, config.pad_token_id).astype(np.int32),
+    "response_lengths": np.full((b,), lr, np.int32),
+    "response_weights": real.astype(np.float32),
+    "trace_tokens": responses,
+    "commit_step": np.broadcast_to(step_map(m, config.block_size, shape.rounds), (b, m)),
+    "trace_lengths": np.full((b,), lr, np.int32),
+    "replay_rounds": np.zeros((b, shape.rounds), bool),
+    "teacher_log_probs": teacher,
+    "logp_old": np.full((b, m), -np.log(v), np.float32),
+    "advantages": rng.standard_normal(b).astype(np.float32),
+    "token_weights": real.astype(np.float32),
+  }
+  return {k: np.ascontiguousarray(every[k]) for k in FIELDS[name]}
+
+
+def forward_len(name: str, config: ModelConfig, cfg, shape: Rows) -> int:
+  """Tokens of the one forward the stage's loss runs per row (module docstring)."""
+  if name == "sft":
+    return shape.prompt_width + shape.response_width
+  streams = shape.rounds if name in ("opd", "rl") else (2 if cfg.cft.complementary else 1)
+  return shape.prompt_width + (1 + streams) * layout.padded_width(shape.response_width,
+                                                                  config.block_size)
+
+
+def step_flops(config: ModelConfig, batch: int, seq: int, head_queries: int) -> float:
+  """Dense forward + backward FLOPs: 6 x matmul params x tokens + attention scores/values over
+  every (query, key) pair + the LM head at `head_queries` per row."""
   d, f, layers = config.hidden_size, config.intermediate_size, config.num_layers
   nh, kv, h = config.num_heads, config.num_kv_heads, config.head_dim
   per_layer = d * nh * h * 2 + d * kv * h * 2 + 3 * d * f  # q, o, k, v, gate/up/down
   attention = 2 * 2 * layers * seq * seq * nh * h  # QK^T and PV, forward, per row
-  head = d * config.vocab_size * (seq - seq // 2)  # the LM head on the response half
+  head = d * config.vocab_size * head_queries
   return 6.0 * (layers * per_layer * seq + head) * batch + 3.0 * attention * batch
 
 
-def bench(preset: str, micro_batches: int) -> dict:
-  overrides = {} if preset.startswith("qwen3") else {"vocab_size": FLAGS.vocab_size}
-  config = dataclasses.replace(getattr(ModelConfig, preset)(**overrides),
-                               param_dtype=FLAGS.dtype, compute_dtype=FLAGS.dtype,
-                               remat=FLAGS.remat, attention_chunk_bytes=8 << 20)
-  mesh = mesh_lib.make_mesh()
-  ocfg = dict(learning_rate=1e-4, warmup_steps=1, total_steps=100, schedule="constant",
-              end_lr_factor=0.1, b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.0, clip_norm=1.0)
-  optimizer = optim.make_optimizer(type("C", (), ocfg))
+def median_seconds(call, steps: int) -> float:
+  """One warm call, then the median wall time of `steps` calls (each blocks on its result)."""
+  call()
+  times = []
+  for _ in range(steps):
+    t0 = time.perf_counter()
+    call()
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times))
+
+
+def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, steps: int,
+                mesh, peak_tflops: float | None = None) -> dict:
+  """Times stage `name`'s jitted train step on synthetic rows (module docstring): one row."""
+  cfg = stage_config(name)
+  config = base if name == "sft" else diffusion_model(base, cfg.block_size)
+  ctx = Context(cfg, config, None, None, None, shape.prompt_width, shape.response_width, mesh, "")
+  loss_fn = STAGES[name].make_loss(ctx)
+  optimizer = optim.make_optimizer(cfg.optimizer)
   abstract = state_lib.abstract_state(params_lib.abstract_params(config), optimizer)
   shardings = state_lib.state_shardings(config, abstract, mesh)
   init = jax.jit(lambda k: state_lib.create_state(params_lib.init_params(config, k), optimizer, 0),
                  out_shardings=shardings)
-  state = init(jax.random.key(0))
-  b, t = FLAGS.batch_size, FLAGS.seq_len
-  rng = np.random.default_rng(0)
-  tokens = rng.integers(0, config.vocab_size, (b, t)).astype(np.int32)
-  p = t // 2  # half prompt, half response (the LM head runs on the response only)
-  batch = {"tokens": tokens, "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
-           "prompt_lengths": np.full((b,), p, np.int32), "response_tokens": tokens[:, p:],
-           "response_weights": np.ones((b, t - p), np.float32)}
+  batch = synthetic_batch(name, config, shape)
   with jax.set_mesh(mesh):
     train_step = step_lib.make_train_step(
-      functools.partial(sft.sft_loss, config=config), optimizer, micro_batches=micro_batches,
-      state_shardings=shardings, batch_sharding=mesh_lib.batch_sharding(mesh))
+      loss_fn, optimizer, micro_batches=micro_batches, state_shardings=shardings,
+      batch_sharding=mesh_lib.batch_sharding(mesh))
+    state = init(jax.random.key(0))
     t0 = time.perf_counter()
     compiled = train_step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t0
-    state, m = compiled(state, batch)
-    jax.block_until_ready(m["loss"])
-    times = []
-    for _ in range(FLAGS.steps):
-      t0 = time.perf_counter()
-      state, m = compiled(state, batch)
-      jax.block_until_ready(m["loss"])
-      times.append(time.perf_counter() - t0)
-  step_s = float(np.median(times))
-  flops = step_flops(config, b, t)
-  row = {"preset": preset, "params": params_lib.param_count(config), "batch": b, "seq": t,
-         "micro_batches": micro_batches, "dtype": FLAGS.dtype, "remat": FLAGS.remat,
-         "devices": len(jax.devices()), "backend": jax.default_backend(),
-         "compile_s": round(compile_s, 2), "step_s": round(step_s, 4),
-         "tokens_per_s": round(b * t / step_s, 1), "tflops_per_s": round(flops / step_s / 1e12, 3)}
-  if FLAGS.peak_tflops:
-    row["mfu"] = round(flops / step_s / 1e12 / FLAGS.peak_tflops / len(jax.devices()), 4)
+    carry = {"state": state}
+
+    def call():
+      carry["state"], metrics = compiled(carry["state"], batch)
+      carry["loss"] = float(jax.block_until_ready(metrics["loss"]))
+
+    step_s = median_seconds(call, steps)
+  b = shape.rows
+  seq = forward_len(name, config, cfg, shape)
+  flops = step_flops(config, b, seq, shape.response_width)
+  row = {"stage": name, "params": params_lib.param_count(config), "batch": b,
+         "prompt": f"{shape.prompt_tokens}/{shape.prompt_width}",
+         "response": f"{shape.response_tokens}/{shape.response_width}",
+         "block": config.block_size, "rounds": shape.rounds if name in ("opd", "rl") else None,
+         "forward_len": seq, "micro_batches": micro_batches, "dtype": config.param_dtype,
+         "remat": config.remat, "devices": len(mesh.devices.flat),
+         "backend": jax.default_backend(), "compile_s": round(compile_s, 2),
+         "step_s": round(step_s, 4), "loss": round(carry["loss"], 4),
+         "response_tokens_per_s": round(b * shape.response_tokens / step_s, 1),
+         "processed_tokens_per_s": round(b * seq / step_s, 1),
+         "tflops_per_s": round(flops / step_s / 1e12, 3)}
+  if peak_tflops:
+    row["mfu"] = round(flops / step_s / 1e12 / peak_tflops / row["devices"], 4)
   return row
+
+
+def add_ratios(rows: list[dict]) -> None:
+  """Each row's step time and tokens/s relative to the SFT row of its micro-batch count."""
+  sft = {r["micro_batches"]: r for r in rows if r["stage"] == "sft"}
+  for r in rows:
+    ref = sft.get(r["micro_batches"])
+    if ref:
+      r["step_vs_sft"] = round(r["step_s"] / ref["step_s"], 2)
+      r["response_tps_vs_sft"] = round(r["response_tokens_per_s"]
+                                       / ref["response_tokens_per_s"], 3)
+
+
+def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
+                 block_size: int = 32) -> list[dict]:
+  """The replay's forward at each round count vs one causal forward over [prompt | response]."""
+  diff = diffusion_model(base, block_size)
+  ar = dataclasses.replace(diff, block_size=1, mask_token_id=None)
+  params = params_lib.init_params(diff, jax.random.key(0))
+
+  @functools.partial(jax.jit, static_argnames="num_rounds")
+  def replay_fn(params, prompts, prompt_lengths, trace, commit_step, lengths, *, num_rounds):
+    return replay.replay(params, diff, prompts, prompt_lengths, trace, commit_step, lengths,
+                         num_rounds=num_rounds, temperature=1.0, return_log_probs=True)
+
+  @jax.jit
+  def causal_fn(params, prompts, prompt_lengths, trace, lengths):
+    return opd.teacher_log_probs(params, ar, prompts, prompt_lengths, trace, lengths,
+                                 mask_token_id=diff.mask_token_id)
+
+  def timed(fn, *args, **kw):
+    t0 = time.perf_counter()
+    compiled = fn.lower(*args, **kw).compile()
+    compile_s = time.perf_counter() - t0
+    return compile_s, median_seconds(lambda: jax.block_until_ready(compiled(*args)), steps)
+
+  causal_len = shape.prompt_width + shape.response_width
+  out = []
+  for s in rounds:
+    batch = synthetic_batch("opd", diff, dataclasses.replace(shape, rounds=s))
+    prompt = (params, batch["prompt_tokens"], batch["prompt_lengths"])
+    _, causal_s = timed(causal_fn, *prompt, batch["trace_tokens"], batch["trace_lengths"])
+    compile_s, replay_s = timed(
+      replay_fn, *prompt, batch["trace_tokens"], batch["commit_step"], batch["trace_lengths"],
+      num_rounds=s)
+    n = forward_len("rl", diff, None, dataclasses.replace(shape, rounds=s))
+    row = {"rounds": s, "batch": shape.rows, "block": block_size, "replay_len": n,
+           "causal_len": causal_len, "token_ratio": round(n / causal_len, 2),
+           "replay_ms": round(replay_s * 1e3, 2), "causal_ms": round(causal_s * 1e3, 2),
+           "cost_ratio": round(replay_s / causal_s, 2), "replay_compile_s": round(compile_s, 2)}
+    print(json.dumps(row), flush=True)
+    out.append(row)
+  return out
+
+
+def table(rows: list[dict], cols: list[str]) -> str:
+  lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+  cell = lambda v: "-" if v is None else str(v)
+  lines += ["| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows]
+  return "\n".join(lines)
+
+
+STEP_COLS = ["stage", "batch", "prompt", "response", "block", "rounds", "forward_len",
+             "micro_batches", "compile_s", "step_s", "response_tokens_per_s",
+             "processed_tokens_per_s", "step_vs_sft", "response_tps_vs_sft", "tflops_per_s"]
+REPLAY_COLS = ["rounds", "batch", "block", "replay_len", "causal_len", "token_ratio",
+               "replay_ms", "causal_ms", "cost_ratio", "replay_compile_s"]
 
 
 def main(argv):
   del argv
-  rows = []
+  unknown = set(FLAGS.stages) - set(FIELDS)
+  if unknown:
+    raise app.UsageError(f"--stages: unknown {sorted(unknown)}; expected {sorted(FIELDS)}")
+  mesh = mesh_lib.make_mesh()
+  p, m = FLAGS.prompt_width, FLAGS.response_width
+  if FLAGS.seq_len:
+    p, m = FLAGS.seq_len // 2, FLAGS.seq_len - FLAGS.seq_len // 2
+  shape = Rows(FLAGS.batch_size, p, FLAGS.prompt_tokens or p, m, FLAGS.response_tokens or m,
+               FLAGS.replay_rounds)
+  result = {"steps": [], "replay": []}
   for preset in FLAGS.presets:
-    for mb in FLAGS.micro_batches:
-      row = bench(preset, int(mb))
-      print(json.dumps(row), flush=True)
-      rows.append(row)
-  cols = ["preset", "params", "batch", "seq", "micro_batches", "compile_s", "step_s",
-          "tokens_per_s", "tflops_per_s"] + (["mfu"] if FLAGS.peak_tflops else [])
-  print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
-  for row in rows:
-    print("| " + " | ".join(str(row[c]) for c in cols) + " |")
+    overrides = {} if preset.startswith("qwen3") else {"vocab_size": FLAGS.vocab_size}
+    base = dataclasses.replace(getattr(ModelConfig, preset)(**overrides),
+                               param_dtype=FLAGS.dtype, compute_dtype=FLAGS.dtype,
+                               remat=FLAGS.remat, attention_chunk_bytes=8 << 20)
+    rows = []
+    for name in FLAGS.stages:
+      for mb in FLAGS.micro_batches:
+        row = dict(preset=preset, **bench_stage(name, base, shape, int(mb), FLAGS.steps, mesh,
+                                                FLAGS.peak_tflops))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    add_ratios(rows)
+    result["steps"] += rows
+    if FLAGS.replay_sweep:
+      result["replay"] += [dict(preset=preset, **r) for r in bench_replay(
+        base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps)]
+  cols = ["preset"] + STEP_COLS + (["mfu"] if FLAGS.peak_tflops else [])
+  text = "## train steps\n\n" + table(result["steps"], cols) + "\n"
+  if result["replay"]:
+    text += "\n## replay forward vs causal forward\n\n" + table(
+      result["replay"], ["preset"] + REPLAY_COLS) + "\n"
+  print(text)
   if FLAGS.json_out:
     with open(FLAGS.json_out, "w") as f:
-      json.dump(rows, f, indent=1)
+      json.dump(dict(result, backend=jax.default_backend(), devices=len(jax.devices())), f,
+                indent=1)
+  if FLAGS.md_out:
+    with open(FLAGS.md_out, "w") as f:
+      f.write(f"# bench_train: `{' '.join(sys.argv[1:])}`\n\n{text}")
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
