@@ -16,7 +16,9 @@ moments, remat 'full'. Per (stage, layout) it reports:
             micro-batch, and the line gives the largest micro-batch whose total fits a card
             (80 GB H100, 141 GB H200) minus a reserve (--reserve, 10%: CUDA context, NCCL
             buffers, fragmentation; run with XLA_PYTHON_CLIENT_MEM_FRACTION=0.95).
-            Decoders are compiled once at the largest batch a stage decodes (RL rollouts).
+            Decoders are compiled at the rows one rollout call decodes: the stages' configs cut
+            their rollouts into calls of train.prepare_chunk rows (gr2jax/chunks.py; all rows
+            when 0), the largest such call of the stages a decoder serves.
   FLOPs     analytic (`forward_flops`): XLA's cost_analysis counts a loop body once (the layer
             scan, the attention-chunk map, micro-batches, decode loops), so it is useless on the
             real step. The formula is checked against cost_analysis on small configs where every
@@ -29,15 +31,15 @@ moments, remat 'full'. Per (stage, layout) it reports:
             rollouts and the prepare-side forwards (teacher log-probs, pi_old replay), each
             max(FLOPs at 40% MFU, HBM bytes at peak bandwidth) per decoder forward.
 
-Outputs: --out_dir/plan_<preset>[_what_if].json, and the tables either in
---out_dir/plan_<preset>[_what_if].md or, with --doc, between the `<!-- plan:begin -->` /
-`<!-- plan:end -->` (what-ifs: `plan-what-if`) markers of that markdown file, whose hand-written
-parts are kept (docs/plan_qwen3_8b.md). `--render=JSON --doc=...` re-renders without compiling.
+Outputs: --out_dir/plan_<preset>.json, and the tables either in --out_dir/plan_<preset>.md or,
+with --doc, between the `<!-- plan:begin -->` / `<!-- plan:end -->` markers of that markdown
+file, whose hand-written parts are kept (docs/plan_qwen3_8b.md). `--render=JSON --doc=...`
+re-renders without compiling.
 """
 
-import contextlib
 import dataclasses
 import functools
+import importlib
 import json
 import math
 import os
@@ -52,6 +54,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gr2jax import chunks  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.diffusion import layout, replay  # noqa: E402
 from gr2jax.model import generate as generate_lib  # noqa: E402
@@ -93,8 +96,6 @@ def define_flags() -> None:
                        "faster compiles; buffer sizes do not depend on it).")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
   flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
-  flags.DEFINE_list("what_if", [], "Library changes to price (WHAT_IFS: teacher_bf16); the "
-                    "rows are marked with them.")
   flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
 
 
@@ -107,24 +108,6 @@ class Settings:
   reserve: float = 0.1
   forwards_per_token: float = 0.5
   opt_level: int = 0
-  what_if: tuple[str, ...] = ()
-
-
-# ---- what-ifs: library changes the plan can price before they are made ------------------------
-
-WHAT_IFS = {
-  "teacher_bf16": "OPD's cached teacher log-probs [B, M, V] in bf16 (opd.prepare(teacher_dtype="
-                  "ml_dtypes.bfloat16), already supported) instead of the default float32",
-}
-
-
-@contextlib.contextmanager
-def what_if(names: tuple[str, ...]):
-  """Checks the named WHAT_IFS (each is applied where the plan builds the stage it changes)."""
-  unknown = set(names) - set(WHAT_IFS)
-  if unknown:
-    raise ValueError(f"unknown what-ifs {sorted(unknown)}; known: {sorted(WHAT_IFS)}")
-  yield
 
 
 # ---- shapes ----------------------------------------------------------------------------------
@@ -143,6 +126,9 @@ class Shapes:
     sft_rows, cft_rows: sequences per step.
     ar_rl_prompts, opd_prompts, rl_prompts: prompts per step; each has *_group rollouts.
     steps: optimiser steps per stage (comments in PRESETS).
+    teacher_dtype: OPD's cached teacher log-probs (config opd.teacher_dtype).
+    prepare_chunk: {stage: rows per rollout / prepare-forward call} (config train.prepare_chunk;
+      0 = all rows at once).
   """
 
   model: ModelConfig
@@ -159,14 +145,38 @@ class Shapes:
   rl_prompts: int
   rl_group: int
   steps: dict
+  teacher_dtype: str = "float32"
+  prepare_chunk: dict = dataclasses.field(default_factory=dict)
 
   def diffusion(self) -> ModelConfig:
     return dataclasses.replace(self.model, block_size=self.block_size,
                                mask_token_id=self.model.vocab_size - 1)
 
+  def rollouts(self, stage: str) -> int:
+    """Trajectories per step of 'ar_rl', 'opd' or 'rl' (prompts x group)."""
+    return {"ar_rl": self.ar_rl_prompts * self.ar_rl_group,
+            "opd": self.opd_prompts * self.opd_group, "rl": self.rl_prompts * self.rl_group}[stage]
+
   @property
   def rounds(self) -> int:
     return replay.rounds_needed(self.block_size, self.max_steps_per_block)
+
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
+  """experiments/configs/<name>.py's get_config(variant): what a run of that stage uses."""
+  if CONFIG_DIR not in sys.path:
+    sys.path.insert(0, CONFIG_DIR)
+  return importlib.import_module(name).get_config(variant)
+
+
+def _from_configs(variant: str) -> dict:
+  """The Shapes fields the stage configs set: OPD's teacher dtype, the prepare chunks."""
+  configs = {name: stage_config(name, variant) for name in ("ar_rl", "opd", "rl")}
+  return dict(teacher_dtype=configs["opd"].opd.teacher_dtype,
+              prepare_chunk={name: c.train.prepare_chunk for name, c in configs.items()})
 
 
 def _presets() -> dict:
@@ -179,12 +189,13 @@ def _presets() -> dict:
       rl_prompts=128, rl_group=8,
       # sft.py:qwen3_8b (3 epochs of ~9.2k traces at 32); CFT the same 3 epochs; ar_rl: GR2 does
       # not say, 600 like the diffusion RL; OPD: the paper's ~1.5k steps; RL: 600 steps.
-      steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600)),
+      steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600), **_from_configs("qwen3_8b")),
     "tiny": Shapes(
       model=ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train),
       prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
       sft_rows=16, cft_rows=16, ar_rl_prompts=2, ar_rl_group=8, opd_prompts=4, opd_group=4,
-      rl_prompts=2, rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10)),
+      rl_prompts=2, rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10),
+      **_from_configs("")),
   }
 
 
@@ -271,12 +282,12 @@ class TrainStage:
   rollout: tuple | None = None
 
 
-def train_stages(s: Shapes, teacher_dtype=jnp.float32) -> dict[str, TrainStage]:
-  """SFT, AR RL, CFT, OPD and diffusion RL at the shapes of `s` (OPD's cached teacher log-probs
-  in `teacher_dtype`)."""
+def train_stages(s: Shapes) -> dict[str, TrainStage]:
+  """SFT, AR RL, CFT, OPD and diffusion RL at the shapes of `s`."""
   p, r = s.prompt_len, s.response_len
   i32, f32 = jnp.int32, jnp.float32
   ar, diff = s.model, s.diffusion()
+  teacher_dtype = opd.teacher_dtype(s.teacher_dtype)
   rp = layout.padded_width(r, s.block_size)
 
   def prompt_fields(n):
@@ -312,18 +323,18 @@ def train_stages(s: Shapes, teacher_dtype=jnp.float32) -> dict[str, TrainStage]:
     "sft": TrainStage("sft", ar, s.sft_rows, functools.partial(sft.sft_loss, config=ar),
                       sft_batch, ar_scored),
     "ar_rl": TrainStage(
-      "ar_rl", ar, s.ar_rl_prompts * s.ar_rl_group,
+      "ar_rl", ar, s.rollouts("ar_rl"),
       functools.partial(ar_rl.ar_rl_loss, config=ar, temperature=1.0, eps_low=0.2,
                         eps_high=0.2),
       ar_rl_batch, ar_scored, prepare=((ar, ar_scored),), rollout=(ar, 1)),
     "cft": TrainStage("cft", diff, s.cft_rows, functools.partial(cft.cft_loss, config=diff),
                       cft_batch, cft_work),
     "opd": TrainStage(
-      "opd", diff, s.opd_prompts * s.opd_group,
+      "opd", diff, s.rollouts("opd"),
       functools.partial(opd.opd_loss, config=diff, num_rounds=s.rounds), opd_batch,
       replay_work, prepare=((ar, ar_scored),), rollout=(diff, s.block_size)),
     "rl": TrainStage(
-      "rl", diff, s.rl_prompts * s.rl_group,
+      "rl", diff, s.rollouts("rl"),
       functools.partial(trace_rl.trace_rl_loss, config=diff, num_rounds=s.rounds,
                         temperature=1.0),
       rl_batch, replay_work, prepare=((diff, replay_work),),
@@ -536,16 +547,26 @@ def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int,
     extra += stage.rows * work.model_flops(config) / rate
   if stage.rollout is not None:
     config, block = stage.rollout
-    extra += decode_seconds(config, stage.rows, s.prompt_len, s.response_len, block, devices, tp,
-                            settings)["seconds"]
+    chunk = rollout_rows(s, stage.name)
+    extra += math.ceil(stage.rows / chunk) * decode_seconds(
+      config, chunk, s.prompt_len, s.response_len, block, devices, tp, settings)["seconds"]
   row["prepare_s"] = extra
   row["stage_h"] = steps * (step_s + extra) / 3600
   return row
 
 
+# The train stages whose rollouts each decoder samples.
+DECODER_STAGES = {"ar_decode": ("ar_rl",), "diffusion_decode": ("opd", "rl")}
+
+
+def rollout_rows(s: Shapes, stage: str) -> int:
+  """Rows one rollout call of an AR RL / OPD / RL step decodes: its trajectories, in calls of the
+  stage config's train.prepare_chunk (gr2jax/chunks.py)."""
+  return chunks.chunk_size(s.rollouts(stage), s.prepare_chunk.get(stage, 0))
+
+
 def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings) -> dict:
-  rows = s.rl_prompts * s.rl_group if kind == "diffusion_decode" else (
-    s.ar_rl_prompts * s.ar_rl_group)
+  rows = max(rollout_rows(s, stage) for stage in DECODER_STAGES[kind])
   out = compile_decoder(kind, s, mesh, rows, settings.opt_level)
   mem = out["memory"]
   config = s.model if kind == "ar_decode" else s.diffusion()
@@ -583,7 +604,7 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
   if jax.device_count() != 8:
     raise RuntimeError(f"the plan needs 8 devices, got {jax.device_count()} (set XLA_FLAGS="
                        f"{_FLAG}=8 before JAX starts)")
-  train = train_stages(s, jnp.bfloat16 if "teacher_bf16" in settings.what_if else jnp.float32)
+  train = train_stages(s)
   unknown = set(stages) - {*train, "ar_decode", "diffusion_decode"}
   if unknown:
     raise ValueError(f"unknown stages {sorted(unknown)}")
@@ -598,12 +619,10 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
     fsdp, tp = _layout(text)
     mesh = mesh_lib.make_mesh(1, fsdp, tp)
     for name in stages:
-      with what_if(settings.what_if):
-        if name in train:
-          row = plan_train(train[name], s, mesh, fsdp, tp, settings)
-        else:
-          row = plan_decoder(name, s, mesh, fsdp, tp, settings)
-      result["rows"].append({**row, "what_if": list(settings.what_if)})
+      if name in train:
+        result["rows"].append(plan_train(train[name], s, mesh, fsdp, tp, settings))
+      else:
+        result["rows"].append(plan_decoder(name, s, mesh, fsdp, tp, settings))
   if verify:
     result["flop_check"] = verify_flops()
   result["wall_s"] = time.perf_counter() - t0
@@ -624,18 +643,17 @@ def _fit(fit: dict) -> str:
   return f"{fit['micro_rows']} x {fit['micro_batches']}{mark}"
 
 
-def _name(row: dict) -> str:
-  return row["stage"] + (f" [{', '.join(row['what_if'])}]" if row.get("what_if") else "")
-
-
 def markdown(result: dict) -> str:
   """The plan's tables (train steps, decoders, FLOP check) as markdown."""
   lines = [f"Preset `{result['preset']}` ({result['params'] / 1e9:.2f}B params), jax "
            f"{result['jax']}, 8 simulated devices; {result['mfu']:.0%} MFU of "
            f"{result['peak_flops'] / 1e12:.0f} TFLOP/s per device; cards keep "
            f"{result['reserve']:.0%} free. Plan wall time {result['wall_s'] / 60:.1f} min."]
-  for name in result.get("settings", {}).get("what_if", ()):
-    lines.append(f"What-if `{name}` (not the library today): {WHAT_IFS[name]}.")
+  shapes = result.get("shapes", {})
+  if "prepare_chunk" in shapes:
+    calls = ", ".join(f"{k} {v or 'all'}" for k, v in shapes["prepare_chunk"].items())
+    lines.append(f"From the stage configs: OPD's cached teacher log-probs in "
+                 f"{shapes['teacher_dtype']}; rows per rollout / prepare-forward call: {calls}.")
   lines += ["", "| stage | mesh fsdp x tp | step batch (rows x tokens) | GiB/device at 1, 2 rows/"
                 "shard (arg / temp) | 80 GB: micro rows x M | 141 GB: micro rows x M | model "
                 "TFLOP/step | step s | prepare s | steps | stage h |", "|" + "---|" * 11]
@@ -644,18 +662,18 @@ def markdown(result: dict) -> str:
       continue
     mem = ", ".join(f"{_gib(p['memory']['total'])} ({_gib(p['memory']['argument'])} / "
                     f"{_gib(p['memory']['temp'])})" for p in r["points"])
-    lines.append(f"| {_name(r)} | {r['mesh']} | {r['rows']} x {r['tokens_per_row']} | {mem} | "
+    lines.append(f"| {r['stage']} | {r['mesh']} | {r['rows']} x {r['tokens_per_row']} | {mem} | "
                  f"{_fit(r['fit_80GB'])} | {_fit(r['fit_141GB'])} | "
                  f"{r['model_flops'] / 1e12:,.0f} | {r['step_s']:.1f} | {r['prepare_s']:.1f} | "
                  f"{r['steps']} | {r['stage_h']:.1f} |")
   decoders = [r for r in result["rows"] if r["kind"] == "decode"]
   if decoders:
-    lines += ["", "| decoder | mesh | rows x (prompt + new) | GiB/device (arg / temp) | "
-                  "rows per batch shard that fit 80 / 141 GB | forwards | s per batch |",
+    lines += ["", "| decoder | mesh | rows per call x (prompt + new) | GiB/device (arg / temp) | "
+                  "rows per batch shard that fit 80 / 141 GB | forwards | s per call |",
               "|" + "---|" * 7]
     for r in decoders:
       m = r["memory"]
-      lines.append(f"| {_name(r)} | {r['mesh']} | {r['rows']} x ({r['prompt_len']} + "
+      lines.append(f"| {r['stage']} | {r['mesh']} | {r['rows']} x ({r['prompt_len']} + "
                    f"{r['new_tokens']}) | {_gib(m['total'])} ({_gib(m['argument'])} / "
                    f"{_gib(m['temp'])}) | {r['rows_per_shard_80GB']} / "
                    f"{r['rows_per_shard_141GB']} | {r['forwards']} | {r['seconds']:.1f} |")
@@ -668,11 +686,11 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def update_doc(path: str, table: str, tag: str = "plan") -> None:
-  """Replaces the text between `<!-- TAG:begin -->` and `<!-- TAG:end -->` in `path` (appends
+def update_doc(path: str, table: str) -> None:
+  """Replaces the text between `<!-- plan:begin -->` and `<!-- plan:end -->` in `path` (appends
   the block when absent); the rest of the file is kept."""
   text = open(path).read() if os.path.exists(path) else ""
-  begin, end = f"<!-- {tag}:begin -->", f"<!-- {tag}:end -->"
+  begin, end = "<!-- plan:begin -->", "<!-- plan:end -->"
   block = f"{begin}\n{table}{end}"
   if begin in text and end in text:
     text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
@@ -694,21 +712,18 @@ def main(argv):
   if FLAGS.render:  # re-render a saved plan (e.g. after editing the doc's hand-written parts)
     with open(FLAGS.render) as f:
       result = json.load(f)
-    what = result.get("settings", {}).get("what_if")
   else:
     use_host_devices()
     settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
-                        forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level,
-                        what_if=tuple(FLAGS.what_if))
+                        forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level)
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops)
-    what = settings.what_if
     os.makedirs(FLAGS.out_dir, exist_ok=True)
-    name = f"plan_{FLAGS.preset}" + ("_what_if" if what else "")
+    name = f"plan_{FLAGS.preset}"
     with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
       json.dump(result, f, indent=1, default=float)
   table = markdown(result)
   if FLAGS.doc:
-    update_doc(FLAGS.doc, table, "plan-what-if" if what else "plan")
+    update_doc(FLAGS.doc, table)
   elif not FLAGS.render:
     with open(os.path.join(FLAGS.out_dir, f"{name}.md"), "w") as f:
       f.write(table)

@@ -6,9 +6,11 @@ docs/plan_qwen3_8b.md. Here: a real train step (CFT: the two-stream layout) comp
 configs, the micro-batch fit, and the report.
 """
 
+import dataclasses
 import os
 import sys
 
+import jax.numpy as jnp
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -84,12 +86,30 @@ def test_markdown_and_doc_block(tmp_path):
   doc = tmp_path / "plan.md"
   doc.write_text("# Findings\n\nhand-written\n")
   plan.update_doc(str(doc), "table one\n")
-  plan.update_doc(str(doc), "what-if table\n", "plan-what-if")
   plan.update_doc(str(doc), "table two\n")
   text = doc.read_text()
-  assert "<!-- plan-what-if:begin -->\nwhat-if table\n<!-- plan-what-if:end -->" in text
   assert text.startswith("# Findings\n\nhand-written\n")
   assert "table two" in text and "table one" not in text and text.count("<!-- plan:begin -->") == 1
+
+
+def test_presets_take_teacher_dtype_and_rollout_calls_from_the_stage_configs():
+  big, tiny = plan.PRESETS["qwen3_8b"], plan.PRESETS["tiny"]
+  assert big.teacher_dtype == plan.stage_config("opd", "qwen3_8b").opd.teacher_dtype == "bfloat16"
+  for stage in ("ar_rl", "opd", "rl"):
+    chunk = plan.stage_config(stage, "qwen3_8b").train.prepare_chunk
+    assert 0 < chunk < big.rollouts(stage) and plan.rollout_rows(big, stage) == chunk
+    assert plan.rollout_rows(tiny, stage) == tiny.rollouts(stage)  # tiny configs: all at once
+  assert plan.train_stages(tiny)["opd"].batch(2)["teacher_log_probs"][1] == jnp.float32
+  half = dataclasses.replace(tiny, teacher_dtype="bfloat16")
+  assert plan.train_stages(half)["opd"].batch(2)["teacher_log_probs"][1] == jnp.bfloat16
+
+
+def test_decoder_compiles_at_the_configs_rollout_call():
+  s = dataclasses.replace(plan.PRESETS["tiny"], prepare_chunk={"opd": 8, "rl": 8})
+  row = plan.plan_decoder("diffusion_decode", s, mesh_lib.make_mesh(1, 8, 1), 8, 1,
+                          plan.Settings())
+  assert row["rows"] == 8 and row["memory"]["total"] > 0
+  assert row["rows_per_shard_80GB"] > 0
 
 
 def test_run_plan_refuses_unknown_stages():

@@ -29,6 +29,7 @@ def get_config(variant: str = ""):
   c.rl.alpha = 0.2  # conditional format-reward weight (Diffusion-GR2 App. B)
   if variant == "qwen3_8b":
     use_qwen3_8b_model(c)
+    c.train.prepare_chunk = 256  # of 1,024 rollouts; 32 per batch shard on fsdp 8 fit 80 GB (plan)
     c.train.batch_size = 128
     c.train.micro_batches = 32
     c.optimizer.learning_rate = 1e-6

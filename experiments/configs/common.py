@@ -34,6 +34,9 @@ def get_common_config(stage: str) -> ml_collections.ConfigDict:
   c.train.steps = 600  # optimiser steps (the run ends there; step-capped, not epochs)
   c.train.batch_size = 32  # rows per step (RL: prompts per step, each with G rollouts)
   c.train.micro_batches = 1  # gradient-accumulation micro-batches per step
+  c.train.prepare_chunk = 0  # rows per rollout / prepare-forward call (teacher log-probs, pi_old)
+  #                            of the RL / OPD stages (0 = all rows at once; else a multiple of
+  #                            the mesh's batch shards, data x fsdp)
   c.train.seed = 0  # init, shuffling and per-step randomness (fold_in(key, step))
   c.train.save_every = 100  # steps between run checkpoints
   c.train.keep = 3  # run checkpoints kept

@@ -19,6 +19,8 @@ def get_config(variant: str = ""):
   c.opd = ml_collections.ConfigDict()
   c.opd.teacher = os.path.join("{workdir}", "ar_rl", "export")  # the frozen AR GR2
   c.opd.group_size = 4  # G' student trajectories per prompt (paper: 4)
+  c.opd.teacher_dtype = "float32"  # storage of the cached teacher log-probs [B, M, V]:
+  #                                  'float32' | 'bfloat16' (half the memory; the loss reads f32)
   c.train.steps = 20  # tiny: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30
   c.train.batch_size = 8  # prompts per step (x G')
   c.train.save_every = 20
@@ -26,7 +28,9 @@ def get_config(variant: str = ""):
   c.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
   if variant == "qwen3_8b":
     use_qwen3_8b_model(c)
+    c.train.prepare_chunk = 256  # of 512 rollouts; 32 per batch shard on fsdp 8 fit 80 GB (plan)
     c.train.batch_size = 128  # paper: 128 prompts per step, 1 epoch
+    c.opd.teacher_dtype = "bfloat16"  # f32: [512, 256, 151,936] = 80 GB per step (the plan)
     c.train.micro_batches = 64
     c.train.steps = 1500
     c.optimizer.learning_rate = 1e-6

@@ -28,6 +28,7 @@ def get_config(variant: str = ""):
   c.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
   if variant == "qwen3_8b":
     use_qwen3_8b_model(c)
+    c.train.prepare_chunk = 256  # of 1,024 rollouts; 32 per batch shard on fsdp 8 fit 80 GB (plan)
     c.train.batch_size = 128
     c.train.micro_batches = 128
     c.train.steps = 600  # paper: 600 steps, lr 5e-7

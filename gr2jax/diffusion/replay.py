@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr2jax import chunks
 from gr2jax.diffusion import decode, layout
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP, DiffusionOutput
 from gr2jax.model.config import ModelConfig
@@ -284,6 +285,8 @@ def sample_traces(
   temperature: float,
   num_rounds: int,
   shrink: int = 1,
+  chunk_rows: int = 0,
+  sharding=None,
 ) -> tuple[dict, dict]:
   """On-policy rollouts for OPD / RL: one decoded trace per row, checked to fit the replay.
 
@@ -301,6 +304,8 @@ def sample_traces(
     temperature: the sampling temperature (> 0: on-policy samples).
     num_rounds: the replay's static round count (every trace must fit: check_rounds).
     shrink: replay step shrinkage.
+    chunk_rows: rows per decoder call (gr2jax/chunks.py; 0 = all B at once).
+    sharding: the placement of each chunk's prompts (the batch sharding; None: numpy).
 
   Returns:
     ({trace_tokens [B, M] int32, commit_step [B, M] int32, trace_lengths [B] int32,
@@ -311,22 +316,26 @@ def sample_traces(
   """
   if not temperature > 0:
     raise ValueError(f"sample_traces: on-policy rollouts need temperature > 0, got {temperature}")
-  out = decode.block_diffusion_generate(
-    params, config, prompt_tokens, prompt_lengths, threshold=threshold,
-    max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-    temperature=temperature, key=key,
-  )
-  check_rounds(out.commit_step, num_rounds, shrink)
-  lengths = np.asarray(out.lengths).astype(np.int32)
-  bucket = round_bucket(out.commit_step, num_rounds, shrink)
-  traces = {
-    "replay_rounds": np.zeros((len(lengths), bucket), bool),
-    "trace_tokens": np.asarray(out.trace_tokens),
-    "commit_step": np.asarray(out.commit_step),
-    "trace_lengths": lengths,
-    "response_tokens": np.asarray(out.tokens),
-    "commit_logprob": np.asarray(out.commit_logprob),
-  }
+
+  def rollouts(chunk, chunk_key):
+    out = decode.block_diffusion_generate(
+      params, config, chunk["prompt_tokens"], chunk["prompt_lengths"], threshold=threshold,
+      max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
+      temperature=temperature, key=chunk_key,
+    )
+    return {"trace_tokens": out.trace_tokens, "commit_step": out.commit_step,
+            "trace_lengths": out.lengths, "response_tokens": out.tokens,
+            "commit_logprob": out.commit_logprob, "nfe": out.nfe}
+
+  out = chunks.map_row_chunks(
+    rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
+    sharding=sharding, key=key)
+  check_rounds(out["commit_step"], num_rounds, shrink)
+  lengths = out["trace_lengths"].astype(np.int32)
+  bucket = round_bucket(out["commit_step"], num_rounds, shrink)
+  nfe = out.pop("nfe")
+  traces = {**out, "trace_lengths": lengths,
+            "replay_rounds": np.zeros((len(lengths), bucket), bool)}
   stats = {"response_len": float(lengths.mean()),
-           "forwards_per_token": float(np.asarray(out.nfe).sum() / max(lengths.sum(), 1))}
+           "forwards_per_token": float(nfe.sum() / max(lengths.sum(), 1))}
   return traces, stats

@@ -5,9 +5,13 @@ FSDP shards the hidden axis D of every matrix; TP shards the vocab, the heads an
 places the activations, so the forward needs no annotations and runs unchanged on one device.
 A dimension that the mesh axis does not divide is replicated instead (e.g. a vocab grown by added
 tokens), which changes only the layout, never the result.
+Host <-> global arrays (`global_arrays`, `host_arrays`) are the one placement of batches and
+read-back of results for single- and multi-process runs.
 """
 
 import jax
+import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from gr2jax.model.cache import KVCache
@@ -100,3 +104,41 @@ def cache_spec() -> KVCache:
   """KVCache of specs: k/v [L, B, S, K, H] with B on 'fsdp' and K on 'tp'; lengths on 'fsdp'."""
   kv = PartitionSpec(None, FSDP, None, TP, None)
   return KVCache(k=kv, v=kv, lengths=data_spec())
+
+
+def global_arrays(tree, sharding: jax.sharding.Sharding):
+  """Host arrays -> global jax.Arrays with `sharding`, each process filling only its own shards.
+
+  Every process passes the same host values (e.g. the same seeded batch); a process copies to its
+  devices only the slices its shards hold (`jax.make_array_from_callback`), so this is the one
+  placement that works in single- and multi-process runs alike (jit refuses numpy inputs with a
+  sharding that spans other processes' devices).
+
+  Args:
+    tree: a pytree of host arrays (numpy or array-likes).
+    sharding: the sharding of every leaf (e.g. train/mesh.py batch_sharding: a leading-axis
+      spec, a prefix for any rank).
+
+  Returns:
+    The same tree of global jax.Arrays.
+  """
+  def place(x):
+    x = np.asarray(x)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+  return jax.tree.map(place, tree)
+
+
+def host_arrays(tree):
+  """jax.Arrays -> numpy, whole (the global value) in every process.
+
+  An array spanning other processes' devices is gathered (`multihost_utils.process_allgather`,
+  a collective: every process must call this with the same tree); a fully addressable one (any
+  array of a single-process run) is copied as is.
+  """
+  def fetch(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+  return jax.tree.map(fetch, tree)

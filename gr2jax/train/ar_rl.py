@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr2jax import chunks
 from gr2jax.diffusion import commit
 from gr2jax.model import generate as generate_lib
 from gr2jax.model import masks, qwen3
@@ -78,7 +79,7 @@ def _old_log_probs(params, config, batch, temperature):
 
 def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, tokenizer,
             labels_of, group_size: int, temperature: float, max_new_tokens: int,
-            alpha: float) -> tuple[dict, dict]:
+            alpha: float, chunk_rows: int = 0, sharding=None) -> tuple[dict, dict]:
   """Rollouts -> the GRPO batch (module docstring).
 
   Args:
@@ -92,6 +93,8 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, t
     temperature: sampling temperature (> 0).
     max_new_tokens: R, the response cap (a row that does not stop within R is invalid).
     alpha: the format-reward weight.
+    chunk_rows: rows per rollout / pi_old call (chunks.map_row_chunks; 0 = all at once).
+    sharding: the placement of each chunk (the batch sharding; None: numpy inputs).
 
   Returns:
     (the train batch with Bp * G rows, rollout stats).
@@ -99,10 +102,16 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, t
   rows = np.flatnonzero(batch["example_mask"])
   rep = lambda x: np.repeat(np.asarray(x)[rows], group_size, axis=0)
   prompts, prompt_lengths = rep(batch["prompt_tokens"]), rep(batch["prompt_lengths"])
-  out = generate_lib.generate(params, config, prompts, prompt_lengths,
-                              max_new_tokens=max_new_tokens, key=key,
-                              sampling=generate_lib.Sampling(temperature=temperature))
-  tokens, lengths = np.asarray(out.tokens), np.asarray(out.lengths)
+  sampling = generate_lib.Sampling(temperature=temperature)
+
+  def rollouts(chunk, chunk_key):
+    out = generate_lib.generate(params, config, chunk["prompt_tokens"], chunk["prompt_lengths"],
+                                max_new_tokens=max_new_tokens, key=chunk_key, sampling=sampling)
+    return out.tokens, out.lengths
+
+  tokens, lengths = chunks.map_row_chunks(
+    rollouts, {"prompt_tokens": prompts, "prompt_lengths": prompt_lengths}, chunk_rows,
+    sharding=sharding, key=key)
   labels = [labels_of(int(i)) for i in rep(batch["example_index"])]
   reward, valid, results = rewards.rollout_rewards(
     tokenizer, tokens, lengths, labels, rep(batch["target_position"]), config.eos_token_ids,
@@ -113,7 +122,11 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig, t
   train = {"prompt_tokens": prompts, "prompt_lengths": prompt_lengths,
            "response_tokens": tokens, "response_lengths": lengths.astype(np.int32),
            "advantages": adv.reshape(-1), "token_weights": weights}
-  train["logp_old"] = np.asarray(_old_log_probs(params, config, train, temperature))
+  scored = {k: train[k] for k in ("prompt_tokens", "prompt_lengths", "response_tokens",
+                                   "response_lengths")}
+  train["logp_old"] = chunks.map_row_chunks(
+    lambda chunk, _: _old_log_probs(params, config, chunk, temperature), scored, chunk_rows,
+    sharding=sharding)
   stats = {"reward": float(reward.mean()), "valid_rate": float(valid.mean()),
            "kept_groups": float(keep.mean()), "response_len": float(lengths.mean()),
            "promoted": float(np.mean([r.ranking[0] != 0 for r in results]))}

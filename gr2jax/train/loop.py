@@ -174,9 +174,10 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
                                               config.get("block_size", 0))
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
-  if tcfg.batch_size % mesh_lib.batch_size_multiple(ctx.mesh):
-    raise ValueError(f"train.batch_size={tcfg.batch_size} is not a multiple of the mesh's batch "
-                     f"axes ({mesh_lib.batch_size_multiple(ctx.mesh)})")
+  for field in ("batch_size", "prepare_chunk"):
+    if tcfg[field] % mesh_lib.batch_size_multiple(ctx.mesh):
+      raise ValueError(f"train.{field}={tcfg[field]} is not a multiple of the mesh's batch axes "
+                       f"({mesh_lib.batch_size_multiple(ctx.mesh)})")
 
   optimizer = optim.make_optimizer(config.optimizer)
   abstract = state_lib.abstract_state(params_lib.abstract_params(model_config), optimizer)

@@ -29,10 +29,26 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 
+from gr2jax import chunks
 from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
+
+# config.opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V].
+TEACHER_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def teacher_dtype(name: str) -> np.dtype:
+  """The storage dtype named by config.opd.teacher_dtype (TEACHER_DTYPES); ValueError otherwise.
+
+  bf16 halves the cached [B, M, V] distributions (at the paper's shapes [512, 256, 151,936]: 80
+  GB per step in f32); the loss reads them back as f32.
+  """
+  if name not in TEACHER_DTYPES:
+    raise ValueError(f"opd.teacher_dtype={name!r}: expected one of {sorted(TEACHER_DTYPES)}")
+  return TEACHER_DTYPES[name]
 
 
 def teacher_log_probs(
@@ -153,7 +169,8 @@ def opd_loss(
 def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
             teacher_params: dict, teacher_config: ModelConfig, group_size: int, threshold: float,
             max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
-            shrink: int = 1, teacher_dtype=np.float32) -> tuple[dict, dict]:
+            shrink: int = 1, teacher_dtype=np.float32, chunk_rows: int = 0,
+            sharding=None) -> tuple[dict, dict]:
   """Student rollouts + cached teacher distributions: the OPD train batch (host side).
 
   Args:
@@ -167,8 +184,10 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
     threshold, max_steps_per_block, max_new_tokens, temperature: the decoder's settings.
     num_rounds: the replay's static round count (replay.rounds_needed).
     shrink: replay step shrinkage.
-    teacher_dtype: storage dtype of the cached teacher log-probs (np.float32, or ml_dtypes
-      bfloat16 to halve the [B, M, V] cache).
+    teacher_dtype: storage dtype of the cached teacher log-probs (`teacher_dtype(name)`:
+      float32, or bfloat16 to halve the [B, M, V] cache).
+    chunk_rows: rows per rollout / teacher call (gr2jax/chunks.py; 0 = all at once).
+    sharding: the placement of each chunk (the batch sharding; None: numpy inputs).
 
   Returns:
     (the train batch with Bp * G' rows, see opd_loss; rollout stats).
@@ -177,10 +196,18 @@ def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
   traces, stats = replay.sample_traces(
     params, config, rows["prompt_tokens"], rows["prompt_lengths"], key, threshold=threshold,
     max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-    temperature=temperature, num_rounds=num_rounds, shrink=shrink,
+    temperature=temperature, num_rounds=num_rounds, shrink=shrink, chunk_rows=chunk_rows,
+    sharding=sharding,
   )
-  teacher = _teacher_log_probs(
-    teacher_params, teacher_config, rows["prompt_tokens"], rows["prompt_lengths"],
-    traces["trace_tokens"], traces["trace_lengths"], mask_token_id=config.mask_token_id,
-  )
-  return {**rows, **traces, "teacher_log_probs": np.asarray(teacher).astype(teacher_dtype)}, stats
+
+  def teacher(chunk, _):
+    logp = _teacher_log_probs(
+      teacher_params, teacher_config, chunk["prompt_tokens"], chunk["prompt_lengths"],
+      chunk["trace_tokens"], chunk["trace_lengths"], mask_token_id=config.mask_token_id,
+    )
+    return logp.astype(teacher_dtype)  # on the device: only the stored bytes come back
+
+  scored = {"prompt_tokens": rows["prompt_tokens"], "prompt_lengths": rows["prompt_lengths"],
+            "trace_tokens": traces["trace_tokens"], "trace_lengths": traces["trace_lengths"]}
+  logp = chunks.map_row_chunks(teacher, scored, chunk_rows, sharding=sharding)
+  return {**rows, **traces, "teacher_log_probs": logp}, stats

@@ -14,6 +14,7 @@ import numpy as np
 from gr2jax import checkpoint
 from gr2jax.diffusion import replay
 from gr2jax.train import ar_rl, cft, opd, rewards, sft, trace_rl
+from gr2jax.train import mesh as mesh_lib
 from gr2jax.train.loop import Context, Stage
 
 
@@ -27,12 +28,19 @@ def _ar_rl_loss(ctx: Context):
                            temperature=rl.temperature, eps_low=rl.eps_low, eps_high=rl.eps_high)
 
 
+def _chunks(ctx: Context) -> dict:
+  """How a prepare cuts its rollouts and forwards: config.train.prepare_chunk rows per call,
+  each chunk placed with the batch sharding (gr2jax/chunks.py)."""
+  return dict(chunk_rows=ctx.config.train.prepare_chunk,
+              sharding=mesh_lib.batch_sharding(ctx.mesh))
+
+
 def _ar_rl_prepare(ctx: Context):
   rl = ctx.config.rl
   return functools.partial(ar_rl.prepare, config=ctx.model_config, tokenizer=ctx.tokenizer,
                            labels_of=lambda i: ctx.train.labels[i], group_size=rl.group_size,
                            temperature=rl.temperature, max_new_tokens=ctx.response_len,
-                           alpha=rl.alpha)
+                           alpha=rl.alpha, **_chunks(ctx))
 
 
 def _num_rounds(ctx: Context) -> int:
@@ -52,12 +60,14 @@ def _opd_loss(ctx: Context):
 
 def _opd_prepare(ctx: Context):
   d = ctx.config.diffusion
+  teacher_dtype = opd.teacher_dtype(ctx.config.opd.teacher_dtype)  # checked before loading
   teacher_config, teacher_params = checkpoint.load_model(ctx.config.opd.teacher)
   return functools.partial(
     opd.prepare, config=ctx.model_config, teacher_params=teacher_params,
     teacher_config=teacher_config, group_size=ctx.config.opd.group_size, threshold=d.tau,
     max_steps_per_block=d.max_steps_per_block, max_new_tokens=ctx.response_len,
-    temperature=d.temperature, num_rounds=_num_rounds(ctx), shrink=d.shrink)
+    temperature=d.temperature, num_rounds=_num_rounds(ctx), shrink=d.shrink,
+    teacher_dtype=teacher_dtype, **_chunks(ctx))
 
 
 def _rl_loss(ctx: Context):
@@ -81,7 +91,7 @@ def _rl_prepare(ctx: Context):
   return functools.partial(
     trace_rl.prepare, config=ctx.model_config, reward_fn=reward_fn, group_size=rl.group_size,
     threshold=d.tau, max_steps_per_block=d.max_steps_per_block, max_new_tokens=ctx.response_len,
-    temperature=d.temperature, num_rounds=_num_rounds(ctx), shrink=d.shrink)
+    temperature=d.temperature, num_rounds=_num_rounds(ctx), shrink=d.shrink, **_chunks(ctx))
 
 
 STAGES = {

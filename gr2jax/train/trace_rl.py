@@ -31,6 +31,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from gr2jax import chunks
 from gr2jax.diffusion import replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import grpo
@@ -110,6 +111,8 @@ def prepare(
   num_rounds: int,
   shrink: int = 1,
   constraint=None,
+  chunk_rows: int = 0,
+  sharding=None,
 ) -> tuple[dict, dict]:
   """Rollouts -> rewards -> advantages -> pi_old: the diffusion RL train batch (host side).
 
@@ -126,6 +129,8 @@ def prepare(
     num_rounds: the replay's static round count (replay.rounds_needed).
     shrink: replay step shrinkage (1 = exact).
     constraint: must be None: constrained rollouts are refused (module docstring).
+    chunk_rows: rows per rollout / pi_old call (gr2jax/chunks.py; 0 = all at once).
+    sharding: the placement of each chunk (the batch sharding; None: numpy inputs).
 
   Returns:
     (the train batch with Bp * G rows, see trace_rl_loss, plus rewards [B]; rollout stats
@@ -142,7 +147,8 @@ def prepare(
   traces, stats = replay.sample_traces(
     params, config, rows["prompt_tokens"], rows["prompt_lengths"], key, threshold=threshold,
     max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-    temperature=temperature, num_rounds=num_rounds, shrink=shrink,
+    temperature=temperature, num_rounds=num_rounds, shrink=shrink, chunk_rows=chunk_rows,
+    sharding=sharding,
   )
   rewards = np.asarray(
     reward_fn(traces["response_tokens"], traces["trace_lengths"], rows), np.float32
@@ -157,11 +163,13 @@ def prepare(
     "example_mask": rows["example_mask"], **traces, "rewards": rewards,
     "advantages": advantages.reshape(-1), "token_weights": weights,
   }
-  train["logp_old"] = np.asarray(_old_log_probs(
-    params, train, config=config, num_rounds=train["replay_rounds"].shape[1],
-    temperature=float(temperature),
-    shrink=shrink,
-  ))
+  replayed = {k: train[k] for k in ("prompt_tokens", "prompt_lengths", "trace_tokens",
+                                     "commit_step", "trace_lengths")}
+  train["logp_old"] = chunks.map_row_chunks(
+    lambda chunk, _: _old_log_probs(params, chunk, config=config,
+                                    num_rounds=train["replay_rounds"].shape[1],
+                                    temperature=float(temperature), shrink=shrink),
+    replayed, chunk_rows, sharding=sharding)
   stats = {**stats, "reward": float(rewards.mean()), "kept_groups": float(keep.mean())}
   return train, stats
 

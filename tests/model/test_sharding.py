@@ -16,6 +16,8 @@ from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
   cache_spec,
   data_spec,
+  global_arrays,
+  host_arrays,
   make_mesh,
   param_shardings,
   param_specs,
@@ -104,3 +106,17 @@ def test_cache_write_is_split_by_row():
   layers = CONFIG.num_layers
   assert f"[{layers},{rows // 8},{slots}," in hlo  # the cache, split by row
   assert f"[{layers},{rows}," not in hlo  # no layer-stacked array of all rows
+
+
+def test_global_arrays_and_host_arrays_round_trip():
+  mesh = make_mesh(fsdp=4, tp=2)
+  batch = NamedSharding(mesh, data_spec())
+  tree = {"tokens": np.arange(24, dtype=np.int32).reshape(8, 3), "lengths": np.arange(8)}
+  placed = global_arrays(tree, batch)
+  for name, x in placed.items():
+    assert isinstance(x, jax.Array) and x.sharding == batch
+    assert x.addressable_shards[0].data.shape[0] == 2  # 8 rows over 4 fsdp shards
+    np.testing.assert_array_equal(x, tree[name])
+  back = host_arrays({**placed, "host": np.ones(3)})
+  assert all(isinstance(x, np.ndarray) for x in back.values())
+  np.testing.assert_array_equal(back["tokens"], tree["tokens"])

@@ -121,6 +121,16 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tok
   assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))
 
 
+def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
+  from gr2jax.train import mesh as mesh_lib
+
+  config = toy_config("ar_rl", batch_size=2, prepare_chunk=3)
+  mesh = mesh_lib.make_mesh(fsdp=2, devices=jax.devices()[:2])
+  with pytest.raises(ValueError, match=r"train.prepare_chunk=3 is not a multiple .* \(2\)"):
+    loop.train(config, str(tmp_path), stages.STAGES["ar_rl"],
+               toy_context(config, tok, str(tmp_path), mesh))
+
+
 def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
   """Two GRPO steps with real rollouts from the toy SFT export: rewards, groups and the update."""
   workdir = str(tmp_path)
@@ -156,8 +166,8 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
   results = {}
   for stage, init, extra in (
       ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True))),
-      ("opd", os.path.join(workdir, "cft", "export"), dict(opd=dict(teacher=ar_export,
-                                                                     group_size=2))),
+      ("opd", os.path.join(workdir, "cft", "export"),
+       dict(opd=dict(teacher=ar_export, group_size=2, teacher_dtype="bfloat16"))),
       ("rl", os.path.join(workdir, "opd", "export"),
        dict(rl=dict(group_size=2, eps_low=0.2, eps_high=0.2, alpha=0.2)))):
     config = get_diffusion_config(stage, init)

@@ -74,3 +74,30 @@ def test_prepare_refuses_greedy_rollouts(params):
                 **{**DECODE, "temperature": 0.0})
   with pytest.raises(ValueError, match="AR"):
     opd.teacher_log_probs(params, CONFIG, PROMPTS, LENGTHS, PROMPTS, LENGTHS, mask_token_id=MASK)
+
+
+def test_teacher_dtype_names():
+  assert opd.teacher_dtype("float32") == np.float32
+  assert opd.teacher_dtype("bfloat16") == jax.numpy.bfloat16
+  with pytest.raises(ValueError, match=r"opd.teacher_dtype='fp16': expected one of \['bfloat16'"):
+    opd.teacher_dtype("fp16")
+
+
+def test_chunked_prepare_scores_like_one_call(params):
+  """6 trajectories in calls of 4 rows (the last padded): the teacher's cached distributions equal
+  one unchunked teacher call on the same trajectories; bf16 storage rounds them."""
+  teacher_params = init_params(TEACHER, jax.random.key(1))
+  kwargs = dict(config=CONFIG, teacher_params=teacher_params, teacher_config=TEACHER,
+                group_size=3, num_rounds=3, chunk_rows=4, **DECODE)
+  train, _ = opd.prepare(params, BATCH, jax.random.key(3), **kwargs)
+  assert train["trace_tokens"].shape == (6, 10) and train["replay_rounds"].shape[0] == 6
+  whole = opd.teacher_log_probs(teacher_params, TEACHER, train["prompt_tokens"],
+                                train["prompt_lengths"], train["trace_tokens"],
+                                train["trace_lengths"], mask_token_id=MASK)
+  np.testing.assert_allclose(train["teacher_log_probs"], whole, atol=1e-6)
+  half, _ = opd.prepare(params, BATCH, jax.random.key(3), teacher_dtype=opd.teacher_dtype(
+    "bfloat16"), **kwargs)
+  assert half["teacher_log_probs"].dtype == jax.numpy.bfloat16
+  np.testing.assert_array_equal(half["trace_tokens"], train["trace_tokens"])  # same rollouts
+  np.testing.assert_array_equal(half["teacher_log_probs"],
+                                train["teacher_log_probs"].astype(jax.numpy.bfloat16))

@@ -69,3 +69,15 @@ def test_zero_variance_group_and_constraint(params):
     _prepare(params, _small_token_share, constraint=object())
   with pytest.raises(ValueError, match="temperature"):
     _prepare(params, _small_token_share, temperature=0.0)
+
+
+def test_chunked_prepare_gives_the_pi_old_of_one_call(params):
+  """G = 3 rollouts in calls of 2 rows (the last padded): pi_old equals one unchunked replay."""
+  train, _ = trace_rl.prepare(params, BATCH, jax.random.key(4), config=CONFIG,
+                              reward_fn=lambda tokens, lengths, rows: np.zeros(len(lengths)),
+                              group_size=3, num_rounds=ROUNDS, chunk_rows=2, **DECODE)
+  assert train["logp_old"].shape == (3, 10)
+  whole = trace_rl.replay_log_probs(params, train, config=CONFIG,
+                                    num_rounds=train["replay_rounds"].shape[1],
+                                    temperature=DECODE["temperature"])
+  np.testing.assert_allclose(train["logp_old"], whole, atol=1e-6)
