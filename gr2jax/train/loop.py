@@ -27,6 +27,7 @@ from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.prompts import MASK_TOKEN
 from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
+from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
 from gr2jax.train import checkpoints, evaluation, inputs, optim
@@ -208,10 +209,11 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
                               f"R={ctx.response_len}\ndevices: {jax.devices()}\nmesh: {ctx.mesh}")
   loss_fn = stage.make_loss(ctx)
   prepare = stage.make_prepare(ctx) if stage.make_prepare else None
+  batch_sharding = mesh_lib.batch_sharding(ctx.mesh)
   with jax.set_mesh(ctx.mesh):
     train_step = step_lib.make_train_step(loss_fn, optimizer, micro_batches=tcfg.micro_batches,
                                           state_shardings=shardings,
-                                          batch_sharding=mesh_lib.batch_sharding(ctx.mesh))
+                                          batch_sharding=batch_sharding)
   start_step = int(jax.device_get(state.step))
   bar = progress(tcfg.steps, initial=start_step, desc=stage.name)
   tokens_seen, t_start = 0, time.perf_counter()
@@ -223,7 +225,8 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
       if prepare is not None:
         key = jax.random.fold_in(jax.random.fold_in(state.key, step_now), 1 << 20)
         batch, stats = prepare(state.params, batch, key)
-      batch = {k: v for k, v in batch.items() if k != "example_index"}
+      batch = model_sharding.global_arrays(
+        {k: v for k, v in batch.items() if k != "example_index"}, batch_sharding)
       with jax.set_mesh(ctx.mesh):
         state, metrics = train_step(state, batch)
       metrics = jax.device_get(metrics)
@@ -255,10 +258,11 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
     raise SystemExit(f"[{stage.name}] stopped by signal {stop.signum} at step "
                      f"{int(jax.device_get(state.step))}; checkpoint saved, rerun to resume")
   export = os.path.join(stage_dir, "export")
+  params = model_sharding.host_arrays(state.params)  # a collective: every process gathers
   if jax.process_index() == 0:
     model_checkpoint.save(export, dataclasses.replace(model_config, remat="none",
-                                                      attention_chunk_bytes=0),
-                          jax.device_get(state.params))
+                                                      attention_chunk_bytes=0), params)
+  del params
   result = run_evaluation(ctx, state.params, int(jax.device_get(state.step)), "final", stage_dir)
   writer.write(int(jax.device_get(state.step)),
                {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")

@@ -5,9 +5,10 @@ as a script) sets 2 host devices, joins a localhost coordinator with `jax.distri
 (CPU collectives: gloo, jax's default since 0.4.3x, set explicitly), builds the ('data', 'fsdp',
 'tp') = (1, 2, 2) mesh over the 4 global devices, and runs the same jitted, donated SFT train step
 (2 micro-batches) the loop runs. Batches are global arrays built from the same host data in every
-process (`jax.make_array_from_callback`: each process fills only its own shards). Both processes
-then write one orbax run checkpoint into the same directory (gr2jax/train/checkpoints.py) and
-restore it; each checks its restored shards against its live state, and one more step from the
+process (model/sharding.py `global_arrays`, as loop.train places them: each process fills only its
+own shards); params are read back with `host_arrays` (a gather, as the loop's export does). Both
+processes then write one orbax run checkpoint into the same directory (gr2jax/train/checkpoints.py)
+and restore it; each checks its restored shards against its live state, and one more step from the
 restored state must equal the step from the live one. The test compares the workers' losses and
 params with one process running the same steps on a 4-device mesh of the same shape.
 """
@@ -71,9 +72,9 @@ def _run(mesh, ckpt_dir=None):
     (losses [STEPS + 1] after one more step, params as numpy, checks dict).
   """
   import jax
-  from jax.experimental import multihost_utils
 
   from gr2jax.model import params as params_lib
+  from gr2jax.model.sharding import global_arrays, host_arrays
   from gr2jax.train import checkpoints, sft
   from gr2jax.train import mesh as mesh_lib
   from gr2jax.train import state as state_lib
@@ -89,8 +90,7 @@ def _run(mesh, ckpt_dir=None):
                  out_shardings=shardings.params)  # created in place: no host array crosses
   state = jax.jit(lambda p: state_lib.create_state(p, optimizer, 0), out_shardings=shardings)(
     init())
-  to_global = lambda b: {k: jax.make_array_from_callback(v.shape, batch_sh, lambda i, v=v: v[i])
-                         for k, v in b.items()}
+  to_global = lambda b: global_arrays(b, batch_sh)  # the loop's placement
   with jax.set_mesh(mesh):
     step = step_lib.make_train_step(functools.partial(sft.sft_loss, config=config), optimizer,
                                     micro_batches=2, state_shardings=shardings,
@@ -114,11 +114,11 @@ def _run(mesh, ckpt_dir=None):
     with jax.set_mesh(mesh):
       from_restored, m_restored = step(restored, to_global(batches[STEPS]))
     checks["restored_loss"] = float(m_restored["loss"])
-    params_restored = multihost_utils.process_allgather(from_restored.params, tiled=True)
+    params_restored = host_arrays(from_restored.params)
   with jax.set_mesh(mesh):
     state, metrics = step(state, to_global(batches[STEPS]))
   losses.append(float(metrics["loss"]))
-  params = multihost_utils.process_allgather(state.params, tiled=True)
+  params = host_arrays(state.params)  # the loop's export gather
   if ckpt_dir is not None:
     checks["restored_params_equal"] = bool(all(jax.tree.leaves(jax.tree.map(
       np.array_equal, params_restored, params))))
