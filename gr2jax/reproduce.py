@@ -42,6 +42,7 @@ ROWS = (  # name, label, stage whose export is evaluated, decode with the answer
   ("opd", "+ CFT + OPD", "opd", False), ("rl", "+ CFT + OPD -> RL", "rl", False),
   ("constrained", "+ CFT + OPD -> RL, constrained answers", "rl", True),
 )
+DIFFUSION_ROWS = ("naive", "cft", "opd", "rl", "constrained")  # decoded by block diffusion
 
 
 def digest(obj) -> str:
@@ -97,7 +98,8 @@ def run_stages(table, workdir: str) -> dict:
 
 
 def evaluate_rows(table, workdir: str, summary: dict) -> list[dict]:
-  """Every model row on every split of table.splits (cached by the model's done digest)."""
+  """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
+  those of table.diffusion_splits; each cached by the model's done digest."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   train = inputs.load_split(summary["paths"]["tfds"], "train", tok)
   out_dir = os.path.join(workdir, "table2")
@@ -107,6 +109,8 @@ def evaluate_rows(table, workdir: str, summary: dict) -> list[dict]:
     data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=table.eval.limit)
     p, r = inputs.static_lengths([train, data])
     for name, label, stage, constrained in ROWS:
+      if name in DIFFUSION_ROWS and split not in table.diffusion_splits:
+        continue
       export = os.path.join(workdir, stage, "export")
       done = json.load(open(os.path.join(workdir, stage, "done.json")))["digest"]
       key = digest([done, name, split, table.eval.to_dict(), table.block_size])
