@@ -26,8 +26,9 @@ def get_config(variant: str = ""):
   c.eval = common.eval  # eval.tau = 1.0 (quality mode), eval.limit = 0 (all users)
   c.splits = ("test_1615", "test")  # evaluated splits (the paper's 1,615 users, all users)
   c.diffusion_splits = ("test_1615",)  # of those, where the diffusion rows are evaluated too: at
-  #   tau = 1.0 a row on all 22,363 users takes ~25 min on 2 CPU cores (one token per 32-token
-  #   block forward), ~2 h for the five rows; ("test_1615", "test") on a GPU box
+  #   tau = 1.0 a row on all 22,363 users takes 13 min on 2 quiet CPU cores (one token per
+  #   32-token block forward; the naive row, decoding to the length cap, ~1.4x that), over an
+  #   hour for the five rows; ("test_1615", "test") on a GPU box
   c.block_size = 32  # B of the diffusion stages (paper: 32)
   c.rollout_max_steps_per_block = 64  # OPD / RL rollout step cap per block (eval: eval.*)
   c.results_dir = os.path.join("{workdir}", "results")  # where table2.{md,csv,json} go
