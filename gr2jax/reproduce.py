@@ -190,17 +190,19 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
   return md
 
 
+def _sha256(path: str) -> str:
+  with open(path, "rb") as f:
+    return hashlib.file_digest(f, "sha256").hexdigest()[:16]
+
+
 def provenance(summary: dict) -> dict:
   """Digests of what every number depends on: the tokenizer and the SIDs file the prompts were
   rendered with (pin it on another machine with --config.data.sids_file=<that file>)."""
-  h = hashlib.sha256(open(os.path.join(summary["paths"]["tokenizer"], "tokenizer.json"),
-                          "rb").read()).hexdigest()[:16]
-  sids = summary.get("sids", {})
-  sids_file = summary["paths"].get("sids")
-  sids_sha = hashlib.sha256(open(sids_file, "rb").read()).hexdigest()[:16] if sids_file else None
-  return {"tokenizer_sha256": h, "sids_sha256": sids_sha, "sids_file": sids_file,
-          "sids_collision_rate": sids.get("collision_rate"),
-          "sids_max_collisions": sids.get("max_collisions"), "devices": str(jax.devices())}
+  paths, sids = summary["paths"], summary["sids"]
+  return {"tokenizer_sha256": _sha256(os.path.join(paths["tokenizer"], "tokenizer.json")),
+          "sids_sha256": _sha256(paths["sids"]), "sids_file": paths["sids"],
+          "sids_collision_rate": sids["collision_rate"],
+          "sids_max_collisions": sids["max_collisions"], "devices": str(jax.devices())}
 
 
 def run(table, workdir: str) -> str:
