@@ -120,8 +120,7 @@ def _concrete_batch(stage, rows: int, shapes, sharding):
 
   rng = np.random.default_rng(0)
   vocab = stage.config.vocab_size - 2  # below the mask token
-  full = {"prompt_lengths": shapes.prompt_len, "response_lengths": shapes.response_len,
-          "trace_lengths": shapes.response_len}
+  full = {"prompt_lengths": shapes.prompt_len, "response_lengths": shapes.response_len}
   out = {}
   for name, (shape, dtype) in stage.batch(rows).items():
     if name in full:

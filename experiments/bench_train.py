@@ -15,9 +15,9 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
 Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
 the stage config's optimiser), the stage's REAL loss (`stages.STAGES[name].make_loss` on the
 stage's experiments/configs/<name>.py) in the one step factory (gr2jax/train/step.py), on
-synthetic rows with the shapes the stage's own batch has (`synthetic_batch`): SFT's
-[prompt | response] rows, CFT's prompt / response arrays, OPD's and RL's decoded trajectories
-(a step map over --replay_rounds rounds in the replay_rounds bucket, teacher log-probs [B, M, V],
+synthetic rows with the shapes the stage's own batch has (`synthetic_batch`): the
+prompt / response arrays (SFT and CFT), OPD's and RL's decoded trajectories
+(a step map over --replay_rounds rounds, replay.Rounds of that count, teacher log-probs [B, M, V],
 pi_old log-probs, advantages). Every stage gets the same rows (prompts, responses), so the
 token counts agree across stages:
 
@@ -71,9 +71,10 @@ FLAGS = flags.FLAGS
 # The fields of each stage's train batch that its loss reads (what inputs.make_train_batch or
 # the stage's `prepare` hands the step).
 PROMPT = ("prompt_tokens", "prompt_lengths", "example_mask")
-TRACE = PROMPT + ("trace_tokens", "commit_step", "trace_lengths", "replay_rounds")
+TRACE = PROMPT + ("trace_tokens", "commit_step", "response_lengths", "replay_rounds")
 FIELDS = {
-  "sft": ("tokens", "positions", "prompt_lengths", "response_tokens", "response_weights"),
+  "sft": ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",
+          "response_weights"),
   "cft": PROMPT + ("response_tokens", "response_lengths", "response_weights"),
   "opd": TRACE + ("teacher_log_probs",),
   "rl": TRACE + ("logp_old", "advantages", "token_weights"),
@@ -163,16 +164,11 @@ def synthetic_batch(name: str, config: ModelConfig, shape: Rows, seed: int = 0) 
   prompts[:, :lp] = rng.integers(1, v - 1, (b, lp))
   responses = rng.integers(1, v - 1, (b, m)).astype(np.int32)  # never the mask token (v - 1)
   real = (np.arange(m)[None, :] < lr) & np.ones((b, 1), bool)
-  tokens = np.zeros((b, p + m), np.int32)
-  tokens[:, :lp] = prompts[:, :lp]
-  tokens[:, lp:lp + lr] = responses[:, :lr]
   teacher = rng.standard_normal((b, m, v)).astype(np.float32)
   if config.mask_token_id is not None:
     teacher[..., config.mask_token_id] = -np.inf
   teacher -= np.log(np.sum(np.exp(teacher), axis=-1, keepdims=True))
   every = {
-    "tokens": tokens,
-    "positions": np.broadcast_to(np.arange(p + m, dtype=np.int32), (b, p + m)),
     "prompt_tokens": prompts,
     "prompt_lengths": np.full((b,), lp, np.int32),
     "example_mask": np.ones((b,), bool),
@@ -181,14 +177,14 @@ def synthetic_batch(name: str, config: ModelConfig, shape: Rows, seed: int = 0) 
     "response_weights": real.astype(np.float32),
     "trace_tokens": responses,
     "commit_step": np.broadcast_to(step_map(m, config.block_size, shape.rounds), (b, m)),
-    "trace_lengths": np.full((b,), lr, np.int32),
-    "replay_rounds": np.zeros((b, shape.rounds), bool),
+    "replay_rounds": replay.Rounds(shape.rounds),
     "teacher_log_probs": teacher,
     "logp_old": np.full((b, m), -np.log(v), np.float32),
     "advantages": rng.standard_normal(b).astype(np.float32),
     "token_weights": real.astype(np.float32),
   }
-  return {k: np.ascontiguousarray(every[k]) for k in FIELDS[name]}
+  return {k: every[k] if k == "replay_rounds" else np.ascontiguousarray(every[k])
+          for k in FIELDS[name]}
 
 
 def forward_len(name: str, config: ModelConfig, cfg, shape: Rows) -> int:
@@ -308,9 +304,9 @@ def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
   for s in rounds:
     batch = synthetic_batch("opd", diff, dataclasses.replace(shape, rounds=s))
     prompt = (params, batch["prompt_tokens"], batch["prompt_lengths"])
-    _, causal_s = timed(causal_fn, *prompt, batch["trace_tokens"], batch["trace_lengths"])
+    _, causal_s = timed(causal_fn, *prompt, batch["trace_tokens"], batch["response_lengths"])
     compile_s, replay_s = timed(
-      replay_fn, *prompt, batch["trace_tokens"], batch["commit_step"], batch["trace_lengths"],
+      replay_fn, *prompt, batch["trace_tokens"], batch["commit_step"], batch["response_lengths"],
       num_rounds=s)
     n = forward_len("rl", diff, None, dataclasses.replace(shape, rounds=s))
     row = {"rounds": s, "batch": shape.rows, "block": block_size, "replay_len": n,

@@ -63,10 +63,11 @@ from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model import sharding as model_sharding  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
-from gr2jax.train import ar_rl, cft, opd, optim, sft, trace_rl  # noqa: E402
+from gr2jax.train import cft, opd, optim, rl, sft  # noqa: E402
 from gr2jax.train import mesh as mesh_lib  # noqa: E402
 from gr2jax.train import state as state_lib  # noqa: E402
 from gr2jax.train import step as step_lib  # noqa: E402
+from gr2jax.train.policy import ARPolicy, DecodeSpec, DiffusionPolicy  # noqa: E402
 
 H100_PEAK_FLOPS = 989e12  # bf16 dense, per device
 H100_HBM_BYTES_S = 3.35e12  # H100 SXM HBM3
@@ -295,7 +296,7 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
 
   def trace_fields(n):
     return {**prompt_fields(n), "trace_tokens": ((n, r), i32), "commit_step": ((n, r), i32),
-            "trace_lengths": ((n,), i32)}
+            "response_lengths": ((n,), i32)}
 
   # What inputs.make_train_batch gives every stage (a loss reads what it needs).
   sft_batch = lambda n: {"tokens": ((n, p + r), i32), "positions": ((n, p + r), i32),
@@ -313,7 +314,14 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
   rl_batch = lambda n: {**trace_fields(n), "logp_old": ((n, r), f32), "advantages": ((n,), f32),
                         "token_weights": ((n, r), f32)}
 
-  # [prompt | response], causal; the LM head at the R response queries (sft.py, ar_rl.py).
+  # The policies of the RL / OPD losses; the replayed batches replay s.rounds rounds.
+  spec = DecodeSpec(block_size=s.block_size, max_steps_per_block=s.max_steps_per_block)
+  ar_policy = ARPolicy(ar, dataclasses.replace(spec, block_size=1), r)
+  student = DiffusionPolicy(diff, spec, r)
+  rounds = replay.Rounds(s.rounds)
+  replayed = lambda loss: lambda params, batch, key: loss(params, {**batch,
+                                                                   "replay_rounds": rounds}, key)
+  # [prompt | response], causal; the LM head at the R response queries (sft.py, the AR policy).
   ar_scored = Work(p + r, causal_pairs(p + r), (p + r) ** 2, r)
   n_cft = p + 3 * rp
   cft_work = Work(n_cft, layout_pairs(diff, p, r, 2), n_cft ** 2, r)
@@ -324,19 +332,17 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
                       sft_batch, ar_scored),
     "ar_rl": TrainStage(
       "ar_rl", ar, s.rollouts("ar_rl"),
-      functools.partial(ar_rl.ar_rl_loss, config=ar, temperature=1.0, eps_low=0.2,
-                        eps_high=0.2),
+      functools.partial(rl.rl_loss, policy=ar_policy, eps_low=0.2, eps_high=0.2),
       ar_rl_batch, ar_scored, prepare=((ar, ar_scored),), rollout=(ar, 1)),
     "cft": TrainStage("cft", diff, s.cft_rows, functools.partial(cft.cft_loss, config=diff),
                       cft_batch, cft_work),
     "opd": TrainStage(
       "opd", diff, s.rollouts("opd"),
-      functools.partial(opd.opd_loss, config=diff, num_rounds=s.rounds), opd_batch,
+      replayed(functools.partial(opd.opd_loss, policy=student)), opd_batch,
       replay_work, prepare=((ar, ar_scored),), rollout=(diff, s.block_size)),
     "rl": TrainStage(
       "rl", diff, s.rollouts("rl"),
-      functools.partial(trace_rl.trace_rl_loss, config=diff, num_rounds=s.rounds,
-                        temperature=1.0),
+      replayed(functools.partial(rl.rl_loss, policy=student, eps_low=0.2, eps_high=0.2)),
       rl_batch, replay_work, prepare=((diff, replay_work),),
       rollout=(diff, s.block_size)),
   }

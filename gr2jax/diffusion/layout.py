@@ -1,4 +1,4 @@
-"""The two-stream training layout: ONE function builds the inputs of CFT, OPD and RL replay.
+"""The two-stream training layout: ONE function builds the inputs of CFT, replay and scoring.
 
 A sequence of the layout is
 
@@ -7,9 +7,10 @@ A sequence of the layout is
 with R the response width rounded up to a multiple of the block size B = config.block_size
 (the extra slots hold the mask token, as in the decoder's last block). K >= 0 noisy streams
 share one prompt and one clean stream: CFT's complementary pair is K = 2 (the mask and its
-inverse), RL replay packs its denoising rounds as K = rounds streams, a teacher forward is
-K = 0. Noisy stream k holds the response with the positions `noisy[:, k]` replaced by the mask
-token.
+inverse), RL replay packs its denoising rounds as K = rounds streams, and K = 0 with B = 1 is
+the causal `[prompt | response]` forward of the one causal scorer (train/policy.py: SFT, AR RL,
+the OPD teacher). Noisy stream k holds the response with the positions `noisy[:, k]` replaced
+by the mask token.
 
 RoPE positions: prompt slot i has position i; response index j has position prompt_length + j in
 the clean stream and in every noisy stream (research/anchors_diffusion.md §1(a): identical
@@ -78,7 +79,8 @@ def two_stream_inputs(
   """Builds `[prompt | clean response | noisy response x K]` (layout in the module docstring).
 
   Args:
-    config: the model; its block_size aligns the blocks and its mask_token_id masks.
+    config: the model; its block_size aligns the blocks and its mask_token_id masks (an AR
+      model, mask_token_id None, only with K = 0: the causal scorer, train/policy.py).
     prompt_tokens: [B, P] int right-padded prompts.
     prompt_lengths: [B] int real prompt lengths (>= 1).
     response_tokens: [B, M] int responses (anything after `response_lengths` is allowed: it is
@@ -89,8 +91,6 @@ def two_stream_inputs(
   Returns:
     Layout with N = P + (1 + K) * R, R = padded_width(M, config.block_size).
   """
-  if config.mask_token_id is None:
-    raise ValueError("two_stream_inputs: config.mask_token_id is None (not a diffusion model)")
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   response_tokens = jnp.asarray(response_tokens, jnp.int32)
   noisy = jnp.asarray(noisy, bool)
@@ -103,8 +103,12 @@ def two_stream_inputs(
       f"two_stream_inputs: prompts {prompt_tokens.shape}, responses {response_tokens.shape} and "
       f"noisy {noisy.shape} must be [B, P], [B, M] and [B, (K,) M]"
     )
-  mask_id = config.mask_token_id
   k = noisy.shape[1]
+  if config.mask_token_id is None and k:
+    raise ValueError("two_stream_inputs: config.mask_token_id is None (not a diffusion model), "
+                     f"but {k} noisy streams need it")
+  # The token of an empty slot: the mask token, or the pad token for an AR model (K = 0).
+  mask_id = config.pad_token_id if config.mask_token_id is None else config.mask_token_id
   r = padded_width(m, config.block_size)
   response = jnp.pad(response_tokens, ((0, 0), (0, r - m)), constant_values=mask_id)  # [B, R]
   noisy = jnp.pad(noisy, ((0, 0), (0, 0), (0, r - m)), constant_values=True)  # [B, K, R]

@@ -16,7 +16,9 @@ so the prompt and the clean response are computed once and each round costs R mo
 P + 2R as a forward per round would); round streams never see each other. The LM head runs only
 at the M scored queries, one per response token. The round count S is static (shapes do not
 depend on the trace), so the replay is jit-able and differentiable; `rounds_needed` gives the S
-that covers every trace of a decode setting, `check_rounds` verifies a trace against it.
+that covers every trace of a decode setting, `check_rounds` verifies a trace against it, and
+`round_bucket` the S a batch of traces needs; a train batch carries it as `Rounds` (a static
+value: jit compiles one step per count).
 
 Step shrinkage (TraceRL `collapse_k_unique`, an approximation, off by default): with shrink k,
 steps sk .. sk + k - 1 of a block are replayed as one round (round s masks every token with
@@ -29,9 +31,11 @@ Cost: one forward of N = P + (1 + S) R tokens with a dense [B, N, N] bool mask (
 S = 31: P ~ 290, R = 64 -> N ~ 2.4k; a forward per round would cost S (P + 2R) ~ 13k tokens).
 S = rounds_needed(...) is an upper bound; rounds no block reached cost their R tokens anyway.
 
-`sample_traces` (host side) decodes the rollouts of OPD and RL and checks they fit the replay.
+The rollouts themselves are sampled by train/policy.py's `DiffusionPolicy`, which checks them
+against the replay.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -39,8 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax import chunks
-from gr2jax.diffusion import decode, layout
+from gr2jax.diffusion import layout
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP, DiffusionOutput
 from gr2jax.model.config import ModelConfig
 
@@ -57,6 +60,22 @@ class ReplayOutput(NamedTuple):
 
   logp: jax.Array
   log_probs: jax.Array | None
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Rounds:
+  """The replay's static round count S of a batch (`round_bucket`).
+
+  A pytree without leaves: it travels in the train batch dict next to the arrays, and jit
+  specialises on its value (one compiled step per count, like a shape), where a traced int could
+  not size the packed sequence.
+
+  Attributes:
+    count: S >= 0.
+  """
+
+  count: int
 
 
 def replay_rounds(commit_step: jax.Array, shrink: int = 1) -> jax.Array:
@@ -208,11 +227,6 @@ def replay(
   return ReplayOutput(logp=jnp.where(committed, logp, 0.0), log_probs=log_probs)
 
 
-replay_jit = jax.jit(
-  replay, static_argnames=("config", "num_rounds", "temperature", "shrink", "return_log_probs")
-)
-
-
 @functools.partial(jax.jit, static_argnames=("config", "num_rounds", "temperature", "shrink"))
 def _replay_logp(params, config, prompt_tokens, prompt_lengths, output, *, num_rounds,
                  temperature, shrink):
@@ -265,77 +279,3 @@ def replay_log_probs(
     params, config, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
     output, num_rounds=num_rounds, temperature=float(temperature), shrink=shrink,
   )
-
-
-def repeat_rows(batch: dict, group_size: int, keys) -> dict:
-  """`batch[k]` for k in keys, each row repeated group_size times (rows i*G .. i*G + G - 1)."""
-  return {k: np.repeat(np.asarray(batch[k]), group_size, axis=0) for k in keys}
-
-
-def sample_traces(
-  params: dict,
-  config: ModelConfig,
-  prompt_tokens,
-  prompt_lengths,
-  key: jax.Array,
-  *,
-  threshold: float,
-  max_steps_per_block: int,
-  max_new_tokens: int,
-  temperature: float,
-  num_rounds: int,
-  shrink: int = 1,
-  chunk_rows: int = 0,
-  sharding=None,
-) -> tuple[dict, dict]:
-  """On-policy rollouts for OPD / RL: one decoded trace per row, checked to fit the replay.
-
-  Host side (outside the jitted train step). The block size is config.block_size.
-
-  Args:
-    params: the policy's params.
-    config: the model.
-    prompt_tokens: [B, P] right-padded prompts.
-    prompt_lengths: [B].
-    key: the sampling key.
-    threshold: tau of the commit rule.
-    max_steps_per_block: the decoder's per-block step cap.
-    max_new_tokens: M.
-    temperature: the sampling temperature (> 0: on-policy samples).
-    num_rounds: the replay's static round count (every trace must fit: check_rounds).
-    shrink: replay step shrinkage.
-    chunk_rows: rows per decoder call (gr2jax/chunks.py; 0 = all B at once).
-    sharding: the placement of each chunk's prompts (the batch sharding; None: numpy).
-
-  Returns:
-    ({trace_tokens [B, M] int32, commit_step [B, M] int32, trace_lengths [B] int32,
-      response_tokens [B, M] int32 (pad after the stop), commit_logprob [B, M] f32 (the
-      decoder's record, for diagnostics: losses use the replay), replay_rounds [B, S] bool
-      whose width S = round_bucket(...) is the static round count the losses replay} as numpy,
-     stats {'response_len', 'forwards_per_token'}).
-  """
-  if not temperature > 0:
-    raise ValueError(f"sample_traces: on-policy rollouts need temperature > 0, got {temperature}")
-
-  def rollouts(chunk, chunk_key):
-    out = decode.block_diffusion_generate(
-      params, config, chunk["prompt_tokens"], chunk["prompt_lengths"], threshold=threshold,
-      max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-      temperature=temperature, key=chunk_key,
-    )
-    return {"trace_tokens": out.trace_tokens, "commit_step": out.commit_step,
-            "trace_lengths": out.lengths, "response_tokens": out.tokens,
-            "commit_logprob": out.commit_logprob, "nfe": out.nfe}
-
-  out = chunks.map_row_chunks(
-    rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
-    sharding=sharding, key=key)
-  check_rounds(out["commit_step"], num_rounds, shrink)
-  lengths = out["trace_lengths"].astype(np.int32)
-  bucket = round_bucket(out["commit_step"], num_rounds, shrink)
-  nfe = out.pop("nfe")
-  traces = {**out, "trace_lengths": lengths,
-            "replay_rounds": np.zeros((len(lengths), bucket), bool)}
-  stats = {"response_len": float(lengths.mean()),
-           "forwards_per_token": float(nfe.sum() / max(lengths.sum(), 1))}
-  return traces, stats

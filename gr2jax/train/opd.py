@@ -5,12 +5,12 @@
 a forward KL over every committed response token t (|o| = the response length, stop token
 included; tokens the decoder committed after the stop are context, not terms).
 
-  - Trajectories: the student samples G' rollouts per prompt with its real decoder
-    (`block_diffusion_generate`, temperature > 0, the eval tau) in `prepare`, outside the jitted
-    step.
-  - Teacher: scores each trajectory ONCE with a causal forward over [prompt | o]
-    (`teacher_log_probs`); its full distributions at the committed positions are cached in the
-    batch ([B, M, V]; `teacher_dtype` may halve them).
+  - Trajectories: the student (a DiffusionPolicy, train/policy.py) samples G' rollouts per
+    prompt with its real decoder (`block_diffusion_generate` at the decode spec's rollout tau
+    and temperature > 0) in train/rollouts.py `prepare`, outside the jitted step.
+  - Teacher: scores each trajectory ONCE with the one causal scorer over [prompt | o]
+    (`teacher_log_probs`, the `teacher` part of `prepare`); its full distributions at the
+    committed positions are cached in the batch ([B, M, V]; `teacher_dtype` may halve them).
   - Student context ctx_t: its replayed decoding canvas (gr2jax/diffusion/replay.py), i.e.
     "its own decoding context" of the paper: the prompt, the clean earlier blocks and the
     block's canvas at the step t was committed (the tokens committed at earlier steps visible,
@@ -32,9 +32,9 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from gr2jax import chunks
-from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
+from gr2jax.train import rollouts
+from gr2jax.train.policy import DiffusionPolicy, causal_log_probs
 
 # config.opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V].
 TEACHER_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -61,43 +61,53 @@ def teacher_log_probs(
   *,
   mask_token_id: int,
 ) -> jax.Array:
-  """The AR teacher's distribution before every response token (one causal forward).
-
-  The shared layout with no noisy stream and block size 1 is `[prompt | response]`, causal over
-  the valid keys, response token j at position prompt_length + j: the teacher's own decoding.
+  """The AR teacher's distribution before every response token: the one causal scorer
+  (policy.causal_log_probs) with the student's mask token removed, at temperature 1.
 
   Args:
     teacher_params: the frozen teacher's params.
     teacher_config: an AR model (block_size 1).
     prompt_tokens: [B, P] right-padded prompts.
     prompt_lengths: [B].
-    response_tokens: [B, M] the trajectories (DiffusionOutput.trace_tokens).
-    response_lengths: [B] (DiffusionOutput.lengths).
+    response_tokens: [B, M] the trajectories (a DiffusionPolicy's response_tokens).
+    response_lengths: [B].
     mask_token_id: the student's mask token, removed from the teacher's distribution.
 
   Returns:
-    [B, M, V] f32 log pi_AR(. | P, o_<j) (commit.token_log_probs at temperature 1).
+    [B, M, V] f32 log pi_AR(. | P, o_<j).
   """
   if teacher_config.block_size != 1:
     raise ValueError(f"teacher_log_probs: the teacher must be AR, got block_size="
                      f"{teacher_config.block_size}")
   config = dataclasses.replace(teacher_config, mask_token_id=mask_token_id)
-  b, m = response_tokens.shape
-  inputs = layout.two_stream_inputs(
-    config, prompt_tokens, prompt_lengths, response_tokens, response_lengths,
-    jnp.zeros((b, 0, m), bool),
-  )
-  queries = layout.prediction_queries(
-    jnp.full((b, m), layout.CLEAN_STREAM), prompt_lengths, prompt_tokens.shape[1], m
-  )
-  _, logp = layout.score(teacher_params, config, inputs, queries, response_tokens,
-                         return_log_probs=True)
+  _, logp = causal_log_probs(teacher_params, config, prompt_tokens, prompt_lengths,
+                             response_tokens, response_lengths, return_log_probs=True)
   return logp
 
 
 _teacher_log_probs = jax.jit(
   teacher_log_probs, static_argnames=("teacher_config", "mask_token_id")
 )
+
+
+def teacher(teacher_params: dict, teacher_config: ModelConfig, *, mask_token_id: int,
+            dtype=np.float32) -> rollouts.TeacherFn:
+  """OPD's part of rollouts.prepare: a chunk's teacher distributions, stored in `dtype`.
+
+  Args:
+    teacher_params: the frozen AR teacher's params.
+    teacher_config: the teacher (block_size 1, the student's vocabulary).
+    mask_token_id: the student's mask token.
+    dtype: storage dtype of the cached distributions (`teacher_dtype(name)`: float32, or
+      bfloat16 to halve the [B, M, V] cache).
+  """
+  def fn(chunk):
+    logp = _teacher_log_probs(
+      teacher_params, teacher_config, chunk["prompt_tokens"], chunk["prompt_lengths"],
+      chunk["response_tokens"], chunk["response_lengths"], mask_token_id=mask_token_id)
+    return logp.astype(dtype)  # on the device: only the stored bytes come back
+
+  return fn
 
 
 def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: int) -> jax.Array:
@@ -117,97 +127,35 @@ def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: 
   return jnp.sum(p * (t - s), axis=-1)
 
 
-def opd_loss(
-  params: dict,
-  batch: dict,
-  key: jax.Array,
-  *,
-  config: ModelConfig,
-  num_rounds: int | None = None,
-  shrink: int = 1,
-):
+def opd_loss(params: dict, batch: dict, key: jax.Array, *, policy: DiffusionPolicy):
   """The OPD loss on prepared trajectories (train-step contract; module docstring).
 
   Args:
     params: the student's params.
-    batch: from `prepare`: prompt_tokens [B, P], prompt_lengths [B], example_mask [B],
-      trace_tokens [B, M], commit_step [B, M], trace_lengths [B], teacher_log_probs [B, M, V].
+    batch: from rollouts.prepare with a teacher: prompt_tokens [B, P], prompt_lengths [B],
+      example_mask [B], a DiffusionPolicy's rollout fields (trace_tokens, commit_step,
+      response_lengths, replay_rounds), teacher_log_probs [B, M, V].
     key: unused (the trajectories are in the batch).
-    config: the student.
-    num_rounds: the replay's static round count; None = the width of batch['replay_rounds']
-      (set by `prepare`: the rounds this batch needs, replay.round_bucket).
-    shrink: replay step shrinkage (1 = exact contexts).
+    policy: the student (its replay gives its distributions in its own decoding contexts).
 
   Returns:
     (loss_sum = sum_i (1/|o_i|) sum_t KL_it, weight = trajectories, aux sums
      {'student_logp', 'teacher_logp'}: per-trajectory mean log-prob of the sampled tokens).
   """
   del key
-  if num_rounds is None:
-    num_rounds = batch["replay_rounds"].shape[1]
-  res = replay.replay(
-    params, config, batch["prompt_tokens"], batch["prompt_lengths"], batch["trace_tokens"],
-    batch["commit_step"], batch["trace_lengths"], num_rounds=num_rounds, shrink=shrink,
-    return_log_probs=True,
-  )
-  teacher = jnp.asarray(batch["teacher_log_probs"], jnp.float32)
-  kl = forward_kl(teacher, res.log_probs, config.mask_token_id)  # [B, M]
+  logp, student = policy.log_probs(params, batch, temperature=0.0, return_log_probs=True)
+  teacher_logp = jnp.asarray(batch["teacher_log_probs"], jnp.float32)
+  kl = forward_kl(teacher_logp, student, policy.config.mask_token_id)  # [B, M]
   m = kl.shape[1]
-  lengths = jnp.asarray(batch["trace_lengths"], jnp.int32)
+  lengths = jnp.asarray(batch["response_lengths"], jnp.int32)
   tokens = (jnp.arange(m)[None, :] < lengths[:, None]).astype(jnp.float32)
   row = jnp.asarray(batch["example_mask"], jnp.float32) / jnp.maximum(lengths, 1)  # [B]
   per_token = tokens * row[:, None]  # 1/|o_i| on o_i's tokens
-  teacher_chosen = jnp.take_along_axis(teacher, batch["trace_tokens"][..., None], axis=-1)[..., 0]
+  teacher_chosen = jnp.take_along_axis(teacher_logp, batch["trace_tokens"][..., None],
+                                       axis=-1)[..., 0]
   scored = per_token > 0  # never-committed slots hold the mask token (log-prob -inf)
   aux = {
-    "student_logp": jnp.sum(jnp.where(scored, res.logp, 0.0) * per_token),
+    "student_logp": jnp.sum(jnp.where(scored, logp, 0.0) * per_token),
     "teacher_logp": jnp.sum(jnp.where(scored, teacher_chosen, 0.0) * per_token),
   }
   return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch["example_mask"], jnp.float32)), aux
-
-
-def prepare(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig,
-            teacher_params: dict, teacher_config: ModelConfig, group_size: int, threshold: float,
-            max_steps_per_block: int, max_new_tokens: int, temperature: float, num_rounds: int,
-            shrink: int = 1, teacher_dtype=np.float32, chunk_rows: int = 0,
-            sharding=None) -> tuple[dict, dict]:
-  """Student rollouts + cached teacher distributions: the OPD train batch (host side).
-
-  Args:
-    params: the student's current params.
-    batch: a training batch of Bp prompts (prompt_tokens, prompt_lengths, example_mask).
-    key: the step's PRNG key.
-    config: the student.
-    teacher_params: the frozen AR teacher's params.
-    teacher_config: the teacher (block_size 1, same vocabulary).
-    group_size: G' trajectories per prompt (paper: 4).
-    threshold, max_steps_per_block, max_new_tokens, temperature: the decoder's settings.
-    num_rounds: the replay's static round count (replay.rounds_needed).
-    shrink: replay step shrinkage.
-    teacher_dtype: storage dtype of the cached teacher log-probs (`teacher_dtype(name)`:
-      float32, or bfloat16 to halve the [B, M, V] cache).
-    chunk_rows: rows per rollout / teacher call (gr2jax/chunks.py; 0 = all at once).
-    sharding: the placement of each chunk (the batch sharding; None: numpy inputs).
-
-  Returns:
-    (the train batch with Bp * G' rows, see opd_loss; rollout stats).
-  """
-  rows = replay.repeat_rows(batch, group_size, ("prompt_tokens", "prompt_lengths", "example_mask"))
-  traces, stats = replay.sample_traces(
-    params, config, rows["prompt_tokens"], rows["prompt_lengths"], key, threshold=threshold,
-    max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-    temperature=temperature, num_rounds=num_rounds, shrink=shrink, chunk_rows=chunk_rows,
-    sharding=sharding,
-  )
-
-  def teacher(chunk, _):
-    logp = _teacher_log_probs(
-      teacher_params, teacher_config, chunk["prompt_tokens"], chunk["prompt_lengths"],
-      chunk["trace_tokens"], chunk["trace_lengths"], mask_token_id=config.mask_token_id,
-    )
-    return logp.astype(teacher_dtype)  # on the device: only the stored bytes come back
-
-  scored = {"prompt_tokens": rows["prompt_tokens"], "prompt_lengths": rows["prompt_lengths"],
-            "trace_tokens": traces["trace_tokens"], "trace_lengths": traces["trace_lengths"]}
-  logp = chunks.map_row_chunks(teacher, scored, chunk_rows, sharding=sharding)
-  return {**rows, **traces, "teacher_log_probs": logp}, stats

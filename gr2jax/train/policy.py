@@ -1,13 +1,51 @@
-"""The decode spec: how every stage of one recipe decodes (evaluation and on-policy rollouts).
+"""The decode spec and the one policy interface of the on-policy stages (AR RL, OPD, RL).
 
-One frozen value per recipe (gr2jax/recipe.py builds it from the run's config), read by the
-evaluation, the AR and block-diffusion rollouts of AR RL / OPD / RL and the Table 2 rows, so two
-stages of one recipe cannot decode differently. Paper values (research/papers.md §2): B = 32,
-eval tau = 1.0 (quality mode), rollouts at tau = 0.9, at most 64 denoising steps per block.
+`DecodeSpec`: one frozen value per recipe (gr2jax/recipe.py builds it from the run's config;
+`decode_spec(config)` reads it), read by the evaluation, the AR and block-diffusion rollouts of
+AR RL / OPD / RL and the Table 2 rows, so two stages of one recipe cannot decode differently.
+Paper values (research/papers.md §2): B = 32, eval tau = 1.0 (quality mode), rollouts at
+tau = 0.9, at most 64 denoising steps per block.
+
+A policy (the anchor: tunix `BaseRollout.generate` / `get_per_token_logps`) is the model with its
+own decoder, behind two methods:
+
+  sample(params, prompt_tokens, prompt_lengths, key, *, chunk_rows, sharding) -> (rollouts, stats)
+      host side: on-policy samples at spec.temperature with their traces, in row chunks
+      (gr2jax/chunks.py), as numpy [B, ...] fields:
+        response_tokens [B, M] int32  the response, pad after the stop (what rewards parse)
+        response_lengths [B] int32    tokens per row, the stop token included (what losses weigh)
+      plus the policy's trace fields.
+  log_probs(params, batch, *, temperature=None, return_log_probs=False)
+      -> (logp [B, M] f32, log_probs [B, M, V] f32 | None)
+      traced (jit, grad): the log-probs of the batch's response tokens in the context the sampler
+      drew them in (commit.token_log_probs at `temperature`, default spec.temperature), and the
+      full distributions when asked.
+
+Two implementations, chosen by the model (`make_policy`):
+  ARPolicy         an AR model (no mask token): model.generate; log-probs from the causal scorer.
+  DiffusionPolicy  a block-diffusion model: block_diffusion_generate (spec.rollout_tau, the step
+                   cap); trace fields trace_tokens, commit_step, commit_logprob [B, M] and
+                   replay_rounds = replay.Rounds(S), the replay's static round count; log-probs
+                   from the differentiable replay of the trace (gr2jax/diffusion/replay.py).
+
+`causal_log_probs` is THE causal scorer: "the response given the prompt" in one forward over
+`[prompt (P slots, right-padded) | response]` (layout.two_stream_inputs with no noisy stream),
+response token j at RoPE position prompt_length + j, causal over the valid keys: exactly the
+sampler's cached decoding. SFT, AR RL and the OPD teacher score with it.
 """
 
 import dataclasses
 import math
+from typing import Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gr2jax import chunks
+from gr2jax.diffusion import decode, layout, replay
+from gr2jax.model import generate
+from gr2jax.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,3 +77,185 @@ class DecodeSpec:
     t = self.temperature
     if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
       raise ValueError(f"DecodeSpec.temperature={t!r} must be a finite number >= 0")
+
+
+def decode_spec(config) -> DecodeSpec:
+  """The DecodeSpec of a run config (ml_collections; experiments/configs/).
+
+  Fields a config does not have keep DecodeSpec's defaults (the paper's values):
+    block_size           config.block_size (diffusion stages), else eval.block_size (eval.py's
+                         naive row), else 1 (an AR stage)
+    eval_tau             eval.tau
+    rollout_tau          diffusion.tau
+    max_steps_per_block  diffusion.max_steps_per_block, else eval.max_steps_per_block
+    temperature          diffusion.temperature, else rl.temperature (AR RL)
+  """
+  fields = {}
+  evaluation = config.get("eval")
+  block = config.get("block_size", 0) or (evaluation.get("block_size", 0) if evaluation else 0)
+  fields["block_size"] = block or 1
+  if evaluation is not None:
+    fields["eval_tau"] = evaluation.tau
+    fields["max_steps_per_block"] = evaluation.max_steps_per_block
+  if "diffusion" in config:
+    d = config.diffusion
+    fields.update(rollout_tau=d.tau, max_steps_per_block=d.max_steps_per_block,
+                  temperature=d.temperature)
+  elif "rl" in config and "temperature" in config.rl:
+    fields["temperature"] = config.rl.temperature
+  return DecodeSpec(**fields)
+
+
+def causal_log_probs(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
+                     prompt_lengths: jax.Array, response_tokens: jax.Array,
+                     response_lengths: jax.Array, *, temperature: float = 0.0,
+                     return_log_probs: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """The one causal scorer: log p(response token j | prompt, response_<j) (module docstring).
+
+  Args:
+    params: the param pytree.
+    config: an AR model (block_size 1); a mask_token_id, if set, is suppressed in the
+      distributions (commit.token_log_probs) and fills the slots past a response's length.
+    prompt_tokens: [B, P] right-padded prompts.
+    prompt_lengths: [B].
+    response_tokens: [B, M] the responses (any token past response_lengths).
+    response_lengths: [B].
+    temperature: the sampling temperature (0 = scored at 1).
+    return_log_probs: also return the full distributions.
+
+  Returns:
+    (logp [B, M] f32 of the response tokens, log_probs [B, M, V] f32 or None).
+  """
+  if config.block_size != 1:
+    raise ValueError(f"causal_log_probs: the causal scorer scores an AR model, got block_size="
+                     f"{config.block_size}")
+  b, m = response_tokens.shape
+  inputs = layout.two_stream_inputs(config, prompt_tokens, prompt_lengths, response_tokens,
+                                    response_lengths, jnp.zeros((b, 0, m), bool))
+  queries = layout.prediction_queries(jnp.full((b, m), layout.CLEAN_STREAM), prompt_lengths,
+                                      prompt_tokens.shape[1], m)
+  return layout.score(params, config, inputs, queries, response_tokens, temperature=temperature,
+                      return_log_probs=return_log_probs)
+
+
+class Policy(Protocol):
+  """The policy interface (module docstring); ARPolicy and DiffusionPolicy implement it."""
+
+  config: ModelConfig
+  spec: DecodeSpec
+
+  def sample(self, params: dict, prompt_tokens, prompt_lengths, key: jax.Array, *,
+             chunk_rows: int = 0, sharding=None) -> tuple[dict, dict]: ...
+
+  def log_probs(self, params: dict, batch: dict, *, temperature: float | None = None,
+                return_log_probs: bool = False) -> tuple[jax.Array, jax.Array | None]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ARPolicy:
+  """An AR model sampled by model.generate at spec.temperature (no top-k / top-p).
+
+  Attributes:
+    config: the AR model.
+    spec: the decode spec (only its temperature applies to AR decoding).
+    max_new_tokens: M, the response cap.
+  """
+
+  config: ModelConfig
+  spec: DecodeSpec
+  max_new_tokens: int
+
+  def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
+    """Rollouts {response_tokens, response_lengths} (module docstring) and no stats."""
+    sampling = generate.Sampling(temperature=self.spec.temperature)
+
+    def rollouts(chunk, chunk_key):
+      out = generate.generate(params, self.config, chunk["prompt_tokens"],
+                              chunk["prompt_lengths"], max_new_tokens=self.max_new_tokens,
+                              key=chunk_key, sampling=sampling)
+      return {"response_tokens": out.tokens, "response_lengths": out.lengths}
+
+    out = chunks.map_row_chunks(
+      rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
+      sharding=sharding, key=key)
+    return {**out, "response_lengths": out["response_lengths"].astype(np.int32)}, {}
+
+  def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
+    """The causal scorer on the batch's prompts and responses."""
+    return causal_log_probs(
+      params, self.config, batch["prompt_tokens"], batch["prompt_lengths"],
+      batch["response_tokens"], batch["response_lengths"],
+      temperature=self.spec.temperature if temperature is None else temperature,
+      return_log_probs=return_log_probs)
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionPolicy:
+  """A block-diffusion model sampled by its own decoder, scored by replaying the trace.
+
+  Attributes:
+    config: the diffusion model (config.block_size == spec.block_size, a mask token).
+    spec: the decode spec: rollouts commit at spec.rollout_tau, at most
+      spec.max_steps_per_block steps per block, at spec.temperature.
+    max_new_tokens: M, the response cap.
+    shrink: replay step shrinkage (replay.py; 1 = exact).
+  """
+
+  config: ModelConfig
+  spec: DecodeSpec
+  max_new_tokens: int
+  shrink: int = 1
+
+  def __post_init__(self):
+    if self.config.mask_token_id is None:
+      raise ValueError("DiffusionPolicy: config.mask_token_id is None (an AR model: ARPolicy)")
+    if self.spec.block_size != self.config.block_size:
+      raise ValueError(f"DiffusionPolicy: DecodeSpec.block_size={self.spec.block_size} differs "
+                       f"from the model's block_size={self.config.block_size}")
+
+  @property
+  def max_rounds(self) -> int:
+    """The most replay rounds a trace of this decode setting can need (replay.rounds_needed)."""
+    return replay.rounds_needed(self.config.block_size, self.spec.max_steps_per_block,
+                                self.shrink)
+
+  def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
+    """Rollouts with their traces, checked to fit the replay (module docstring); stats
+    {'forwards_per_token'}: the decoder's forwards (prefill, denoising and commit) per token."""
+
+    def rollouts(chunk, chunk_key):
+      out = decode.block_diffusion_generate(
+        params, self.config, chunk["prompt_tokens"], chunk["prompt_lengths"],
+        threshold=self.spec.rollout_tau, max_steps_per_block=self.spec.max_steps_per_block,
+        max_new_tokens=self.max_new_tokens, temperature=self.spec.temperature, key=chunk_key)
+      return {"trace_tokens": out.trace_tokens, "commit_step": out.commit_step,
+              "response_lengths": out.lengths, "response_tokens": out.tokens,
+              "commit_logprob": out.commit_logprob, "nfe": out.nfe}
+
+    out = chunks.map_row_chunks(
+      rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
+      sharding=sharding, key=key)
+    replay.check_rounds(out["commit_step"], self.max_rounds, self.shrink)
+    nfe = out.pop("nfe")
+    lengths = out["response_lengths"].astype(np.int32)
+    rounds = replay.Rounds(replay.round_bucket(out["commit_step"], self.max_rounds, self.shrink))
+    stats = {"forwards_per_token": float(nfe.sum() / max(lengths.sum(), 1))}
+    return {**out, "response_lengths": lengths, "replay_rounds": rounds}, stats
+
+  def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
+    """The replay of the batch's traces over batch['replay_rounds'].count rounds."""
+    res = replay.replay(
+      params, self.config, batch["prompt_tokens"], batch["prompt_lengths"],
+      batch["trace_tokens"], batch["commit_step"], batch["response_lengths"],
+      num_rounds=batch["replay_rounds"].count,
+      temperature=self.spec.temperature if temperature is None else temperature,
+      shrink=self.shrink, return_log_probs=return_log_probs)
+    return res.logp, res.log_probs
+
+
+def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
+                shrink: int = 1) -> Policy:
+  """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy."""
+  if config.mask_token_id is None:
+    return ARPolicy(config, spec, max_new_tokens)
+  return DiffusionPolicy(config, spec, max_new_tokens, shrink)

@@ -1,7 +1,7 @@
 """Differentiable trace replay vs the decoder's recorded log-probs (tiny 1-layer model, CPU).
 
-Shapes are shared with tests/train/test_opd.py and test_trace_rl.py (batch 2, prompt 6, 10 new
-tokens, B = 4) so the decoder compiles once per temperature across the suite.
+Shapes are shared with tests/train/test_opd.py (batch 2, prompt 6, 10 new tokens, B = 4) so the
+decoder compiles once per temperature across the suite.
 """
 
 import dataclasses

@@ -11,9 +11,11 @@ import jax
 import numpy as np
 import pytest
 
+from gr2jax.diffusion import replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
-from gr2jax.train import opd
+from gr2jax.train import opd, rollouts
+from gr2jax.train.policy import DecodeSpec, DiffusionPolicy
 
 MASK = 63
 CONFIG = ModelConfig.tiny(
@@ -23,7 +25,8 @@ TEACHER = dataclasses.replace(CONFIG, block_size=1, mask_token_id=None)  # the A
 PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3], np.int32)
 BATCH = {"prompt_tokens": PROMPTS, "prompt_lengths": LENGTHS, "example_mask": np.ones(2, bool)}
-DECODE = {"threshold": 0.03, "max_steps_per_block": 8, "max_new_tokens": 10, "temperature": 1.0}
+SPEC = DecodeSpec(block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0)
+STUDENT = DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10)
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +34,23 @@ def params():
   return init_params(CONFIG, jax.random.key(0))
 
 
-def _loss_fn(config, num_rounds):
-  return jax.jit(functools.partial(opd.opd_loss, config=config, num_rounds=num_rounds))
+def _loss_fn(policy):
+  return jax.jit(functools.partial(opd.opd_loss, policy=policy))
+
+
+def _prepare(params, key, teacher_params, policy=STUDENT, group_size=1, chunk_rows=0, **kwargs):
+  teacher = opd.teacher(teacher_params, TEACHER, mask_token_id=MASK, **kwargs)
+  return rollouts.prepare(params, BATCH, key, policy=policy, group_size=group_size,
+                          teacher=teacher, chunk_rows=chunk_rows)
 
 
 def test_kl_is_zero_when_the_student_is_the_teacher_with_block_size_one(params):
-  student = dataclasses.replace(CONFIG, block_size=1)
-  train, stats = opd.prepare(
-    params, BATCH, jax.random.key(2), config=student, teacher_params=params,
-    teacher_config=TEACHER, group_size=1, num_rounds=0, **DECODE,
-  )
+  student = DiffusionPolicy(dataclasses.replace(CONFIG, block_size=1),
+                            dataclasses.replace(SPEC, block_size=1), max_new_tokens=10)
+  train, stats = _prepare(params, jax.random.key(2), params, policy=student)
   assert train["teacher_log_probs"].shape == (2, 10, 64) and stats["response_len"] == 10
-  loss_sum, weight, aux = _loss_fn(student, 0)(params, train, jax.random.key(0))
+  assert train["replay_rounds"] == replay.Rounds(0)
+  loss_sum, weight, aux = _loss_fn(student)(params, train, jax.random.key(0))
   assert abs(float(loss_sum)) < 1e-5 and float(weight) == 2.0
   np.testing.assert_allclose(aux["student_logp"], aux["teacher_logp"], atol=1e-5)
   # The teacher's scores of the sampled tokens are what the B = 1 decoder sampled them with.
@@ -52,11 +60,8 @@ def test_kl_is_zero_when_the_student_is_the_teacher_with_block_size_one(params):
 
 def test_gradient_moves_a_toy_student_toward_the_teacher(params):
   teacher_params = init_params(TEACHER, jax.random.key(1))
-  train, _ = opd.prepare(
-    params, BATCH, jax.random.key(3), config=CONFIG, teacher_params=teacher_params,
-    teacher_config=TEACHER, group_size=1, num_rounds=3, **DECODE,
-  )
-  loss_fn = _loss_fn(CONFIG, 3)
+  train, _ = _prepare(params, jax.random.key(3), teacher_params)
+  loss_fn = _loss_fn(STUDENT)
   step = jax.jit(jax.value_and_grad(lambda p: loss_fn(p, train, jax.random.key(0))[0]))
   p, kls = params, []
   for _ in range(5):
@@ -68,10 +73,9 @@ def test_gradient_moves_a_toy_student_toward_the_teacher(params):
 
 
 def test_prepare_refuses_greedy_rollouts(params):
+  greedy = DiffusionPolicy(CONFIG, dataclasses.replace(SPEC, temperature=0.0), 10)
   with pytest.raises(ValueError, match="temperature"):
-    opd.prepare(params, BATCH, jax.random.key(0), config=CONFIG, teacher_params=params,
-                teacher_config=TEACHER, group_size=1, num_rounds=3,
-                **{**DECODE, "temperature": 0.0})
+    _prepare(params, jax.random.key(0), params, policy=greedy)
   with pytest.raises(ValueError, match="AR"):
     opd.teacher_log_probs(params, CONFIG, PROMPTS, LENGTHS, PROMPTS, LENGTHS, mask_token_id=MASK)
 
@@ -87,16 +91,15 @@ def test_chunked_prepare_scores_like_one_call(params):
   """6 trajectories in calls of 4 rows (the last padded): the teacher's cached distributions equal
   one unchunked teacher call on the same trajectories; bf16 storage rounds them."""
   teacher_params = init_params(TEACHER, jax.random.key(1))
-  kwargs = dict(config=CONFIG, teacher_params=teacher_params, teacher_config=TEACHER,
-                group_size=3, num_rounds=3, chunk_rows=4, **DECODE)
-  train, _ = opd.prepare(params, BATCH, jax.random.key(3), **kwargs)
-  assert train["trace_tokens"].shape == (6, 10) and train["replay_rounds"].shape[0] == 6
+  train, _ = _prepare(params, jax.random.key(3), teacher_params, group_size=3, chunk_rows=4)
+  assert train["trace_tokens"].shape == (6, 10)
+  assert isinstance(train["replay_rounds"], replay.Rounds)
   whole = opd.teacher_log_probs(teacher_params, TEACHER, train["prompt_tokens"],
                                 train["prompt_lengths"], train["trace_tokens"],
-                                train["trace_lengths"], mask_token_id=MASK)
+                                train["response_lengths"], mask_token_id=MASK)
   np.testing.assert_allclose(train["teacher_log_probs"], whole, atol=1e-6)
-  half, _ = opd.prepare(params, BATCH, jax.random.key(3), teacher_dtype=opd.teacher_dtype(
-    "bfloat16"), **kwargs)
+  half, _ = _prepare(params, jax.random.key(3), teacher_params, group_size=3, chunk_rows=4,
+                     dtype=opd.teacher_dtype("bfloat16"))
   assert half["teacher_log_probs"].dtype == jax.numpy.bfloat16
   np.testing.assert_array_equal(half["trace_tokens"], train["trace_tokens"])  # same rollouts
   np.testing.assert_array_equal(half["teacher_log_probs"],

@@ -1,8 +1,33 @@
-"""DecodeSpec: paper defaults, and every bad field named."""
+"""DecodeSpec and decode_spec, the policies' construction, and the one causal scorer."""
 
+import importlib
+import os
+import sys
+
+import jax
+import numpy as np
 import pytest
 
-from gr2jax.train.policy import DecodeSpec
+from gr2jax.model import generate
+from gr2jax.model.params import init_params
+from gr2jax.train.policy import (
+  ARPolicy,
+  DecodeSpec,
+  DiffusionPolicy,
+  causal_log_probs,
+  decode_spec,
+  make_policy,
+)
+from tests.train.toy_policy import AR, BATCH, DIFFUSION
+
+CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
+
+
+def stage_config(name: str):
+  """experiments/configs/<name>.py's default config."""
+  if CONFIGS not in sys.path:
+    sys.path.insert(0, CONFIGS)
+  return importlib.import_module(name).get_config()
 
 
 def test_paper_defaults():
@@ -18,3 +43,51 @@ def test_paper_defaults():
 def test_bad_fields_are_named(field, value):
   with pytest.raises(ValueError, match=f"DecodeSpec.{field}"):
     DecodeSpec(**{field: value})
+
+
+def test_decode_spec_reads_each_stage_config():
+  """Today's fields: diffusion stages' block_size / diffusion.*, AR RL's rl.temperature,
+  eval.py's eval.*; an AR stage decodes with B = 1."""
+  rl = stage_config("rl")
+  spec = decode_spec(rl)
+  assert spec == DecodeSpec(block_size=rl.block_size, eval_tau=rl.eval.tau,
+                            rollout_tau=rl.diffusion.tau,
+                            max_steps_per_block=rl.diffusion.max_steps_per_block,
+                            temperature=rl.diffusion.temperature)
+  ar_rl = stage_config("ar_rl")
+  with ar_rl.unlocked():
+    ar_rl.rl.temperature, ar_rl.eval.max_steps_per_block = 0.7, 12
+  assert decode_spec(ar_rl) == DecodeSpec(block_size=1, eval_tau=ar_rl.eval.tau,
+                                          max_steps_per_block=12, temperature=0.7)
+  ev = stage_config("eval")
+  with ev.unlocked():
+    ev.eval.block_size, ev.eval.tau = 8, 0.5
+  assert decode_spec(ev) == DecodeSpec(block_size=8, eval_tau=0.5,
+                                       max_steps_per_block=ev.eval.max_steps_per_block)
+
+
+def test_make_policy_is_the_models_own_decoder():
+  spec = DecodeSpec(block_size=4)
+  assert isinstance(make_policy(AR, spec, 10), ARPolicy)
+  student = make_policy(DIFFUSION, spec, 10, shrink=2)
+  assert isinstance(student, DiffusionPolicy) and student.max_rounds == 2  # 3 steps, 2 per round
+  with pytest.raises(ValueError, match="DecodeSpec.block_size=32 differs"):
+    DiffusionPolicy(DIFFUSION, DecodeSpec(), 10)
+  with pytest.raises(ValueError, match="mask_token_id is None"):
+    DiffusionPolicy(AR, DecodeSpec(block_size=1), 10)
+
+
+def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models():
+  """The causal scorer's log-probs of a sampled response equal what the cached AR sampler
+  recorded; the scorer refuses a block-diffusion config."""
+  params = jax.jit(init_params, static_argnums=0)(AR, jax.random.key(0))
+  prompts, lengths = BATCH["prompt_tokens"], BATCH["prompt_lengths"]
+  out = generate.generate(params, AR, prompts, lengths, max_new_tokens=10, key=jax.random.key(1),
+                          sampling=generate.Sampling(temperature=1.0))
+  logp, full = jax.jit(causal_log_probs, static_argnames=("config", "return_log_probs"))(
+    params, AR, prompts, lengths, out.tokens, out.lengths, return_log_probs=True)
+  real = np.arange(10)[None, :] < np.asarray(out.lengths)[:, None]
+  np.testing.assert_allclose(np.where(real, logp, 0), out.logprobs, atol=2e-5)
+  assert full.shape == (2, 10, AR.vocab_size)
+  with pytest.raises(ValueError, match="block_size=4"):
+    causal_log_probs(params, DIFFUSION, prompts, lengths, out.tokens, out.lengths)

@@ -20,14 +20,16 @@ def _batch():
   weights[0, 3:5], weights[0, 5] = 0.5, 1.0
   weights[1, 4:6], weights[1, 6:8] = 0.5, 1.0
   prompt_lengths = np.array([3, 4], np.int32)
+  response_lengths = np.array([3, 4], np.int32)  # row 0's pads are no response
   response = np.zeros((2, 5), np.int32)
   response_weights = np.zeros((2, 5), np.float32)
   for b, p in enumerate(prompt_lengths):
     n = 8 - p
     response[b, :n], response_weights[b, :n] = tokens[b, p:], weights[b, p:]
   return {"tokens": tokens, "positions": np.broadcast_to(np.arange(8), (2, 8)).astype(np.int32),
-          "loss_weights": weights, "prompt_lengths": prompt_lengths,
-          "response_tokens": response, "response_weights": response_weights}
+          "loss_weights": weights, "prompt_tokens": tokens[:, :4], "prompt_lengths": prompt_lengths,
+          "response_tokens": response, "response_lengths": response_lengths,
+          "response_weights": response_weights}
 
 
 def test_sft_loss_equals_numpy():
@@ -52,7 +54,8 @@ def test_prompt_and_pad_positions_get_zero_gradient():
   logits, _ = qwen3.forward(PARAMS, CONFIG, batch["tokens"])
 
   def loss_of_logits(lg):
-    logp = sft.token_log_probs(lg[:, :-1], jnp.asarray(batch["tokens"])[:, 1:])
+    logp = jax.nn.log_softmax(lg[:, :-1], axis=-1)
+    logp = jnp.take_along_axis(logp, jnp.asarray(batch["tokens"])[:, 1:, None], -1)[..., 0]
     return -jnp.sum(logp * batch["loss_weights"][:, 1:])
 
   g = np.asarray(jax.grad(loss_of_logits)(logits))  # [B, T, V]

@@ -24,7 +24,8 @@ def _batch(seed=0, b=8, t=16, p=4):
   tokens = rng.integers(0, 64, (b, t)).astype(np.int32)
   weights = rng.choice([0.0, 0.5, 1.0], size=(b, t - p)).astype(np.float32)
   return {"tokens": tokens, "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
-          "prompt_lengths": np.full((b,), p, np.int32), "response_tokens": tokens[:, p:],
+          "prompt_tokens": tokens[:, :p], "prompt_lengths": np.full((b,), p, np.int32),
+          "response_tokens": tokens[:, p:], "response_lengths": np.full((b,), t - p, np.int32),
           "response_weights": weights}
 
 

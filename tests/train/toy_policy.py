@@ -4,7 +4,9 @@
 diffusion student, with six stop tokens so most rollouts stop. `AnswerTokenizer` decodes any
 token sequence to a valid, a malformed or a shifted ranking of LABELS, so the real GR2 reward
 (train/rewards.py) gives varied rewards, and group advantages that are not all zero, on an
-untrained model.
+untrained model. `prepare_all` runs the three on-policy prepares (tests/train/conftest.py's
+session fixture `prepared`: the decoders and scorers compile once for test_rollouts.py,
+test_rl.py and test_opd.py).
 """
 
 import dataclasses
@@ -15,6 +17,8 @@ import numpy as np
 
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from gr2jax.train import opd, rl, rollouts
+from gr2jax.train.policy import ARPolicy, DecodeSpec, DiffusionPolicy
 
 STOP = (2, 3, 4, 5, 6, 7)
 AR = ModelConfig.tiny(vocab_size=64, num_layers=1, eos_token_ids=STOP, pad_token_id=0)
@@ -41,8 +45,31 @@ class AnswerTokenizer:
 
 def toy_params():
   """(AR params, diffusion student params, AR teacher params), seeded."""
-  return (init_params(AR, jax.random.key(0)), init_params(DIFFUSION, jax.random.key(0)),
-          init_params(TEACHER, jax.random.key(1)))
+  init = jax.jit(init_params, static_argnums=0)
+  return init(AR, jax.random.key(0)), init(DIFFUSION, jax.random.key(0)), init(
+    TEACHER, jax.random.key(1))
+
+
+AR_POLICY = ARPolicy(AR, DecodeSpec(block_size=1, temperature=1.0), max_new_tokens=10)
+STUDENT = DiffusionPolicy(DIFFUSION, DecodeSpec(block_size=4, rollout_tau=0.03,
+                                                max_steps_per_block=8, temperature=1.0), 10)
+REWARDS = rl.answer_rewards(AnswerTokenizer(), [LABELS, LABELS], STOP, alpha=0.2)
+
+
+def prepare_all():
+  """{'params': toy_params(), stage: (train batch, stats)} for 'ar' (AR RL), 'rl' (diffusion RL)
+  and 'opd': 2 prompts x G rollouts (3; OPD 2) in calls of 4 rows, the last padded."""
+  ar_params, student, teacher = toy_params()
+  return {
+    "params": (ar_params, student, teacher),
+    "ar": rollouts.prepare(ar_params, BATCH, jax.random.key(1), policy=AR_POLICY, group_size=3,
+                           reward_fn=REWARDS, chunk_rows=4),
+    "rl": rollouts.prepare(student, BATCH, jax.random.key(4), policy=STUDENT, group_size=3,
+                           reward_fn=REWARDS, chunk_rows=4),
+    "opd": rollouts.prepare(
+      student, BATCH, jax.random.key(3), policy=STUDENT, group_size=2, chunk_rows=4,
+      teacher=opd.teacher(teacher, TEACHER, mask_token_id=DIFFUSION.mask_token_id)),
+  }
 
 
 def sft_batch():

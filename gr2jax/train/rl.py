@@ -1,0 +1,81 @@
+"""GRPO on a policy: AR RL of the GR2 teacher and TraceRL-style diffusion RL, one objective.
+
+research/papers.md §1.5 (GR2) and §2 RL, §4 (TraceRL):
+
+  J = E[ (1 / sum_i |o_i|) sum_i sum_t min(rho_it A_i, clip(rho_it, 1 - eps_lo, 1 + eps_hi) A_i) ]
+
+  - Rollouts, rewards, advantages and pi_old: train/rollouts.py `prepare` with `answer_rewards`
+    (GR2's R_rank + alpha R_fmt, gr2jax/train/rewards.py: an invalid, truncated or overflowing
+    output gets -1 and stays in its group), G rollouts per prompt at the decode spec's
+    temperature > 0.
+  - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
+    from the SAME `policy.log_probs` (train/policy.py): for an AR policy the causal scorer over
+    [prompt | response], for a diffusion policy the differentiable replay of the trace
+    (gr2jax/diffusion/replay.py), each token in the context the decoder committed it in.
+    Log-probs are commit.token_log_probs at the sampling temperature: the distribution the
+    sampler drew from.
+  - The objective is `grpo.policy_loss` (the sum over tokens and the token count, so the step
+    normalises by the total tokens of the kept groups). No KL term (the paper's objective has
+    none).
+  - Diffusion rollouts are never decoded with the answer constraint (gr2jax/diffusion/
+    constrain.py; DiffusionPolicy does not take one): the replay scores the unconstrained policy.
+  - Optional replay step shrinkage (replay.py: `shrink` adjacent steps of a block merged into one
+    round) is an approximation: fewer rounds, but a token's replayed context hides the tokens
+    committed earlier in its merged round. pi_old uses the same shrink, so rho = 1 at theta_old
+    still holds.
+"""
+
+import jax
+import numpy as np
+
+from gr2jax.train import grpo, rewards
+from gr2jax.train.policy import Policy
+from gr2jax.train.rollouts import RewardFn
+
+
+def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
+                   alpha: float) -> RewardFn:
+  """The GR2 reward of a data build as a rollouts.RewardFn.
+
+  Args:
+    tokenizer: the data build's tokenizer.
+    labels: example index -> that example's candidate label strings (SplitData.labels).
+    stop_token_ids: the ids that end a response (the model's eos ids).
+    alpha: the conditional format-reward weight (paper: 0.2).
+
+  Returns:
+    reward_fn(tokens, lengths, rows) -> (rewards [B], {'valid_rate', 'promoted'}): rows holds
+    example_index and target_position per rollout; 'promoted' = the share of rollouts that put
+    another candidate than D's first on top.
+  """
+  def reward_fn(tokens, lengths, rows):
+    row_labels = [labels[int(i)] for i in rows["example_index"]]
+    reward, valid, results = rewards.rollout_rewards(
+      tokenizer, tokens, lengths, row_labels, np.asarray(rows["target_position"]),
+      stop_token_ids, alpha=alpha)
+    return reward, {"valid_rate": float(valid.mean()),
+                    "promoted": float(np.mean([r.ranking[0] != 0 for r in results]))}
+
+  return reward_fn
+
+
+def rl_loss(params: dict, batch: dict, key: jax.Array, *, policy: Policy, eps_low: float,
+            eps_high: float):
+  """GRPO on prepared rollouts (train-step contract; module docstring).
+
+  Args:
+    params: the policy's params (theta).
+    batch: from rollouts.prepare with a reward_fn: the prompts, the rollout fields, logp_old
+      [B, M], advantages [B], token_weights [B, M].
+    key: unused (the rollouts are in the batch).
+    policy: the policy that sampled them.
+    eps_low: lower clip range.
+    eps_high: upper clip range.
+
+  Returns:
+    grpo.policy_loss's (loss_sum, token count, aux sums).
+  """
+  del key
+  logp, _ = policy.log_probs(params, batch)
+  return grpo.policy_loss(logp, batch["logp_old"], batch["advantages"], batch["token_weights"],
+                          eps_low=eps_low, eps_high=eps_high)
