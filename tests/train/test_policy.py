@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from gr2jax.model import generate
-from gr2jax.model.params import init_params
 from gr2jax.train.policy import (
   ARPolicy,
   DecodeSpec,
@@ -18,7 +17,7 @@ from gr2jax.train.policy import (
   decode_spec,
   make_policy,
 )
-from tests.train.toy_policy import AR, BATCH, DIFFUSION
+from tests.train.toy_policy import AR, DIFFUSION
 
 CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
 
@@ -77,17 +76,18 @@ def test_make_policy_is_the_models_own_decoder():
     DiffusionPolicy(AR, DecodeSpec(block_size=1), 10)
 
 
-def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models():
+def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepared):
   """The causal scorer's log-probs of a sampled response equal what the cached AR sampler
-  recorded; the scorer refuses a block-diffusion config."""
-  params = jax.jit(init_params, static_argnums=0)(AR, jax.random.key(0))
-  prompts, lengths = BATCH["prompt_tokens"], BATCH["prompt_lengths"]
+  recorded; the scorer refuses a block-diffusion config. (4 rows: the sampler compiled for the
+  rollouts of the `prepared` fixture.)"""
+  params = prepared["params"][0]
+  prompts, lengths = prepared["ar"][0]["prompt_tokens"][2:], prepared["ar"][0]["prompt_lengths"][2:]
   out = generate.generate(params, AR, prompts, lengths, max_new_tokens=10, key=jax.random.key(1),
                           sampling=generate.Sampling(temperature=1.0))
   logp, full = jax.jit(causal_log_probs, static_argnames=("config", "return_log_probs"))(
     params, AR, prompts, lengths, out.tokens, out.lengths, return_log_probs=True)
   real = np.arange(10)[None, :] < np.asarray(out.lengths)[:, None]
   np.testing.assert_allclose(np.where(real, logp, 0), out.logprobs, atol=2e-5)
-  assert full.shape == (2, 10, AR.vocab_size)
+  assert full.shape == (4, 10, AR.vocab_size)
   with pytest.raises(ValueError, match="block_size=4"):
     causal_log_probs(params, DIFFUSION, prompts, lengths, out.tokens, out.lengths)

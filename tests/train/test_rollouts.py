@@ -98,7 +98,7 @@ def test_same_losses(reference, losses, stage):
 def test_chunked_ar_pi_old_is_the_one_call_score(prepared):
   """6 AR rollouts scored in calls of 4 rows (the last padded) = one unchunked causal scorer."""
   batch, _ = prepared["ar"]
-  whole, _ = AR_POLICY.log_probs(prepared["params"][0], batch)
+  whole = jax.jit(lambda p, b: AR_POLICY.log_probs(p, b)[0])(prepared["params"][0], batch)
   np.testing.assert_allclose(batch["logp_old"], whole, atol=1e-6)
   np.testing.assert_array_equal(batch["prompt_lengths"], [5, 5, 5, 3, 3, 3])
 
