@@ -92,11 +92,12 @@ def decode_spec(config) -> DecodeSpec:
   """
   fields = {}
   evaluation = config.get("eval")
-  block = config.get("block_size", 0) or (evaluation.get("block_size", 0) if evaluation else 0)
-  fields["block_size"] = block or 1
+  block = config.get("block_size", 0)
   if evaluation is not None:
+    block = block or evaluation.get("block_size", 0)
     fields["eval_tau"] = evaluation.tau
     fields["max_steps_per_block"] = evaluation.max_steps_per_block
+  fields["block_size"] = block or 1
   if "diffusion" in config:
     d = config.diffusion
     fields.update(rollout_tau=d.tau, max_steps_per_block=d.max_steps_per_block,
