@@ -13,9 +13,9 @@ restore (truncated or deleted files) is reported and the one before it is used; 
 restores, the broken newer steps are moved aside to `checkpoints.broken/` so the run can save
 those steps again. When steps exist but none restores, nothing is deleted or overwritten: it is
 an `UnreadableCheckpointsError` naming each step's error. `move_run_aside` (train.restart) parks
-the checkpoints and logs of a previous run instead of deleting them. The stage's final params are
-also exported in gr2jax/checkpoint.py's format, the hand-over format to the next stage and
-load_model.
+the checkpoints, logs, export and evaluation files of a previous run instead of deleting them.
+The stage's final params are also exported in gr2jax/checkpoint.py's format, the hand-over format
+to the next stage and load_model.
 """
 
 import json
@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 
+from gr2jax import workdir as workdir_lib
 from gr2jax.train.state import TrainState
 
 # Record fields a resume may change: how often to save / keep / evaluate, the evaluation itself,
@@ -218,9 +219,11 @@ def _move_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
 
 
 def move_run_aside(stage_dir: str) -> str | None:
-  """Moves `stage_dir`'s checkpoints/ and logs/ to `stage_dir/replaced-<time>/` (restart);
-  returns that directory, or None when there was nothing to move."""
-  present = [n for n in ("checkpoints", "logs") if os.path.exists(os.path.join(stage_dir, n))]
+  """Moves everything of a previous run in `stage_dir` (checkpoints, logs, export, evaluation
+  files) to `stage_dir/replaced-<time>-<pid>/` (train.restart); returns that directory, or None
+  when there was nothing to move. The lock file and earlier replaced-* directories stay."""
+  present = [n for n in sorted(os.listdir(stage_dir))
+             if n != workdir_lib.LOCK_FILE and not n.startswith("replaced-")]
   if not present:
     return None
   target = os.path.join(stage_dir, f"replaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")

@@ -211,10 +211,11 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
 
 def finished_result(stage_dir: str, record: dict) -> dict | None:
   """The final evaluation of a finished run of `record` in `stage_dir` (its export records the
-  same run and eval_final.json its last step), else None."""
+  same run, and eval_final.json, written after that export, its last step), else None."""
   export, final = os.path.join(stage_dir, "export"), os.path.join(stage_dir, "eval_final.json")
-  if not (os.path.isfile(os.path.join(export, model_checkpoint.CONFIG_FILE))
-          and os.path.isfile(final)):
+  written = os.path.join(export, model_checkpoint.METADATA_FILE)
+  if not (os.path.isfile(written) and os.path.isfile(final)
+          and os.stat(final).st_mtime_ns >= os.stat(written).st_mtime_ns):
     return None
   metadata = model_checkpoint.load_metadata(export)
   with open(final) as f:
@@ -257,7 +258,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   if tcfg.restart:
     moved = checkpoints.move_run_aside(stage_dir)
     if moved:
-      print(f"[{stage.name}] train.restart: moved the previous checkpoints and logs to {moved}",
+      print(f"[{stage.name}] train.restart: moved the previous run's files to {moved}",
             flush=True)
   model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg,
                                               config.get("block_size", 0))

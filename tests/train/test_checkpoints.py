@@ -8,7 +8,6 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 import optax
 import pytest
 
@@ -149,13 +148,16 @@ def test_all_finite_sees_params_and_optimizer_state():
   assert not checkpoints.all_finite(state.replace(opt_state=mu))
 
 
-def test_move_run_aside_keeps_checkpoints_and_logs(tmp_path):
+def test_move_run_aside_keeps_the_previous_run(tmp_path):
   stage = str(tmp_path)
   assert checkpoints.move_run_aside(stage) is None
   os.makedirs(os.path.join(stage, "checkpoints", "2"))
   os.makedirs(os.path.join(stage, "logs"))
+  os.makedirs(os.path.join(stage, "export"))
+  for name in ("eval_final.json", ".lock"):
+    open(os.path.join(stage, name), "w").close()
   moved = checkpoints.move_run_aside(stage)
-  assert sorted(os.listdir(moved)) == ["checkpoints", "logs"]
+  assert sorted(os.listdir(moved)) == ["checkpoints", "eval_final.json", "export", "logs"]
   assert os.listdir(os.path.join(moved, "checkpoints")) == ["2"]
-  assert not os.path.exists(os.path.join(stage, "checkpoints"))
-  np.testing.assert_equal(os.path.dirname(moved), stage)
+  assert sorted(os.listdir(stage)) == [".lock", os.path.basename(moved)]
+  assert os.path.dirname(moved) == stage

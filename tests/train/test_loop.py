@@ -186,7 +186,7 @@ def test_restart_moves_the_previous_run_aside(tmp_path, uninterrupted, tok, caps
   loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
   out = capsys.readouterr().out
   moved = [e for e in os.listdir(os.path.join(workdir, "sft")) if e.startswith("replaced-")]
-  assert len(moved) == 1 and "moved the previous checkpoints and logs to" in out
+  assert len(moved) == 1 and "moved the previous run's files to" in out
   assert sorted(os.listdir(os.path.join(workdir, "sft", moved[0], "checkpoints"))) == \
     ["2", "4", "6", "8"]
   assert sorted(os.listdir(ckpt_dir)) == ["2"]
