@@ -63,3 +63,12 @@ def test_a_config_without_a_section_is_checked_for_what_it_has():
   check_stage_config(types.SimpleNamespace(train=types.SimpleNamespace(steps=3)))
   with pytest.raises(ValueError, match="train.steps=0"):
     check_stage_config(types.SimpleNamespace(train=types.SimpleNamespace(steps=0)))
+
+
+@pytest.mark.parametrize("variant", ["", "smoke"])
+def test_table2_stage_configs_pass(variant):
+  from gr2jax import reproduce
+
+  table = importlib.import_module("table2").get_config(variant)
+  for name in reproduce.STAGE_ORDER:
+    check_stage_config(reproduce.stage_config(table, name, "/tmp/workdir"))
