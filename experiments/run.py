@@ -47,12 +47,15 @@ def _run_training(config, workdir):
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax.train import loop
+  from gr2jax import checkpoint
+  from gr2jax.train import config_checks, loop
 
   if not config.eval.ckpt:
     raise app.UsageError("eval.py needs --config.eval.ckpt=<checkpoint or HF dir>")
+  config_checks.check_stage_config(config)
   ckpt = config.eval.ckpt.format(workdir=workdir)
   ctx = loop.load_context(config, workdir)
+  checkpoint.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
   ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None,
                                                   config.eval.block_size)
   out_dir = config.eval.out_dir or ckpt

@@ -4,6 +4,10 @@ A gr2jax checkpoint directory holds:
   gr2jax_config.json       the ModelConfig fields (plus "format": "gr2jax")
   params/<a.b>/            one orbax StandardCheckpointer item {"value": array} per param leaf
                            (path joined by '.', e.g. params/layers.q/), written one at a time
+  gr2jax_metadata.json     {"params_sha256": digest of every leaf's bytes, in manifest order}
+                           plus what the writer records (a training stage's export: its stage,
+                           kind "ar" | "diffusion", step, data build and run record); older
+                           directories lack it (`load_metadata` gives {})
   params/manifest.json     [{path, shape, dtype}] of every leaf; written last (completion marker)
   (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them
 The config is not named `config.json` so that transformers' Auto* classes never mistake the
@@ -27,6 +31,7 @@ the process exits. Directories are created with the normal umask permissions (no
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -47,6 +52,7 @@ from gr2jax.hf import weights as hf_weights
 from gr2jax.model.config import ModelConfig
 
 CONFIG_FILE = "gr2jax_config.json"
+METADATA_FILE = "gr2jax_metadata.json"
 PARAMS_DIR = "params"
 MANIFEST_FILE = "manifest.json"
 _LEAF_KEY = "value"  # each leaf item is the orbax tree {"value": array}
@@ -107,7 +113,8 @@ def unflatten(leaves: Iterable[tuple[tuple[str, ...], Any]]) -> dict:
 
 
 def write_checkpoint(directory: str, config: ModelConfig,
-                     leaves: Iterable[tuple[tuple[str, ...], Any]]) -> None:
+                     leaves: Iterable[tuple[tuple[str, ...], Any]],
+                     metadata: Mapping[str, Any] | None = None) -> None:
   """Writes config + params into an existing, empty `directory` (no atomicity; see `save`).
 
   Leaves are consumed one at a time and each is fully written before the next is requested, so
@@ -117,19 +124,24 @@ def write_checkpoint(directory: str, config: ModelConfig,
     directory: the (temporary) checkpoint directory.
     config: the model config.
     leaves: (key path, numpy or jax array) for every param leaf, e.g. `flatten(params)`.
+    metadata: JSON-able fields recorded in gr2jax_metadata.json next to the params digest.
   """
   with open(os.path.join(directory, CONFIG_FILE), "w") as f:
     json.dump(config_to_dict(config), f, indent=2)
   params_dir = os.path.join(os.path.abspath(directory), PARAMS_DIR)
   os.makedirs(params_dir)
-  manifest = []
+  manifest, digest = [], hashlib.sha256()
   with ocp.StandardCheckpointer() as checkpointer:
     for path, leaf in leaves:
       checkpointer.save(_leaf_dir(params_dir, path), {_LEAF_KEY: leaf})
       checkpointer.wait_until_finished()
       manifest.append({"path": list(path), "shape": list(leaf.shape),
                        "dtype": np.dtype(leaf.dtype).name})
+      digest.update(".".join(path).encode())
+      digest.update(np.ascontiguousarray(np.asarray(leaf)).reshape(-1).view(np.uint8).data)
       del leaf
+  with open(os.path.join(directory, METADATA_FILE), "w") as f:
+    json.dump({"params_sha256": digest.hexdigest(), **(metadata or {})}, f, indent=1)
   with open(os.path.join(params_dir, MANIFEST_FILE), "w") as f:
     json.dump(manifest, f, indent=1)
 
@@ -233,7 +245,8 @@ def atomic_directory(path: str, write: Callable[[str], None], *, overwrite: bool
       raise
 
 
-def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True) -> None:
+def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True,
+         metadata: Mapping[str, Any] | None = None) -> None:
   """Atomically saves (config, params) as a gr2jax checkpoint directory at `path`.
 
   Args:
@@ -241,9 +254,92 @@ def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True)
     config: the model config.
     params: the param pytree.
     overwrite: replace an existing checkpoint at `path` once the new one is complete.
+    metadata: JSON-able fields for gr2jax_metadata.json (module docstring).
   """
-  atomic_directory(path, lambda tmp: write_checkpoint(tmp, config, flatten(params)),
+  atomic_directory(path, lambda tmp: write_checkpoint(tmp, config, flatten(params), metadata),
                    overwrite=overwrite)
+
+
+def load_metadata(path: str) -> dict[str, Any]:
+  """The gr2jax_metadata.json of a checkpoint directory; {} when it has none (a directory
+  written before the file existed, or an HF directory).
+
+  Raises:
+    CheckpointError: the file exists but is not a JSON object.
+  """
+  file = os.path.join(path, METADATA_FILE)
+  if not os.path.isfile(file):
+    return {}
+  try:
+    with open(file) as f:
+      d = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{file}: invalid JSON ({e})") from None
+  if not isinstance(d, dict):
+    raise CheckpointError(f"{file}: not a JSON object")
+  return d
+
+
+def content_digest(path: str) -> str:
+  """A digest that changes when the model stored at `path` changes, read without the weights:
+  the recorded params digest of a gr2jax directory (older ones: its config + manifest), or an HF
+  directory's config.json with the names and sizes of its files."""
+  recorded = load_metadata(path).get("params_sha256") if os.path.isdir(path) else None
+  if recorded:
+    return recorded
+  digest = hashlib.sha256()
+  if os.path.isfile(os.path.join(path, CONFIG_FILE)):
+    files = [os.path.join(path, CONFIG_FILE), os.path.join(path, PARAMS_DIR, MANIFEST_FILE)]
+  elif os.path.isfile(os.path.join(path, "config.json")):
+    files = [os.path.join(path, "config.json")]
+    for name in sorted(os.listdir(path)):
+      digest.update(f"{name}:{os.path.getsize(os.path.join(path, name))};".encode())
+  else:
+    raise CheckpointError(f"{path}: neither a gr2jax checkpoint ({CONFIG_FILE}) nor an HF "
+                          "directory (config.json)")
+  for file in files:
+    if not os.path.isfile(file):
+      raise CheckpointError(f"{path}: no {os.path.relpath(file, path)} (incomplete checkpoint)")
+    with open(file, "rb") as f:
+      digest.update(f.read())
+  return digest.hexdigest()
+
+
+def data_build_record(tokenizer, prompt) -> dict[str, Any]:
+  """What a model's inputs depend on in its data build: the tokenizer (digest of its vocabulary,
+  added tokens included) and the prompt format (data/prompts.PromptConfig)."""
+  vocab = sorted(tokenizer.get_vocab().items())
+  digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+  prompt = json.loads(json.dumps(dataclasses.asdict(prompt)))
+  return {"tokenizer_sha256": digest, "vocab": len(vocab), "prompt": prompt}
+
+
+def check_data_build(path: str, current: Mapping[str, Any]) -> None:
+  """Refuses to use the checkpoint at `path` with a data build other than its training one.
+
+  Args:
+    path: a checkpoint directory; one that records no data build (an older export, a converted
+      or HF checkpoint) is not checked.
+    current: `data_build_record` of the data build about to feed the model.
+
+  Raises:
+    ValueError: the tokenizers or the prompt formats differ; names both.
+  """
+  recorded = load_metadata(path).get("data_build") if os.path.isdir(path) else None
+  if not recorded:
+    return
+  problems = []
+  if recorded["tokenizer_sha256"] != current["tokenizer_sha256"]:
+    problems.append(f"tokenizer {recorded['tokenizer_sha256'][:16]} (vocab {recorded['vocab']}) "
+                    f"vs {current['tokenizer_sha256'][:16]} (vocab {current['vocab']})")
+  prompt_a, prompt_b = recorded["prompt"], current["prompt"]
+  for field in sorted(set(prompt_a) | set(prompt_b)):
+    if prompt_a.get(field) != prompt_b.get(field):
+      problems.append(f"prompt.{field} {prompt_a.get(field)!r} vs {prompt_b.get(field)!r}")
+  if problems:
+    raise ValueError(f"{path} was trained on another data build than this one (checkpoint vs "
+                     f"this run): {'; '.join(problems)}. Pass the data settings of its training "
+                     "run (--config.data...) or use its workdir")
 
 
 def load_config(path: str) -> ModelConfig:

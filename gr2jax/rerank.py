@@ -419,6 +419,7 @@ def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
   build_catalog, sids = build_sids(summary)
   catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
   prompt = pipeline.prompt_config(data_config)
+  checkpoint.check_data_build(ckpt, checkpoint.data_build_record(tok, prompt))
   stats = summary["examples"]
   if not max_new_tokens:
     variant = f"{prompt.answer_format}/{prompt.evidence}"
@@ -486,21 +487,50 @@ def summarize(rows: list[dict]) -> dict:
           "error_kinds": {k: errors.count(k) for k in ERROR_KINDS if k in errors}}
 
 
+def check_out_path(out: str, requests: str) -> None:
+  """Refuses an output path before anything is decoded: the requests file itself, a directory,
+  or a path whose nearest existing parent directory is not writable.
+
+  Raises:
+    ValueError: names rerank.out and the reason.
+  """
+  if os.path.exists(out) and os.path.exists(requests) and os.path.samefile(out, requests):
+    raise ValueError(f"rerank.out={out!r} is the requests file; writing it would overwrite "
+                     "the requests (name another file)")
+  if os.path.isdir(out):
+    raise ValueError(f"rerank.out={out!r} is a directory; name a JSONL file")
+  parent = os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+    raise ValueError(f"rerank.out={out!r}: cannot write under {parent!r}")
+
+
 def write_rows(rows: list[dict], path: str) -> None:
+  """Writes the rows as JSONL to `path` through a temp sibling, removed on any failure."""
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w") as f:
-    for row in rows:
-      f.write(json.dumps(row, default=str) + "\n")
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w") as f:
+      for row in rows:
+        f.write(json.dumps(row, default=str) + "\n")
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.isfile(tmp):
+      os.remove(tmp)
+    raise
 
 
 def run(config, workdir: str) -> dict:
   """`--config=rerank.py`: reads config.rerank.requests, writes config.rerank.out."""
+  from gr2jax.train import config_checks
+
   c = config.rerank
   if not c.requests:
     raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")
+  config_checks.check_stage_config(config)
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
+  check_out_path(out, c.requests)
   reranker = load_reranker(c.ckpt.format(workdir=workdir), config.data, workdir, items=c.items_file,
                            max_new_tokens=c.max_new_tokens)
   rows = rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size, tau=c.tau,

@@ -54,6 +54,26 @@ def test_save_restore_round_trip(saved, params):
   assert jax.tree.structure(restored) == jax.tree.structure(params)
 
 
+def test_metadata_records_the_params_digest_and_older_dirs_still_load(tmp_path, saved, params):
+  """Exports record what they are (gr2jax_metadata.json, issue 16); a directory written before
+  the file existed loads as before and has an empty record."""
+  path = str(tmp_path / "model")
+  checkpoint.save(path, CONFIG, params, metadata={"stage": "cft", "kind": "diffusion"})
+  metadata = checkpoint.load_metadata(path)
+  assert metadata["stage"] == "cft" and metadata["kind"] == "diffusion"
+  assert metadata["params_sha256"] == checkpoint.load_metadata(saved)["params_sha256"]
+  assert checkpoint.content_digest(path) == metadata["params_sha256"]
+  changed = jax.tree.map(lambda x: x, params) | {"final_norm": params["final_norm"] * 2}
+  other = str(tmp_path / "other")
+  checkpoint.save(other, CONFIG, changed)
+  assert checkpoint.content_digest(other) != checkpoint.content_digest(path)
+  os.remove(os.path.join(path, checkpoint.METADATA_FILE))  # an older directory
+  assert checkpoint.load_metadata(path) == {}
+  _assert_equal(checkpoint.load_model(path)[1], params)
+  assert len(checkpoint.content_digest(path)) == 64
+  checkpoint.check_data_build(path, {"tokenizer_sha256": "x", "vocab": 1, "prompt": {}})
+
+
 def test_restore_into_shardings(saved, params):
   mesh = jax.make_mesh((4, 2), ("fsdp", "tp"))
   spec = jax.sharding.PartitionSpec

@@ -195,3 +195,62 @@ def test_python_api_is_the_package_export(tmp_path, tok):
   assert all("error" not in r for r in rows[:4]) and rows[4]["error"]["kind"] == "malformed_json"
   with pytest.raises(ValueError, match="workdir"):
     gr2jax.rerank(path, "some/ckpt")
+
+
+def _rerank_config(requests, out):
+  from ml_collections import ConfigDict
+
+  return ConfigDict(dict(stage="rerank", data=ConfigDict(), rerank=dict(
+    ckpt="ckpt", requests=requests, out=out, items_file="", batch_size=4, tau=1.0,
+    max_steps_per_block=64, max_new_tokens=0)))
+
+
+@pytest.fixture
+def no_decoding(monkeypatch):
+  """rerank.run must refuse a bad output path before it loads or decodes anything."""
+  def fail(*args, **kwargs):
+    raise AssertionError("rerank.run loaded the model before checking rerank.out")
+  monkeypatch.setattr(rerank, "load_reranker", fail)
+
+
+def test_out_that_is_the_requests_file_is_refused(tmp_path, no_decoding):
+  """Issue 16 class 7: rerank.out == requests used to overwrite the requests."""
+  requests = os.path.join(tmp_path, "req.jsonl")
+  with open(requests, "w") as f:
+    f.write(json.dumps(_good(0)) + "\n")
+  with pytest.raises(ValueError, match="rerank.out=.* is the requests file"):
+    rerank.run(_rerank_config(requests, requests), str(tmp_path))
+  with pytest.raises(ValueError, match="rerank.out=.* is the requests file"):
+    rerank.run(_rerank_config(requests, os.path.join(tmp_path, ".", "req.jsonl")),
+               str(tmp_path))
+  assert open(requests).read() == json.dumps(_good(0)) + "\n"
+
+
+def test_out_that_is_a_directory_or_unwritable_is_refused_before_decoding(tmp_path, no_decoding):
+  requests = os.path.join(tmp_path, "req.jsonl")
+  open(requests, "w").close()
+  with pytest.raises(ValueError, match="rerank.out=.* is a directory"):
+    rerank.run(_rerank_config(requests, str(tmp_path)), str(tmp_path))
+  locked = os.path.join(tmp_path, "locked")
+  os.mkdir(locked, 0o500)
+  if not os.access(locked, os.W_OK):  # root can write anywhere
+    with pytest.raises(ValueError, match="cannot write under"):
+      rerank.run(_rerank_config(requests, os.path.join(locked, "sub", "out.jsonl")),
+                 str(tmp_path))
+
+
+def test_bad_batch_size_is_refused_before_decoding(tmp_path, no_decoding):
+  requests = os.path.join(tmp_path, "req.jsonl")
+  open(requests, "w").close()
+  config = _rerank_config(requests, os.path.join(tmp_path, "out.jsonl"))
+  config.rerank.batch_size = 0
+  with pytest.raises(ValueError, match="rerank.batch_size=0"):
+    rerank.run(config, str(tmp_path))
+
+
+def test_failed_write_leaves_no_temp_file(tmp_path):
+  out = os.path.join(tmp_path, "out.jsonl")
+  os.mkdir(out)  # os.replace onto a directory fails after the temp file is written
+  with pytest.raises(OSError):
+    rerank.write_rows([{"line": 1}], out)
+  assert os.listdir(tmp_path) == ["out.jsonl"]

@@ -43,6 +43,8 @@ def get_common_config(stage: str) -> ml_collections.ConfigDict:
   c.train.async_save = True  # orbax async checkpointing
   c.train.eval_every = 0  # steps between periodic evaluations (0 = only the final one)
   c.train.limit = 0  # use only the first N training examples (0 = all; smoke runs)
+  c.train.restart = False  # True: move this stage's checkpoints + logs aside, start from init
+  #                          (a resume refuses checkpoints written with other settings)
 
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.learning_rate = 1e-3  # peak learning rate

@@ -1,21 +1,52 @@
 """Run checkpoints: orbax CheckpointManager under `workdir/<stage>/checkpoints/`.
 
-Each checkpoint holds the TrainState (params, optimiser state, step, PRNG key) and the data
-iterator's position (JSON). Saves happen every `save_every` steps (async), the newest `keep` are
-kept, and a SIGTERM/SIGINT makes the loop save before it exits (`StopFlag`). `restore_latest`
-walks back from the newest step: a checkpoint that fails to restore (truncated or deleted files)
-is reported with a warning and the one before it is used. The stage's final params are also
-exported in gr2jax/checkpoint.py's format, the hand-over format to the next stage and load_model.
+Each checkpoint holds the TrainState (params, optimiser state, step, PRNG key), the data
+iterator's position (JSON) and the run record (JSON, `run_record`: the resolved config, the data
+build, the init's digest, P and R). Saves happen every `save_every` steps (async), the newest
+`keep` are kept, and a SIGTERM/SIGINT makes the loop save before it exits (`StopFlag`); the loop
+saves only a finite state (`all_finite`).
+
+`restore_latest` walks back from the newest step. A step whose run record differs from this run's
+in a field that alters the run (everything but RUN_NEUTRAL; train.steps only when below the
+step) is refused (`RunChangedError`, naming the fields), never skipped. A step that fails to
+restore (truncated or deleted files) is reported and the one before it is used; once one
+restores, the broken newer steps are moved aside to `checkpoints.broken/` so the run can save
+those steps again. When steps exist but none restores, nothing is deleted or overwritten: it is
+an `UnreadableCheckpointsError` naming each step's error. `move_run_aside` (train.restart) parks
+the checkpoints, logs, export and evaluation files of a previous run instead of deleting them.
+The stage's final params are also exported in gr2jax/checkpoint.py's format, the hand-over format
+to the next stage and load_model.
 """
 
+import json
 import os
+import shutil
 import signal
+import time
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 
+from gr2jax import workdir as workdir_lib
 from gr2jax.train.state import TrainState
+
+# Record fields a resume may change: how often to save / keep / evaluate, the evaluation itself,
+# the mesh and the memory knobs (exact: micro-batches sum before dividing, remat and attention
+# chunks recompute the same values).
+RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.keep",
+               "config.train.async_save", "config.train.eval_every", "config.train.micro_batches",
+               "config.model.remat", "config.model.attention_chunk_bytes")
+RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
+
+
+class RunChangedError(ValueError):
+  """The checkpoints were written by a run with other settings; the message names the fields."""
+
+
+class UnreadableCheckpointsError(RuntimeError):
+  """Run checkpoints exist but none restores; the message names each step's error."""
 
 
 class StopFlag:
@@ -51,32 +82,152 @@ def make_manager(directory: str, *, keep: int, async_save: bool = True) -> ocp.C
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
-def save(manager: ocp.CheckpointManager, state: TrainState, data_state: dict) -> None:
-  """Saves state + iterator position at state.step (async; manager.wait_until_finished joins)."""
+def run_record(config, *, data_build: dict, init_sha256: str, lengths: tuple[int, int]) -> dict:
+  """What a run's checkpoints must agree with to be resumed (JSON-normalised).
+
+  Args:
+    config: the run config (`train.restart` is left out: it only says how this run starts).
+    data_build: checkpoint.data_build_record of the run's data build.
+    init_sha256: the digest of config.init (loop.init_digest).
+    lengths: the static (P, R) of the run's batches.
+  """
+  resolved = config.to_dict()
+  resolved.get("train", {}).pop("restart", None)
+  record = {"config": resolved, "data_build": data_build, "init_sha256": init_sha256,
+            "lengths": list(lengths)}
+  return json.loads(json.dumps(record, default=str))
+
+
+def _flat(tree, prefix: str = "") -> dict:
+  if not isinstance(tree, dict):
+    return {prefix: tree}
+  out = {}
+  for key, value in tree.items():
+    out.update(_flat(value, f"{prefix}.{key}" if prefix else key))
+  return out
+
+
+def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object]]:
+  """[(field, saved value, current value)] of the record fields that alter the run."""
+  a, b = _flat(saved), _flat(current)
+  neutral = set(RUN_NEUTRAL)
+  if {a.get("config.optimizer.schedule"), b.get("config.optimizer.schedule")} == {"constant"}:
+    neutral.add("config.optimizer.total_steps")
+  missing = "<absent>"
+  return [(k.removeprefix("config."), a.get(k, missing), b.get(k, missing))
+          for k in sorted(a.keys() | b.keys())
+          if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)
+          and a.get(k, missing) != b.get(k, missing)]
+
+
+def check_resume(saved: dict, current: dict, step: int, directory: str) -> None:
+  """Raises RunChangedError unless `current` may resume the checkpoint `step` recorded as
+  `saved` (no run-altering field changed, train.steps not below `step`)."""
+  lines = [f"  {field}: {a!r} (checkpoint) -> {b!r} (this run)"
+           for field, a, b in changed_fields(saved, current)]
+  steps = current["config"]["train"]["steps"]
+  if steps < step:
+    lines.append(f"  train.steps: {steps} is below the checkpoint's step {step}")
+  if lines:
+    raise RunChangedError(
+      f"{directory}: checkpoint step {step} was written by a run with other settings:\n"
+      + "\n".join(lines) + "\nRerun with the checkpoint's settings, use a new workdir, or pass "
+      "--config.train.restart=True (moves these checkpoints and logs aside, starts from "
+      "config.init).")
+
+
+def save(manager: ocp.CheckpointManager, state: TrainState, data_state: dict,
+         record: dict) -> None:
+  """Saves state + iterator position + run record at state.step (async;
+  manager.wait_until_finished joins)."""
   step = int(jax.device_get(state.step))
   manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                             data=ocp.args.JsonSave(data_state)), force=True)
+                                             data=ocp.args.JsonSave(data_state),
+                                             run=ocp.args.JsonSave(record)), force=True)
 
 
-def restore_latest(manager: ocp.CheckpointManager, abstract: TrainState):
-  """The newest checkpoint that restores, walking back past broken ones.
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+  leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+            if jnp.issubdtype(x.dtype, jnp.inexact)]
+  return jnp.all(jnp.stack(leaves)) if leaves else jnp.bool_(True)
+
+
+def all_finite(state: TrainState) -> bool:
+  """True when every float of the params and the optimiser state is finite."""
+  return bool(jax.device_get(_all_finite((state.params, state.opt_state))))
+
+
+def restore_latest(manager: ocp.CheckpointManager, abstract: TrainState, record: dict):
+  """The newest checkpoint that restores, walking back past broken ones (module docstring).
 
   Args:
     manager: the run's manager.
     abstract: the state's ShapeDtypeStructs with shardings (restored leaves land there).
+    record: this run's `run_record`.
 
   Returns:
-    (state, data_state, step) or None when no checkpoint restores.
+    (state, data_state, step), or None when there is no checkpoint.
+
+  Raises:
+    RunChangedError: the newest readable run record differs in a run-altering field.
+    UnreadableCheckpointsError: checkpoints exist but none restores.
   """
+  failures = []
   for step in sorted(manager.all_steps(), reverse=True):
+    try:
+      saved = manager.restore(step, args=ocp.args.Composite(run=ocp.args.JsonRestore()))["run"]
+    except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
+      failures.append(_unusable(manager, step, "its run record", e))
+      continue
+    check_resume(saved, record, step, manager.directory)
     try:
       out = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
-    except Exception as e:  # noqa: BLE001 -- any failure means "this step is unusable"
-      logging.warning("checkpoint step %d under %s does not restore (%s: %s); trying the one "
-                      "before it", step, manager.directory, type(e).__name__, str(e)[:300])
-      print(f"WARNING: checkpoint step {step} is unreadable ({type(e).__name__}); falling back "
-            "to the previous one", flush=True)
+    except Exception as e:  # noqa: BLE001
+      failures.append(_unusable(manager, step, "its state", e))
       continue
+    _move_aside(manager, [s for s, _ in failures])
     return out["state"], out["data"], step
+  if failures:
+    raise UnreadableCheckpointsError(
+      f"{manager.directory}: no checkpoint restores ("
+      + "; ".join(message for _, message in failures) + "). Nothing was deleted; move the "
+      "directory aside, or pass --config.train.restart=True to start from config.init")
   return None
+
+
+def _unusable(manager, step: int, what: str, error: Exception) -> tuple[int, str]:
+  message = f"step {step}: {what} does not restore ({type(error).__name__}: {str(error)[:300]})"
+  logging.warning("%s under %s", message, manager.directory)
+  print(f"WARNING: checkpoint {message}; trying the one before it", flush=True)
+  return step, message
+
+
+def _move_aside(manager: ocp.CheckpointManager, steps: list[int]) -> None:
+  """Moves broken steps to `<checkpoints>.broken/<step>-<time>` so they can be saved again."""
+  if not steps:
+    return
+  if jax.process_index() == 0:
+    directory = str(manager.directory)
+    for step in steps:
+      target = os.path.join(f"{directory}.broken", f"{step}-{time.strftime('%Y%m%dT%H%M%S')}")
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.move(os.path.join(directory, str(step)), target)
+      print(f"WARNING: moved the unreadable checkpoint step {step} to {target}", flush=True)
+  manager.reload()
+
+
+def move_run_aside(stage_dir: str) -> str | None:
+  """Moves everything of a previous run in `stage_dir` (checkpoints, logs, export, evaluation
+  files) to `stage_dir/replaced-<time>-<pid>/` (train.restart); returns that directory, or None
+  when there was nothing to move. The lock file and earlier replaced-* directories stay."""
+  present = [n for n in sorted(os.listdir(stage_dir))
+             if n != workdir_lib.LOCK_FILE and not n.startswith("replaced-")]
+  if not present:
+    return None
+  target = os.path.join(stage_dir, f"replaced-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
+  os.makedirs(target)
+  for name in present:
+    os.rename(os.path.join(stage_dir, name), os.path.join(target, name))
+  return target

@@ -7,11 +7,18 @@ Layout under the run's workdir:
   workdir/<stage>/logs/                           metrics.jsonl, TensorBoard events, config.txt
   workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
 
-A stage starts from its own newest readable checkpoint, else from `config.init` (a preset or the
-previous stage's export). A non-finite loss stops the run with an error; the checkpoints already
-on disk (the last good state) are kept. SIGTERM / SIGINT save a checkpoint, then exit.
+The config is validated first (config_checks.py); the stage directory is locked for the whole run
+(a second run of the stage gets `InUseError`). A stage starts from its own newest readable
+checkpoint, else from `config.init` (a preset or the previous stage's export); a checkpoint written
+with other run-altering settings is refused (checkpoints.py), and `train.restart=True` moves the
+previous run aside first. An AR stage refuses a diffusion init. A non-finite loss, or a non-finite
+state about to be saved or exported, stops the run with an error; every checkpoint on disk is
+finite (the last finite state is kept). SIGTERM / SIGINT save a checkpoint, then exit. A rerun of
+a finished run with the same record does nothing and says so. The export records the stage, its
+kind, the data build and the run record (checkpoint.py gr2jax_metadata.json).
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -22,6 +29,7 @@ import jax
 import numpy as np
 
 from gr2jax import checkpoint as model_checkpoint
+from gr2jax import workdir as workdir_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.prompts import MASK_TOKEN
@@ -30,7 +38,7 @@ from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
-from gr2jax.train import checkpoints, evaluation, inputs, optim
+from gr2jax.train import checkpoints, config_checks, evaluation, inputs, optim
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
@@ -49,6 +57,8 @@ class Context:
     prompt_len, response_len: static P and R.
     mesh: the training mesh.
     workdir: the run's workdir.
+    data_build: checkpoint.data_build_record of the data build (tokenizer, prompt); train()
+      needs it (recorded in the run checkpoints and the export).
   """
 
   config: object
@@ -60,6 +70,7 @@ class Context:
   response_len: int
   mesh: object
   workdir: str
+  data_build: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,11 +125,24 @@ def _load_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
     config = getattr(ModelConfig, name)(vocab_size=vocab, eos_token_ids=eos,
                                         pad_token_id=int(tokenizer.pad_token_id))
     return config, params_lib.init_params(config, jax.random.key(stage_cfg.seed))
+  _check_init_dir(init)
+  return model_checkpoint.load_model(init)
+
+
+def _check_init_dir(init: str) -> None:
   if not os.path.isdir(init):
     raise FileNotFoundError(f"init={init!r} is neither 'preset:NAME' nor a checkpoint "
                             "directory (did the previous stage finish? its export is "
                             "<workdir>/<stage>/export)")
-  return model_checkpoint.load_model(init)
+
+
+def init_digest(init: str) -> str:
+  """What a run record keeps of config.init: a preset's name (its params follow from the seed
+  and the tokenizer, both recorded), else the directory's content digest."""
+  if init.startswith("preset:"):
+    return init
+  _check_init_dir(init)
+  return model_checkpoint.content_digest(init)
 
 
 def load_context(config, workdir: str, model_config: ModelConfig | None = None) -> Context:
@@ -131,7 +155,9 @@ def load_context(config, workdir: str, model_config: ModelConfig | None = None) 
                                 limit=config.eval.limit)
   p, r = inputs.static_lengths([train, eval_data])
   mesh = mesh_lib.make_mesh(**config.mesh)
-  return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir)
+  data_build = model_checkpoint.data_build_record(tokenizer, pipeline.prompt_config(config.data))
+  return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
+                 data_build)
 
 
 def _model_config_for_training(config: ModelConfig, cfg) -> ModelConfig:
@@ -166,13 +192,77 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
     workdir: the run's workdir.
     stage: the stage (gr2jax/train/stages.py).
     ctx: the data context; default load_context(config, workdir) (the data build).
+
+  Raises:
+    ValueError: a bad size or rate (config_checks.py), an AR stage given a diffusion init.
+    gr2jax.workdir.InUseError: another live run holds the stage directory.
+    checkpoints.RunChangedError: the checkpoints were written with other settings.
+    checkpoints.UnreadableCheckpointsError: checkpoints exist but none restores.
+    FloatingPointError: a non-finite loss or state (the last finite checkpoint is kept).
   """
+  config_checks.check_stage_config(config)
   stage_dir = os.path.join(workdir, stage.name)
   os.makedirs(stage_dir, exist_ok=True)
+  lock = (workdir_lib.lock_workdir(stage_dir) if jax.process_index() == 0
+          else contextlib.nullcontext())
+  with lock:
+    return _train(config, workdir, stage, ctx, stage_dir)
+
+
+def finished_result(stage_dir: str, record: dict) -> dict | None:
+  """The final evaluation of a finished run of `record` in `stage_dir` (its export records the
+  same run, and eval_final.json, written after that export, its last step), else None."""
+  export, final = os.path.join(stage_dir, "export"), os.path.join(stage_dir, "eval_final.json")
+  written = os.path.join(export, model_checkpoint.METADATA_FILE)
+  if not (os.path.isfile(written) and os.path.isfile(final)
+          and os.stat(final).st_mtime_ns >= os.stat(written).st_mtime_ns):
+    return None
+  metadata = model_checkpoint.load_metadata(export)
+  with open(final) as f:
+    result = json.load(f)
+  steps = record["config"]["train"]["steps"]
+  if metadata.get("run") != record or result.get("step") != steps:
+    return None
+  return result
+
+
+def _check_stage_kind(stage: Stage, config, model_config: ModelConfig) -> None:
+  if not config.get("block_size", 0) and model_config.mask_token_id is not None:
+    raise ValueError(f"[{stage.name}] is an AR stage but init={config.init!r} is a block-diffusion "
+                     f"model (block_size={model_config.block_size}); start it from an AR "
+                     "checkpoint (a preset, an sft / ar_rl export or a converted HF model)")
+
+
+def _stop_non_finite(stage: Stage, manager, what: str):
+  manager.wait_until_finished()
+  last = manager.latest_step()
+  kept = (f"The last finite checkpoint (step {last}) is kept under {manager.directory}"
+          if last is not None else "No checkpoint was saved; a rerun starts from config.init")
+  raise FloatingPointError(f"[{stage.name}] {what}; stopped. {kept}")
+
+
+def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: str) -> dict:
   tcfg = config.train
   ctx = load_context(config, workdir) if ctx is None else ctx
+  if ctx.data_build is None:
+    raise ValueError("loop.train: ctx.data_build is None (loop.load_context records the data "
+                     "build; a hand-made Context must set it)")
+  record = checkpoints.run_record(config, data_build=ctx.data_build,
+                                  init_sha256=init_digest(config.init),
+                                  lengths=(ctx.prompt_len, ctx.response_len))
+  finished = finished_result(stage_dir, record)
+  if finished is not None:
+    print(f"[{stage.name}] already finished at step {finished['step']} with this config "
+          f"({os.path.join(stage_dir, 'export')}); nothing to do", flush=True)
+    return finished
+  if tcfg.restart:
+    moved = checkpoints.move_run_aside(stage_dir)
+    if moved:
+      print(f"[{stage.name}] train.restart: moved the previous run's files to {moved}",
+            flush=True)
   model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg,
                                               config.get("block_size", 0))
+  _check_stage_kind(stage, config, model_config)
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
   for field in ("batch_size", "prepare_chunk"):
@@ -191,7 +281,7 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
     ctx.train, batch_size=tcfg.batch_size, seed=tcfg.seed, prompt_len=ctx.prompt_len,
     response_len=ctx.response_len, pad_id=model_config.pad_token_id,
     lambda_r=config.data.lambda_r, lambda_o=config.data.lambda_o)
-  restored = checkpoints.restore_latest(manager, abstract)
+  restored = checkpoints.restore_latest(manager, abstract, record)
   if restored is None:
     params = jax.tree.map(lambda x, sh: jax.device_put(x.astype(sh.dtype), sh.sharding),
                           init_params, abstract.params)
@@ -231,11 +321,8 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
         state, metrics = train_step(state, batch)
       metrics = jax.device_get(metrics)
       if not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"]):
-        manager.wait_until_finished()
-        raise FloatingPointError(
-          f"[{stage.name}] non-finite loss {metrics['loss']} / grad norm "
-          f"{metrics['grad_norm']} at step {step_now}; stopped. The last good checkpoint "
-          f"(step {manager.latest_step()}) is kept under {manager.directory}")
+        _stop_non_finite(stage, manager, f"non-finite loss {metrics['loss']} / grad norm "
+                                         f"{metrics['grad_norm']} at step {step_now}")
       tokens_seen += int(batch["tokens"].size if "tokens" in batch else
                          batch["response_tokens"].size)
       elapsed = time.perf_counter() - t_start
@@ -248,7 +335,10 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
       bar.update(1)
       done = step_now + 1
       if stop or done % tcfg.save_every == 0 or done == tcfg.steps:
-        checkpoints.save(manager, state, iterator.get_state())
+        if not checkpoints.all_finite(state):
+          _stop_non_finite(stage, manager, f"non-finite params / optimizer state after step "
+                                           f"{done}, not saved")
+        checkpoints.save(manager, state, iterator.get_state(), record)
       if tcfg.eval_every and done % tcfg.eval_every == 0 and done < tcfg.steps:
         result = run_evaluation(ctx, state.params, done, str(done), stage_dir)
         writer.write(done, {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
@@ -257,11 +347,17 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
   if stop:
     raise SystemExit(f"[{stage.name}] stopped by signal {stop.signum} at step "
                      f"{int(jax.device_get(state.step))}; checkpoint saved, rerun to resume")
+  if not checkpoints.all_finite(state):
+    _stop_non_finite(stage, manager, "non-finite params / optimizer state at the export")
   export = os.path.join(stage_dir, "export")
   params = model_sharding.host_arrays(state.params)  # a collective: every process gathers
+  final_step = int(jax.device_get(state.step))
   if jax.process_index() == 0:
+    metadata = {"stage": stage.name, "kind": "diffusion" if model_config.mask_token_id is not None
+                else "ar", "step": final_step, "data_build": ctx.data_build, "run": record}
     model_checkpoint.save(export, dataclasses.replace(model_config, remat="none",
-                                                      attention_chunk_bytes=0), params)
+                                                      attention_chunk_bytes=0), params,
+                          metadata=metadata)
   del params
   result = run_evaluation(ctx, state.params, int(jax.device_get(state.step)), "final", stage_dir)
   writer.write(int(jax.device_get(state.step)),

@@ -1,9 +1,13 @@
 """The training loop: resume after SIGKILL, fallback past a broken checkpoint, NaN stops the run,
-final export + evaluation files."""
+final export + evaluation files; the run's integrity (issue 16): one run per stage directory,
+nothing non-finite saved or exported, a resume that refuses a changed run, a finished rerun that
+does nothing, sizes validated, exports that record their kind and data build."""
 
 import glob
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,10 +15,13 @@ import time
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 from gr2jax import checkpoint as model_checkpoint
-from gr2jax.train import checkpoints, loop, stages
+from gr2jax.train import checkpoints, loop, optim, stages
+from gr2jax.train import state as state_lib
+from gr2jax.workdir import InUseError
 from tests.train.toy import toy_config, toy_context, toy_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -84,41 +91,228 @@ def test_final_export_and_evaluation_files(uninterrupted):
   assert sorted(int(s) for s in os.listdir(os.path.join(stage_dir, "checkpoints"))) == [2, 4, 6, 8]
 
 
-def test_broken_latest_checkpoint_falls_back(tmp_path, uninterrupted, tok, capsys):
-  import shutil
+def _copy_run(uninterrupted, workdir, what=("checkpoints",)):
+  """W/sft/<what> of the uninterrupted run copied into workdir/sft (a run to resume)."""
+  for name in what:
+    shutil.copytree(os.path.join(uninterrupted, "sft", name), os.path.join(workdir, "sft", name))
+  return os.path.join(workdir, "sft", "checkpoints")
 
-  workdir = str(tmp_path)
-  shutil.copytree(os.path.join(uninterrupted, "sft", "checkpoints"),
-                  os.path.join(workdir, "ckpts"))
-  for path in glob.glob(os.path.join(workdir, "ckpts", "8", "state", "**", "*"),
-                        recursive=True):
+
+def _truncate_state(ckpt_dir, step):
+  for path in glob.glob(os.path.join(ckpt_dir, str(step), "state", "**", "*"), recursive=True):
     if os.path.isfile(path):
-      open(path, "w").close()  # truncate every file of the newest step
-  config = toy_config(steps=STEPS)
-  ctx = toy_context(config, tok, workdir)
-  manager = checkpoints.make_manager(os.path.join(workdir, "ckpts"), keep=5, async_save=False)
-  model_config, params = loop.model_from_init("preset:tiny", tok, config.train)
-  from gr2jax.train import optim
-  from gr2jax.train import state as state_lib
-  optimizer = optim.make_optimizer(config.optimizer)
-  abstract = state_lib.abstract_state(jax.eval_shape(lambda: params), optimizer)
-  _, data_state, step = checkpoints.restore_latest(manager, abstract)
-  assert step == 6 and data_state["index"] >= 0
-  assert "step 8 is unreadable" in capsys.readouterr().out
-  del ctx, model_config
+      open(path, "w").close()
 
 
-def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, tok):
+@pytest.mark.slow
+def test_broken_latest_checkpoint_is_moved_aside_and_the_run_saves_it_again(
+    tmp_path, uninterrupted, tok, capsys):
+  """Class 3: the run falls back to step 6, trains to 8 and saves step 8 again (no
+  StepAlreadyExistsError); the broken step 8 is kept under checkpoints.broken/; the export
+  equals the uninterrupted run's."""
+  workdir = str(tmp_path)
+  ckpt_dir = _copy_run(uninterrupted, workdir)
+  _truncate_state(ckpt_dir, STEPS)
+  config = toy_config(steps=STEPS, save_every=2)
+  loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  out = capsys.readouterr().out
+  assert "step 8: its state does not restore" in out and "resuming from checkpoint step 6" in out
+  assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
+  assert [e.split("-")[0] for e in os.listdir(ckpt_dir + ".broken")] == ["8"]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6),
+               _exported(workdir), _exported(uninterrupted))
+
+
+def test_no_readable_checkpoint_is_an_error_that_deletes_nothing(tmp_path, uninterrupted, tok):
+  workdir = str(tmp_path)
+  ckpt_dir = _copy_run(uninterrupted, workdir)
+  for step in (2, 4, 6, 8):
+    shutil.rmtree(os.path.join(ckpt_dir, str(step), "run"))  # a state restore fails slowly
+  config = toy_config(steps=STEPS, save_every=2)
+  with pytest.raises(checkpoints.UnreadableCheckpointsError,
+                     match="no checkpoint restores .*step 8: its run record.*Nothing was deleted"):
+    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
+  assert not os.path.exists(os.path.join(workdir, "sft", "export"))
+
+
+def _edit(config, **fields):
+  for field, value in fields.items():
+    section, name = field.split("__")
+    config[section][name] = value
+  return config
+
+
+@pytest.mark.parametrize("change,named", [
+  (dict(optimizer__learning_rate=5e-3), "optimizer.learning_rate: 0.001 (checkpoint) -> 0.005"),
+  (dict(optimizer__clip_norm=0.0), "optimizer.clip_norm: 1.0 (checkpoint) -> 0.0"),
+  (dict(train__batch_size=4), "train.batch_size: 8 (checkpoint) -> 4"),
+  (dict(train__steps=4), "train.steps: 4 is below the checkpoint's step 8"),
+  (dict(train__seed=1), "train.seed: 0 (checkpoint) -> 1"),
+])
+def test_resume_refuses_a_changed_run(tmp_path, uninterrupted, tok, change, named):
+  """Class 4: the checkpoints record the run; a change that alters it is refused, naming the
+  field; nothing is deleted and logs/config.txt is not rewritten."""
+  workdir = str(tmp_path)
+  ckpt_dir = _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
+  config_txt = open(os.path.join(workdir, "sft", "logs", "config.txt")).read()
+  config = _edit(toy_config(steps=STEPS, save_every=2), **change)
+  with pytest.raises(checkpoints.RunChangedError, match=re.escape(named)) as e:
+    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  assert "--config.train.restart=True" in str(e.value)
+  assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
+  assert open(os.path.join(workdir, "sft", "logs", "config.txt")).read() == config_txt
+
+
+def _other_init(uninterrupted):
+  config = toy_config(steps=2, save_every=2)
+  config.init = os.path.join(uninterrupted, "sft", "export")
+  return config
+
+
+def test_resume_refuses_another_init(tmp_path, uninterrupted, tok):
+  workdir = str(tmp_path)
+  _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
+  config = _other_init(uninterrupted)
+  with pytest.raises(checkpoints.RunChangedError, match="init: 'preset:tiny' .* -> '/"):
+    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+
+
+@pytest.mark.slow
+def test_restart_moves_the_previous_run_aside(tmp_path, uninterrupted, tok, capsys):
+  workdir = str(tmp_path)
+  ckpt_dir = _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
+  config = _other_init(uninterrupted)
+  config.train.restart = True
+  loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  out = capsys.readouterr().out
+  moved = [e for e in os.listdir(os.path.join(workdir, "sft")) if e.startswith("replaced-")]
+  assert len(moved) == 1 and "moved the previous run's files to" in out
+  assert sorted(os.listdir(os.path.join(workdir, "sft", moved[0], "checkpoints"))) == \
+    ["2", "4", "6", "8"]
+  assert sorted(os.listdir(ckpt_dir)) == ["2"]
+  assert model_checkpoint.load_metadata(os.path.join(workdir, "sft", "export"))["run"][
+    "config"]["init"] == config.init
+
+
+def test_a_config_identical_rerun_of_a_finished_run_does_nothing(tmp_path, uninterrupted, tok,
+                                                                 capsys):
+  workdir = str(tmp_path)
+  shutil.copytree(os.path.join(uninterrupted, "sft"), os.path.join(workdir, "sft"))
+  files = lambda: {p: (os.stat(p).st_mtime_ns, os.path.getsize(p)) for p in glob.glob(
+    os.path.join(workdir, "**"), recursive=True) if os.path.isfile(p)}
+  before = files()
+  config = toy_config(steps=STEPS, save_every=2)
+  result = loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  assert "already finished at step 8 with this config" in capsys.readouterr().out
+  assert result == json.load(open(os.path.join(workdir, "sft", "eval_final.json")))
+  assert files() == before  # no checkpoint, export, log or evaluation file written
+
+
+def test_a_second_run_of_the_stage_is_refused(tmp_path, tok):
+  """Class 1: the stage directory is locked for the whole run."""
+  workdir = str(tmp_path)
+  holder = subprocess.Popen(
+    [sys.executable, "-c", "import sys, time; from gr2jax.workdir import lock_workdir\n"
+     "with lock_workdir(sys.argv[1]):\n  print('locked', flush=True); time.sleep(60)",
+     os.path.join(workdir, "sft")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "locked"
+    config = toy_config(steps=2)
+    with pytest.raises(InUseError, match=f"in use by pid {holder.pid}"):
+      loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  finally:
+    holder.kill()
+    holder.wait()
+  assert not os.path.exists(os.path.join(workdir, "sft", "checkpoints"))
+
+
+def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok):
+  """Class 2: an update that makes the params non-finite (lr 1e39 is inf in float32) stops the
+  run before the save; no checkpoint holds it, no export is written."""
+  workdir = str(tmp_path)
+  config = toy_config(steps=1, save_every=1)
+  config.optimizer.learning_rate = 1e39
+  config.optimizer.clip_norm = 0.0
+  config.optimizer.warmup_steps = 0
+  with pytest.raises(FloatingPointError, match="non-finite params .* after step 1, not saved.*"
+                                               "No checkpoint was saved"):
+    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  assert os.listdir(os.path.join(workdir, "sft", "checkpoints")) == []
+  assert not os.path.exists(os.path.join(workdir, "sft", "export"))
+
+
+def test_nan_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, tok):
   workdir = str(tmp_path)
   config = toy_config(steps=STEPS, save_every=1)
   config.optimizer.learning_rate = 1e30  # diverges within a few steps
   config.optimizer.clip_norm = 0.0
   config.optimizer.warmup_steps = 0
   ctx = toy_context(config, tok, workdir)
-  with pytest.raises(FloatingPointError, match="non-finite loss .* last good checkpoint"):
+  with pytest.raises(FloatingPointError, match="non-finite .* last finite checkpoint"):
     loop.train(config, workdir, stages.STAGES["sft"], ctx)
-  kept = os.listdir(os.path.join(workdir, "sft", "checkpoints"))
+  manager = checkpoints.make_manager(os.path.join(workdir, "sft", "checkpoints"), keep=5)
+  kept = manager.all_steps()
   assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))
+  model_config, params = loop.model_from_init("preset:tiny", tok, config.train)
+  optimizer = optim.make_optimizer(config.optimizer)
+  abstract = state_lib.abstract_state(jax.eval_shape(lambda: params), optimizer)
+  restored = manager.restore(max(kept), args=ocp.args.Composite(
+    state=ocp.args.StandardRestore(abstract)))["state"]
+  assert checkpoints.all_finite(restored)
+  del model_config
+
+
+def test_bad_sizes_are_refused_before_anything_is_built(tmp_path, tok):
+  """Class 6 through the loop: steps=0 used to export the untrained init, keep=0 to keep no
+  checkpoint; both are a ValueError before the stage directory exists."""
+  workdir = str(tmp_path)
+  for field, value in (("steps", 0), ("keep", 0), ("micro_batches", 0)):
+    config = toy_config(**{field: value})
+    with pytest.raises(ValueError, match=f"train.{field}={value}"):
+      loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  assert not os.path.exists(os.path.join(workdir, "sft"))
+
+
+def test_ar_stage_refuses_a_diffusion_init(tmp_path, uninterrupted, tok):
+  """Class 5: sft / ar_rl on a diffusion checkpoint used to train AR losses on it."""
+  from gr2jax.data.prompts import MASK_TOKEN
+  from gr2jax.diffusion import convert
+
+  workdir = str(tmp_path)
+  model_config, params = model_checkpoint.load_model(os.path.join(uninterrupted, "sft",
+                                                                  "export"))
+  diffusion = os.path.join(workdir, "diffusion")
+  model_checkpoint.save(diffusion, convert.to_diffusion(
+    model_config, 4, int(tok.convert_tokens_to_ids(MASK_TOKEN))), params)
+  config = toy_config(steps=2)
+  config.init = diffusion
+  with pytest.raises(ValueError, match=r"\[sft\] is an AR stage but init=.* is a block-diffusion "
+                                       r"model \(block_size=4\)"):
+    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+
+
+def test_export_records_stage_kind_and_data_build(uninterrupted, tok):
+  """Class 5: the export says what it is and which data build fed it; eval / rerank refuse
+  another build (check_data_build), naming both."""
+  import dataclasses
+
+  from tests.train.toy import PROMPT
+
+  export = os.path.join(uninterrupted, "sft", "export")
+  metadata = model_checkpoint.load_metadata(export)
+  assert metadata["stage"] == "sft" and metadata["kind"] == "ar" and metadata["step"] == STEPS
+  assert metadata["data_build"] == model_checkpoint.data_build_record(tok, PROMPT)
+  assert metadata["run"]["config"]["optimizer"]["learning_rate"] == 1e-3
+  model_checkpoint.check_data_build(export, model_checkpoint.data_build_record(tok, PROMPT))
+  other = model_checkpoint.data_build_record(tok, dataclasses.replace(PROMPT, evidence="raw"))
+  with pytest.raises(ValueError, match="another data build .*prompt.evidence 'flags' vs 'raw'"):
+    model_checkpoint.check_data_build(export, other)
+  other = dict(model_checkpoint.data_build_record(tok, PROMPT), tokenizer_sha256="0" * 64,
+               vocab=7)
+  with pytest.raises(ValueError, match=r"tokenizer [0-9a-f]{16} \(vocab \d+\) vs 0{16} "
+                                       r"\(vocab 7\)"):
+    model_checkpoint.check_data_build(export, other)
 
 
 def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):

@@ -102,10 +102,11 @@ def _run(mesh, ckpt_dir=None):
     losses.append(float(metrics["loss"]))
   if ckpt_dir is not None:
     manager = checkpoints.make_manager(ckpt_dir, keep=2)
-    checkpoints.save(manager, state, {"epoch": 0, "index": STEPS})
+    record = {"config": {"train": {"steps": STEPS}}}  # the loop's run record (its shape)
+    checkpoints.save(manager, state, {"epoch": 0, "index": STEPS}, record)
     manager.wait_until_finished()
     fresh = checkpoints.make_manager(ckpt_dir, keep=2)  # as a rerun of the job would
-    restored, data_state, at = checkpoints.restore_latest(fresh, abstract)
+    restored, data_state, at = checkpoints.restore_latest(fresh, abstract, record)
     same = jax.tree.map(lambda a, b: all(np.array_equal(x.data, y.data) for x, y in zip(
       a.addressable_shards, b.addressable_shards, strict=True)), restored, state)
     checks = {"restored_step": at, "data_state": data_state,

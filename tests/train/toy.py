@@ -5,6 +5,7 @@ import sys
 
 import numpy as np
 
+from gr2jax import checkpoint as model_checkpoint
 from gr2jax.data import batches, prompts, tokenizer
 from gr2jax.train import inputs, loop
 from gr2jax.train import mesh as mesh_lib
@@ -55,4 +56,5 @@ def toy_context(config, tok, workdir, mesh=None) -> loop.Context:
   p, r = inputs.static_lengths([train, toy_split(tok, range(100, 108))])
   mesh = mesh_lib.make_mesh(fsdp=1, devices=[__import__("jax").devices()[0]]) if mesh is None \
     else mesh
-  return loop.Context(config, None, tok, train, evaluation, p, r, mesh, workdir)
+  return loop.Context(config, None, tok, train, evaluation, p, r, mesh, workdir,
+                      model_checkpoint.data_build_record(tok, PROMPT))
