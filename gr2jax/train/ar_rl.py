@@ -10,8 +10,9 @@ tokens under theta and applies grpo.policy_loss.
 Log-prob convention (one for AR and diffusion): commit.token_log_probs, i.e. log softmax of
 logits / T (T = the sampling temperature), the same distribution the sampler drew from.
 Layout: [prompt (P slots, right-padded) | response (R slots)], response token j at RoPE position
-prompt_length + j, causal over valid keys (the prompt's padding slots are invisible), so the
-forward equals the sampler's cached decoding.
+prompt_length + j, causal in slot order over valid keys (the prompt's padding slots are
+invisible; `attention.causal_pattern` and-ed with key validity), so the forward equals the
+sampler's cached decoding.
 """
 
 import functools
@@ -22,8 +23,8 @@ import numpy as np
 
 from gr2jax import chunks
 from gr2jax.diffusion import commit
+from gr2jax.model import attention, masks, qwen3
 from gr2jax.model import generate as generate_lib
-from gr2jax.model import masks, qwen3
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import grpo, rewards
 
@@ -35,7 +36,8 @@ def sequence_inputs(prompt_tokens, prompt_lengths, response_tokens, response_len
     prompt_tokens: [B, P]; prompt_lengths: [B]; response_tokens: [B, R]; response_lengths: [B].
 
   Returns:
-    (tokens [B, P + R], positions [B, P + R], mask [B, P + R, P + R] bool).
+    (tokens [B, P + R], positions [B, P + R], mask [B, P + R, P + R] bool, the mask's
+    attention.Pattern).
   """
   b, p = prompt_tokens.shape
   r = response_tokens.shape[1]
@@ -44,21 +46,24 @@ def sequence_inputs(prompt_tokens, prompt_lengths, response_tokens, response_len
     prompt_lengths[:, None] + jnp.arange(r, dtype=jnp.int32)[None, :]], axis=1)
   valid = jnp.concatenate([masks.padding_mask(prompt_lengths, p),
                            masks.padding_mask(response_lengths, r)], axis=1)
-  mask = masks.make_attention_mask(positions, positions, valid, prompt_lengths, 1)
-  return jnp.concatenate([prompt_tokens, response_tokens], axis=1), positions, mask
+  pattern = attention.causal_pattern(p + r)
+  mask = attention.apply_pattern(pattern, valid)
+  return jnp.concatenate([prompt_tokens, response_tokens], axis=1), positions, mask, pattern
 
 
 def response_log_probs(params: dict, config: ModelConfig, batch: dict, temperature: float):
   """[B, R] log-probs of the response tokens (query before each token, AR shift)."""
   p = batch["prompt_tokens"].shape[1]
   r = batch["response_tokens"].shape[1]
-  tokens, positions, mask = sequence_inputs(batch["prompt_tokens"], batch["prompt_lengths"],
-                                            batch["response_tokens"], batch["response_lengths"])
+  tokens, positions, mask, pattern = sequence_inputs(
+    batch["prompt_tokens"], batch["prompt_lengths"], batch["response_tokens"],
+    batch["response_lengths"])
   # Response token j is predicted at the prompt's last real token (j = 0) or response slot j - 1.
   query = jnp.concatenate([batch["prompt_lengths"][:, None] - 1,
                            p + jnp.broadcast_to(jnp.arange(r - 1), (tokens.shape[0], r - 1))],
                           axis=1)
-  logits, _ = qwen3.forward(params, config, tokens, positions, mask, logits_at=query)
+  logits, _ = qwen3.forward(params, config, tokens, positions, mask, logits_at=query,
+                            mask_pattern=pattern)
   logp = commit.token_log_probs(logits, config.mask_token_id, temperature)
   return jnp.take_along_axis(logp, batch["response_tokens"][..., None], axis=-1)[..., 0]
 

@@ -18,12 +18,13 @@ from gr2jax.model import attention, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from gr2jax.train import ar_rl
 
 ATOL = 1e-5
 KERNELS = ("cudnn", "splash")
 B, N, K, H = 2, 4, 2, 8
 MASK_ID, BLOCK = 63, 4
-DIFFUSION = ModelConfig.tiny(vocab_size=64, num_layers=2, block_size=BLOCK,
+DIFFUSION = ModelConfig.tiny(vocab_size=64, num_layers=1, block_size=BLOCK,
                              mask_token_id=MASK_ID)
 PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
 PROMPT_LENGTHS = np.array([5, 3], np.int32)
@@ -57,6 +58,19 @@ def _ragged_prefill():
   return s, want, pattern
 
 
+def _ar_rl_sequence():
+  """[right-padded prompt | response]: causal over valid keys (AR RL's teacher-forced scoring)."""
+  _, positions, mask, pattern = jax.jit(ar_rl.sequence_inputs)(
+    PROMPTS, PROMPT_LENGTHS, RESPONSES, RESPONSE_LENGTHS)
+  p, r = PROMPTS.shape[1], RESPONSES.shape[1]
+  valid = jnp.concatenate([masks.padding_mask(PROMPT_LENGTHS, p),
+                           masks.padding_mask(RESPONSE_LENGTHS, r)], axis=1)
+  by_position = masks.make_attention_mask(positions, positions, valid, PROMPT_LENGTHS, 1)
+  real = jnp.concatenate([valid[:, :p], jnp.ones((B, r), bool)], axis=1)[:, :, None]
+  np.testing.assert_array_equal(mask & real, by_position & real)  # rows a prediction reads
+  return 0, mask, pattern
+
+
 def _block_decode():
   """A cached block-diffusion step: the block after the prompt (row 0) / one block (row 1)."""
   s = 12
@@ -70,31 +84,33 @@ def _block_decode():
 
 
 def _cft_two_stream():
-  noisy = jax.random.bernoulli(jax.random.key(5), 0.5, (B, 2, RESPONSES.shape[1]))
-  noisy = noisy.at[:, 1].set(~noisy[:, 0])  # the complementary pair
-  inputs = layout.two_stream_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES,
-                                    RESPONSE_LENGTHS, noisy)
+  noisy = np.random.default_rng(5).random((B, 1, RESPONSES.shape[1])) < 0.5
+  noisy = np.concatenate([noisy, ~noisy], axis=1)  # the complementary pair
+  inputs = jax.jit(layout.two_stream_inputs, static_argnums=0)(
+    DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES, RESPONSE_LENGTHS, noisy)
   return 0, inputs.mask, inputs.pattern
 
 
 def _packed_replay():
-  inputs = replay.replay_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES, COMMIT_STEP,
-                                RESPONSE_LENGTHS, rounds=range(3))
+  inputs = jax.jit(replay.replay_inputs, static_argnums=0, static_argnames="rounds")(
+    DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES, COMMIT_STEP, RESPONSE_LENGTHS,
+    rounds=(0, 1, 2))
   return 0, inputs.mask, inputs.pattern
 
 
 MASKS = {"causal_prefill": _causal_prefill, "ragged_prefill": _ragged_prefill,
+         "ragged_prompt_response": _ar_rl_sequence,
          "block_decode": _block_decode, "cft_two_stream": _cft_two_stream,
          "packed_replay": _packed_replay}
 
 
 def _inputs(cache_slots: int, t: int):
-  keys = jax.random.split(jax.random.key(t), 6)
-  q = jax.random.normal(keys[0], (B, t, N, H))
-  new = [jax.random.normal(keys[i], (B, t, K, H)) for i in (1, 2)]
-  cache = [jax.random.normal(keys[i], (B, cache_slots, K, H)) if cache_slots else None
-           for i in (3, 4)]
-  return q, new, cache, jax.random.normal(keys[5], (B, t, N, H))
+  rng = np.random.default_rng(t)  # numpy: eager jax.random compiles per shape (seconds)
+  normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  q = normal(B, t, N, H)
+  new = [normal(B, t, K, H) for _ in range(2)]
+  cache = [normal(B, cache_slots, K, H) if cache_slots else None for _ in range(2)]
+  return q, new, cache, normal(B, t, N, H)
 
 
 def _run(impl, mask, pattern, q, new, cache, weights):
@@ -171,13 +187,12 @@ def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
 
 # ---- the whole forward on a tiny model --------------------------------------------------------
 
-PARAMS = init_params(DIFFUSION, jax.random.key(0))
+PARAMS = jax.jit(init_params, static_argnums=0)(DIFFUSION, jax.random.key(0))
 
 
-def _forward_losses(config, params):
-  """Three forwards of the library's masks: causal LM, CFT two-stream scoring, a block decode."""
-  tokens = jax.random.randint(jax.random.key(1), (B, 12), 0, 60)
-  logits, _ = qwen3.forward(params, config, tokens)
+def _forward_outputs(config, params):
+  """A causal LM forward and a two-stream CFT score (differentiated), a cached block step (not)."""
+  logits, _ = qwen3.forward(params, config, jnp.asarray(RESPONSES))  # the default causal mask
   noisy = jnp.arange(RESPONSES.shape[1])[None, None, :] % 3 == 1
   inputs = layout.two_stream_inputs(config, PROMPTS, PROMPT_LENGTHS, RESPONSES,
                                     RESPONSE_LENGTHS, jnp.broadcast_to(noisy, (B, 1, 8)))
@@ -185,19 +200,24 @@ def _forward_losses(config, params):
                                       PROMPT_LENGTHS, PROMPTS.shape[1], 8)
   scored, _ = layout.score(params, config, inputs, queries, RESPONSES)
   cache = init_cache(config, B, 16)
-  _, cache = qwen3.ragged_prefill(params, config, PROMPTS, PROMPT_LENGTHS, cache)
-  block, _ = decode.block_forward(params, config, cache, jnp.full((B, BLOCK), MASK_ID),
-                                  PROMPT_LENGTHS)
-  return (jnp.mean(jax.nn.log_softmax(logits)[..., 3]) + jnp.mean(scored)
-          + jnp.mean(jax.nn.log_softmax(block)[..., 5])), (logits, scored, block)
+  cache = cache.replace(k=jax.random.normal(jax.random.key(2), cache.k.shape),  # traced: cheap
+                        v=jax.random.normal(jax.random.key(3), cache.v.shape),
+                        lengths=jnp.asarray(PROMPT_LENGTHS))  # a prefilled prompt
+  block, _ = decode.block_forward(jax.lax.stop_gradient(params), config, cache,
+                                  jnp.full((B, BLOCK), MASK_ID), PROMPT_LENGTHS)
+  return jnp.mean(scored) + jnp.mean(jax.nn.log_softmax(logits)[..., 3]), (logits, scored, block)
+
+
+_FORWARD = jax.jit(jax.value_and_grad(_forward_outputs, argnums=1, has_aux=True),
+                   static_argnums=0)
 
 
 @pytest.mark.parametrize("impl", KERNELS)
 def test_forward_with_each_kernel_equals_the_reference(impl):
-  """Logits of a causal forward, a two-stream score and a cached block step, and d/dparams."""
-  grad = jax.jit(jax.value_and_grad(_forward_losses, argnums=1, has_aux=True), static_argnums=0)
-  (_, want), want_grads = grad(DIFFUSION, PARAMS)
-  (_, got), got_grads = grad(dataclasses.replace(DIFFUSION, attention_impl=impl), PARAMS)
+  """qwen3.forward with each kernel: causal logits and two-stream log-probs with their
+  d/dparams, and the logits of a cached block step, == the reference forward."""
+  (_, want), want_grads = _FORWARD(DIFFUSION, PARAMS)
+  (_, got), got_grads = _FORWARD(dataclasses.replace(DIFFUSION, attention_impl=impl), PARAMS)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got, want)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got_grads, want_grads)
 
@@ -214,15 +234,16 @@ def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, caus
   softmax over all keys) must make its chunk score every key again.
   """
   b, t, s, n, k, h = 2, 10, 5, 4, 2, 8
-  keys = jax.random.split(jax.random.key(3), 6)
-  q = jax.random.normal(keys[0], (b, t, n, h))
-  kv = [jax.random.normal(keys[i], (b, t, k, h)) for i in (1, 2)]
-  cache_kv = [jax.random.normal(keys[i], (b, s, k, h)) if cached else None for i in (3, 4)]
+  rng = np.random.default_rng(3)
+  normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
+  q = normal(b, t, n, h)
+  kv = [normal(b, t, k, h) for _ in range(2)]
+  cache_kv = [normal(b, s, k, h) if cached else None for _ in range(2)]
   if causal:
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     mask = jnp.concatenate([jnp.ones((b, t, s), bool), mask], -1) if cached else mask
   else:
-    mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
+    mask = jnp.asarray(rng.random((b, t, (s if cached else 0) + t)) < 0.5)
   if blank_row is not None:
     mask = mask.at[0, blank_row].set(False)  # uniform softmax over all keys, no NaN
 
