@@ -24,9 +24,10 @@ Keys are valid where the prompt / clean response is real (slot < length); every 
 valid key (a decoder canvas holds mask tokens up to the block's end). A noisy block therefore sees
 exactly what the decoder's forward of that block saw: the KV cache (prompt + committed earlier
 blocks) plus its own canvas. The rule above is static in slot coordinates (prompt slot i is block
-i, response index j block P + j // B: the order of `masks.block_ids` on every valid slot), so the
-mask is `attention.apply_pattern(pattern, key_valid)` with a static `pattern` (`two_stream_pattern`)
-that the attention kernels take as it is (gr2jax/model/attention.py).
+i, response index j block P + j // B: the order of `masks.block_ids` on every valid slot; stream
+0 = prompt and clean, k + 1 = noisy stream k), so the mask is `attention.apply_pattern(pattern,
+key_valid)` with the static `two_stream_pattern`, which is `attention.Pattern`'s one rule and what
+the attention kernels take (gr2jax/model/attention.py).
 
 Reading predictions (AR token shift, research/papers.md §2): response token j is predicted by
 the query before it. A block's seed (j % B == 0) is predicted from the clean stream (query j - 1,
@@ -84,12 +85,9 @@ def two_stream_pattern(prompt_width: int, response_width: int, streams: int,
     block_size: B.
   """
   p, r = prompt_width, response_width
-  part = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, streams + 1), r)])
+  stream = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, streams + 1), r)])
   blocks = np.concatenate([np.arange(p), np.tile(p + np.arange(r) // block_size, 1 + streams)])
-  qb, kb = blocks[:, None], blocks[None, :]
-  qp, kp = part[:, None], part[None, :]
-  return attention.Pattern(np.where(qp > 0, ((kp == qp) & (kb == qb)) | ((kp == 0) & (kb < qb)),
-                                    (kp == 0) & (kb <= qb)))
+  return attention.Pattern(blocks, stream, blocks, stream)
 
 
 def two_stream_inputs(

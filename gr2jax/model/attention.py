@@ -24,7 +24,8 @@
              compile-only target (AOT from a CPU host) must name its kernel explicitly.
 
 Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
-Pattern shared by every row, and-ed with a per-row key validity [B, S + T]. The kernels need the
+Pattern (per-slot block and stream ids, one rule) shared by every row, and-ed with a per-row key
+validity [B, S + T]. The kernels need the
 factored form; the reference needs only the dense mask. Every row must see at least one key
 (true of every library mask; a splash row without one would divide by zero).
 
@@ -33,7 +34,6 @@ fully masked row gives a uniform softmax rather than NaN).
 """
 
 import dataclasses
-import hashlib
 from typing import Any
 
 import jax
@@ -57,41 +57,58 @@ SPLASH_INTERPRET = False
 SPLASH_MIN_BLOCK, SPLASH_MAX_BLOCK = 128, 512  # splash tile sizes (multiples of the 128 lanes)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+@dataclasses.dataclass(frozen=True)
 class Pattern:
-  """The static part of an attention mask: mask[b] = array & key_valid[b] for every row b.
+  """The static part of an attention mask, mask[b] = pattern & key_valid[b], as per-slot ids.
 
-  Static (a pytree without leaves, hashed by content), so it rides through jit and lax.scan
-  next to the dense mask it describes.
+  Every query and key slot has a block id and a stream id (0 = the causal / clean stream, k >= 1
+  = noisy stream k). The one rule (`rule`; the x_t (+) x_0 mask of BD3-LM / Fast-dLLM v2, with
+  the AR mask as its one-stream, block-size-1 case): a stream-0 query sees stream-0 keys of
+  blocks <= its own; a query of stream k >= 1 sees stream-0 keys of earlier blocks and the keys
+  of its own block in its own stream. O(T + S) static ints, not an O(T S) array: the dense mask
+  is computed by XLA from them (`apply_pattern`), the [T, S + T] array only where a kernel needs
+  it (`array`, splash). Static (hashable, a pytree without leaves): it rides through jit and
+  lax.scan next to the dense mask it describes.
 
   Attributes:
-    array: [T, S + T] numpy bool, True where query t may attend to key s when s is valid.
-    key_padding: False promises every key is valid (mask == array in every row): a causal
+    q_block, q_stream: [T] ints of the query slots.
+    k_block, k_stream: [S + T] ints of the key slots ([cache slots | new tokens]).
+    key_padding: False promises every key is valid (mask == pattern in every row): a causal
       pattern without padding is then cuDNN's CAUSAL mask type with no mask tensor.
   """
 
-  array: np.ndarray
+  q_block: tuple[int, ...]
+  q_stream: tuple[int, ...]
+  k_block: tuple[int, ...]
+  k_stream: tuple[int, ...]
   key_padding: bool = True
 
   def __post_init__(self):
-    array = np.asarray(self.array, bool)
-    if array.ndim != 2:
-      raise ValueError(f"Pattern.array must be [T, S + T], got shape {array.shape}")
-    object.__setattr__(self, "array", array)
-    digest = hashlib.blake2b(np.packbits(array).tobytes(), digest_size=16).digest()
-    object.__setattr__(self, "_key", (array.shape, digest, self.key_padding))
+    for name in ("q_block", "q_stream", "k_block", "k_stream"):
+      object.__setattr__(self, name, tuple(int(i) for i in np.asarray(getattr(self, name))))
+    if len(self.q_block) != len(self.q_stream) or len(self.k_block) != len(self.k_stream):
+      raise ValueError(f"Pattern: {len(self.q_block)} query blocks, {len(self.q_stream)} query "
+                       f"streams, {len(self.k_block)} key blocks, {len(self.k_stream)} key "
+                       "streams (each pair must match)")
 
-  def __hash__(self):
-    return hash(self._key)
+  @property
+  def shape(self) -> tuple[int, int]:
+    """(T, S + T)."""
+    return len(self.q_block), len(self.k_block)
 
-  def __eq__(self, other):
-    return isinstance(other, Pattern) and self._key == other._key
+  def mask(self, xp=np):
+    """[T, S + T] bool by `rule`, in numpy (xp=np) or as XLA ops (xp=jnp)."""
+    ids = [xp.asarray(np.asarray(x, np.int32)) for x in (self.q_block, self.q_stream,
+                                                          self.k_block, self.k_stream)]
+    qb, qs, kb, ks = ids[0][:, None], ids[1][:, None], ids[2][None, :], ids[3][None, :]
+    return xp.where(qs > 0, ((ks == qs) & (kb == qb)) | ((ks == 0) & (kb < qb)),
+                    (ks == 0) & (kb <= qb))
 
   @property
   def is_causal(self) -> bool:
-    """True for a square lower-triangular pattern (causal, no cache slots)."""
-    t, s = self.array.shape
-    return t == s and np.array_equal(self.array, np.tri(t, dtype=bool))
+    """Causal with no cache slots: one stream, query and key blocks the same increasing ids."""
+    return (self.q_block == self.k_block and not any(self.q_stream) and not any(self.k_stream)
+            and all(a < b for a, b in zip(self.q_block, self.q_block[1:], strict=False)))
 
 
 jax.tree_util.register_static(Pattern)
@@ -102,23 +119,26 @@ def causal_pattern(t: int, cache_slots: int = 0, key_padding: bool = True) -> Pa
 
   The AR prefill and decode step ([ones(T, S) | tril(T)]): a cache slot is visible iff valid.
   """
-  return Pattern(np.concatenate([np.ones((t, cache_slots), bool), np.tri(t, dtype=bool)], 1),
-                 key_padding)
+  blocks = cache_slots + np.arange(t)
+  return Pattern(blocks, np.zeros(t), np.concatenate([np.arange(cache_slots), blocks]),
+                 np.zeros(cache_slots + t), key_padding)
 
 
 def block_pattern(t: int, cache_slots: int) -> Pattern:
   """Every new token sees the valid cache slots and all T new tokens (a block-diffusion step)."""
-  return Pattern(np.ones((t, cache_slots + t), bool))
+  return Pattern(np.full(t, cache_slots), np.zeros(t),
+                 np.concatenate([np.arange(cache_slots), np.full(t, cache_slots)]),
+                 np.zeros(cache_slots + t))
 
 
 def apply_pattern(pattern: Pattern, key_valid: jax.Array) -> jax.Array:
-  """The dense mask of a pattern: [B, T, S + T] bool = pattern.array & key_valid[:, None, :].
+  """The dense mask of a pattern: [B, T, S + T] bool = pattern & key_valid[:, None, :].
 
   Args:
     pattern: the static structure.
     key_valid: [B, S + T] bool, False for padding / unwritten cache slots.
   """
-  return jnp.asarray(pattern.array)[None] & jnp.asarray(key_valid, bool)[:, None, :]
+  return pattern.mask(jnp)[None] & jnp.asarray(key_valid, bool)[:, None, :]
 
 
 def resolve_impl(config: ModelConfig) -> str:
@@ -329,11 +349,11 @@ def splash_arguments(mask: jax.Array, pattern: Pattern) -> dict[str, Any]:
      key, padded keys none), 'kv_segments': [B, Sp] int32 (0 = valid key, 1 = invalid or
      padding), 'blocks': (block_q, block_kv)}.
   """
-  t, keys = pattern.array.shape
+  t, keys = pattern.shape
   block_q, block_kv = _splash_block(t), _splash_block(keys)
   tp, sp = -(-t // block_q) * block_q, -(-keys // block_kv) * block_kv
   array = np.zeros((tp, sp), bool)
-  array[:t, :keys] = pattern.array
+  array[:t, :keys] = pattern.mask()
   array[t:, :keys] = True
   key_valid = jnp.any(mask, axis=1)  # [B, S + T]: the row's valid keys (module docstring)
   segments = jnp.pad(jnp.where(key_valid, 0, 1), ((0, 0), (0, sp - keys)), constant_values=1)

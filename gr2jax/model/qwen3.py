@@ -206,8 +206,8 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
       key_valid = jnp.concatenate([padding_mask(cache.lengths, s), key_valid], axis=1)
     mask = attention.apply_pattern(mask_pattern, key_valid)
   mask = validate.bool_array("forward", "mask", mask, shape=(b, t, s + t))
-  if mask_pattern is not None and mask_pattern.array.shape != (t, s + t):
-    raise ValueError(f"forward: mask_pattern is {mask_pattern.array.shape}, the mask needs "
+  if mask_pattern is not None and mask_pattern.shape != (t, s + t):
+    raise ValueError(f"forward: mask_pattern is {mask_pattern.shape}, the mask needs "
                      f"{(t, s + t)}")
   if logits_at is not None:
     logits_at = validate.integer_array("forward", "logits_at", logits_at, shape=(b, None))

@@ -97,7 +97,7 @@ def test_mask_semantics():
   pad = ~real[:, :, None]
   np.testing.assert_array_equal(mask[:, pc][:, :, pc] & pad,
                                 np.tri(P + r, dtype=bool)[None] & valid[:, None] & pad)
-  np.testing.assert_array_equal(mask, inputs.pattern.array[None] & mask.any(axis=1)[:, None])
+  np.testing.assert_array_equal(mask, inputs.pattern.mask()[None] & mask.any(axis=1)[:, None])
   assert not mask[:, pc, P + r :].any()  # prompt and clean never see a noisy key
   # Noisy block b: the valid prompt, clean blocks < b, its own noisy block.
   for row in range(2):

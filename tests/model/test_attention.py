@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr2jax import checkpoint
 from gr2jax.diffusion import decode, layout, replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model import attention, masks, qwen3
@@ -153,7 +154,7 @@ def test_kernel_arguments():
   args = attention.splash_arguments(mask, pattern)
   n = mask.shape[1]
   assert args["array"].shape == (128, 128) and args["blocks"] == (128, 128)
-  np.testing.assert_array_equal(args["array"][:n, :n], pattern.array)
+  np.testing.assert_array_equal(args["array"][:n, :n], pattern.mask())
   assert args["array"][n:, :n].all() and not args["array"][:, n:].any()
   np.testing.assert_array_equal(args["kv_segments"][:, :n] == 0, jnp.any(mask, axis=1))
   assert (args["kv_segments"][:, n:] == 1).all()
@@ -175,6 +176,14 @@ def test_resolve_impl_and_config():
   assert pattern != attention.causal_pattern(4, key_padding=False)
   assert attention.causal_pattern(4, key_padding=False).is_causal
   assert not attention.block_pattern(4, 2).is_causal
+  assert not attention.causal_pattern(4, 1).is_causal
+  np.testing.assert_array_equal(attention.causal_pattern(3, 2).mask(),
+                                np.concatenate([np.ones((3, 2), bool), np.tri(3, dtype=bool)], 1))
+  assert attention.block_pattern(2, 3).mask().all()
+  config = ModelConfig.tiny(attention_impl="splash")
+  assert checkpoint.config_from_dict(checkpoint.config_to_dict(config)) == config
+  old = {k: v for k, v in checkpoint.config_to_dict(config).items() if k != "attention_impl"}
+  assert checkpoint.config_from_dict(old).attention_impl == "reference"  # older checkpoints
 
 
 def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
