@@ -186,6 +186,23 @@ def test_resolve_impl_and_config():
   assert checkpoint.config_from_dict(old).attention_impl == "reference"  # older checkpoints
 
 
+def test_splash_runs_per_batch_shard():
+  """Under a mesh with a batch axis the kernel runs in jax.shard_map: rows stay sharded."""
+  _, mask, pattern = _ar_rl_sequence()
+  q, (k, v), _, _ = _inputs(0, mask.shape[1])
+  config = ModelConfig.tiny(attention_impl="splash")
+  want = attention.attend(q, k, v, None, None, attention.prepare(ModelConfig.tiny(), mask, None))
+  mesh = jax.make_mesh((2,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,),
+                       devices=jax.devices()[:2])
+  with jax.set_mesh(mesh):
+    rows = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("fsdp"))
+    got = jax.jit(lambda q, k, v: attention.attend(
+      q, k, v, None, None, attention.prepare(config, mask, pattern)))(
+        *(jax.device_put(x, rows) for x in (q, k, v)))
+  assert got.sharding.spec == jax.sharding.PartitionSpec("fsdp")
+  np.testing.assert_allclose(got, want, atol=ATOL)
+
+
 def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
   monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "cudnn")
   _, mask, pattern = _causal_prefill()
