@@ -90,7 +90,14 @@ def test_mask_semantics():
   valid = np.concatenate([np.arange(P)[None] < PROMPT_LENGTHS[:, None],
                           np.arange(r)[None] < LENGTHS[:, None]], axis=1)
   ref = masks.make_attention_mask(pos[:, pc], pos[:, pc], valid, PROMPT_LENGTHS, B)
-  np.testing.assert_array_equal(mask[:, pc][:, :, pc], ref)
+  real = np.concatenate([np.arange(P)[None] < PROMPT_LENGTHS[:, None],
+                         np.ones((2, r), bool)], axis=1)  # the query rows any prediction reads
+  np.testing.assert_array_equal(mask[:, pc][:, :, pc] & real[:, :, None], ref & real[:, :, None])
+  # Padding prompt rows (read by nothing) follow the static pattern: causal over the real prompt.
+  pad = ~real[:, :, None]
+  np.testing.assert_array_equal(mask[:, pc][:, :, pc] & pad,
+                                np.tri(P + r, dtype=bool)[None] & valid[:, None] & pad)
+  np.testing.assert_array_equal(mask, inputs.pattern.mask()[None] & mask.any(axis=1)[:, None])
   assert not mask[:, pc, P + r :].any()  # prompt and clean never see a noisy key
   # Noisy block b: the valid prompt, clean blocks < b, its own noisy block.
   for row in range(2):
