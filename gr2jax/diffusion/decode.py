@@ -48,7 +48,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
-from gr2jax.model import masks, qwen3, validate
+from gr2jax.model import attention, masks, qwen3, validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 
@@ -130,7 +130,8 @@ def block_forward(
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
   mask = masks.decode_mask(cache.lengths, cache.max_len, positions, prompt_lengths, t)
   return qwen3.forward(
-    params, config, canvas, positions, mask, cache, update_cache=True, logits_at=logits_at
+    params, config, canvas, positions, mask, cache, update_cache=True, logits_at=logits_at,
+    mask_pattern=attention.block_pattern(t, cache.max_len),
   )
 
 

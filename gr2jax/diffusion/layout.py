@@ -23,7 +23,10 @@ Attention (the x_t (+) x_0 mask of BD3-LM / Fast-dLLM v2, with the decoder's ali
 Keys are valid where the prompt / clean response is real (slot < length); every noisy slot is a
 valid key (a decoder canvas holds mask tokens up to the block's end). A noisy block therefore sees
 exactly what the decoder's forward of that block saw: the KV cache (prompt + committed earlier
-blocks) plus its own canvas.
+blocks) plus its own canvas. The rule above is static in slot coordinates (prompt slot i is block
+i, response index j block P + j // B: the order of `masks.block_ids` on every valid slot), so the
+mask is `attention.apply_pattern(pattern, key_valid)` with a static `pattern` (`two_stream_pattern`)
+that the attention kernels take as it is (gr2jax/model/attention.py).
 
 Reading predictions (AR token shift, research/papers.md §2): response token j is predicted by
 the query before it. A block's seed (j % B == 0) is predicted from the clean stream (query j - 1,
@@ -40,9 +43,10 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gr2jax.diffusion import commit
-from gr2jax.model import masks, qwen3
+from gr2jax.model import attention, masks, qwen3
 from gr2jax.model.config import ModelConfig
 
 CLEAN_STREAM = -1
@@ -55,16 +59,37 @@ class Layout(NamedTuple):
     tokens: [B, N] int32.
     positions: [B, N] int32 RoPE positions.
     mask: [B, N, N] bool, True where a query may attend to a key.
+    pattern: the mask's static structure (attention.Pattern; mask = pattern & key validity).
   """
 
   tokens: jax.Array
   positions: jax.Array
   mask: jax.Array
+  pattern: attention.Pattern
 
 
 def padded_width(width: int, block_size: int) -> int:
   """R: a response width rounded up to a multiple of the block size."""
   return -(-width // block_size) * block_size
+
+
+def two_stream_pattern(prompt_width: int, response_width: int, streams: int,
+                       block_size: int) -> attention.Pattern:
+  """The static [N, N] structure of the layout's mask (module docstring), N = P + (1 + K) R.
+
+  Args:
+    prompt_width: P.
+    response_width: R (a multiple of block_size).
+    streams: K noisy streams.
+    block_size: B.
+  """
+  p, r = prompt_width, response_width
+  part = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, streams + 1), r)])
+  blocks = np.concatenate([np.arange(p), np.tile(p + np.arange(r) // block_size, 1 + streams)])
+  qb, kb = blocks[:, None], blocks[None, :]
+  qp, kp = part[:, None], part[None, :]
+  return attention.Pattern(np.where(qp > 0, ((kp == qp) & (kb == qb)) | ((kp == 0) & (kb < qb)),
+                                    (kp == 0) & (kb <= qb)))
 
 
 def two_stream_inputs(
@@ -120,17 +145,9 @@ def two_stream_inputs(
   valid = jnp.concatenate(
     [masks.padding_mask(prompt_lengths, p), clean_valid, jnp.ones((b, k * r), bool)], axis=1
   )
-  # Stream id of each slot: 0 = prompt or clean, s + 1 = noisy stream s.
-  part = jnp.concatenate([jnp.zeros(p + r, jnp.int32), jnp.repeat(jnp.arange(1, k + 1), r)])
-  blocks = masks.block_ids(positions, prompt_lengths, config.block_size)  # [B, N]
-  qb, kb = blocks[:, :, None], blocks[:, None, :]
-  qp, kp = part[None, :, None], part[None, None, :]
-  mask = jnp.where(
-    qp > 0,
-    ((kp == qp) & (kb == qb)) | ((kp == 0) & (kb < qb)),
-    (kp == 0) & (kb <= qb),
-  )
-  return Layout(tokens=tokens, positions=positions, mask=mask & valid[:, None, :])
+  pattern = two_stream_pattern(p, r, k, config.block_size)
+  return Layout(tokens=tokens, positions=positions, mask=attention.apply_pattern(pattern, valid),
+                pattern=pattern)
 
 
 def prediction_queries(
@@ -184,7 +201,8 @@ def score(
     (log-probs of the targets [B, M] f32, the full log-probs [B, M, V] f32 or None).
   """
   logits, _ = qwen3.forward(
-    params, config, inputs.tokens, inputs.positions, inputs.mask, logits_at=queries
+    params, config, inputs.tokens, inputs.positions, inputs.mask, logits_at=queries,
+    mask_pattern=inputs.pattern,
   )  # [B, M, V]
   logp = commit.token_log_probs(logits, config.mask_token_id, temperature)
   chosen = jnp.take_along_axis(logp, jnp.asarray(targets, jnp.int32)[..., None], axis=-1)[..., 0]

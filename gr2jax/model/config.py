@@ -14,6 +14,7 @@ from typing import Any
 
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full")
+ATTENTION_IMPLS = ("reference", "cudnn", "splash", "auto")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +46,9 @@ class ModelConfig:
     attention_chunk_bytes: f32 attention-score budget of one query chunk; 0 picks it from
       jax.default_backend() (decoding); training configs set it explicitly so a train step
       traces the same on every backend.
+    attention_impl: the attention kernel (gr2jax/model/attention.py): 'reference' (the einsum
+      path, the CPU default), 'cudnn' (GPU, bf16), 'splash' (TPU Pallas) or 'auto' (by
+      jax.default_backend()); exact up to float error, never written to config.json.
   """
 
   vocab_size: int
@@ -67,6 +71,7 @@ class ModelConfig:
   pad_token_id: int = 0
   remat: str = "none"
   attention_chunk_bytes: int = 0
+  attention_impl: str = "reference"
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
@@ -90,6 +95,9 @@ class ModelConfig:
     if not isinstance(self.attention_chunk_bytes, int) or self.attention_chunk_bytes < 0:
       raise ValueError(f"ModelConfig.attention_chunk_bytes must be an int >= 0, got "
                        f"{self.attention_chunk_bytes!r}")
+    if self.attention_impl not in ATTENTION_IMPLS:
+      raise ValueError(f"ModelConfig.attention_impl={self.attention_impl!r} not in "
+                       f"{ATTENTION_IMPLS}")
     for name, value in (("rope_theta", self.rope_theta), ("rms_norm_eps", self.rms_norm_eps)):
       if not value > 0:
         raise ValueError(f"ModelConfig.{name} must be > 0, got {value!r}")

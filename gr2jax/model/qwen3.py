@@ -1,13 +1,12 @@
 """The Qwen3 decoder as one pure function of (params, tokens, positions, mask, cache).
 
 WORKSPACE.md "Forward" is the contract. Numerics follow HF `Qwen3ForCausalLM`: RMSNorm, softmax and
-logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP; masked scores set to
-K_MASK (finite, so a fully masked row gives a uniform softmax rather than NaN). Layers are scanned.
+logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP. Layers are scanned.
 
-Keys are `[cache slots S | the T new tokens]`. The cache and the new keys are scored separately and
-share one softmax, so the big K/V buffers are never concatenated; the new K/V are written into the
-cache after the layer scan with one scatter at slots `lengths[b] + arange(T)` (in place when
-donated; out-of-range writes are dropped, never clamped onto valid slots).
+Keys are `[cache slots S | the T new tokens]`; attention (the einsum reference or a kernel,
+config.attention_impl) is gr2jax/model/attention.py. The new K/V are written into the cache after
+the layer scan with one scatter at slots `lengths[b] + arange(T)` (in place when donated;
+out-of-range writes are dropped, never clamped onto valid slots).
 """
 
 from collections.abc import Mapping
@@ -17,17 +16,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gr2jax.model import validate
+from gr2jax.model import attention, validate
 from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.masks import decode_mask, make_attention_mask
+from gr2jax.model.masks import padding_mask
 
-K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
 F32 = jnp.float32
-SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk on CPU (see _query_chunk)
-ACCELERATOR_SCORE_CHUNK_BYTES = 1 << 30  # the same on GPU/TPU (not tuned; bounds memory)
-MIN_QUERY_CHUNK = 32
-KEY_GROUPS = 8  # query-chunk groups that may skip the new keys after them (see _attention)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -65,131 +59,6 @@ def apply_rope(x: jax.Array, positions: jax.Array, theta: float) -> jax.Array:
   return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def score_chunk_bytes(config: ModelConfig) -> int:
-  """The attention-score budget of one query chunk: config.attention_chunk_bytes, else by backend.
-
-  The CPU budget keeps a chunk's scores and probs cache-resident: one [B, N, T, S + T] pass is
-  memory-bound and was 2-4x slower at T = 1024 (tiny/small presets). Accelerators get
-  ACCELERATOR_SCORE_CHUNK_BYTES: serial small chunks would underuse them. Training configs set
-  the field, so a train step does not depend on jax.default_backend() at trace time.
-  """
-  if config.attention_chunk_bytes:
-    return config.attention_chunk_bytes
-  return SCORE_CHUNK_BYTES if jax.default_backend() == "cpu" else ACCELERATOR_SCORE_CHUNK_BYTES
-
-
-def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int,
-                 budget: int) -> int:
-  """Queries per attention chunk: the largest power of two whose f32 scores fit `budget` bytes,
-  at least MIN_QUERY_CHUNK, at most num_queries (one chunk)."""
-  per_query = batch * num_heads * num_keys * 4
-  chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (budget // per_query).bit_length() - 1))
-  return min(chunk, num_queries)
-
-
-def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
-            v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
-  """Attention of C queries over [cache slots | new keys] with one shared softmax.
-
-  Args:
-    q: [B, K, G, C, H] scaled queries, grouped by KV head.
-    k, v: [B, T, K, H] keys / values of the new tokens.
-    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
-    mask: [B, C, S + T] bool, the mask rows of these C queries.
-
-  Returns:
-    [B, K, G, C, H] f32.
-  """
-  scores = jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32)
-  if k_cache is not None:
-    cache_scores = jnp.einsum("BKGCH,BSKH->BKGCS", q, k_cache, preferred_element_type=F32)
-    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, C, S + T]
-  scores = jnp.where(mask[:, None, None], scores, K_MASK)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  s = 0 if k_cache is None else k_cache.shape[1]
-  out = jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
-  if k_cache is not None:
-    out += jnp.einsum("BKGCS,BSKH->BKGCH", probs[..., :s], v_cache, preferred_element_type=F32)
-  return out
-
-
-def _attend_chunks(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
-                   v_cache: jax.Array | None, mask: jax.Array, chunk: int) -> jax.Array:
-  """`_attend` over [B, K, G, C * chunk, H] queries, `chunk` at a time (lax.map); f32 out.
-
-  Each chunk is rematerialised in the backward pass (jax.checkpoint), so a gradient keeps one
-  chunk's [chunk, S + T] scores at a time instead of all of them (at the paper's 10k-token
-  replay that was ~20 GB per row; docs/plan_qwen3_8b.md). Exact; decoding has no backward.
-  """
-  b, num_kv, g, rows, h = q.shape
-  q = q.reshape(b, num_kv, g, rows // chunk, chunk, h).transpose(3, 0, 1, 2, 4, 5)
-  mask = mask.reshape(b, rows // chunk, chunk, -1).swapaxes(0, 1)
-  attend = jax.checkpoint(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]))
-  out = lax.map(attend, (q, mask))
-  return out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, rows, h)
-
-
-def _attend_group(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
-                  v_cache: jax.Array | None, mask: jax.Array, chunk: int,
-                  limit: int) -> jax.Array:
-  """`_attend_chunks`, reading only the first `limit` new keys when that is exact.
-
-  Exact when the mask hides every later new key from these rows and each row sees some kept key
-  (then the dropped scores would have had probability exactly 0): true for the row groups of a
-  causal mask; otherwise (lax.cond) all keys are scored.
-  """
-  kept = mask.shape[-1] - k.shape[1] + limit  # cache slots + the first `limit` new keys
-  if kept == mask.shape[-1]:
-    return _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk)
-  exact = ~jnp.any(mask[..., kept:]) & jnp.all(jnp.any(mask[..., :kept], axis=-1))
-  return lax.cond(
-    exact,
-    lambda: _attend_chunks(q, k[:, :limit], v[:, :limit], k_cache, v_cache, mask[..., :kept],
-                           chunk),
-    lambda: _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk))
-
-
-def _attention(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
-               v_cache: jax.Array | None, mask: jax.Array, chunk_bytes: int) -> jax.Array:
-  """GQA attention of T queries over [cache slots | new keys] with one shared softmax.
-
-  Long query sequences run in chunks of `_query_chunk` queries (lax.map): each chunk scores all
-  keys under its own mask rows, so the result is exact for any mask; T is padded up to a multiple
-  of the chunk with fully masked rows that are dropped afterwards. The chunks form up to
-  KEY_GROUPS consecutive groups; a group whose mask rows hide all new keys after its last row
-  (causal masks) skips scoring them (`_attend_group`), about 45% less work at 8 groups.
-
-  Args:
-    q: [B, T, N, H] queries (after norm + RoPE).
-    k, v: [B, T, K, H] keys / values of the new tokens.
-    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
-    mask: [B, T, S + T] bool.
-    chunk_bytes: the f32 score budget of one query chunk (score_chunk_bytes).
-
-  Returns:
-    [B, T, N, H] in q.dtype.
-  """
-  b, t, n, h = q.shape
-  num_kv = k.shape[2]
-  g = n // num_kv
-  dtype = q.dtype
-  q = q * jnp.asarray(h ** -0.5, dtype)
-  q = q.reshape(b, t, num_kv, g, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
-  chunk = _query_chunk(b, n, mask.shape[-1], t, chunk_bytes)
-  if chunk == t:
-    out = _attend(q, k, v, k_cache, v_cache, mask)  # [B, K, G, T, H]
-  else:
-    pad = -t % chunk
-    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
-    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
-    bounds = [int(c[0]) * chunk for c in np.array_split(np.arange((t + pad) // chunk),
-                                                        KEY_GROUPS) if len(c)] + [t + pad]
-    groups = [_attend_group(q[:, :, :, lo:hi], k, v, k_cache, v_cache, mask[:, lo:hi], chunk,
-                            min(hi, t)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
-    out = jnp.concatenate(groups, axis=3)[:, :, :, :t]
-  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
-
-
 def shard_activations(x: jax.Array) -> jax.Array:
   """The one activation-sharding constraint point: the residual stream [B, T, D] is split over
   the batch axes ('data', 'fsdp') of the mesh in context (jax.set_mesh), replicated over 'tp'.
@@ -209,7 +78,7 @@ def shard_activations(x: jax.Array) -> jax.Array:
   return jax.lax.with_sharding_constraint(x, spec)
 
 
-def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Array, p: dict,
+def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: dict, p: dict,
            k_cache: jax.Array | None, v_cache: jax.Array | None):
   """One decoder layer. x [B, T, D] -> (x [B, T, D], (k, v) [B, T, K, H] of the new tokens)."""
   x = shard_activations(x)
@@ -221,7 +90,7 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, mask: jax.Ar
   v = jnp.einsum("BTD,DKH->BTKH", h, w("v"))
   q = apply_rope(rms_norm(q, p["q_norm"], eps), positions, config.rope_theta)
   k = apply_rope(rms_norm(k, p["k_norm"], eps), positions, config.rope_theta)
-  attn = _attention(q, k, v, k_cache, v_cache, mask, score_chunk_bytes(config))
+  attn = attention.attend(q, k, v, k_cache, v_cache, prepared)
   x = x + jnp.einsum("BTNH,NHD->BTD", attn, w("o"))
   h = rms_norm(x, p["post_attn_norm"], eps)
   gate = jnp.einsum("BTD,DF->BTF", h, w("gate"))
@@ -284,7 +153,7 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
             positions: jax.Array | None = None, mask: jax.Array | None = None,
             cache: KVCache | None = None, *, update_cache: bool = False,
             logits_at: jax.Array | None = None, return_hidden: bool = False,
-            read_cache: bool = True):
+            read_cache: bool = True, mask_pattern: attention.Pattern | None = None):
   """The Qwen3 forward pass (WORKSPACE.md "Forward").
 
   Args:
@@ -293,7 +162,8 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     tokens: [B, T] int token ids.
     positions: [B, T] int positions; default arange(T), after `cache.lengths` when a cache is given.
     mask: [B, T, S + T] bool over keys [cache slots | new tokens] (S = 0 without a cache); default
-      causal over the valid cache slots and the new tokens.
+      the valid cache slots plus causal over the new tokens in slot order
+      (attention.causal_pattern; causal by position for increasing positions).
     cache: optional KVCache read by every layer.
     update_cache: write the T new K/V at slots `cache.lengths + arange(T)` and return the cache
       with `lengths + T`; otherwise the input cache is returned untouched.
@@ -302,6 +172,8 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
       mask is [B, T, T]): exact, and about half the work, when prefilling an empty cache.
     return_hidden: also return the residual stream before the final norm, [L + 1, B, T, D]
       (index 0 = embeddings, i = after layer i), for parity debugging.
+    mask_pattern: the static structure of a given `mask` (mask == attention.apply_pattern(
+      mask_pattern, key_valid)); the kernels need it (attention.py), the reference ignores it.
 
   Returns:
     (logits f32 [B, T or Kq, V], cache), plus hidden [L + 1, B, T, D] when return_hidden.
@@ -328,20 +200,25 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     positions = jnp.broadcast_to(positions, (b, t))
   positions = validate.integer_array("forward", "positions", positions, shape=(b, t))
   if mask is None:
-    if s == 0:
-      mask = make_attention_mask(positions, positions, jnp.ones((b, t), bool), 0, 1)
-    else:
-      mask = decode_mask(cache.lengths, s, positions)
+    mask_pattern = attention.causal_pattern(t, s, key_padding=s > 0)
+    key_valid = jnp.ones((b, t), bool)
+    if s:
+      key_valid = jnp.concatenate([padding_mask(cache.lengths, s), key_valid], axis=1)
+    mask = attention.apply_pattern(mask_pattern, key_valid)
   mask = validate.bool_array("forward", "mask", mask, shape=(b, t, s + t))
+  if mask_pattern is not None and mask_pattern.array.shape != (t, s + t):
+    raise ValueError(f"forward: mask_pattern is {mask_pattern.array.shape}, the mask needs "
+                     f"{(t, s + t)}")
   if logits_at is not None:
     logits_at = validate.integer_array("forward", "logits_at", logits_at, shape=(b, None))
     validate.check_range("forward", "logits_at", logits_at, 0, t)
 
   x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)  # [B, T, D]
+  prepared = attention.prepare(config, mask, mask_pattern)  # the kernel's mask, once per forward
 
   def body(x, layer):
     p, k_cache, v_cache = layer
-    x, kv = _layer(config, x, positions, mask, p, k_cache, v_cache)
+    x, kv = _layer(config, x, positions, prepared, p, k_cache, v_cache)
     return x, (kv, x if return_hidden else None)
 
   if config.remat == "full":

@@ -125,8 +125,9 @@ def test_jit_and_bf16():
 DECODE_FIELDS = {"max_position_embeddings", "block_size", "mask_token_id", "bos_token_id",
                  "eos_token_ids", "pad_token_id"}
 # Training hooks that must NOT change the values: tested exact in
-# test_remat_and_chunk_budget_do_not_change_loss_or_grads.
-EXACT_HOOK_FIELDS = {"remat", "attention_chunk_bytes"}
+# test_remat_and_chunk_budget_do_not_change_loss_or_grads and (attention_impl)
+# tests/model/test_attention.py.
+EXACT_HOOK_FIELDS = {"remat", "attention_chunk_bytes", "attention_impl"}
 
 
 def test_every_config_field_is_used():
@@ -178,44 +179,6 @@ def test_prefill_without_reading_empty_cache_is_exact():
   np.testing.assert_allclose(logits_a, logits_b, atol=1e-5)
   np.testing.assert_allclose(cache_a.k, cache_b.k, atol=1e-6)
   np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
-
-
-@pytest.mark.parametrize("cached,causal,blank_row", [(False, False, 2), (True, False, 2),
-                                                     (False, True, None), (True, True, 2)])
-def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, causal, blank_row):
-  """Chunks of 4 queries (T = 10, padded to 12) equal one chunk, values and grads, any mask.
-
-  Causal masks let the first two chunks skip later keys (lax.cond); a fully masked row (uniform
-  softmax over all keys) must make its chunk score every key again.
-  """
-  b, t, s, n, k, h = 2, 10, 5, 4, 2, 8
-  keys = jax.random.split(jax.random.key(3), 6)
-  q = jax.random.normal(keys[0], (b, t, n, h))
-  kv = [jax.random.normal(keys[i], (b, t, k, h)) for i in (1, 2)]
-  cache_kv = [jax.random.normal(keys[i], (b, s, k, h)) if cached else None for i in (3, 4)]
-  if causal:
-    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
-    mask = jnp.concatenate([jnp.ones((b, t, s), bool), mask], -1) if cached else mask
-  else:
-    mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
-  if blank_row is not None:
-    mask = mask.at[0, blank_row].set(False)  # uniform softmax over all keys, no NaN
-
-  def run(budget):  # traced afresh on each call: picks up the patched chunking constants
-    def loss(q, k, v):
-      out = qwen3._attention(q, k, v, *cache_kv, mask, budget)
-      return jnp.sum(out * jnp.cos(out)), out
-
-    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, *kv)
-
-  (_, whole), whole_grads = run(1 << 40)
-  monkeypatch.setattr(qwen3, "MIN_QUERY_CHUNK", 4)
-  assert qwen3._query_chunk(b, n, mask.shape[-1], t, 1) == 4
-  (_, chunked), chunked_grads = run(1)
-  assert not np.any(np.isnan(chunked))
-  np.testing.assert_allclose(chunked, whole, atol=1e-5)
-  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), chunked_grads,
-               whole_grads)
 
 
 def test_remat_and_chunk_budget_do_not_change_loss_or_grads():

@@ -1,0 +1,442 @@
+"""GQA attention of T queries over [cache slots S | the T new keys]: one reference, two kernels.
+
+`attend` is what every layer of `qwen3.forward` calls; `ModelConfig.attention_impl` picks
+(`resolve_impl`; STYLE.md "Accelerators", the dispatch of maxtext's layers/attention_op.py):
+
+  reference  the einsum path: query-chunked, each chunk rematerialised in the backward pass,
+             exact for any [B, T, S + T] bool mask; the cache and the new keys are scored
+             separately and share one softmax (no K/V concatenation). The CPU path and the
+             ground truth of tests/model/test_attention.py.
+  cudnn      `jax.nn.dot_product_attention(implementation='cudnn')` (cuDNN flash attention,
+             bf16/fp16 only). A causal mask without padding is cuDNN's CAUSAL mask type (no
+             mask tensor); every other mask -- padding, the cached block decode, the two-stream
+             CFT layout, the packed replay -- is passed as the bool mask [B, 1, T, S + T], which
+             cuDNN applies as an additive bias (exact; O(T (S + T)) memory per row for the bias
+             and its gradient, instead of the reference's [N, chunk, S + T] f32 scores).
+  splash     Pallas splash attention (TPU): the mask's static `Pattern` is the splash mask
+             (block-sparse: all-masked tiles are skipped), the per-row key validity (padding,
+             unwritten cache slots) is the kv segment ids (queries segment 0, valid keys 0,
+             invalid keys 1). A mask given without its Pattern has no static structure and runs
+             the reference path instead (documented fallback; every mask the library builds has
+             one). Run per shard of the batch axes of the mesh in context (jax.shard_map).
+  auto       by jax.default_backend(): 'gpu' -> cudnn (reference when compute_dtype is
+             float32: cuDNN has no fp32 kernel), 'tpu' -> splash, otherwise reference. A
+             compile-only target (AOT from a CPU host) must name its kernel explicitly.
+
+Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
+Pattern shared by every row, and-ed with a per-row key validity [B, S + T]. The kernels need the
+factored form; the reference needs only the dense mask. Every row must see at least one key
+(true of every library mask; a splash row without one would divide by zero).
+
+Numerics: softmax in f32 in every path; masked scores are K_MASK in the reference (finite: a
+fully masked row gives a uniform softmax rather than NaN).
+"""
+
+import dataclasses
+import hashlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from gr2jax.model.config import ModelConfig
+
+K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
+F32 = jnp.float32
+SCORE_CHUNK_BYTES = 8 << 20  # f32 attention scores per query chunk on CPU (see _query_chunk)
+ACCELERATOR_SCORE_CHUNK_BYTES = 1 << 30  # the same on GPU/TPU (not tuned; bounds memory)
+MIN_QUERY_CHUNK = 32
+KEY_GROUPS = 8  # query-chunk groups that may skip the new keys after them (see reference)
+# The implementation argument of jax.nn.dot_product_attention on the 'cudnn' path, and splash's
+# Pallas interpret mode: the kernels themselves on an accelerator; tests on CPU set 'xla' / True
+# (the same kernel arguments, computed by XLA / the Pallas interpreter).
+CUDNN_IMPLEMENTATION = "cudnn"
+SPLASH_INTERPRET = False
+SPLASH_MIN_BLOCK, SPLASH_MAX_BLOCK = 128, 512  # splash tile sizes (multiples of the 128 lanes)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Pattern:
+  """The static part of an attention mask: mask[b] = array & key_valid[b] for every row b.
+
+  Static (a pytree without leaves, hashed by content), so it rides through jit and lax.scan
+  next to the dense mask it describes.
+
+  Attributes:
+    array: [T, S + T] numpy bool, True where query t may attend to key s when s is valid.
+    key_padding: False promises every key is valid (mask == array in every row): a causal
+      pattern without padding is then cuDNN's CAUSAL mask type with no mask tensor.
+  """
+
+  array: np.ndarray
+  key_padding: bool = True
+
+  def __post_init__(self):
+    array = np.asarray(self.array, bool)
+    if array.ndim != 2:
+      raise ValueError(f"Pattern.array must be [T, S + T], got shape {array.shape}")
+    object.__setattr__(self, "array", array)
+    digest = hashlib.blake2b(np.packbits(array).tobytes(), digest_size=16).digest()
+    object.__setattr__(self, "_key", (array.shape, digest, self.key_padding))
+
+  def __hash__(self):
+    return hash(self._key)
+
+  def __eq__(self, other):
+    return isinstance(other, Pattern) and self._key == other._key
+
+  @property
+  def is_causal(self) -> bool:
+    """True for a square lower-triangular pattern (causal, no cache slots)."""
+    t, s = self.array.shape
+    return t == s and np.array_equal(self.array, np.tri(t, dtype=bool))
+
+
+jax.tree_util.register_static(Pattern)
+
+
+def causal_pattern(t: int, cache_slots: int = 0, key_padding: bool = True) -> Pattern:
+  """Causal over T new tokens in slot order, after `cache_slots` cache keys all visible.
+
+  The AR prefill and decode step ([ones(T, S) | tril(T)]): a cache slot is visible iff valid.
+  """
+  return Pattern(np.concatenate([np.ones((t, cache_slots), bool), np.tri(t, dtype=bool)], 1),
+                 key_padding)
+
+
+def block_pattern(t: int, cache_slots: int) -> Pattern:
+  """Every new token sees the valid cache slots and all T new tokens (a block-diffusion step)."""
+  return Pattern(np.ones((t, cache_slots + t), bool))
+
+
+def apply_pattern(pattern: Pattern, key_valid: jax.Array) -> jax.Array:
+  """The dense mask of a pattern: [B, T, S + T] bool = pattern.array & key_valid[:, None, :].
+
+  Args:
+    pattern: the static structure.
+    key_valid: [B, S + T] bool, False for padding / unwritten cache slots.
+  """
+  return jnp.asarray(pattern.array)[None] & jnp.asarray(key_valid, bool)[:, None, :]
+
+
+def resolve_impl(config: ModelConfig) -> str:
+  """The kernel of config.attention_impl: 'reference' | 'cudnn' | 'splash' ('auto' by backend)."""
+  if config.attention_impl != "auto":
+    return config.attention_impl
+  backend = jax.default_backend()
+  if backend in ("gpu", "cuda") and config.compute_dtype != "float32":
+    return "cudnn"
+  return "splash" if backend == "tpu" else "reference"
+
+
+def score_chunk_bytes(config: ModelConfig) -> int:
+  """The reference's attention-score budget of one query chunk: config.attention_chunk_bytes,
+  else by backend.
+
+  The CPU budget keeps a chunk's scores and probs cache-resident: one [B, N, T, S + T] pass is
+  memory-bound and was 2-4x slower at T = 1024 (tiny/small presets). Accelerators get
+  ACCELERATOR_SCORE_CHUNK_BYTES: serial small chunks would underuse them. Training configs set
+  the field, so a train step does not depend on jax.default_backend() at trace time.
+  """
+  if config.attention_chunk_bytes:
+    return config.attention_chunk_bytes
+  return SCORE_CHUNK_BYTES if jax.default_backend() == "cpu" else ACCELERATOR_SCORE_CHUNK_BYTES
+
+
+# ---- the reference (einsum) path ---------------------------------------------------------------
+
+
+def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int,
+                 budget: int) -> int:
+  """Queries per attention chunk: the largest power of two whose f32 scores fit `budget` bytes,
+  at least MIN_QUERY_CHUNK, at most num_queries (one chunk)."""
+  per_query = batch * num_heads * num_keys * 4
+  chunk = max(MIN_QUERY_CHUNK, 1 << max(0, (budget // per_query).bit_length() - 1))
+  return min(chunk, num_queries)
+
+
+def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+            v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
+  """Attention of C queries over [cache slots | new keys] with one shared softmax.
+
+  Args:
+    q: [B, K, G, C, H] scaled queries, grouped by KV head.
+    k, v: [B, T, K, H] keys / values of the new tokens.
+    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    mask: [B, C, S + T] bool, the mask rows of these C queries.
+
+  Returns:
+    [B, K, G, C, H] f32.
+  """
+  scores = jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32)
+  if k_cache is not None:
+    cache_scores = jnp.einsum("BKGCH,BSKH->BKGCS", q, k_cache, preferred_element_type=F32)
+    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, C, S + T]
+  scores = jnp.where(mask[:, None, None], scores, K_MASK)
+  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  s = 0 if k_cache is None else k_cache.shape[1]
+  out = jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
+  if k_cache is not None:
+    out += jnp.einsum("BKGCS,BSKH->BKGCH", probs[..., :s], v_cache, preferred_element_type=F32)
+  return out
+
+
+def _attend_chunks(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+                   v_cache: jax.Array | None, mask: jax.Array, chunk: int) -> jax.Array:
+  """`_attend` over [B, K, G, C * chunk, H] queries, `chunk` at a time (lax.map); f32 out.
+
+  Each chunk is rematerialised in the backward pass (jax.checkpoint), so a gradient keeps one
+  chunk's [chunk, S + T] scores at a time instead of all of them (at the paper's 10k-token
+  replay that was ~20 GB per row; docs/plan_qwen3_8b.md). Exact; decoding has no backward.
+  """
+  b, num_kv, g, rows, h = q.shape
+  q = q.reshape(b, num_kv, g, rows // chunk, chunk, h).transpose(3, 0, 1, 2, 4, 5)
+  mask = mask.reshape(b, rows // chunk, chunk, -1).swapaxes(0, 1)
+  attend = jax.checkpoint(lambda qm: _attend(qm[0], k, v, k_cache, v_cache, qm[1]))
+  out = lax.map(attend, (q, mask))
+  return out.transpose(1, 2, 3, 0, 4, 5).reshape(b, num_kv, g, rows, h)
+
+
+def _attend_group(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+                  v_cache: jax.Array | None, mask: jax.Array, chunk: int,
+                  limit: int) -> jax.Array:
+  """`_attend_chunks`, reading only the first `limit` new keys when that is exact.
+
+  Exact when the mask hides every later new key from these rows and each row sees some kept key
+  (then the dropped scores would have had probability exactly 0): true for the row groups of a
+  causal mask; otherwise (lax.cond) all keys are scored.
+  """
+  kept = mask.shape[-1] - k.shape[1] + limit  # cache slots + the first `limit` new keys
+  if kept == mask.shape[-1]:
+    return _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk)
+  exact = ~jnp.any(mask[..., kept:]) & jnp.all(jnp.any(mask[..., :kept], axis=-1))
+  return lax.cond(
+    exact,
+    lambda: _attend_chunks(q, k[:, :limit], v[:, :limit], k_cache, v_cache, mask[..., :kept],
+                           chunk),
+    lambda: _attend_chunks(q, k, v, k_cache, v_cache, mask, chunk))
+
+
+def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+              v_cache: jax.Array | None, mask: jax.Array, chunk_bytes: int) -> jax.Array:
+  """GQA attention of T queries over [cache slots | new keys] with one shared softmax (einsums).
+
+  Long query sequences run in chunks of `_query_chunk` queries (lax.map): each chunk scores all
+  keys under its own mask rows, so the result is exact for any mask; T is padded up to a multiple
+  of the chunk with fully masked rows that are dropped afterwards. The chunks form up to
+  KEY_GROUPS consecutive groups; a group whose mask rows hide all new keys after its last row
+  (causal masks) skips scoring them (`_attend_group`), about 45% less work at 8 groups.
+
+  Args:
+    q: [B, T, N, H] queries (after norm + RoPE).
+    k, v: [B, T, K, H] keys / values of the new tokens.
+    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    mask: [B, T, S + T] bool.
+    chunk_bytes: the f32 score budget of one query chunk (score_chunk_bytes).
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  b, t, n, h = q.shape
+  num_kv = k.shape[2]
+  g = n // num_kv
+  dtype = q.dtype
+  q = q * jnp.asarray(h ** -0.5, dtype)
+  q = q.reshape(b, t, num_kv, g, h).transpose(0, 2, 3, 1, 4)  # [B, K, G, T, H]
+  chunk = _query_chunk(b, n, mask.shape[-1], t, chunk_bytes)
+  if chunk == t:
+    out = _attend(q, k, v, k_cache, v_cache, mask)  # [B, K, G, T, H]
+  else:
+    pad = -t % chunk
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, 0), (0, pad), (0, 0)))
+    mask = jnp.pad(mask, ((0, 0), (0, pad), (0, 0)))
+    bounds = [int(c[0]) * chunk for c in np.array_split(np.arange((t + pad) // chunk),
+                                                        KEY_GROUPS) if len(c)] + [t + pad]
+    groups = [_attend_group(q[:, :, :, lo:hi], k, v, k_cache, v_cache, mask[:, lo:hi], chunk,
+                            min(hi, t)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    out = jnp.concatenate(groups, axis=3)[:, :, :, :t]
+  return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
+
+
+# ---- kernels -----------------------------------------------------------------------------------
+
+
+def _all_keys(k: jax.Array, cache: jax.Array | None) -> jax.Array:
+  """[B, S + T, K, H]: the kernels take one key tensor ([cache slots | new keys])."""
+  return k if cache is None else jnp.concatenate([cache.astype(k.dtype), k], axis=1)
+
+
+def cudnn_arguments(mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
+  """The mask arguments of jax.nn.dot_product_attention on the cuDNN path.
+
+  Args:
+    mask: [B, T, S + T] bool.
+    pattern: its static structure, or None.
+
+  Returns:
+    {'is_causal': True, 'mask': None} for a causal pattern without padding (cuDNN's CAUSAL mask
+    type), else {'is_causal': False, 'mask': [B, 1, T, S + T] bool} (cuDNN's additive bias).
+  """
+  if pattern is not None and pattern.is_causal and not pattern.key_padding:
+    return {"is_causal": True, "mask": None}
+  return {"is_causal": False, "mask": mask[:, None]}
+
+
+def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) -> jax.Array:
+  """cuDNN flash attention (jax.nn.dot_product_attention; GQA native) with cudnn_arguments.
+
+  T and S + T are padded to even lengths with masked rows / keys when a mask tensor is given
+  (cuDNN's bias backward needs even sequence lengths).
+
+  Args:
+    q: [B, T, N, H]; k, v: [B, S + T, K, H]; arguments: cudnn_arguments(...).
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  if CUDNN_IMPLEMENTATION == "cudnn" and q.dtype == jnp.float32:
+    raise ValueError("attention: attention_impl='cudnn' needs ModelConfig.compute_dtype="
+                     "'bfloat16' (cuDNN flash attention has no float32 kernel)")
+  mask = arguments["mask"]
+  t, keys = q.shape[1], k.shape[1]
+  if mask is not None and (t % 2 or keys % 2):
+    pad_t, pad_s = t % 2, keys % 2
+    q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
+    k, v = (jnp.pad(x, ((0, 0), (0, pad_s), (0, 0), (0, 0))) for x in (k, v))
+    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_t), (0, pad_s)))
+    mask = mask.at[:, :, t:, 0].set(True)  # padded rows see one key: no empty softmax
+  out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=arguments["is_causal"],
+                                     implementation=CUDNN_IMPLEMENTATION)
+  return out[:, :t]
+
+
+def _splash_block(n: int) -> int:
+  """The splash tile along a sequence of n: 128 .. 512, the smallest that covers n."""
+  return min(SPLASH_MAX_BLOCK, -(-n // SPLASH_MIN_BLOCK) * SPLASH_MIN_BLOCK)
+
+
+def splash_arguments(mask: jax.Array, pattern: Pattern) -> dict[str, Any]:
+  """The splash mask and segment ids of a factored mask.
+
+  Args:
+    mask: [B, T, S + T] bool == apply_pattern(pattern, key_valid).
+    pattern: its static structure.
+
+  Returns:
+    {'array': [Tp, Sp] numpy bool (pattern padded to tile multiples: padded rows see every real
+     key, padded keys none), 'kv_segments': [B, Sp] int32 (0 = valid key, 1 = invalid or
+     padding), 'blocks': (block_q, block_kv)}.
+  """
+  t, keys = pattern.array.shape
+  block_q, block_kv = _splash_block(t), _splash_block(keys)
+  tp, sp = -(-t // block_q) * block_q, -(-keys // block_kv) * block_kv
+  array = np.zeros((tp, sp), bool)
+  array[:t, :keys] = pattern.array
+  array[t:, :keys] = True
+  key_valid = jnp.any(mask, axis=1)  # [B, S + T]: the row's valid keys (module docstring)
+  segments = jnp.pad(jnp.where(key_valid, 0, 1), ((0, 0), (0, sp - keys)), constant_values=1)
+  return {"array": array, "kv_segments": segments.astype(jnp.int32),
+          "blocks": (block_q, block_kv)}
+
+
+def _batch_shards(fn, batch: int):
+  """fn under jax.shard_map over the batch axes ('data', 'fsdp') of the mesh in context.
+
+  A Pallas kernel is one opaque custom call that XLA's SPMD partitioner would run replicated;
+  per batch shard it sees only its rows. A no-op without such a mesh (or when B does not split).
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  names = () if mesh.empty else mesh.axis_names
+  axes = tuple(a for a in ("data", "fsdp") if a in names)
+  if not axes or batch % int(np.prod([mesh.shape[a] for a in axes])):
+    return fn
+  spec = jax.sharding.PartitionSpec(axes)
+  return jax.shard_map(fn, in_specs=spec, out_specs=spec, check_vma=False)
+
+
+def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) -> jax.Array:
+  """Pallas splash attention (GQA native: N query heads over K kv heads) with splash_arguments.
+
+  Args:
+    q: [B, T, N, H]; k, v: [B, S + T, K, H]; arguments: splash_arguments(...).
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  # Imported here: the TPU kernel's module is jax.experimental (0.6 s to import, its path may
+  # move between jax releases); the reference and cuDNN paths do not need it.
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_kernel as splash_kernel,
+  )
+  from jax.experimental.pallas.ops.tpu.splash_attention import (
+    splash_attention_mask as splash_mask,
+  )
+
+  b, t, n, h = q.shape
+  array, segments = arguments["array"], arguments["kv_segments"]
+  block_q, block_kv = arguments["blocks"]
+  tp, sp = array.shape
+  sizes = splash_kernel.BlockSizes(
+    block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block_q,
+    block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q,
+    block_kv_dq=block_kv)
+  kernel = splash_kernel.make_splash_mha(
+    splash_mask.MultiHeadMask([splash_mask.NumpyMask(array)] * n), block_sizes=sizes,
+    head_shards=1, q_seq_shards=1, interpret=SPLASH_INTERPRET)
+  q = q * jnp.asarray(h ** -0.5, q.dtype)
+  q = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, N, Tp, H]
+  k, v = (jnp.pad(x, ((0, 0), (0, sp - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
+          for x in (k, v))  # [B, K, Sp, H]
+
+  def run(q, k, v, segments):  # one batch shard: [b, N, Tp, H], [b, K, Sp, H] x 2, [b, Sp]
+    ids = splash_kernel.SegmentIds(q=jnp.zeros(q.shape[::2][:2], jnp.int32), kv=segments)
+    return jax.vmap(kernel)(q, k, v, segment_ids=ids)
+
+  out = _batch_shards(run, b)(q, k, v, segments)  # [B, N, Tp, H]
+  return out[:, :, :t].transpose(0, 2, 1, 3)
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+
+def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
+  """The kernel and its mask arguments, computed once per forward (shared by every layer).
+
+  Args:
+    config: the model (attention_impl, attention_chunk_bytes).
+    mask: [B, T, S + T] bool.
+    pattern: the mask's static structure (apply_pattern), or None for an arbitrary mask.
+
+  Returns:
+    {'impl': the kernel that runs, **its mask arguments}: splash without a pattern is the
+    reference (module docstring).
+  """
+  impl = resolve_impl(config)
+  if impl == "cudnn":
+    return {"impl": impl, **cudnn_arguments(mask, pattern)}
+  if impl == "splash" and pattern is not None:
+    return {"impl": impl, **splash_arguments(mask, pattern)}
+  return {"impl": "reference", "mask": mask, "chunk_bytes": score_chunk_bytes(config)}
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
+           v_cache: jax.Array | None, prepared: dict[str, Any]) -> jax.Array:
+  """GQA attention of T queries over [cache slots | new keys] by the prepared kernel.
+
+  Args:
+    q: [B, T, N, H] queries (after norm + RoPE).
+    k, v: [B, T, K, H] keys / values of the new tokens.
+    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    prepared: prepare(config, mask, pattern).
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  impl = prepared["impl"]
+  if impl == "reference":
+    return reference(q, k, v, k_cache, v_cache, prepared["mask"], prepared["chunk_bytes"])
+  k, v = _all_keys(k, k_cache), _all_keys(v, v_cache)
+  out = (cudnn if impl == "cudnn" else splash)(q, k, v, prepared)
+  return out.astype(q.dtype)

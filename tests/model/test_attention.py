@@ -1,0 +1,243 @@
+"""Attention kernels == the einsum reference (outputs and gradients, fp32, atol 1e-5) for every
+mask the library builds; the reference's query chunking is exact for any mask.
+
+On CPU the cuDNN path runs `jax.nn.dot_product_attention(implementation='xla')` with the same
+kernel arguments (`attention.cudnn_arguments`), and splash runs in Pallas interpret mode.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gr2jax.diffusion import decode, layout, replay
+from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
+from gr2jax.model import attention, masks, qwen3
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import init_params
+
+ATOL = 1e-5
+KERNELS = ("cudnn", "splash")
+B, N, K, H = 2, 4, 2, 8
+MASK_ID, BLOCK = 63, 4
+DIFFUSION = ModelConfig.tiny(vocab_size=64, num_layers=2, block_size=BLOCK,
+                             mask_token_id=MASK_ID)
+PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
+PROMPT_LENGTHS = np.array([5, 3], np.int32)
+RESPONSES = np.array([[20, 21, 22, 23, 24, 25, 26, 27], [40, 41, 42, 43, 44, 45, 0, 0]], np.int32)
+RESPONSE_LENGTHS = np.array([8, 6], np.int32)
+COMMIT_STEP = np.array([[SEED_STEP, 1, 0, 2, SEED_STEP, 0, 1, NEVER_STEP],
+                        [SEED_STEP, 0, 0, 1, SEED_STEP, 2, 1, 0]], np.int32)
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on_cpu(monkeypatch):
+  monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
+  monkeypatch.setattr(attention, "SPLASH_INTERPRET", True)
+
+
+def _causal_prefill():
+  t = 10
+  return 0, attention.apply_pattern(attention.causal_pattern(t, key_padding=False),
+                                    jnp.ones((B, t), bool)), \
+    attention.causal_pattern(t, key_padding=False)
+
+
+def _ragged_prefill():
+  """Right-padded prompts appended after a partly filled cache (ragged_prefill's mask)."""
+  t, s = 7, 6
+  lengths = jnp.array([4, 0], jnp.int32)
+  pattern = attention.causal_pattern(t, s)
+  valid = jnp.concatenate([masks.padding_mask(lengths, s), jnp.ones((B, t), bool)], axis=1)
+  want = masks.decode_mask(lengths, s, lengths[:, None] + jnp.arange(t)[None, :])
+  np.testing.assert_array_equal(attention.apply_pattern(pattern, valid), want)
+  return s, want, pattern
+
+
+def _block_decode():
+  """A cached block-diffusion step: the block after the prompt (row 0) / one block (row 1)."""
+  s = 12
+  lengths = jnp.asarray(PROMPT_LENGTHS) + jnp.array([0, BLOCK])
+  positions = lengths[:, None] + jnp.arange(BLOCK)[None, :]
+  want = masks.decode_mask(lengths, s, positions, PROMPT_LENGTHS, BLOCK)
+  pattern = attention.block_pattern(BLOCK, s)
+  valid = jnp.concatenate([masks.padding_mask(lengths, s), jnp.ones((B, BLOCK), bool)], axis=1)
+  np.testing.assert_array_equal(attention.apply_pattern(pattern, valid), want)
+  return s, want, pattern
+
+
+def _cft_two_stream():
+  noisy = jax.random.bernoulli(jax.random.key(5), 0.5, (B, 2, RESPONSES.shape[1]))
+  noisy = noisy.at[:, 1].set(~noisy[:, 0])  # the complementary pair
+  inputs = layout.two_stream_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES,
+                                    RESPONSE_LENGTHS, noisy)
+  return 0, inputs.mask, inputs.pattern
+
+
+def _packed_replay():
+  inputs = replay.replay_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES, COMMIT_STEP,
+                                RESPONSE_LENGTHS, rounds=range(3))
+  return 0, inputs.mask, inputs.pattern
+
+
+MASKS = {"causal_prefill": _causal_prefill, "ragged_prefill": _ragged_prefill,
+         "block_decode": _block_decode, "cft_two_stream": _cft_two_stream,
+         "packed_replay": _packed_replay}
+
+
+def _inputs(cache_slots: int, t: int):
+  keys = jax.random.split(jax.random.key(t), 6)
+  q = jax.random.normal(keys[0], (B, t, N, H))
+  new = [jax.random.normal(keys[i], (B, t, K, H)) for i in (1, 2)]
+  cache = [jax.random.normal(keys[i], (B, cache_slots, K, H)) if cache_slots else None
+           for i in (3, 4)]
+  return q, new, cache, jax.random.normal(keys[5], (B, t, N, H))
+
+
+def _run(impl, mask, pattern, q, new, cache, weights):
+  config = ModelConfig.tiny(attention_impl=impl)
+
+  def loss(q, k, v, k_cache, v_cache):
+    out = attention.attend(q, k, v, k_cache, v_cache, attention.prepare(config, mask, pattern))
+    return jnp.sum(out * weights), out
+
+  grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
+  (_, out), grads = jax.jit(grad)(q, *new, *cache)
+  return out, grads
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_kernels_equal_the_reference(kind):
+  """Every mask kind: output and d/d(q, k, v, cache k, cache v) of each kernel == reference."""
+  cache_slots, mask, pattern = MASKS[kind]()
+  assert jnp.all(jnp.any(mask, axis=-1)), "every row sees a key"
+  np.testing.assert_array_equal(
+    attention.apply_pattern(pattern, jnp.any(mask, axis=1)), mask)  # the factored form
+  args = _inputs(cache_slots, mask.shape[1])
+  want, want_grads = _run("reference", mask, pattern, *args)
+  for impl in KERNELS:
+    got, got_grads = _run(impl, mask, pattern, *args)
+    np.testing.assert_allclose(got, want, atol=ATOL, err_msg=impl)
+    jax.tree.map(lambda x, y, impl=impl: np.testing.assert_allclose(x, y, atol=ATOL,
+                                                                    err_msg=impl),
+                 got_grads, want_grads)
+
+
+def test_kernel_arguments():
+  """cuDNN: CAUSAL without a tensor only for unpadded causal; splash: padded tiles + segments."""
+  _, mask, pattern = _causal_prefill()
+  assert attention.cudnn_arguments(mask, pattern) == {"is_causal": True, "mask": None}
+  padded = attention.causal_pattern(10)
+  assert attention.cudnn_arguments(mask, padded)["mask"].shape == (B, 1, 10, 10)
+  assert attention.cudnn_arguments(mask, None)["mask"] is not None
+  _, mask, pattern = _cft_two_stream()
+  args = attention.splash_arguments(mask, pattern)
+  n = mask.shape[1]
+  assert args["array"].shape == (128, 128) and args["blocks"] == (128, 128)
+  np.testing.assert_array_equal(args["array"][:n, :n], pattern.array)
+  assert args["array"][n:, :n].all() and not args["array"][:, n:].any()
+  np.testing.assert_array_equal(args["kv_segments"][:, :n] == 0, jnp.any(mask, axis=1))
+  assert (args["kv_segments"][:, n:] == 1).all()
+  # A mask without a static pattern runs the reference on splash (documented fallback).
+  config = ModelConfig.tiny(attention_impl="splash")
+  assert attention.prepare(config, mask, None)["impl"] == "reference"
+
+
+def test_resolve_impl_and_config():
+  assert attention.resolve_impl(ModelConfig.tiny()) == "reference"
+  assert attention.resolve_impl(ModelConfig.tiny(attention_impl="auto")) == "reference"  # CPU
+  assert attention.resolve_impl(ModelConfig.tiny(attention_impl="splash")) == "splash"
+  with pytest.raises(ValueError, match="attention_impl"):
+    ModelConfig.tiny(attention_impl="flash")
+  assert "attention_impl" not in str(ModelConfig.tiny(attention_impl="cudnn").to_hf_dict())
+  pattern = attention.causal_pattern(4)
+  assert pattern == attention.causal_pattern(4) and hash(pattern) == hash(
+    attention.causal_pattern(4))
+  assert pattern != attention.causal_pattern(4, key_padding=False)
+  assert attention.causal_pattern(4, key_padding=False).is_causal
+  assert not attention.block_pattern(4, 2).is_causal
+
+
+def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
+  monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "cudnn")
+  _, mask, pattern = _causal_prefill()
+  q, new, _, _ = _inputs(0, 10)
+  with pytest.raises(ValueError, match="compute_dtype"):
+    attention.cudnn(q, *new, attention.cudnn_arguments(mask, pattern))
+
+
+# ---- the whole forward on a tiny model --------------------------------------------------------
+
+PARAMS = init_params(DIFFUSION, jax.random.key(0))
+
+
+def _forward_losses(config, params):
+  """Three forwards of the library's masks: causal LM, CFT two-stream scoring, a block decode."""
+  tokens = jax.random.randint(jax.random.key(1), (B, 12), 0, 60)
+  logits, _ = qwen3.forward(params, config, tokens)
+  noisy = jnp.arange(RESPONSES.shape[1])[None, None, :] % 3 == 1
+  inputs = layout.two_stream_inputs(config, PROMPTS, PROMPT_LENGTHS, RESPONSES,
+                                    RESPONSE_LENGTHS, jnp.broadcast_to(noisy, (B, 1, 8)))
+  queries = layout.prediction_queries(jnp.zeros((B, 8), jnp.int32).at[:, 0].set(-1),
+                                      PROMPT_LENGTHS, PROMPTS.shape[1], 8)
+  scored, _ = layout.score(params, config, inputs, queries, RESPONSES)
+  cache = init_cache(config, B, 16)
+  _, cache = qwen3.ragged_prefill(params, config, PROMPTS, PROMPT_LENGTHS, cache)
+  block, _ = decode.block_forward(params, config, cache, jnp.full((B, BLOCK), MASK_ID),
+                                  PROMPT_LENGTHS)
+  return (jnp.mean(jax.nn.log_softmax(logits)[..., 3]) + jnp.mean(scored)
+          + jnp.mean(jax.nn.log_softmax(block)[..., 5])), (logits, scored, block)
+
+
+@pytest.mark.parametrize("impl", KERNELS)
+def test_forward_with_each_kernel_equals_the_reference(impl):
+  """Logits of a causal forward, a two-stream score and a cached block step, and d/dparams."""
+  grad = jax.jit(jax.value_and_grad(_forward_losses, argnums=1, has_aux=True), static_argnums=0)
+  (_, want), want_grads = grad(DIFFUSION, PARAMS)
+  (_, got), got_grads = grad(dataclasses.replace(DIFFUSION, attention_impl=impl), PARAMS)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got, want)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got_grads, want_grads)
+
+
+# ---- the reference's query chunking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cached,causal,blank_row", [(False, False, 2), (True, False, 2),
+                                                     (False, True, None), (True, True, 2)])
+def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, causal, blank_row):
+  """Chunks of 4 queries (T = 10, padded to 12) equal one chunk, values and grads, any mask.
+
+  Causal masks let the first two chunks skip later keys (lax.cond); a fully masked row (uniform
+  softmax over all keys) must make its chunk score every key again.
+  """
+  b, t, s, n, k, h = 2, 10, 5, 4, 2, 8
+  keys = jax.random.split(jax.random.key(3), 6)
+  q = jax.random.normal(keys[0], (b, t, n, h))
+  kv = [jax.random.normal(keys[i], (b, t, k, h)) for i in (1, 2)]
+  cache_kv = [jax.random.normal(keys[i], (b, s, k, h)) if cached else None for i in (3, 4)]
+  if causal:
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
+    mask = jnp.concatenate([jnp.ones((b, t, s), bool), mask], -1) if cached else mask
+  else:
+    mask = jax.random.bernoulli(keys[5], 0.5, (b, t, (s if cached else 0) + t))
+  if blank_row is not None:
+    mask = mask.at[0, blank_row].set(False)  # uniform softmax over all keys, no NaN
+
+  def run(budget):  # traced afresh on each call: picks up the patched chunking constants
+    def loss(q, k, v):
+      out = attention.reference(q, k, v, *cache_kv, mask, budget)
+      return jnp.sum(out * jnp.cos(out)), out
+
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, *kv)
+
+  (_, whole), whole_grads = run(1 << 40)
+  monkeypatch.setattr(attention, "MIN_QUERY_CHUNK", 4)
+  assert attention._query_chunk(b, n, mask.shape[-1], t, 1) == 4
+  (_, chunked), chunked_grads = run(1)
+  assert not np.any(np.isnan(chunked))
+  np.testing.assert_allclose(chunked, whole, atol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), chunked_grads,
+               whole_grads)
