@@ -94,6 +94,9 @@ def define_flags() -> None:
                       "SLICESxHOSTSxDEVICES (1x1x8, 1x2x4, 1x1x1), TPU the chip grid (2x2x2, "
                       "2x4, 1x1).")
   flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the target's devices.")
+  flags.DEFINE_enum("attention", "reference", ["reference", "kernel"], "ModelConfig."
+                    "attention_impl of every program: the einsum reference, or the target's "
+                    "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).")
   flags.DEFINE_list("stages", ["sft", "ar_rl", "cft", "opd", "rl", "ar_decode",
                                "diffusion_decode"], "Which steps to compile.")
   flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step: the stage "
@@ -723,9 +726,14 @@ def versions() -> dict:
   return out
 
 
+def with_attention(s: Shapes, impl: str) -> Shapes:
+  """The shapes with every program's attention_impl set ('reference', 'cudnn', 'splash')."""
+  return dataclasses.replace(s, model=dataclasses.replace(s.model, attention_impl=impl))
+
+
 def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Settings | None = None,
              verify: bool = True, target: str = "cpu", topology: str | None = None,
-             save: Callable[[dict], None] | None = None) -> dict:
+             save: Callable[[dict], None] | None = None, attention: str = "reference") -> dict:
   """Compiles every requested step on every layout; returns the plan dict.
 
   Args:
@@ -737,16 +745,18 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
     target: a targets.TARGETS key.
     topology: the target's devices (targets.devices; default its 8-device topology).
     save: called with the plan so far after every row (a long run keeps what it compiled).
+    attention: 'reference' or 'kernel' (the target's fused attention, targets.Target.kernel).
   """
-  s = PRESETS[preset]
   settings = Settings() if settings is None else settings
   tgt = targets.get_target(target)
+  impl = tgt.kernel if attention == "kernel" else "reference"
+  s = with_attention(PRESETS[preset], impl)
   train = train_stages(s)
   unknown = set(stages) - {*train, "ar_decode", "diffusion_decode"}
   if unknown:
     raise ValueError(f"unknown stages {sorted(unknown)}")
   t0 = time.perf_counter()
-  result = {"preset": preset, "target": target,
+  result = {"preset": preset, "target": target, "attention": impl,
             "topology": topology or tgt.default_topology, "settings": dataclasses.asdict(settings),
             "mfu": settings.mfu, "reserve": settings.reserve,
             "peak_flops": tgt.peak_flops, "hbm_bytes_s": tgt.hbm_bytes_s, "cards": tgt.cards,
@@ -808,7 +818,7 @@ def markdown(result: dict) -> str:
   target = result.get("target", "cpu")
   where = ("8 simulated devices" if target == "cpu" else
            f"target `{target}` ({result['device_kind']}, topology {result['topology']}, "
-           f"compile-only)")
+           f"compile-only), attention `{result.get('attention', 'reference')}`")
   cards = list(result["cards"])
   lines = [f"Preset `{result['preset']}` ({result['params'] / 1e9:.2f}B params), jax "
            f"{result['jax']}, {where}; {result['mfu']:.0%} MFU of "
@@ -866,6 +876,14 @@ def markdown(result: dict) -> str:
       for f in point["failures"]:
         lines.append(f"| {stage} {mesh}: `{_first_line(f['error'])}` | {f['options'] or '-'} | "
                      f"{_options(point).strip() if fixed else '**none: not compiled**'} |")
+  calls = [(r["stage"], r["mesh"], c) for r in result["rows"] for c in
+           ([r] if r["kind"] == "decode" else r["points"]) if c.get("custom_calls")]
+  if calls:
+    lines += ["", "| program | custom calls in the compiled HLO (count) |", "|---|---|"]
+    for stage, mesh, c in calls:
+      micro = f" micro {c['micro_rows']}" if "micro_rows" in c else ""
+      found = ", ".join(f"`{k}` {v}" for k, v in c["custom_calls"].items())
+      lines.append(f"| {stage} {mesh}{micro} | {found} |")
   if result.get("flop_check"):
     lines += ["", "| FLOP check (1 layer, 1 chunk, 1 micro-batch) | analytic | cost_analysis | "
                   "ratio |", "|---|---|---|---|"]
@@ -880,7 +898,9 @@ def compare_markdown(results: list[dict]) -> str:
   or on the memory line: 'pred.') with its temporaries, and the largest micro-batch that fits
   the target's card (rows x micro-batches)."""
   def label(r):
-    return f"{r.get('target', 'cpu')} {r.get('topology', '8')}"
+    kernel = r.get("attention", "reference")
+    return f"{r.get('target', 'cpu')} {r.get('topology', '8')}" + (
+      "" if kernel == "reference" else f" {kernel}")
   head = " | ".join(f"{label(r)} ({', '.join(r['cards'])}): GiB (temp); fits" for r in results)
   lines = [f"| stage | mesh | rows x tokens | config micro rows | {head} |",
            "|" + "---|" * (4 + len(results))]
@@ -926,8 +946,9 @@ def doc_block(result: dict) -> str:
   """The doc block a plan run fills: `plan` (the CPU proxy of the 8B preset, as before), else
   `plan:<preset>:<target>`."""
   target = result.get("target", "cpu")
-  return "plan" if (result["preset"], target) == ("qwen3_8b", "cpu") else (
-    f"plan:{result['preset']}:{target}")
+  kernel = "" if result.get("attention", "reference") == "reference" else ":kernel"
+  return "plan" if (result["preset"], target, kernel) == ("qwen3_8b", "cpu", "") else (
+    f"plan:{result['preset']}:{target}{kernel}")
 
 
 def update_doc(path: str, table: str, block: str = "plan") -> None:
@@ -971,14 +992,15 @@ def main(argv):
     settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
                         forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
-    name = f"plan_{FLAGS.preset}" + ("" if FLAGS.target == "cpu" else f"_{FLAGS.target}")
+    name = f"plan_{FLAGS.preset}" + ("" if FLAGS.target == "cpu" else f"_{FLAGS.target}") + (
+      "" if FLAGS.attention == "reference" else "_kernel")
 
     def save(result):
       with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
         json.dump(result, f, indent=1, default=float)
 
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
-                      FLAGS.target, FLAGS.topology, save)
+                      FLAGS.target, FLAGS.topology, save, FLAGS.attention)
     save(result)
   table = markdown(result)
   if FLAGS.doc:

@@ -46,6 +46,8 @@ class Target:
     tpu_generation: the libtpu topology prefix ('v5p', 'v5e', 'v6e'; TPU only).
     chips_per_host: the host's chip grid (TPU only; clipped to the slice).
     default_topology: the topology when none is given (8 devices).
+    kernel: the fused attention of the platform (ModelConfig.attention_impl; 'auto' reads
+      jax.default_backend(), which is the CPU in a compile-only run, so the plan names it).
   """
 
   name: str
@@ -57,6 +59,7 @@ class Target:
   tpu_generation: str | None = None
   chips_per_host: tuple = ()
   default_topology: str = ""
+  kernel: str = "reference"
 
   def compiler_options(self, fix: dict | None = None, opt_level: int = 0) -> dict:
     """XLA options of a compile: the CPU proxy's optimisation level (buffer sizes do not depend
@@ -70,15 +73,15 @@ TARGETS = {
   "cpu": Target("cpu", "cpu", {"80GB": 80e9, "141GB": 141e9}, 989e12, 3.35e12,
                 default_topology="8"),
   "h100": Target("h100", "cuda", {"80GB": 80e9}, 989e12, 3.35e12, spec="h100_sxm.txtpb",
-                 default_topology="1x1x8"),
+                 default_topology="1x1x8", kernel="cudnn"),
   "h200": Target("h200", "cuda", {"141GB": 141e9}, 989e12, 4.8e12, spec="h200.txtpb",
-                 default_topology="1x1x8"),
+                 default_topology="1x1x8", kernel="cudnn"),
   "tpu_v5p": Target("tpu_v5p", "tpu", {"95GB": 95e9}, 459e12, 2.765e12, tpu_generation="v5p",
-                    chips_per_host=(2, 2, 1), default_topology="2x2x2"),
+                    chips_per_host=(2, 2, 1), default_topology="2x2x2", kernel="splash"),
   "tpu_v5e": Target("tpu_v5e", "tpu", {"16GB": 16e9}, 197e12, 0.819e12, tpu_generation="v5e",
-                    chips_per_host=(2, 4, 1), default_topology="2x4"),
+                    chips_per_host=(2, 4, 1), default_topology="2x4", kernel="splash"),
   "tpu_v6e": Target("tpu_v6e", "tpu", {"32GB": 32e9}, 918e12, 1.64e12, tpu_generation="v6e",
-                    chips_per_host=(2, 4, 1), default_topology="2x4"),
+                    chips_per_host=(2, 4, 1), default_topology="2x4", kernel="splash"),
 }
 
 # Failures of a deviceless compile and the documented XLA option that avoids each: the plan

@@ -25,6 +25,7 @@ import targets  # noqa: E402
 PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc"), "tpu": ("libtpu",)}
 CHECK = {"h100": ("1x1x2", 2), "tpu_v5e": ("2x2", 4)}  # target: (topology, fsdp)
 KINDS = {"h100": "NVIDIA H100 80GB HBM3", "tpu_v5e": "TPU v5 lite"}
+KERNEL_CALLS = {"h100": "cudnn", "tpu_v5e": "tpu_custom_call"}  # in the custom-call targets
 FAST = ("sft", "rl", "ar_decode", "diffusion_decode")
 SLOW = ("ar_rl", "cft", "opd")
 
@@ -69,6 +70,18 @@ def test_tiny_program_compiles_for_the_target(target_mesh, program):
   assert out["memory"]["argument"] > 0 and out["memory"]["total"] > 0
   assert out["failures"] == [], out["failures"]  # the tiny programs need no documented fix
   assert {d.device_kind for d in mesh.devices.flat} == {KINDS[target.name]}
+
+
+def test_tiny_rl_step_uses_the_targets_attention_kernel(target_mesh):
+  # The packed replay (the longest sequences, every mask kind) with ModelConfig.attention_impl =
+  # the target's kernel: the compiled HLO calls cuDNN's fused attention / a Mosaic (Pallas) kernel.
+  mesh, target = target_mesh
+  s = plan.with_attention(plan.PRESETS["tiny"], target.kernel)
+  stage = plan.train_stages(s)["rl"]
+  out = plan.compile_train_step(stage, mesh, plan.micro_points(stage, s, mesh_rows(mesh), 1)[0],
+                                0, target)
+  calls = plan.custom_calls(out["compiled"])
+  assert any(KERNEL_CALLS[target.name] in name for name in calls), calls
 
 
 @pytest.mark.slow
