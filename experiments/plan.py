@@ -109,6 +109,9 @@ def define_flags() -> None:
                      "token (denoising + commit; issue #8's tau = 0.9 target), time model.")
   flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
                        "faster compiles; buffer sizes do not depend on it).")
+  flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with, as "
+                    "name=true|false (e.g. the documented fix xla_gpu_enable_triton_gemm=false "
+                    "that a run would otherwise find on its first failure; targets.FIXES).")
   flags.DEFINE_list("compare", None, "Only render these saved plan JSONs side by side (one per "
                     "target) into --doc's `plan:targets` block.")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
@@ -733,7 +736,8 @@ def with_attention(s: Shapes, impl: str) -> Shapes:
 
 def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Settings | None = None,
              verify: bool = True, target: str = "cpu", topology: str | None = None,
-             save: Callable[[dict], None] | None = None, attention: str = "reference") -> dict:
+             save: Callable[[dict], None] | None = None, attention: str = "reference",
+             options: dict | None = None) -> dict:
   """Compiles every requested step on every layout; returns the plan dict.
 
   Args:
@@ -746,6 +750,7 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
     topology: the target's devices (targets.devices; default its 8-device topology).
     save: called with the plan so far after every row (a long run keeps what it compiled).
     attention: 'reference' or 'kernel' (the target's fused attention, targets.Target.kernel).
+    options: XLA options every compile starts with (else the documented fixes as found).
   """
   settings = Settings() if settings is None else settings
   tgt = targets.get_target(target)
@@ -764,7 +769,7 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
             "shapes": {k: v for k, v in dataclasses.asdict(s).items() if k != "model"},
             "model": dataclasses.asdict(s.model), "params": params_lib.param_count(s.model),
             "rows": []}
-  fixes = {}  # the documented fixes this run needed (targets.FIXES), applied from then on
+  fixes = dict(options or {})  # + the documented fixes the run needs (targets.FIXES)
   for text in layouts:
     fsdp, tp = _layout(text)
     mesh, _ = targets.target_mesh(target, topology, fsdp, tp)
@@ -793,7 +798,7 @@ def _gib(x):
 
 def _fit(fit: dict | None) -> str:
   if fit is None:
-    return "failed"
+    return "not compiled (failures below)"
   if fit["micro_rows"] is None:
     rows = fit.get("judged_from")
     where = f"{rows} rows" if rows else "1 row/shard"
@@ -965,6 +970,13 @@ def update_doc(path: str, table: str, block: str = "plan") -> None:
     f.write(text)
 
 
+def _option(text: str) -> tuple[str, bool]:
+  name, _, value = text.partition("=")
+  if value not in ("true", "false"):
+    raise ValueError(f"--xla_options={text!r}: expected name=true|false")
+  return name, value == "true"
+
+
 def use_host_devices(count: int = 8) -> None:
   """CPU backend with `count` host devices; must run before JAX initialises its backend."""
   if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -1000,7 +1012,8 @@ def main(argv):
         json.dump(result, f, indent=1, default=float)
 
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
-                      FLAGS.target, FLAGS.topology, save, FLAGS.attention)
+                      FLAGS.target, FLAGS.topology, save, FLAGS.attention,
+                      dict(_option(text) for text in FLAGS.xla_options))
     save(result)
   table = markdown(result)
   if FLAGS.doc:
