@@ -31,9 +31,16 @@ FAST = ("sft", "rl", "ar_decode", "diffusion_decode")
 SLOW = ("ar_rl", "cft", "opd")
 
 
+def installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is missing
+    return False
+
+
 def require(platform: str) -> None:
   """Skips (or, under CI=true, fails) when the platform's compile-only packages are missing."""
-  missing = [m for m in PACKAGES[platform] if importlib.util.find_spec(m) is None]
+  missing = [m for m in PACKAGES[platform] if not installed(m)]
   if missing:
     message = (f"compile-only {platform} packages missing ({', '.join(missing)}): "
                f"pip install -r requirements-aot.txt (scripts/setup.sh does)")
