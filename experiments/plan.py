@@ -112,6 +112,7 @@ def define_flags() -> None:
   flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with, as "
                     "name=true|false (e.g. the documented fix xla_gpu_enable_triton_gemm=false "
                     "that a run would otherwise find on its first failure; targets.FIXES).")
+  flags.DEFINE_string("compare_block", "plan:targets", "The --doc block --compare fills.")
   flags.DEFINE_list("compare", None, "Only render these saved plan JSONs side by side (one per "
                     "target) into --doc's `plan:targets` block.")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
@@ -909,9 +910,11 @@ def compare_markdown(results: list[dict]) -> str:
   head = " | ".join(f"{label(r)} ({', '.join(r['cards'])}): GiB (temp); fits" for r in results)
   lines = [f"| stage | mesh | rows x tokens | config micro rows | {head} |",
            "|" + "---|" * (4 + len(results))]
-  keys = []
+  keys = []  # the (stage, mesh) rows that two plans share (all rows of a single plan)
   for r in results:
     keys += [(x["stage"], x["mesh"]) for x in r["rows"] if (x["stage"], x["mesh"]) not in keys]
+  count = lambda key: sum(any((x["stage"], x["mesh"]) == key for x in r["rows"]) for r in results)
+  keys = [k for k in keys if count(k) >= min(2, len(results))]
   for stage, mesh in keys:
     cells, first = [], None
     for r in results:
@@ -993,7 +996,7 @@ def main(argv):
         results.append(json.load(f))
     table = compare_markdown(results)
     if FLAGS.doc:
-      update_doc(FLAGS.doc, table, "plan:targets")
+      update_doc(FLAGS.doc, table, FLAGS.compare_block)
     print(table)
     return
   if FLAGS.render:  # re-render a saved plan (e.g. after editing the doc's hand-written parts)

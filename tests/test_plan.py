@@ -73,10 +73,10 @@ def test_micro_points_start_at_the_stage_configs_micro_batch():
   assert plan.micro_points(stages["sft"], s, 8, 2) == [8, 16]  # 16 rows / 2, then the double
   assert plan.micro_points(stages["cft"], s, 8, 2) == [16, 8]  # no setting: all rows, then half
   assert plan.micro_points(stages["opd"], s, 8, 1) == [8]  # 4 rows raised to the 8 batch shards
-  big = plan.PRESETS["qwen3_8b"]
-  assert plan.micro_points(plan.train_stages(big)["opd"], big, 8, 1) == [16]  # 512 / 32
-  small = plan.PRESETS["qwen3_0_6b"]  # one chip with the 8B configs' per-device rows
-  assert plan.micro_points(plan.train_stages(small)["opd"], small, 1, 1) == [2]
+  big, small = plan.PRESETS["qwen3_8b"], plan.PRESETS["qwen3_0_6b"]
+  opd = dataclasses.replace(stages["opd"], rows=big.rollouts("opd"))  # the 8B step's rows
+  assert plan.micro_points(opd, big, 8, 1) == [16]  # 512 / 32
+  assert plan.micro_points(opd, small, 1, 1) == [2]  # one chip, the 8B configs' per-device rows
   assert plan.rollout_rows(small, "rl") == plan.rollout_rows(big, "rl") // plan.DEVICES_8B
 
 
