@@ -40,9 +40,11 @@ re-renders without compiling.
 import dataclasses
 import functools
 import importlib
+import importlib.metadata
 import json
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -69,10 +71,14 @@ from gr2jax.train import state as state_lib  # noqa: E402
 from gr2jax.train import step as step_lib  # noqa: E402
 from gr2jax.train.policy import ARPolicy, DecodeSpec, DiffusionPolicy  # noqa: E402
 
-H100_PEAK_FLOPS = 989e12  # bf16 dense, per device
-H100_HBM_BYTES_S = 3.35e12  # H100 SXM HBM3
-CARDS = {"80GB": 80e9, "141GB": 141e9}  # H100 80 GB, H200 141 GB
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import targets  # noqa: E402
+
+H100_PEAK_FLOPS = targets.TARGETS["h100"].peak_flops  # bf16 dense, per device
+H100_HBM_BYTES_S = targets.TARGETS["h100"].hbm_bytes_s  # H100 SXM HBM3
 GIB = 2**30
+# The per-device batch of the 8B configs (fsdp 8) is what the one-chip 0.6B plan keeps.
+DEVICES_8B = 8
 _FLAG = "--xla_force_host_platform_device_count"
 
 FLAGS = flags.FLAGS
@@ -81,12 +87,21 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
   """The command-line flags (defined only when run as a script, so importing this module from
   another absl program, e.g. experiments/bench_gpu_check.py, defines nothing)."""
-  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
-  flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the 8 devices.")
+  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "qwen3_0_6b", "tiny"],
+                    "Model and shapes (PRESETS).")
+  flags.DEFINE_enum("target", "cpu", list(targets.TARGETS), "The compiler: 8 simulated CPU "
+                    "devices, or a GPU / TPU compiler without hardware (experiments/targets.py).")
+  flags.DEFINE_string("topology", None, "The target's devices (default: 8); GPU "
+                      "SLICESxHOSTSxDEVICES (1x1x8, 1x2x4, 1x1x1), TPU the chip grid (2x2x2, "
+                      "2x4, 1x1).")
+  flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the target's devices.")
+  flags.DEFINE_enum("attention", "reference", ["reference", "kernel"], "ModelConfig."
+                    "attention_impl of every program: the einsum reference, or the target's "
+                    "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).")
   flags.DEFINE_list("stages", ["sft", "ar_rl", "cft", "opd", "rl", "ar_decode",
                                "diffusion_decode"], "Which steps to compile.")
-  flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step (1, 2, ... rows "
-                       "per batch shard; 2 give the memory line).")
+  flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step: the stage "
+                       "config's, then its half (or double); 2 give the memory line.")
   flags.DEFINE_bool("verify_flops", True, "Check the FLOP formula against cost_analysis on small "
                     "one-trip configs.")
   flags.DEFINE_float("mfu", 0.4, "Model-FLOP utilisation of the time prediction.")
@@ -95,6 +110,12 @@ def define_flags() -> None:
                      "token (denoising + commit; issue #8's tau = 0.9 target), time model.")
   flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
                        "faster compiles; buffer sizes do not depend on it).")
+  flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with, as "
+                    "name=true|false (e.g. the documented fix xla_gpu_enable_triton_gemm=false "
+                    "that a run would otherwise find on its first failure; targets.FIXES).")
+  flags.DEFINE_string("compare_block", "plan:targets", "The --doc block --compare fills.")
+  flags.DEFINE_list("compare", None, "Only render these saved plan JSONs side by side (one per "
+                    "target) into --doc's `plan:targets` block.")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
   flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
   flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
@@ -130,6 +151,8 @@ class Shapes:
     teacher_dtype: OPD's cached teacher log-probs (config opd.teacher_dtype).
     prepare_chunk: {stage: rows per rollout / prepare-forward call} (config train.prepare_chunk;
       0 = all rows at once).
+    micro_batches: {stage: gradient-accumulation micro-batches per step} (config
+      train.micro_batches): the micro-batch every target compiles first.
   """
 
   model: ModelConfig
@@ -148,6 +171,7 @@ class Shapes:
   steps: dict
   teacher_dtype: str = "float32"
   prepare_chunk: dict = dataclasses.field(default_factory=dict)
+  micro_batches: dict = dataclasses.field(default_factory=dict)
 
   def diffusion(self) -> ModelConfig:
     return dataclasses.replace(self.model, block_size=self.block_size,
@@ -173,11 +197,16 @@ def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
   return importlib.import_module(name).get_config(variant)
 
 
-def _from_configs(variant: str) -> dict:
-  """The Shapes fields the stage configs set: OPD's teacher dtype, the prepare chunks."""
-  configs = {name: stage_config(name, variant) for name in ("ar_rl", "opd", "rl")}
+def _from_configs(variant: str, per_device_of: int = 1) -> dict:
+  """The Shapes fields the stage configs set: OPD's teacher dtype, the prepare chunks, the
+  micro-batches. `per_device_of=8` keeps the per-device rows of configs written for 8 devices on
+  one device (prepare chunks / 8, micro-batches x 8)."""
+  configs = {name: stage_config(name, variant) for name in ("sft", "ar_rl", "cft", "opd", "rl")}
   return dict(teacher_dtype=configs["opd"].opd.teacher_dtype,
-              prepare_chunk={name: c.train.prepare_chunk for name, c in configs.items()})
+              prepare_chunk={name: configs[name].train.prepare_chunk // per_device_of
+                             for name in ("ar_rl", "opd", "rl")},
+              micro_batches={name: c.train.micro_batches * per_device_of
+                             for name, c in configs.items()})
 
 
 def _presets() -> dict:
@@ -191,6 +220,15 @@ def _presets() -> dict:
       # sft.py:qwen3_8b (3 epochs of ~9.2k traces at 32); CFT the same 3 epochs; ar_rl: GR2 does
       # not say, 600 like the diffusion RL; OPD: the paper's ~1.5k steps; RL: 600 steps.
       steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600), **_from_configs("qwen3_8b")),
+    # No 0.6B recipe yet: Qwen3-0.6B dimensions with the 8B recipe's shapes, steps and batches,
+    # planned on one chip with the 8B configs' per-device rows (micro-batches x 8, rollout calls
+    # / 8: SFT / CFT 4 rows per micro-batch, AR RL 8, OPD / RL 2, rollout calls of 32 rows).
+    "qwen3_0_6b": Shapes(
+      model=ModelConfig.qwen3_0_6b(attention_chunk_bytes=1 << 30, **train),
+      prompt_len=2200, response_len=256, block_size=32, max_steps_per_block=64,
+      sft_rows=32, cft_rows=32, ar_rl_prompts=128, ar_rl_group=8, opd_prompts=128, opd_group=4,
+      rl_prompts=128, rl_group=8, steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600),
+      **_from_configs("qwen3_8b", per_device_of=DEVICES_8B)),
     "tiny": Shapes(
       model=ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train),
       prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
@@ -363,8 +401,40 @@ def _memory(compiled) -> dict:
   return out
 
 
-def _compile(lowered, opt_level: int):
-  return lowered.compile(compiler_options={"xla_backend_optimization_level": opt_level})
+class CompileError(RuntimeError):
+  """A compile that failed with no documented fix (targets.FIXES); `failures` verbatim."""
+
+  def __init__(self, failures: list[dict]):
+    super().__init__(failures[-1]["error"])
+    self.failures = failures
+
+
+def _compile(lowered, target: targets.Target, opt_level: int, fixes: dict | None = None):
+  """Compiles for `target`; a failure with a documented fix (targets.FIXES) is recorded verbatim
+  and the compile repeated with the fix. `fixes` holds the fixes a run has needed so far: they
+  apply from the start, and a new one is added (one failure per run, not one per program).
+
+  Returns:
+    (compiled, {'options': the XLA options it compiled with, 'failures': [{'options', 'error'}]}).
+
+  Raises:
+    CompileError: a failure without a fix (or the fix failed too).
+  """
+  fixes = {} if fixes is None else fixes
+  fix, failures = dict(fixes) or None, []
+  while True:
+    options = target.compiler_options(fix, opt_level)
+    try:
+      return lowered.compile(compiler_options=options), {"options": options,
+                                                         "failures": failures}
+    except Exception as e:  # XLA raises JaxRuntimeError / XlaRuntimeError subclasses
+      failures.append({"options": options, "error": str(e)})
+      print(f"[plan] compile failed with {options}: {str(e)[:300]}", flush=True)
+      new = targets.fix_for(target, str(e))
+      if new is None or new == fix:
+        raise CompileError(failures) from e
+      fix = {**(fix or {}), **new}
+      fixes.update(new)
 
 
 def _specs(fields: dict, sharding) -> dict:
@@ -372,8 +442,11 @@ def _specs(fields: dict, sharding) -> dict:
           for k, (shape, dtype) in fields.items()}
 
 
-def compile_train_step(stage: TrainStage, mesh, micro_rows: int, opt_level: int = 0) -> dict:
-  """Compiles the stage's real step (global batch, micro-batches of `micro_rows`) on `mesh`."""
+def compile_train_step(stage: TrainStage, mesh, micro_rows: int, opt_level: int = 0,
+                       target: targets.Target = targets.TARGETS["cpu"],
+                       fixes: dict | None = None) -> dict:
+  """Compiles the stage's real step (global batch, micro-batches of `micro_rows`) on `mesh` (of
+  `target`'s devices)."""
   optimizer = _optimizer()
   abstract = state_lib.abstract_state(params_lib.abstract_params(stage.config), optimizer)
   shardings = state_lib.state_shardings(stage.config, abstract, mesh)
@@ -388,29 +461,40 @@ def compile_train_step(stage: TrainStage, mesh, micro_rows: int, opt_level: int 
                                     state_shardings=shardings, batch_sharding=batch_sh)
     lowered = step.lower(abstract, batch)
     lower_s = time.perf_counter() - start
-    compiled = _compile(lowered, opt_level)
+    compiled, record = _compile(lowered, target, opt_level, fixes)
   return {"micro_rows": micro_rows, "micro_batches": stage.rows // micro_rows,
           "lower_s": lower_s, "compile_s": time.perf_counter() - start - lower_s,
-          "memory": _memory(compiled)}
+          "memory": _memory(compiled), **record, "compiled": compiled}
+
+
+def memory_line(points: list[dict]) -> Callable[[int], float]:
+  """micro rows -> total bytes per device, the line through the compiled points (flat with one:
+  then only the compiled micro-batch is known)."""
+  xs = [pt["micro_rows"] for pt in points]
+  ys = [pt["memory"]["total"] for pt in points]
+  slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
+  return lambda m: ys[0] + slope * (m - xs[0])
 
 
 def fit_micro_rows(points: list[dict], rows: int, multiple: int, budget: float):
   """The largest micro-batch (a multiple of `multiple` dividing `rows`) whose predicted total
-  fits `budget` bytes, from the line through the compiled points; None if none fits.
+  fits `budget` bytes, from the line through the compiled points; None if none fits. With one
+  point only micro-batches up to the compiled one are judged (memory grows with the rows).
 
   Returns:
-    (micro_rows or None, predicted total bytes, whether it was compiled).
+    (micro_rows or None, predicted total bytes (at the smallest micro-batch judged when none
+    fits), whether it was compiled).
   """
   xs = [pt["micro_rows"] for pt in points]
-  ys = [pt["memory"]["total"] for pt in points]
-  slope = (ys[-1] - ys[0]) / (xs[-1] - xs[0]) if len(xs) > 1 else 0.0
-  predict = lambda m: ys[0] + slope * (m - xs[0])
+  predict = memory_line(points)
+  top = rows if len(xs) > 1 else xs[0]
+  smallest = multiple if len(xs) > 1 else xs[0]
   best = None
-  for m in range(multiple, rows + 1, multiple):
+  for m in range(multiple, top + 1, multiple):
     if rows % m == 0 and predict(m) <= budget:
       best = m
   if best is None:
-    return None, predict(multiple), multiple in xs
+    return None, predict(smallest), smallest in xs
   return best, predict(best), best in xs
 
 
@@ -423,7 +507,9 @@ def _param_specs(config, mesh):
                                                                                          mesh))
 
 
-def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0) -> dict:
+def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
+                    target: targets.Target = targets.TARGETS["cpu"],
+                    fixes: dict | None = None) -> dict:
   """Compiles AR sampling (prefill + decode loop) or block-diffusion decoding of `rows` prompts."""
   config = (s.model if kind == "ar_decode" else s.diffusion())
   config = dataclasses.replace(config, remat="none")
@@ -449,28 +535,29 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0) -
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(_param_specs(config, mesh), tokens, lengths, key)
     lower_s = time.perf_counter() - start
-    compiled = _compile(lowered, opt_level)
+    compiled, record = _compile(lowered, target, opt_level, fixes)
   return {"rows": rows, "lower_s": lower_s, "compile_s": time.perf_counter() - start - lower_s,
-          "memory": _memory(compiled)}
+          "memory": _memory(compiled), **record, "compiled": compiled}
 
 
 def decode_seconds(config: ModelConfig, rows: int, p: int, r: int, block: int, devices: int,
-                   tp: int, settings: Settings) -> dict:
+                   tp: int, settings: Settings,
+                   target: targets.Target = targets.TARGETS["cpu"]) -> dict:
   """Time model of one rollout batch (module docstring): per forward max(FLOPs at the MFU,
-  weights / tp + the rows' KV cache read at HBM bandwidth), per device."""
+  weights / tp + the rows' KV cache read at HBM bandwidth), per device of `target`."""
   kv_per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2  # bf16 K + V
   weights = params_lib.param_count(config) * 2 - config.vocab_size * config.hidden_size * 2
   flops = forward_flops(config, rows * p, rows * causal_pairs(p), rows)
-  rate = settings.mfu * H100_PEAK_FLOPS * devices
+  rate = settings.mfu * target.peak_flops * devices
   seconds = max(flops / rate,
-                (weights / tp + rows * p * kv_per_slot / devices) / H100_HBM_BYTES_S)
+                (weights / tp + rows * p * kv_per_slot / devices) / target.hbm_bytes_s)
   num_forwards = r if block == 1 else math.ceil(settings.forwards_per_token * r)
   for i in range(num_forwards):
     cache = p + (i + 1) * r / num_forwards
     width = 1 if block == 1 else block
     f = forward_flops(config, rows * width, rows * width * cache, rows * width)
     read = weights / tp + rows * cache * kv_per_slot / devices
-    seconds += max(f / rate, read / H100_HBM_BYTES_S)
+    seconds += max(f / rate, read / target.hbm_bytes_s)
     flops += f
   return {"flops": flops, "forwards": num_forwards + 1, "seconds": seconds}
 
@@ -521,33 +608,70 @@ def _layout(text: str) -> tuple[int, int]:
   return int(fsdp), int(tp)
 
 
-def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int,
-               settings: Settings) -> dict:
+def micro_points(stage: TrainStage, s: Shapes, multiple: int, points: int) -> list[int]:
+  """The micro-batch rows to compile: the stage config's (rows / train.micro_batches, raised to
+  the next multiple of the batch shards dividing the rows), then its half (or else its double)
+  for the memory line."""
+  valid = [m for m in range(multiple, stage.rows + 1, multiple) if stage.rows % m == 0]
+  if not valid:
+    raise ValueError(f"{stage.name}: {stage.rows} rows per step cannot split over {multiple} "
+                     f"batch shards")
+  stated = stage.rows // s.micro_batches.get(stage.name, 1)
+  first = min((m for m in valid if m >= stated), default=valid[-1])
+  rest = [m for m in (first // 2, first * 2) if m in valid and m != first]
+  return [first, *rest][:points]
+
+
+def custom_calls(compiled) -> dict:
+  """{custom-call target: count} in the compiled HLO (cuBLAS, cuDNN, Mosaic kernels...)."""
+  found = re.findall(r'custom_call_target="([^"]+)"', compiled.as_text())
+  return {name: found.count(name) for name in sorted(set(found))}
+
+
+def _point(compile_fn, *args) -> dict:
+  """One compile as a JSON-able dict: the memory, the options, the failures verbatim."""
+  try:
+    out = compile_fn(*args)
+  except CompileError as e:
+    return {"error": e.failures[-1]["error"], "failures": e.failures}
+  out["custom_calls"] = custom_calls(out.pop("compiled"))
+  return out
+
+
+def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings,
+               target: targets.Target = targets.TARGETS["cpu"],
+               fixes: dict | None = None) -> dict:
   multiple = mesh_lib.batch_size_multiple(mesh)
   devices = fsdp * tp
-  points = []
-  for k in range(1, settings.points + 1):
-    m = k * multiple
-    if stage.rows % m:
+  points, failed = [], []
+  for m in micro_points(stage, s, multiple, settings.points):
+    point = _point(compile_train_step, stage, mesh, m, settings.opt_level, target, fixes)
+    (failed if "error" in point else points).append({"micro_rows": m, **point})
+    if "error" in point:
+      print(f"[plan] {stage.name} {fsdp}x{tp} micro {m}: FAILED", flush=True)
       continue
-    points.append(compile_train_step(stage, mesh, m, settings.opt_level))
-    mem = points[-1]["memory"]
+    mem = point["memory"]
     print(f"[plan] {stage.name} {fsdp}x{tp} micro {m}: total {mem['total'] / GIB:.1f} GiB "
           f"(arg {mem['argument'] / GIB:.1f}, temp {mem['temp'] / GIB:.1f}); compile "
-          f"{points[-1]['compile_s']:.0f} s", flush=True)
+          f"{point['compile_s']:.0f} s", flush=True)
   model = 3 * stage.rows * stage.work.model_flops(stage.config)
   executed = 4 * stage.rows * stage.work.dense_flops(stage.config)  # fwd + bwd + remat forward
-  rate = settings.mfu * H100_PEAK_FLOPS * devices
+  rate = settings.mfu * target.peak_flops * devices
   step_s = model / rate
   steps = s.steps[stage.name]
   row = {"kind": "train", "stage": stage.name, "mesh": f"{fsdp}x{tp}", "rows": stage.rows,
-         "tokens_per_row": stage.work.tokens, "points": points, "model_flops": model,
-         "executed_flops": executed, "step_s": step_s, "steps": steps}
-  for card, capacity in CARDS.items():
+         "tokens_per_row": stage.work.tokens, "points": points, "failed": failed,
+         "config_micro_rows": stage.rows // s.micro_batches.get(stage.name, 1),
+         "model_flops": model, "executed_flops": executed, "step_s": step_s, "steps": steps}
+  for card, capacity in target.cards.items():
+    if not points:
+      row[f"fit_{card}"] = None
+      continue
     m, predicted, compiled = fit_micro_rows(points, stage.rows, multiple,
                                             capacity * (1 - settings.reserve))
     row[f"fit_{card}"] = {"micro_rows": m, "micro_batches": stage.rows // m if m else None,
-                          "predicted_total": predicted, "compiled": compiled}
+                          "predicted_total": predicted, "compiled": compiled,
+                          "judged_from": multiple if len(points) > 1 else points[0]["micro_rows"]}
   extra = 0.0
   for config, work in stage.prepare:
     extra += stage.rows * work.model_flops(config) / rate
@@ -555,7 +679,8 @@ def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int,
     config, block = stage.rollout
     chunk = rollout_rows(s, stage.name)
     extra += math.ceil(stage.rows / chunk) * decode_seconds(
-      config, chunk, s.prompt_len, s.response_len, block, devices, tp, settings)["seconds"]
+      config, chunk, s.prompt_len, s.response_len, block, devices, tp, settings,
+      target)["seconds"]
   row["prepare_s"] = extra
   row["stage_h"] = steps * (step_s + extra) / 3600
   return row
@@ -571,65 +696,101 @@ def rollout_rows(s: Shapes, stage: str) -> int:
   return chunks.chunk_size(s.rollouts(stage), s.prepare_chunk.get(stage, 0))
 
 
-def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings) -> dict:
+def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings,
+                 target: targets.Target = targets.TARGETS["cpu"],
+                 fixes: dict | None = None) -> dict:
   rows = max(rollout_rows(s, stage) for stage in DECODER_STAGES[kind])
-  out = compile_decoder(kind, s, mesh, rows, settings.opt_level)
-  mem = out["memory"]
   config = s.model if kind == "ar_decode" else s.diffusion()
+  block = 1 if kind == "ar_decode" else s.block_size
   devices = fsdp * tp
+  timing = decode_seconds(config, rows, s.prompt_len, s.response_len, block, devices, tp,
+                          settings, target)
+  row = {"kind": "decode", "stage": kind, "mesh": f"{fsdp}x{tp}", "rows": rows,
+         "prompt_len": s.prompt_len, "new_tokens": s.response_len, **timing,
+         **_point(compile_decoder, kind, s, mesh, rows, settings.opt_level, target, fixes)}
+  if "error" in row:
+    print(f"[plan] {kind} {fsdp}x{tp} rows {rows}: FAILED", flush=True)
+    return row
+  mem = row["memory"]
   params_dev = params_lib.param_count(config) * 2 / devices
   per_row = max(mem["total"] - params_dev, 0) / (rows / mesh_lib.batch_size_multiple(mesh))
-  block = 1 if kind == "ar_decode" else s.block_size
-  timing = decode_seconds(config, rows, s.prompt_len, s.response_len, block, devices, tp,
-                          settings)
-  row = {"kind": "decode", "stage": kind, "mesh": f"{fsdp}x{tp}", "rows": rows,
-         "prompt_len": s.prompt_len, "new_tokens": s.response_len, **out,
-         "per_row_bytes": per_row, **timing}
-  for card, capacity in CARDS.items():
+  row["per_row_bytes"] = per_row
+  for card, capacity in target.cards.items():
     room = capacity * (1 - settings.reserve) - params_dev
     row[f"rows_per_shard_{card}"] = int(room // per_row) if per_row else None
   print(f"[plan] {kind} {fsdp}x{tp} rows {rows}: total {mem['total'] / GIB:.1f} GiB "
         f"(arg {mem['argument'] / GIB:.1f}, temp {mem['temp'] / GIB:.1f}); compile "
-        f"{out['compile_s']:.0f} s", flush=True)
+        f"{row['compile_s']:.0f} s", flush=True)
   return row
 
 
+def versions() -> dict:
+  """The installed compiler packages (the plan's provenance)."""
+  out = {}
+  for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cuda-nvcc-cu12",
+               "libtpu"):
+    try:
+      out[name] = importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+      pass
+  return out
+
+
+def with_attention(s: Shapes, impl: str) -> Shapes:
+  """The shapes with every program's attention_impl set ('reference', 'cudnn', 'splash')."""
+  return dataclasses.replace(s, model=dataclasses.replace(s.model, attention_impl=impl))
+
+
 def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Settings | None = None,
-             verify: bool = True) -> dict:
+             verify: bool = True, target: str = "cpu", topology: str | None = None,
+             save: Callable[[dict], None] | None = None, attention: str = "reference",
+             options: dict | None = None) -> dict:
   """Compiles every requested step on every layout; returns the plan dict.
 
   Args:
     preset: a PRESETS key.
-    layouts: meshes as 'FSDPxTP' (e.g. '8x1', '4x2').
+    layouts: meshes as 'FSDPxTP' (e.g. '8x1', '4x2') over the target's devices.
     stages: train stages (train_stages) and/or 'ar_decode', 'diffusion_decode'.
     settings: Settings.
-    verify: also run verify_flops.
+    verify: also run verify_flops (on the CPU; the CPU target only).
+    target: a targets.TARGETS key.
+    topology: the target's devices (targets.devices; default its 8-device topology).
+    save: called with the plan so far after every row (a long run keeps what it compiled).
+    attention: 'reference' or 'kernel' (the target's fused attention, targets.Target.kernel).
+    options: XLA options every compile starts with (else the documented fixes as found).
   """
-  s = PRESETS[preset]
   settings = Settings() if settings is None else settings
-  if jax.device_count() != 8:
-    raise RuntimeError(f"the plan needs 8 devices, got {jax.device_count()} (set XLA_FLAGS="
-                       f"{_FLAG}=8 before JAX starts)")
+  tgt = targets.get_target(target)
+  impl = tgt.kernel if attention == "kernel" else "reference"
+  s = with_attention(PRESETS[preset], impl)
   train = train_stages(s)
   unknown = set(stages) - {*train, "ar_decode", "diffusion_decode"}
   if unknown:
     raise ValueError(f"unknown stages {sorted(unknown)}")
   t0 = time.perf_counter()
-  result = {"preset": preset, "settings": dataclasses.asdict(settings),
+  result = {"preset": preset, "target": target, "attention": impl,
+            "topology": topology or tgt.default_topology, "settings": dataclasses.asdict(settings),
             "mfu": settings.mfu, "reserve": settings.reserve,
-            "peak_flops": H100_PEAK_FLOPS, "cards": CARDS, "jax": jax.__version__,
+            "peak_flops": tgt.peak_flops, "hbm_bytes_s": tgt.hbm_bytes_s, "cards": tgt.cards,
+            "jax": jax.__version__, "versions": versions(),
             "shapes": {k: v for k, v in dataclasses.asdict(s).items() if k != "model"},
             "model": dataclasses.asdict(s.model), "params": params_lib.param_count(s.model),
             "rows": []}
+  fixes = dict(options or {})  # + the documented fixes the run needs (targets.FIXES)
   for text in layouts:
     fsdp, tp = _layout(text)
-    mesh = mesh_lib.make_mesh(1, fsdp, tp)
+    mesh, _ = targets.target_mesh(target, topology, fsdp, tp)
+    result["device_kind"] = mesh.devices.flat[0].device_kind
     for name in stages:
       if name in train:
-        result["rows"].append(plan_train(train[name], s, mesh, fsdp, tp, settings))
+        row = plan_train(train[name], s, mesh, fsdp, tp, settings, tgt, fixes)
       else:
-        result["rows"].append(plan_decoder(name, s, mesh, fsdp, tp, settings))
-  if verify:
+        row = plan_decoder(name, s, mesh, fsdp, tp, settings, tgt, fixes)
+      result["rows"].append(row)
+      result["wall_s"] = time.perf_counter() - t0
+      if save is not None:
+        save(result)
+  if verify and tgt.platform == "cpu":
     result["flop_check"] = verify_flops()
   result["wall_s"] = time.perf_counter() - t0
   return result
@@ -642,47 +803,99 @@ def _gib(x):
   return f"{x / GIB:.1f}"
 
 
-def _fit(fit: dict) -> str:
+def _fit(fit: dict | None) -> str:
+  if fit is None:
+    return "not compiled (failures below)"
   if fit["micro_rows"] is None:
-    return f"**no** (1 row/shard: {_gib(fit['predicted_total'])} GiB)"
+    rows = fit.get("judged_from")
+    where = f"{rows} rows" if rows else "1 row/shard"
+    return f"**no** ({where}: {_gib(fit['predicted_total'])} GiB)"
   mark = "" if fit["compiled"] else " (pred.)"
   return f"{fit['micro_rows']} x {fit['micro_batches']}{mark}"
 
 
+def _first_line(error: str) -> str:
+  return error.strip().splitlines()[0][:400].replace("|", "\\|")
+
+
+def _options(point: dict) -> str:
+  """The XLA options a compile needed beyond the target's defaults (targets.FIXES)."""
+  fixed = {k: v for k, v in point.get("options", {}).items()
+           if k != "xla_backend_optimization_level"}
+  return "".join(f" `--{k}={str(v).lower()}`" for k, v in fixed.items())
+
+
 def markdown(result: dict) -> str:
-  """The plan's tables (train steps, decoders, FLOP check) as markdown."""
+  """The plan's tables (train steps, decoders, failures, FLOP check) as markdown."""
+  target = result.get("target", "cpu")
+  where = ("8 simulated devices" if target == "cpu" else
+           f"target `{target}` ({result['device_kind']}, topology {result['topology']}, "
+           f"compile-only), attention `{result.get('attention', 'reference')}`")
+  cards = list(result["cards"])
   lines = [f"Preset `{result['preset']}` ({result['params'] / 1e9:.2f}B params), jax "
-           f"{result['jax']}, 8 simulated devices; {result['mfu']:.0%} MFU of "
+           f"{result['jax']}, {where}; {result['mfu']:.0%} MFU of "
            f"{result['peak_flops'] / 1e12:.0f} TFLOP/s per device; cards keep "
            f"{result['reserve']:.0%} free. Plan wall time {result['wall_s'] / 60:.1f} min."]
+  if result.get("versions"):
+    lines.append("Packages: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
+                 + ".")
   shapes = result.get("shapes", {})
   if "prepare_chunk" in shapes:
     calls = ", ".join(f"{k} {v or 'all'}" for k, v in shapes["prepare_chunk"].items())
     lines.append(f"From the stage configs: OPD's cached teacher log-probs in "
                  f"{shapes['teacher_dtype']}; rows per rollout / prepare-forward call: {calls}.")
-  lines += ["", "| stage | mesh fsdp x tp | step batch (rows x tokens) | GiB/device at 1, 2 rows/"
-                "shard (arg / temp) | 80 GB: micro rows x M | 141 GB: micro rows x M | model "
-                "TFLOP/step | step s | prepare s | steps | stage h |", "|" + "---|" * 11]
+  fits = " | ".join(f"{c}: micro rows x M" for c in cards)
+  lines += ["", f"| stage | mesh fsdp x tp | step batch (rows x tokens) | GiB/device at micro "
+                f"rows (arg / temp) | {fits} | model TFLOP/step | step s | prepare s | steps | "
+                f"stage h |", "|" + "---|" * (9 + len(cards))]
+  failures = []
   for r in result["rows"]:
     if r["kind"] != "train":
       continue
-    mem = ", ".join(f"{_gib(p['memory']['total'])} ({_gib(p['memory']['argument'])} / "
-                    f"{_gib(p['memory']['temp'])})" for p in r["points"])
+    mem = ", ".join(f"{p['micro_rows']}: {_gib(p['memory']['total'])} "
+                    f"({_gib(p['memory']['argument'])} / {_gib(p['memory']['temp'])})"
+                    f"{_options(p)}" for p in r["points"])
+    mem = ", ".join(filter(None, [mem] + [f"{p['micro_rows']}: failed" for p in
+                                          r.get("failed", [])]))
+    failures += [(r["stage"], r["mesh"], p) for p in r["points"] + r.get("failed", [])
+                 if p.get("failures")]
+    fit = " | ".join(_fit(r[f"fit_{c}"]) for c in cards)
     lines.append(f"| {r['stage']} | {r['mesh']} | {r['rows']} x {r['tokens_per_row']} | {mem} | "
-                 f"{_fit(r['fit_80GB'])} | {_fit(r['fit_141GB'])} | "
-                 f"{r['model_flops'] / 1e12:,.0f} | {r['step_s']:.1f} | {r['prepare_s']:.1f} | "
-                 f"{r['steps']} | {r['stage_h']:.1f} |")
+                 f"{fit} | {r['model_flops'] / 1e12:,.0f} | {r['step_s']:.1f} | "
+                 f"{r['prepare_s']:.1f} | {r['steps']} | {r['stage_h']:.1f} |")
   decoders = [r for r in result["rows"] if r["kind"] == "decode"]
   if decoders:
-    lines += ["", "| decoder | mesh | rows per call x (prompt + new) | GiB/device (arg / temp) | "
-                  "rows per batch shard that fit 80 / 141 GB | forwards | s per call |",
+    fits = " / ".join(cards)
+    lines += ["", f"| decoder | mesh | rows per call x (prompt + new) | GiB/device (arg / temp) | "
+                  f"rows per batch shard that fit {fits} | forwards | s per call |",
               "|" + "---|" * 7]
     for r in decoders:
-      m = r["memory"]
+      failures += [(r["stage"], r["mesh"], r)] if r.get("failures") else []
+      if "error" in r:
+        mem, fit = "failed", "-"
+      else:
+        m = r["memory"]
+        mem = f"{_gib(m['total'])} ({_gib(m['argument'])} / {_gib(m['temp'])}){_options(r)}"
+        fit = " / ".join(str(r[f"rows_per_shard_{c}"]) for c in cards)
       lines.append(f"| {r['stage']} | {r['mesh']} | {r['rows']} x ({r['prompt_len']} + "
-                   f"{r['new_tokens']}) | {_gib(m['total'])} ({_gib(m['argument'])} / "
-                   f"{_gib(m['temp'])}) | {r['rows_per_shard_80GB']} / "
-                   f"{r['rows_per_shard_141GB']} | {r['forwards']} | {r['seconds']:.1f} |")
+                   f"{r['new_tokens']}) | {mem} | {fit} | {r['forwards']} | "
+                   f"{r['seconds']:.1f} |")
+  if failures:
+    lines += ["", "| compile failure (first line; verbatim in the JSON) | options | avoided by |",
+              "|---|---|---|"]
+    for stage, mesh, point in failures:
+      fixed = "error" not in point
+      for f in point["failures"]:
+        lines.append(f"| {stage} {mesh}: `{_first_line(f['error'])}` | {f['options'] or '-'} | "
+                     f"{_options(point).strip() if fixed else '**none: not compiled**'} |")
+  calls = [(r["stage"], r["mesh"], c) for r in result["rows"] for c in
+           ([r] if r["kind"] == "decode" else r["points"]) if c.get("custom_calls")]
+  if calls:
+    lines += ["", "| program | custom calls in the compiled HLO (count) |", "|---|---|"]
+    for stage, mesh, c in calls:
+      micro = f" micro {c['micro_rows']}" if "micro_rows" in c else ""
+      found = ", ".join(f"`{k}` {v}" for k, v in c["custom_calls"].items())
+      lines.append(f"| {stage} {mesh}{micro} | {found} |")
   if result.get("flop_check"):
     lines += ["", "| FLOP check (1 layer, 1 chunk, 1 micro-batch) | analytic | cost_analysis | "
                   "ratio |", "|---|---|---|---|"]
@@ -692,11 +905,71 @@ def markdown(result: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
-def update_doc(path: str, table: str) -> None:
-  """Replaces the text between `<!-- plan:begin -->` and `<!-- plan:end -->` in `path` (appends
-  the block when absent); the rest of the file is kept."""
+def compare_markdown(results: list[dict]) -> str:
+  """One table, one column per target: GiB per device at the stage config's micro-batch (compiled,
+  or on the memory line: 'pred.') with its temporaries, and the largest micro-batch that fits
+  the target's card (rows x micro-batches)."""
+  def label(r):
+    kernel = r.get("attention", "reference")
+    return f"{r.get('target', 'cpu')} {r.get('topology', '8')}" + (
+      "" if kernel == "reference" else f" {kernel}")
+  head = " | ".join(f"{label(r)} ({', '.join(r['cards'])}): GiB (temp); fits" for r in results)
+  lines = [f"| stage | mesh | rows x tokens | config micro rows | {head} |",
+           "|" + "---|" * (4 + len(results))]
+  keys = []  # the (stage, mesh) rows that two plans share (all rows of a single plan)
+  for r in results:
+    keys += [(x["stage"], x["mesh"]) for x in r["rows"] if (x["stage"], x["mesh"]) not in keys]
+  count = lambda key: sum(any((x["stage"], x["mesh"]) == key for x in r["rows"]) for r in results)
+  keys = [k for k in keys if count(k) >= min(2, len(results))]
+  for stage, mesh in keys:
+    cells, first = [], None
+    for r in results:
+      row = next((x for x in r["rows"] if (x["stage"], x["mesh"]) == (stage, mesh)), None)
+      if row is None:
+        cells.append("-")
+        continue
+      first = first or row
+      card = list(r["cards"])[0]
+      if row["kind"] == "decode":
+        mem = row.get("memory")
+        cells.append("failed" if "error" in row else
+                     f"{_gib(mem['total'])} ({_gib(mem['temp'])}){_options(row)}; "
+                     f"{row[f'rows_per_shard_{card}']} rows/shard")
+        continue
+      if not row["points"]:
+        cells.append("failed")
+        continue
+      micro = row.get("config_micro_rows",
+                      row["rows"] // PRESETS[r["preset"]].micro_batches.get(stage, 1))
+      at = next((p for p in row["points"] if p["micro_rows"] == micro), None)
+      total = at["memory"]["total"] if at else memory_line(row["points"])(micro)
+      temp = f" ({_gib(at['memory']['temp'])})" if at else " (pred.)"
+      cells.append(f"{_gib(total)}{temp}{_options(at or row['points'][0])}; "
+                   f"{_fit(row[f'fit_{card}'])}")
+    if first["kind"] == "decode":
+      shape, micro = f"{first['rows']} x ({first['prompt_len']} + {first['new_tokens']})", "-"
+    else:
+      shape = f"{first['rows']} x {first['tokens_per_row']}"
+      micro = first.get("config_micro_rows", first["rows"] // PRESETS[
+        results[0]["preset"]].micro_batches.get(stage, 1))
+    lines.append(f"| {stage} | {mesh} | {shape} | {micro} | {' | '.join(cells)} |")
+  return "\n".join(lines) + "\n"
+
+
+def doc_block(result: dict) -> str:
+  """The doc block a plan run fills: `plan` (the CPU proxy of the 8B preset, as before), else
+  `plan:<preset>:<target>`."""
+  target = result.get("target", "cpu")
+  kernel = "" if result.get("attention", "reference") == "reference" else ":kernel"
+  return "plan" if (result["preset"], target, kernel) == ("qwen3_8b", "cpu", "") else (
+    f"plan:{result['preset']}:{target}{kernel}")
+
+
+def update_doc(path: str, table: str, block: str = "plan") -> None:
+  """Replaces the text between `<!-- {block}:begin -->` and `<!-- {block}:end -->` in `path`
+  (appends the block when absent); the rest of the file is kept."""
   text = open(path).read() if os.path.exists(path) else ""
-  begin, end = "<!-- plan:begin -->", "<!-- plan:end -->"
+  begin, end = f"<!-- {block}:begin -->", f"<!-- {block}:end -->"
   block = f"{begin}\n{table}{end}"
   if begin in text and end in text:
     text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
@@ -704,6 +977,13 @@ def update_doc(path: str, table: str) -> None:
     text = f"{text.rstrip()}\n\n{block}\n" if text else f"{block}\n"
   with open(path, "w") as f:
     f.write(text)
+
+
+def _option(text: str) -> tuple[str, bool]:
+  name, _, value = text.partition("=")
+  if value not in ("true", "false"):
+    raise ValueError(f"--xla_options={text!r}: expected name=true|false")
+  return name, value == "true"
 
 
 def use_host_devices(count: int = 8) -> None:
@@ -715,6 +995,16 @@ def use_host_devices(count: int = 8) -> None:
 
 def main(argv):
   del argv
+  if FLAGS.compare:  # the targets side by side, from saved plans
+    results = []
+    for path in FLAGS.compare:
+      with open(path) as f:
+        results.append(json.load(f))
+    table = compare_markdown(results)
+    if FLAGS.doc:
+      update_doc(FLAGS.doc, table, FLAGS.compare_block)
+    print(table)
+    return
   if FLAGS.render:  # re-render a saved plan (e.g. after editing the doc's hand-written parts)
     with open(FLAGS.render) as f:
       result = json.load(f)
@@ -722,14 +1012,21 @@ def main(argv):
     use_host_devices()
     settings = Settings(points=FLAGS.points, mfu=FLAGS.mfu, reserve=FLAGS.reserve,
                         forwards_per_token=FLAGS.forwards_per_token, opt_level=FLAGS.opt_level)
-    result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops)
     os.makedirs(FLAGS.out_dir, exist_ok=True)
-    name = f"plan_{FLAGS.preset}"
-    with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
-      json.dump(result, f, indent=1, default=float)
+    name = f"plan_{FLAGS.preset}" + ("" if FLAGS.target == "cpu" else f"_{FLAGS.target}") + (
+      "" if FLAGS.attention == "reference" else "_kernel")
+
+    def save(result):
+      with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
+        json.dump(result, f, indent=1, default=float)
+
+    result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
+                      FLAGS.target, FLAGS.topology, save, FLAGS.attention,
+                      dict(_option(text) for text in FLAGS.xla_options))
+    save(result)
   table = markdown(result)
   if FLAGS.doc:
-    update_doc(FLAGS.doc, table)
+    update_doc(FLAGS.doc, table, doc_block(result))
   elif not FLAGS.render:
     with open(os.path.join(FLAGS.out_dir, f"{name}.md"), "w") as f:
       f.write(table)

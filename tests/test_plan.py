@@ -62,6 +62,22 @@ def test_fit_micro_rows_uses_the_memory_line():
   assert plan.fit_micro_rows(points, 64, 8, 20e9) == (None, 30e9, True)
   # Only divisors of the step's rows: 48 rows -> 8, 16, 24 (not 32).
   assert plan.fit_micro_rows(points, 48, 8, 72e9)[0] == 24
+  # One compiled point judges only micro-batches up to it (nothing is known above).
+  assert plan.fit_micro_rows(points[1:], 64, 8, 72e9) == (16, 40e9, True)
+  assert plan.fit_micro_rows(points[1:], 64, 8, 20e9) == (None, 40e9, True)
+
+
+def test_micro_points_start_at_the_stage_configs_micro_batch():
+  s = dataclasses.replace(plan.PRESETS["tiny"], micro_batches={"sft": 2, "opd": 4})
+  stages = plan.train_stages(s)
+  assert plan.micro_points(stages["sft"], s, 8, 2) == [8, 16]  # 16 rows / 2, then the double
+  assert plan.micro_points(stages["cft"], s, 8, 2) == [16, 8]  # no setting: all rows, then half
+  assert plan.micro_points(stages["opd"], s, 8, 1) == [8]  # 4 rows raised to the 8 batch shards
+  big, small = plan.PRESETS["qwen3_8b"], plan.PRESETS["qwen3_0_6b"]
+  opd = dataclasses.replace(stages["opd"], rows=big.rollouts("opd"))  # the 8B step's rows
+  assert plan.micro_points(opd, big, 8, 1) == [16]  # 512 / 32
+  assert plan.micro_points(opd, small, 1, 1) == [2]  # one chip, the 8B configs' per-device rows
+  assert plan.rollout_rows(small, "rl") == plan.rollout_rows(big, "rl") // plan.DEVICES_8B
 
 
 def test_markdown_and_doc_block(tmp_path):
@@ -69,9 +85,9 @@ def test_markdown_and_doc_block(tmp_path):
   none = {"micro_rows": None, "micro_batches": None, "predicted_total": 90e9, "compiled": True}
   mem = {"total": 30 * 2**30, "argument": 10 * 2**30, "temp": 20 * 2**30}
   result = {"preset": "tiny", "params": 1e6, "jax": "x", "mfu": 0.4, "peak_flops": 989e12,
-            "reserve": 0.1, "wall_s": 60.0, "rows": [
+            "reserve": 0.1, "wall_s": 60.0, "cards": {"80GB": 80e9, "141GB": 141e9}, "rows": [
               {"kind": "train", "stage": "sft", "mesh": "8x1", "rows": 32, "tokens_per_row": 64,
-               "points": [{"memory": mem}], "fit_80GB": fit, "fit_141GB": none,
+               "points": [{"micro_rows": 16, "memory": mem}], "fit_80GB": fit, "fit_141GB": none,
                "model_flops": 2e12, "step_s": 1.5, "prepare_s": 0.0, "steps": 10,
                "stage_h": 0.01},
               {"kind": "decode", "stage": "ar_decode", "mesh": "8x1", "rows": 16,
@@ -80,8 +96,8 @@ def test_markdown_and_doc_block(tmp_path):
             "flop_check": [{"loss": "sft", "analytic": 1.0, "cost_analysis": 1.004,
                             "ratio": 1.004}]}
   table = plan.markdown(result)
-  assert "| sft | 8x1 | 32 x 64 | 30.0 (10.0 / 20.0) | 16 x 2 | **no** (1 row/shard: 83.8 GiB)" \
-    in table
+  assert "| sft | 8x1 | 32 x 64 | 16: 30.0 (10.0 / 20.0) | 16 x 2 | **no** (1 row/shard: 83.8 " \
+    "GiB)" in table
   assert "| ar_decode | 8x1 | 16 x (48 + 16) |" in table and "| sft | 1 | 1.004 | 1.004 |" in table
   doc = tmp_path / "plan.md"
   doc.write_text("# Findings\n\nhand-written\n")

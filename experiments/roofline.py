@@ -1,0 +1,192 @@
+r"""A roofline Table 3 at paper scale: Qwen3-8B decoding on one H100 at batch 1, predicted.
+
+  python experiments/roofline.py --out=docs/roofline_table3.json      (~2 H100 compiles)
+
+A prediction, not a measurement (scripts/gpu_check.sh measures on a lent GPU). The two decoders'
+steps are compiled for one H100 by XLA's GPU compiler without hardware (experiments/targets.py):
+the AR step (one token after the cache: `generate.decode`'s loop body) and the block-diffusion
+step (one block of B = 32 after the cache: `diffusion.decode.block_forward`, the denoising and
+commit forward), at batch 1 with the static cache of the paper's 2,200-token prompt + 256 new
+tokens, bf16. Per step:
+
+  bytes   from the compiled program's memory_analysis: arguments (the weights and the whole KV
+          cache buffer, each read once: the attention scores every slot) + outputs not aliased
+          (logits; the donated cache's writes are in place).
+  FLOPs   analytic (plan.forward_flops; the GPU compiler has no cost analysis).
+  time    max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s): the H100 SXM roofline.
+
+Forwards per output token are the trained tiny Diffusion-GR2's, read from results/table3.json
+(not re-measured): (mean forwards - the prefill) / mean response length at each tau, and the same
+for its AR GR2 row. The prediction for a 256-token response after the 2,200-token prompt:
+AR tok/s = 256 / (prefill + 256 x f_AR x t_AR), diffusion the same with f_tau x t_block; the
+prefill is a roofline of its analytic FLOPs and the weights. Printed next to the paper's AR
+71 tok/s and 2.4x / 3.3x / 3.5x (research/papers.md §2), with the paper's AR as a fraction of
+the predicted roofline.
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plan  # noqa: E402  (also puts the repository on sys.path)
+import targets  # noqa: E402
+
+from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
+from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax.model import qwen3  # noqa: E402
+from gr2jax.model.cache import KVCache  # noqa: E402
+from gr2jax.tables import PAPER_TABLE3  # noqa: E402
+
+FLAGS = flags.FLAGS
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("out", os.path.join(REPO, "docs", "roofline_table3.json"), "JSON output.")
+  flags.DEFINE_string("table3", os.path.join(REPO, "results", "table3.json"),
+                      "The tiny Table 3 whose forwards per token the prediction uses.")
+  flags.DEFINE_enum("target", "h100", ["h100", "h200"], "The GPU of the roofline.")
+
+
+def _cache_spec(config, sharding, slots: int) -> KVCache:
+  shape = (config.num_layers, 1, slots, config.num_kv_heads, config.head_dim)
+  kv = jax.ShapeDtypeStruct(shape, jnp.dtype(config.compute_dtype), sharding=sharding)
+  return KVCache(k=kv, v=kv, lengths=jax.ShapeDtypeStruct((1,), jnp.int32, sharding=sharding))
+
+
+def compile_step(kind: str, s: plan.Shapes, target_name: str) -> dict:
+  """Compiles one decoder step at batch 1 for one device of the target; its bytes and FLOPs.
+
+  Args:
+    kind: 'ar' (one token) or 'block' (one block of s.block_size tokens).
+    s: the shapes (prompt, response, block size, the model).
+    target_name: a GPU targets.TARGETS key.
+
+  Returns:
+    {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options'}.
+  """
+  mesh, target = targets.target_mesh(target_name, "1x1x1", 1, 1)
+  config = s.model if kind == "ar" else s.diffusion()
+  config = dataclasses.replace(config, remat="none")
+  width = 1 if kind == "ar" else s.block_size
+  slots = s.prompt_len + s.response_len
+  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  cache = _cache_spec(config, rep, slots)
+  tokens = jax.ShapeDtypeStruct((1, width), jnp.int32, sharding=rep)
+  prompt_lengths = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
+  if kind == "ar":
+    def fn(params, cache, tokens, prompt_lengths):
+      del prompt_lengths
+      return qwen3.forward(params, config, tokens, cache=cache, update_cache=True)
+  else:
+    def fn(params, cache, tokens, prompt_lengths):
+      return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths)
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn, donate_argnums=1).lower(plan._param_specs(config, mesh), cache,
+                                                  tokens, prompt_lengths)
+    compiled, record = plan._compile(lowered, target, 0)
+  mem = plan._memory(compiled)
+  return {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
+          "flops": plan.forward_flops(config, width, width * slots, width), "tokens": width,
+          "compile_s": time.perf_counter() - start, "options": record["options"],
+          "failures": record["failures"]}
+
+
+def forwards_per_token(table3_rows: list[dict]) -> dict:
+  """{tau or None (AR): decode forwards per output token} of the tiny model, prefill removed."""
+  return {r["tau"]: (r["mean_nfe"] - 1) / r["mean_response_len"] for r in table3_rows}
+
+
+def predict(steps: dict, fpt: dict, s: plan.Shapes, target: targets.Target) -> dict:
+  """The roofline times and the predicted tok/s and speed-ups (module docstring)."""
+  def seconds(x):
+    return max(x["bytes"] / target.hbm_bytes_s, x["flops"] / target.peak_flops)
+
+  weights = params_lib.param_count(s.model) * 2
+  prefill_flops = plan.forward_flops(s.model, s.prompt_len, plan.causal_pairs(s.prompt_len), 1)
+  prefill_s = max(weights / target.hbm_bytes_s, prefill_flops / target.peak_flops)
+  t = {kind: seconds(x) for kind, x in steps.items()}
+  r = s.response_len
+  ar_s = prefill_s + r * fpt[None] * t["ar"]
+  rows = [{"row": "AR", "tau": None, "forwards_per_token": fpt[None], "step_s": t["ar"],
+           "tok_s": r / ar_s, "steady_tok_s": 1 / (fpt[None] * t["ar"]), "speedup": 1.0,
+           "paper_tok_s": PAPER_TABLE3[None][1], "paper_speedup": 1.0}]
+  for tau in sorted((k for k in fpt if k is not None), reverse=True):
+    total = prefill_s + r * fpt[tau] * t["block"]
+    paper = PAPER_TABLE3.get(tau)
+    rows.append({"row": "Diffusion-GR2", "tau": tau, "forwards_per_token": fpt[tau],
+                 "step_s": t["block"], "tok_s": r / total,
+                 "steady_tok_s": 1 / (fpt[tau] * t["block"]), "speedup": ar_s / total,
+                 "paper_tok_s": paper[1] if paper else None,
+                 "paper_speedup": paper[2] if paper else None})
+  return {"prefill_s": prefill_s, "prefill_flops": prefill_flops, "rows": rows,
+          "paper_ar_fraction_of_roofline": PAPER_TABLE3[None][1] / rows[0]["tok_s"]}
+
+
+def markdown(out: dict) -> str:
+  steps = out["steps"]
+  lines = [f"Prediction (roofline of {out['device_kind']}: {out['hbm_bytes_s'] / 1e12:.2f} TB/s, "
+           f"{out['peak_flops'] / 1e12:.0f} TFLOP/s), Qwen3-8B bf16, batch 1, prompt "
+           f"{out['prompt_len']:,} + {out['response_len']} new tokens; steps compiled by XLA's "
+           f"GPU compiler ({', '.join(f'{k} {v}' for k, v in out['versions'].items())}).", "",
+           "| step | tokens per forward | GB moved (args + outputs) | GFLOP | time at the roofline "
+           "| bound |", "|---|---|---|---|---|---|"]
+  for kind, x in steps.items():
+    t_mem, t_flop = x["bytes"] / out["hbm_bytes_s"], x["flops"] / out["peak_flops"]
+    lines.append(f"| {kind} | {x['tokens']} | {x['bytes'] / 1e9:.2f} | {x['flops'] / 1e9:,.0f} | "
+                 f"{max(t_mem, t_flop) * 1e3:.2f} ms | "
+                 f"{'memory' if t_mem >= t_flop else 'compute'} |")
+  lines.append(f"| prefill ({out['prompt_len']:,} tokens, analytic) | {out['prompt_len']} | "
+               f"{out['weights_bytes'] / 1e9:.2f} (weights) | "
+               f"{out['prediction']['prefill_flops'] / 1e9:,.0f} | "
+               f"{out['prediction']['prefill_s'] * 1e3:.1f} ms | compute |")
+  lines += ["", "| row | tau | forwards per output token (tiny, results/table3.json) | predicted "
+                "tok/s (steady, no prefill) | predicted speed-up | paper tok/s | paper speed-up |",
+            "|---|---|---|---|---|---|---|"]
+  for r in out["prediction"]["rows"]:
+    tau = "-" if r["tau"] is None else f"{r['tau']:g}"
+    paper_tok = "-" if r["paper_tok_s"] is None else f"{r['paper_tok_s']}"
+    paper_x = "-" if r["paper_speedup"] is None else f"{r['paper_speedup']:g}x"
+    lines.append(f"| {r['row']} | {tau} | {r['forwards_per_token']:.3f} | {r['tok_s']:.0f} "
+                 f"({r['steady_tok_s']:.0f}) | {r['speedup']:.2f}x | {paper_tok} | {paper_x} |")
+  fraction = out["prediction"]["paper_ar_fraction_of_roofline"]
+  lines += ["", f"The paper's AR 71 tok/s is {fraction:.0%} of the predicted AR roofline."]
+  return "\n".join(lines) + "\n"
+
+
+def main(argv):
+  del argv
+  plan.use_host_devices(1)
+  s = plan.PRESETS["qwen3_8b"]
+  target = targets.get_target(FLAGS.target)
+  with open(FLAGS.table3) as f:
+    fpt = forwards_per_token(json.load(f)["rows"])
+  steps = {}
+  for kind in ("ar", "block"):
+    steps[kind] = compile_step(kind, s, FLAGS.target)
+    print(f"[roofline] {kind}: {steps[kind]['bytes'] / 1e9:.2f} GB, compile "
+          f"{steps[kind]['compile_s']:.0f} s", flush=True)
+  out = {"target": FLAGS.target, "device_kind": targets.devices(target, "1x1x1")[0].device_kind,
+         "hbm_bytes_s": target.hbm_bytes_s, "peak_flops": target.peak_flops,
+         "prompt_len": s.prompt_len, "response_len": s.response_len, "block_size": s.block_size,
+         "weights_bytes": params_lib.param_count(s.model) * 2, "versions": plan.versions(),
+         "table3": os.path.relpath(FLAGS.table3, REPO), "steps": steps,
+         "prediction": predict(steps, fpt, s, target)}
+  out["markdown"] = markdown(out)
+  with open(FLAGS.out, "w") as f:
+    json.dump(out, f, indent=1, default=float)
+  print(json.dumps(out["prediction"], indent=1, default=float))
+  print(out["markdown"])
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

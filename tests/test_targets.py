@@ -1,0 +1,136 @@
+"""experiments/targets.py and the CI compile check: the tiny recipe built by XLA's real compilers.
+
+A change that breaks GPU or TPU compilation fails here on a CPU machine: the tiny preset's SFT
+step (the train step machinery on the causal layout), RL step (the packed trace replay, the
+largest program: the two-stream layout CFT and OPD share) and both decoders are compiled for an
+H100 (2 devices, fsdp 2) and a TPU v5e (2x2, fsdp 4) without hardware, one compile per program
+per target (the module-scoped fixtures). The AR RL, CFT and OPD steps, which add only their
+losses to the same layouts, are `slow` (they would double the check's ~time). CI installs the
+compile-only packages (requirements-aot.txt, scripts/setup.sh); a machine without them skips
+these tests unless CI=true, where they fail.
+"""
+
+import importlib.util
+import os
+import sys
+
+import jax
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "experiments"))
+import plan  # noqa: E402
+import targets  # noqa: E402
+
+PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc", "nvidia.cudnn"),
+            "tpu": ("libtpu",)}
+CHECK = {"h100": ("1x1x2", 2), "tpu_v5e": ("2x2", 4)}  # target: (topology, fsdp)
+KINDS = {"h100": "NVIDIA H100 80GB HBM3", "tpu_v5e": "TPU v5 lite"}
+KERNEL_CALLS = {"h100": "cudnn", "tpu_v5e": "tpu_custom_call"}  # in the custom-call targets
+FAST = ("sft", "rl", "ar_decode", "diffusion_decode")
+SLOW = ("ar_rl", "cft", "opd")
+
+
+def installed(module: str) -> bool:
+  try:
+    return importlib.util.find_spec(module) is not None
+  except ModuleNotFoundError:  # its parent package is missing
+    return False
+
+
+def require(platform: str) -> None:
+  """Skips (or, under CI=true, fails) when the platform's compile-only packages are missing."""
+  missing = [m for m in PACKAGES[platform] if not installed(m)]
+  if missing:
+    message = (f"compile-only {platform} packages missing ({', '.join(missing)}): "
+               f"pip install -r requirements-aot.txt (scripts/setup.sh does)")
+    if os.environ.get("CI", "").lower() == "true":
+      pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="module", params=sorted(CHECK))
+def target_mesh(request):
+  name = request.param
+  require(targets.TARGETS[name].platform)
+  topology, fsdp = CHECK[name]
+  return targets.target_mesh(name, topology, fsdp, 1)
+
+
+def compile_program(name: str, mesh, target: targets.Target, attention: str = "reference") -> dict:
+  """Compiles one tiny program (a train stage at its config's micro-batch, or a decoder) at the
+  library's matmul precision (conftest.py's 'highest' is the CPU tests' numerics; Mosaic rejects
+  an fp32-precision bf16 dot in the splash kernel)."""
+  s = plan.with_attention(plan.PRESETS["tiny"], attention)
+  with jax.default_matmul_precision("default"):
+    if name in plan.DECODER_STAGES:
+      return plan.compile_decoder(name, s, mesh, mesh_rows(mesh), 0, target)
+    stage = plan.train_stages(s)[name]
+    micro = plan.micro_points(stage, s, mesh_rows(mesh), 1)[0]
+    return plan.compile_train_step(stage, mesh, micro, 0, target)
+
+
+def mesh_rows(mesh) -> int:
+  return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+@pytest.mark.parametrize("program", FAST)
+def test_tiny_program_compiles_for_the_target(target_mesh, program):
+  mesh, target = target_mesh
+  out = compile_program(program, mesh, target)
+  assert out["memory"]["argument"] > 0 and out["memory"]["total"] > 0
+  assert out["failures"] == [], out["failures"]  # the tiny programs need no documented fix
+  assert {d.device_kind for d in mesh.devices.flat} == {KINDS[target.name]}
+
+
+def test_tiny_rl_step_uses_the_targets_attention_kernel(target_mesh):
+  # The packed replay (the longest sequences, every mask kind) with ModelConfig.attention_impl =
+  # the target's kernel: the compiled HLO calls cuDNN's fused attention / a Mosaic (Pallas) kernel.
+  mesh, target = target_mesh
+  calls = plan.custom_calls(compile_program("rl", mesh, target, target.kernel)["compiled"])
+  assert any(KERNEL_CALLS[target.name] in name for name in calls), calls
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("program", SLOW)
+def test_tiny_slow_program_compiles_for_the_target(target_mesh, program):
+  mesh, target = target_mesh
+  assert compile_program(program, mesh, target)["memory"]["total"] > 0
+
+
+def test_default_backend_stays_cpu_with_the_plugins_installed():
+  # tests/conftest.py sets JAX_PLATFORMS=cpu before JAX starts; the targets are compile-only.
+  assert {d.platform for d in jax.devices()} == {"cpu"}
+  assert jax.device_count() == 8
+
+
+def test_gpu_specs_are_xlas_and_parse():
+  require("cuda")
+  for name, label, memory in (("h100", "NVIDIA H100 80GB HBM3", 84942979072),
+                              ("h200", "NVIDIA H200 141GB HBM3e", 151397597184)):
+    text = targets.gpu_target_config(targets.TARGETS[name])
+    assert f'device_description_str: "{label}"' in text
+    assert f"device_memory_size: {memory}" in text
+    assert "collective_memory_granularity" not in text  # the one field jaxlib 0.10 rejects
+    found = targets.devices(targets.TARGETS[name], "1x2x4")
+    assert len(found) == 8 and found[0].device_kind == label
+
+
+def test_topology_and_mesh_errors_name_the_argument():
+  with pytest.raises(ValueError, match="--target='a100'"):
+    targets.get_target("a100")
+  with pytest.raises(ValueError, match="topology 'eight'"):
+    targets.devices(targets.TARGETS["cpu"], "eight")
+  with pytest.raises(ValueError, match="fsdp 4 x tp 1 = 4"):
+    targets.target_mesh("cpu", "8", 4, 1)
+
+
+def test_documented_fix_for_the_triton_tiling_failure():
+  h100, v5e = targets.TARGETS["h100"], targets.TARGETS["tpu_v5e"]
+  error = "INTERNAL: Couldn't find output tile sizes that satisfy hlo: %dot.721 = bf16[9824,4096]"
+  assert targets.fix_for(h100, error) == {"xla_gpu_enable_triton_gemm": False}
+  assert targets.fix_for(v5e, error) is None and targets.fix_for(h100, "other") is None
+  assert h100.compiler_options(targets.fix_for(h100, error)) == {
+    "xla_gpu_enable_triton_gemm": False}
+  assert targets.TARGETS["cpu"].compiler_options(opt_level=0) == {
+    "xla_backend_optimization_level": 0}
