@@ -478,14 +478,16 @@ def trace_rows(rows: Sequence[dict], users: np.ndarray) -> list[dict]:
            "attempts": r["attempt"], "teacher": r["teacher"]} for r in accepted]
 
 
-def _broadcast_state(made: np.ndarray, finished: np.ndarray):
-  """Process 0's resume state in every process (multi-host; a no-op in one process)."""
+def _broadcast_state(made: np.ndarray, finished: np.ndarray, batch_index: int):
+  """Process 0's resume state (attempts made, finished, next batch index) in every process
+  (multi-host: every process must run the same batches with the same keys)."""
   if jax.process_count() == 1:
-    return made, finished
+    return made, finished, batch_index
   from jax.experimental import multihost_utils
 
-  made, finished = multihost_utils.broadcast_one_to_all((made, finished))
-  return np.asarray(made), np.asarray(finished)
+  made, finished, batch_index = multihost_utils.broadcast_one_to_all(
+    (made, finished, np.int32(batch_index)))
+  return np.asarray(made), np.asarray(finished), int(batch_index)
 
 
 def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
@@ -512,8 +514,8 @@ def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
       if ".tmp-" in name:  # traces / summary temp files of a run killed while writing them
         os.remove(os.path.join(out_dir, name))
   rows = read_attempts(out_dir, digest) if writer else []
-  made, finished = _broadcast_state(*user_state(rows, users, spec.attempts))
-  batch_index = _num_batches(out_dir) if writer else 0
+  made, finished, batch_index = _broadcast_state(*user_state(rows, users, spec.attempts),
+                                                 _num_batches(out_dir) if writer else 0)
   key = jax.random.key(spec.seed)
   selected = set(users.tolist())
   accepted = sum(r["kind"] == "accepted" and r["user"] in selected for r in rows)

@@ -417,6 +417,7 @@ def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
   unfiltered = config.copy_and_resolve_references()
   unfiltered.rejection = False
   unfiltered.teacher_traces = ""
+  unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
   with lock_workdir(workdir):
     steps = _Steps(workdir)
     catalog, sequences, raw_key = _raw(steps, config)
