@@ -305,6 +305,10 @@ def format_summary(summary: dict) -> str:
   rows.append(("test target positions", " ".join(f"{p:.3f}"
                                                  for p in ex["floor"]["test"]["histogram"])))
   rows.append(("teacher", f"acceptance={ex['acceptance']:.4f} weights={ex['teacher_weights']}"))
+  traces = summary.get("teacher_traces")
+  if traces:
+    rows.append(("LLM traces", f"{traces['file']} sha256={traces['sha256'][:16]} "
+                               f"kept={ex['traces']['kept']} teachers={traces['teachers']}"))
   sid = summary["sids"]
   rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
                        f"collision_rate={sid['collision_rate']:.4f} "
