@@ -362,8 +362,9 @@ def read_attempts(out_dir: str, digest: str) -> list[dict]:
   rows = []
   for name in sorted(os.listdir(directory)):
     path = os.path.join(directory, name)
+    if ".tmp-" in name:
+      os.remove(path)  # the temp file of a batch in flight when a run was killed
     if not _BATCH_FILE.fullmatch(name):
-      os.remove(path)  # a temp file of a batch in flight when a run was killed
       continue
     with open(path, encoding="utf-8") as f:
       for lineno, line in enumerate(f, start=1):

@@ -314,5 +314,73 @@ def test_sigkill_mid_run_then_rerun_loses_and_duplicates_no_user(build, tmp_path
   assert summary["finished"] == KILL_SPEC["num_users"]
 
 
+MULTI_SPEC = dict(prompt="chat", attempts=2, batch_size=2, num_users=3, max_new_tokens=6,
+                  temperature=1.0, mesh=(1, 2, 2))
+
+
+def _multihost_worker(process_id, num_processes, port, hf_dir, work, out_dir, data_dir):
+  """One process of the multi-process teacher job (2 CPU devices each; a 4-device mesh)."""
+  import jax
+
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  if num_processes > 1:
+    jax.distributed.initialize(f"localhost:{port}", num_processes, process_id)
+  config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
+  spec = llm_teacher.TeacherSpec(**MULTI_SPEC, hf_dir=hf_dir, out_dir=out_dir)
+  summary = llm_teacher.run(spec, config, work)
+  with open(os.path.join(os.path.dirname(out_dir), f"summary_{process_id}.json"), "w") as f:
+    json.dump({k: v for k, v in summary.items() if k not in ("spec", "traces_sha256")}, f)
+  if num_processes > 1:
+    jax.distributed.shutdown()
+
+
+@pytest.mark.slow
+def test_two_processes_write_one_output_equal_to_one_process(build, tmp_path):
+  """Multi-host on one machine: 2 processes x 2 CPU devices (gloo) sample the same batches over
+  one 4-device mesh, each placing its own rows; process 0 alone writes, and the output equals a
+  single process's on a 4-device mesh of the same shape."""
+  import shutil
+
+  from tests.hf_layout import save_qwen3_dir
+  from tests.train.test_multiprocess import _free_port
+
+  config, work = build
+  hf_dir = save_qwen3_dir(tmp_path / "Qwen3-tiny")
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": REPO, "GR2JAX_PROGRESS": "0",
+         "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+
+  def launch(name, num_processes, devices):
+    os.makedirs(tmp_path / name)
+    port = _free_port()
+    procs = []
+    for i in range(num_processes):
+      copy = str(tmp_path / name / f"work{i}")  # per-process data build (one lock per host)
+      shutil.copytree(work, copy)
+      procs.append(subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__), "multihost", str(i), str(num_processes),
+         str(port), hf_dir, copy, str(tmp_path / name / "teacher"), config.data_dir],
+        env={**env, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+      out = p.communicate(timeout=600)[0]
+      assert p.returncode == 0, out[-4000:]
+    return tmp_path / name
+
+  multi, single = launch("multi", 2, 2), launch("single", 1, 4)
+  read = lambda d, f: [json.loads(line) for line in open(d / "teacher" / "attempts" / f)]
+  files = sorted(os.listdir(multi / "teacher" / "attempts"))
+  assert files == sorted(os.listdir(single / "teacher" / "attempts")) and files
+  for f in files:  # the same users, attempts and sampled texts
+    assert read(multi, f) == read(single, f)
+  assert (multi / "teacher" / "traces.jsonl").read_text() == \
+    (single / "teacher" / "traces.jsonl").read_text()
+  summaries = [json.loads((multi / f"summary_{i}.json").read_text()) for i in range(2)]
+  assert summaries[0]["finished"] == summaries[1]["finished"] == 3  # every process ran it all
+  assert not os.path.exists(multi / "work1" / "teacher")  # nothing written by process 1
+
+
 if __name__ == "__main__":
-  _kill_target(*sys.argv[1:4])
+  if sys.argv[1] == "multihost":
+    _multihost_worker(int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:9])
+  else:
+    _kill_target(*sys.argv[1:4])
