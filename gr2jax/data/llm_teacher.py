@@ -488,7 +488,7 @@ def _broadcast_state(made: np.ndarray, finished: np.ndarray, batch_index: int):
 
   made, finished, batch_index = multihost_utils.broadcast_one_to_all(
     (made, finished, np.int32(batch_index)))
-  return np.asarray(made), np.asarray(finished), int(batch_index)
+  return np.array(made), np.array(finished), int(batch_index)  # writable copies
 
 
 def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],

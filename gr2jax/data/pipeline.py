@@ -274,7 +274,7 @@ def _tokenizer_corpus(catalog, exs, sids, config) -> list[str]:
   return items + texts
 
 
-def catalog_path(config) -> str:
+def _catalog_path(config) -> str:
   """The raw catalogue file of the build (items.jsonl.gz under config.data_dir)."""
   return os.path.join(config.data_dir, "items.jsonl.gz")
 
@@ -388,7 +388,7 @@ def run(config, workdir: str) -> dict:
 
 def _raw(steps: _Steps, config) -> tuple:
   """(catalog, sequences, raw key): the raw files, loaded once per content (a cached step)."""
-  items_path = catalog_path(config)
+  items_path = _catalog_path(config)
   sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
   raw_key = _key(_file_digest(items_path), _file_digest(sequences_path), _code(raw))
 
@@ -487,7 +487,7 @@ def _run(config, workdir: str) -> dict:
     "timings": steps.timings,
     "cached": steps.cached,
     "teacher_traces": traces_provenance,
-    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": catalog_path(config),
+    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": _catalog_path(config),
               "sids": os.path.join(sids_dir, "sids.npy")},
   }
   summary_file = os.path.join(workdir, "summary.json")
