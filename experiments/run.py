@@ -67,6 +67,14 @@ def _run_eval(config, workdir):
   return result
 
 
+def _run_teacher(config, workdir):
+  from gr2jax.data import llm_teacher
+
+  spec = llm_teacher.TeacherSpec(**{**config.teacher.to_dict(),
+                                    "mesh": tuple(config.teacher.mesh)})
+  return llm_teacher.run(spec, config.data, workdir)
+
+
 def _run_table2(config, workdir):
   from gr2jax import reproduce
 
@@ -88,6 +96,7 @@ def _run_tables(config, workdir):
 
 STAGES = {
     "data": _run_data,
+    "teacher": _run_teacher,
     "rerank": _run_rerank,
     "table3": _run_tables,
     "fig6": _run_tables,

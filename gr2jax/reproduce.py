@@ -197,12 +197,17 @@ def _sha256(path: str) -> str:
 
 def provenance(summary: dict) -> dict:
   """Digests of what every number depends on: the tokenizer and the SIDs file the prompts were
-  rendered with (pin it on another machine with --config.data.sids_file=<that file>)."""
+  rendered with (pin it on another machine with --config.data.sids_file=<that file>) and, when
+  the SFT data are LLM traces (data.teacher_traces), that file and the teachers that wrote it."""
   paths, sids = summary["paths"], summary["sids"]
+  traces = summary.get("teacher_traces") or {}
   return {"tokenizer_sha256": _sha256(os.path.join(paths["tokenizer"], "tokenizer.json")),
           "sids_sha256": _sha256(paths["sids"]), "sids_file": paths["sids"],
           "sids_collision_rate": sids["collision_rate"],
-          "sids_max_collisions": sids["max_collisions"], "devices": str(jax.devices())}
+          "sids_max_collisions": sids["max_collisions"],
+          "teacher_traces_sha256": traces.get("sha256", "")[:16] or "rule teacher",
+          "teacher_digests": ",".join(traces.get("teachers", ())) or "-",
+          "devices": str(jax.devices())}
 
 
 def run(table, workdir: str) -> str:

@@ -45,7 +45,7 @@ from gr2jax.data import (
   tfds_builder,
   tokenizer,
 )
-from gr2jax.data.records import RerankExample
+from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.workdir import lock_workdir
 
 # config fields that decide the examples (and so the examples step's cache key)
@@ -274,6 +274,11 @@ def _tokenizer_corpus(catalog, exs, sids, config) -> list[str]:
   return items + texts
 
 
+def _catalog_path(config) -> str:
+  """The raw catalogue file of the build (items.jsonl.gz under config.data_dir)."""
+  return os.path.join(config.data_dir, "items.jsonl.gz")
+
+
 def _split_examples(by_split: dict, test_users: np.ndarray) -> dict[str, list[RerankExample]]:
   """The TFDS splits: train / validation / test plus test_1615 (the evaluation user subset)."""
   users = set(test_users.tolist())
@@ -300,6 +305,10 @@ def format_summary(summary: dict) -> str:
   rows.append(("test target positions", " ".join(f"{p:.3f}"
                                                  for p in ex["floor"]["test"]["histogram"])))
   rows.append(("teacher", f"acceptance={ex['acceptance']:.4f} weights={ex['teacher_weights']}"))
+  traces = summary.get("teacher_traces")
+  if traces:
+    rows.append(("LLM traces", f"{traces['file']} sha256={traces['sha256'][:16]} "
+                               f"kept={ex['traces']['kept']} teachers={traces['teachers']}"))
   sid = summary["sids"]
   rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
                        f"collision_rate={sid['collision_rate']:.4f} "
@@ -364,7 +373,11 @@ def run(config, workdir: str) -> dict:
 
   Returns:
     The summary dict; `summary['paths']` holds the tokenizer and TFDS directories, the catalogue
-    (items.jsonl.gz) and the SIDs file (sids.npy, int32 [I, 4]) the prompts were rendered with.
+    (items.jsonl.gz) and the SIDs file (sids.npy, int32 [I, 4]) the prompts were rendered with;
+    `summary['teacher_traces']` names the LLM traces file the training split came from (its path,
+    sha256 and the teacher digests of its rows), None with the rule teacher. With traces, the
+    training split is the traced users only (accepted ones under `rejection`), never the rule
+    teacher's.
 
   Raises:
     gr2jax.workdir.InUseError: another live run holds the workdir.
@@ -373,10 +386,9 @@ def run(config, workdir: str) -> dict:
     return _run(config, workdir)
 
 
-def _run(config, workdir: str) -> dict:
-  steps = _Steps(workdir)
-  start = time.perf_counter()
-  items_path = os.path.join(config.data_dir, "items.jsonl.gz")
+def _raw(steps: _Steps, config) -> tuple:
+  """(catalog, sequences, raw key): the raw files, loaded once per content (a cached step)."""
+  items_path = _catalog_path(config)
   sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
   raw_key = _key(_file_digest(items_path), _file_digest(sequences_path), _code(raw))
 
@@ -384,15 +396,45 @@ def _run(config, workdir: str) -> dict:
     catalog = raw.load_catalog(items_path)
     return catalog, raw.load_sequences(sequences_path, catalog)
 
-  catalog, sequences = steps.value("raw", raw_key, load_raw)
+  return *steps.value("raw", raw_key, load_raw), raw_key
 
+
+def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
+  """(examples by split, their stats, cache key): the cached examples step of `config`."""
   examples_key = _key(raw_key, [config.get(k).to_dict() if k == "retriever" else config.get(k)
                                 for k in EXAMPLE_FIELDS],
                       _code(examples, split, retriever, candidates, evidence, teacher, headroom,
                             metrics))
   by_split, example_stats = steps.value("examples", examples_key,
                                         lambda: build_examples(catalog, sequences, config))
-  reasonings, traces_digest = {}, ""
+  return by_split, example_stats, examples_key
+
+
+def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
+  """The catalogue and EVERY training list of the build of `config`, none dropped by the rule
+  teacher's rejection: the lists an LLM teacher writes `data.teacher_traces` for (a build that
+  reads traces keeps exactly these lists, then only the traced users; data/llm_teacher.py).
+
+  Raises:
+    gr2jax.workdir.InUseError: another live run holds the workdir.
+  """
+  unfiltered = config.copy_and_resolve_references()
+  unfiltered.rejection = False
+  unfiltered.teacher_traces = ""
+  unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
+  with lock_workdir(workdir):
+    steps = _Steps(workdir)
+    catalog, sequences, raw_key = _raw(steps, config)
+    by_split, _, _ = _examples(steps, unfiltered, catalog, sequences, raw_key)
+  return catalog, by_split["train"]
+
+
+def _run(config, workdir: str) -> dict:
+  steps = _Steps(workdir)
+  start = time.perf_counter()
+  catalog, sequences, raw_key = _raw(steps, config)
+  by_split, example_stats, examples_key = _examples(steps, config, catalog, sequences, raw_key)
+  reasonings, traces_digest, traces_provenance = {}, "", None
   if config.teacher_traces:
     traces_digest = _file_digest(config.teacher_traces)
     traces, trace_stats = teacher.load_traces(config.teacher_traces, by_split["train"],
@@ -400,6 +442,8 @@ def _run(config, workdir: str) -> dict:
     by_split["train"] = [t.example for t in traces]
     reasonings = {t.example.user: t.reasoning for t in traces}
     example_stats = example_stats | {"traces": trace_stats}
+    traces_provenance = {"file": os.path.abspath(config.teacher_traces),
+                         "sha256": traces_digest, "teachers": trace_stats["teachers"]}
   test_users = split.eval_subset(len(sequences), config.eval_subset_size)
   by_split = _split_examples(by_split, test_users)
 
@@ -442,7 +486,8 @@ def _run(config, workdir: str) -> dict:
     "prompt_lengths": prompt_lengths,
     "timings": steps.timings,
     "cached": steps.cached,
-    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": items_path,
+    "teacher_traces": traces_provenance,
+    "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": _catalog_path(config),
               "sids": os.path.join(sids_dir, "sids.npy")},
   }
   summary_file = os.path.join(workdir, "summary.json")

@@ -48,6 +48,10 @@ NO_BRAND = "(no brand)"
 
 SYSTEM_PROMPT = "You are an expert re-ranker of Amazon Beauty products for a user's next purchase."
 NO_MATCH = "No history match; keep the retriever order."  # chat style; terse: an empty think block
+REJECTION_SYSTEM = (  # GR2 principle (1), domain-knowledge priming (research/papers.md §1.3)
+  "You are an expert in Amazon Beauty products and in how people shop for them: which products "
+  "complete a routine (shampoo -> conditioner -> styling; cleanser -> toner -> moisturiser), when "
+  "a shopper stays with a brand, and when they move on to a neighbouring category.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +257,48 @@ def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
   user = "\n".join(lines)
   system = f"{IM_START}system\n{SYSTEM_PROMPT}{IM_END}\n" if chat else ""
   return f"{system}{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n"
+
+
+def render_rejection_messages(example: RerankExample, catalog: Catalog, sids: np.ndarray,
+                              config: PromptConfig) -> list[dict[str, str]]:
+  """GR2's rejection-sampling teacher prompt as chat messages (research/papers.md §1.3-1.4).
+
+  The principles of GR2's teacher prompt: (1) domain-knowledge priming (the system turn,
+  REJECTION_SYSTEM), (2) items cited by their SID tokens, (3) the full shown history and all
+  candidates together, (4) hierarchical steps (patterns -> complements -> selection), (5) one
+  JSON object with both the reasoning and the ranked list. The target is never shown. The
+  messages go through the teacher tokenizer's own chat template (data/llm_teacher.py).
+
+  Args:
+    example: the re-ranking example (its target is not used).
+    catalog: item metadata.
+    sids: [num_items, L] int32 semantic IDs.
+    config: the labels (answer_format), item fields and history_items shown; a candidate whose
+      label is its SID does not repeat the SID among its fields.
+
+  Returns:
+    [{"role": "system", ...}, {"role": "user", ...}].
+  """
+  labels = candidate_labels(example, sids, config)
+  fields = tuple(f for f in FIELDS if f in config.fields)
+  candidate_config = config if config.answer_format == "slot" else dataclasses.replace(
+    config, fields=tuple(f for f in fields if f != "sid"))
+  history = _shown_history(example, config)
+  lines = [f"Purchase history, oldest first (H | {' | '.join(fields)}):"]
+  lines += [_join(f"H{i + 1}", _item_fields(int(item), catalog, sids, config))
+            for i, item in enumerate(history)] or ["(no history shown)"]
+  lines.append("Candidates for the next purchase, in the retriever's order (label | "
+               f"{' | '.join(candidate_config.fields)}):")
+  lines += [_join(label, _item_fields(int(item), catalog, sids, candidate_config))
+            for label, item in zip(labels, example.candidates, strict=True)]
+  lines += [
+    "Reason in three steps: (1) patterns: the brands, categories and routines that recur in the "
+    "history; (2) complements: the candidates that continue or complete them; (3) selection: "
+    f"the order of all {len(labels)} candidates. Cite items by their SID tokens.",
+    'Answer with one JSON object and nothing else: {"reasoning": "<your three steps>", '
+    f'"ranking": [all {len(labels)} candidate labels, best first]}}.']
+  return [{"role": "system", "content": REJECTION_SYSTEM},
+          {"role": "user", "content": "\n".join(lines)}]
 
 
 def render_reasoning(example: RerankExample, labels: tuple[str, ...], config: PromptConfig) -> str:

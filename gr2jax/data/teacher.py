@@ -140,10 +140,12 @@ class Trace:
   Attributes:
     example: the user's example with `teacher_ranking` set to the trace's ranking.
     reasoning: the trace's reasoning text.
+    teacher: the row's "teacher" digest (data/llm_teacher.py writes one), None when absent.
   """
 
   example: RerankExample
   reasoning: str
+  teacher: str | None = None
 
 
 class _BadRow(ValueError):
@@ -177,7 +179,8 @@ def _parse_trace(line: str, examples: dict[int, RerankExample], seen: set[int]) 
   seen.add(user)
   example = dataclasses.replace(examples[user], teacher_ranking=np.asarray(ranking, np.int32),
                                 citations=())
-  return Trace(example, reasoning)
+  teacher = row.get("teacher")
+  return Trace(example, reasoning, teacher if isinstance(teacher, str) else None)
 
 
 def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, rejection: bool = True,
@@ -193,7 +196,8 @@ def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, reje
   Returns:
     (kept traces in file order, stats {'rows', 'bad', 'bad_reasons' (count per kind: 'json',
     'object', 'user', 'reasoning', 'ranking'), 'accepted', 'kept', 'acceptance' (of the valid
-    rows)}).
+    rows), 'teachers' (the sorted distinct "teacher" digests of the valid rows that name one;
+    data/llm_teacher.py writes them)}).
 
   Raises:
     TraceError: with strict=True, a bad row (file:line and the reason).
@@ -221,5 +225,6 @@ def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, reje
   kept = good if rejection else traces
   stats = {"rows": rows, "bad": sum(bad.values()), "bad_reasons": dict(bad),
            "accepted": len(good), "kept": len(kept),
-           "acceptance": len(good) / len(traces) if traces else 0.0}
+           "acceptance": len(good) / len(traces) if traces else 0.0,
+           "teachers": sorted({t.teacher for t in traces if t.teacher is not None})}
   return kept, stats

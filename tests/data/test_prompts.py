@@ -158,3 +158,30 @@ def test_terse_with_fields_and_history(evidence):
   cited = (f"<slot_2><brand_{int(ex.evidence[2, 0])}>" if evidence == "flags"
            else "<slot_2> brand Maybelline")
   assert f"{cited}: H5\n" in rendered.reasoning
+
+
+@pytest.mark.parametrize("answer_format", prompts.ANSWER_FORMATS)
+def test_rejection_messages_follow_the_gr2_teacher_principles(answer_format):
+  catalog, sids, ex = toy_catalog(), toy_sids(), toy_example()
+  config = prompts.PromptConfig(style="chat", answer_format=answer_format, evidence="raw",
+                                fields=prompts.FIELDS, history_items=20)
+  system, user = prompts.render_rejection_messages(ex, catalog, sids, config)
+  assert system == {"role": "system", "content": prompts.REJECTION_SYSTEM}
+  assert user["role"] == "user"
+  text = user["content"]
+  labels = prompts.candidate_labels(ex, sids, config)
+  # the whole history (oldest first) and every candidate, each item with its SID
+  history_at = [text.index(f"\nH{i + 1}{prompts.sid_string(sids[item])} | ")
+                for i, item in enumerate(ex.history)]
+  slot_at = [text.index(f"\n{label}" + ("" if answer_format == "sid" else
+                                        prompts.sid_string(sids[item])))
+             for label, item in zip(labels, ex.candidates, strict=True)]
+  assert history_at == sorted(history_at) and history_at[-1] < slot_at[0] == min(slot_at)
+  assert text.count(prompts.sid_string(sids[ex.candidates[0]])) == 1  # a SID label is not repeated
+  assert "(1) patterns" in text and "(3) selection" in text  # hierarchical steps
+  assert '{"reasoning": "<your three steps>", "ranking": [all 10 candidate labels' in text
+  target = ex.candidates[ex.target_position]
+  other = prompts.render_rejection_messages(
+    dataclasses.replace(ex, target_position=(ex.target_position + 1) % 10), catalog, sids, config)
+  assert other == [system, user]  # the target is nowhere in the prompt
+  assert catalog.titles[target].split()[0] in text  # (shown as a candidate like any other)

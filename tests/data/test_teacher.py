@@ -84,13 +84,14 @@ def test_load_traces_filter_and_bad_rows(tmp_path):
       {"user": 9, "reasoning": "x", "ranking": [0, 1, 2, 3]},  # unknown user
       "{broken",
       {"user": 0, "reasoning": "again", "ranking": [0, 1, 2, 3]},  # duplicate
-      {"user": 3, "reasoning": "ok", "ranking": [3, 0, 1, 2]},
+      {"user": 3, "reasoning": "ok", "ranking": [3, 0, 1, 2], "teacher": "abc", "attempts": 2},
   ])
   kept, stats = teacher.load_traces(path, _examples())
   assert [t.example.user for t in kept] == [0, 3] and kept[1].reasoning == "ok"
   np.testing.assert_array_equal(kept[1].example.teacher_ranking, [3, 0, 1, 2])
   assert stats == {"rows": 7, "bad": 4, "bad_reasons": {"ranking": 1, "user": 2, "json": 1},
-                   "accepted": 2, "kept": 2, "acceptance": 2 / 3}
+                   "accepted": 2, "kept": 2, "acceptance": 2 / 3, "teachers": ["abc"]}
+  assert kept[1].teacher == "abc" and kept[0].teacher is None  # extra fields are fine
   kept_all, _ = teacher.load_traces(path, _examples(), rejection=False)
   assert [t.example.user for t in kept_all] == [0, 1, 3]
   with pytest.raises(teacher.TraceError, match=r"traces.jsonl:4: ranking: must be a permutation"):
