@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
@@ -231,6 +232,7 @@ def _bucket_sizes(block_size: int, head_buckets: int) -> tuple[int, ...]:
     "temperature",
     "cache_size",
     "head_buckets",
+    "commit_order",
   ),
 )
 def _generate(
@@ -243,12 +245,15 @@ def _generate(
   stop_ids,
   key,
   constraint,
+  schedule,
+  prefilled,
   *,
   block_size,
   max_new_tokens,
   temperature,
   cache_size,
   head_buckets,
+  commit_order,
 ):
   b, p = prompt_tokens.shape
   t = block_size
@@ -264,10 +269,13 @@ def _generate(
     return commit.propose(logits, mask_id, temperature, key)
 
   key, prefill_key = jax.random.split(key)
-  cache = init_cache(config, b, cache_size)
-  logits, cache = qwen3.ragged_prefill(
-    params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
-  )
+  if prefilled is None:
+    cache = init_cache(config, b, cache_size)
+    logits, cache = qwen3.ragged_prefill(
+      params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
+    )
+  else:
+    cache, logits = prefilled
   start = jnp.zeros((b,), jnp.int32)
   empty_out = jnp.full((b, r), mask_id, jnp.int32)
   seed, seed_logp = propose_fn(
@@ -317,8 +325,15 @@ def _generate(
     # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
     shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
     shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
-    tau = jnp.where(s.step >= max_steps_per_block - 1, -1.0, threshold)
-    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau)
+    capped = s.step >= max_steps_per_block - 1
+    tau = jnp.where(capped, -1.0, threshold)
+    count = None
+    if schedule is not None:  # commits of the row's next denoising step; past its end: all
+      n = jnp.take_along_axis(schedule, jnp.minimum(s.denoise_steps, schedule.shape[1] - 1)[
+        :, None], axis=1)[:, 0]
+      count = jnp.where(capped | (s.denoise_steps >= schedule.shape[1]), t, n)
+    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=commit_order,
+                        count=count)
     d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
     d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
     # Committing rows: the K/V are written, the last query seeds the next block.
@@ -382,6 +397,9 @@ def block_diffusion_generate(
   constraint: constrain.AnswerConstraint | None = None,
   cache_size: int | None = None,
   head_buckets: int = 1,
+  commit_order: str = "confidence",
+  schedule: jax.Array | None = None,
+  prefilled: tuple[KVCache, jax.Array] | None = None,
 ) -> DiffusionOutput:
   """Block-diffusion generation (see the module docstring for the algorithm and the trace).
 
@@ -406,6 +424,14 @@ def block_diffusion_generate(
     cache_size: KV slots per row; default P + ceil(max_new_tokens / B) * B (the minimum).
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
       at all B queries every step.
+    commit_order: 'confidence' (the paper's rule) or 'left_to_right' (commit.select).
+    schedule: optional [B, S] int >= 0, the commits of each of a row's denoising steps (indexed
+      by the row's denoising steps so far, across blocks; steps past S and the capped step
+      commit every open position): replaces the threshold rule, e.g. to replay a trained
+      model's recorded schedule (`schedule_from_trace`) on other weights.
+    prefilled: optional (cache, logits [B, V] f32) of an earlier prefill of these prompts
+      (`qwen3.ragged_prefill` into a cache of cache_size slots): the prefill is skipped, so a
+      timing covers the decode alone (the loop starts from a copy of the cache).
 
   Returns:
     DiffusionOutput.
@@ -442,6 +468,18 @@ def block_diffusion_generate(
                                          minimum=1)
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
   head_buckets = validate.integer(where, "head_buckets", head_buckets, minimum=1)
+  if commit_order not in commit.ORDERS:
+    raise ValueError(f"{where}: commit_order={commit_order!r} not in {commit.ORDERS}")
+  b = prompt_tokens.shape[0]
+  if schedule is not None:
+    schedule = jnp.asarray(schedule)
+    if (not jnp.issubdtype(schedule.dtype, jnp.integer) or schedule.ndim != 2
+        or schedule.shape[0] != b or schedule.shape[1] < 1):
+      raise ValueError(f"{where}: schedule must be an int array [{b}, S >= 1], got "
+                       f"{schedule.dtype} {schedule.shape}")
+    if int(jnp.min(schedule)) < 0:
+      raise ValueError(f"{where}: schedule has a negative commit count {int(jnp.min(schedule))}")
+    schedule = schedule.astype(jnp.int32)
   if temperature > 0 and key is None:
     raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
   if key is not None:
@@ -457,6 +495,17 @@ def block_diffusion_generate(
                      "could stop")
   p = prompt_tokens.shape[1]
   needed = p + -(-max_new_tokens // block_size) * block_size
+  if prefilled is not None:
+    cache, logits = prefilled
+    if not isinstance(cache, KVCache) or cache.lengths.shape != (b,):
+      raise TypeError(f"{where}: prefilled[0] must be a KVCache of {b} rows")
+    if getattr(logits, "shape", None) != (b, config.vocab_size):
+      raise ValueError(f"{where}: prefilled[1] must be logits [{b}, {config.vocab_size}], got "
+                       f"{getattr(logits, 'shape', None)}")
+    if cache_size is not None and cache_size != cache.max_len:
+      raise ValueError(f"{where}: cache_size={cache_size} != the prefilled cache's "
+                       f"{cache.max_len} slots")
+    cache_size = cache.max_len
   cache_size = needed if cache_size is None else validate.integer(where, "cache_size",
                                                                   cache_size, minimum=1)
   if cache_size < needed:
@@ -471,9 +520,39 @@ def block_diffusion_generate(
     jnp.asarray(stop or (-1,), jnp.int32),
     jax.random.key(0) if key is None else key,
     constraint,
+    schedule,
+    prefilled,
     block_size=block_size,
     max_new_tokens=max_new_tokens,
     temperature=temperature,
     cache_size=cache_size,
     head_buckets=head_buckets,
+    commit_order=commit_order,
   )
+
+
+def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:
+  """Per row, the commits of each denoising step of a decode (the `schedule` it replays with).
+
+  A row's steps are counted across its blocks in order; a step of the last block that committed
+  only tokens past the row's length (after its stop token) counts 0, so a replay with
+  max_new_tokens = length and no stop tokens runs exactly the recorded forwards.
+
+  Args:
+    commit_step: [B, N] DiffusionOutput.commit_step.
+    lengths: [B] DiffusionOutput.lengths.
+    block_size: B of the decode.
+
+  Returns:
+    B lists of per-step commit counts (each sums to the row's non-seed tokens).
+  """
+  out = []
+  for steps, n in zip(np.asarray(commit_step), np.asarray(lengths), strict=True):
+    row = []
+    for first in range(0, int(n), block_size):
+      block = steps[first:min(first + block_size, int(n))]
+      block = block[block != SEED_STEP]
+      if block.size:
+        row += np.bincount(block, minlength=int(block.max()) + 1).tolist()
+    out.append(row)
+  return out
