@@ -22,8 +22,8 @@ weights and a random prompt [1, P] are prefilled once; then, timed with the pref
   - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill);
   - diffusion at each (tau, B): `block_diffusion_generate(prefilled=, schedule=)` with
     max_new_tokens = L and no stop token commits exactly the recorded number of tokens at each
-    step, so it runs the recorded number of forwards (the LM head at the needed queries only,
-    head_buckets = log2(B) + 1: the decoder's lever). Which positions commit differs (random
+    step, so it runs the recorded number of forwards (the LM head at all B queries with the
+    default --head_buckets=1, as the evaluation decodes). Which positions commit differs (random
     weights), what a forward costs does not.
 Each configuration is compiled by a warm-up call, then --repeats rounds time every configuration
 once per round (AR and diffusion interleaved, so load on the shared machine hits both), and the
@@ -75,8 +75,11 @@ flags.DEFINE_list("taus", ["0.9", "0.6", "0.4"], "Commit thresholds recorded / r
 flags.DEFINE_list("block_sizes", ["4", "8", "16", "32"], "Block sizes B.")
 flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
                            "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
-                  "SHAPE/DTYPE replays; SHAPE = a ModelConfig preset or a key of HF_SHAPES.")
+                  "SHAPE/DTYPE[@P1+P2] replays; SHAPE = a ModelConfig preset or a key of "
+                  "HF_SHAPES; @... overrides --prompt_lengths for that run.")
 flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of the replay.")
+flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
+                     "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
 flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.")
 flags.DEFINE_string("out_dir", "docs/benchmarks/speedup", "JSON, table and plot.")
 flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
@@ -164,11 +167,17 @@ def _timed(fn) -> tuple[float, object]:
   return time.perf_counter() - start, out
 
 
-def replay(shape: str, dtype: str, entries: list[dict], prompt_len: int) -> list[dict]:
-  """AR and each entry's schedule replayed on random weights (module doc); one row each."""
+def random_model(shape: str, dtype: str):
+  """(config, random params) of a shape."""
   config = shape_config(shape, dtype)
   params = jax.block_until_ready(
     jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0)))
+  return config, params
+
+
+def replay(config, params, run: str, entries: list[dict], prompt_len: int) -> list[dict]:
+  """AR and each entry's schedule replayed on a model's weights (module doc); one row each."""
+  shape, dtype = run.split("/")
   length = entries[0]["length"]
   if any(e["length"] != length for e in entries):
     raise ValueError(f"--schedules: entries have different lengths "
@@ -180,6 +189,7 @@ def replay(shape: str, dtype: str, entries: list[dict], prompt_len: int) -> list
   t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
     params, config, prompt, lengths, init_cache(config, 1, cache_len)))
   copy = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, (cache, logits)))
+  print(f"[replay] {shape}/{dtype} P={prompt_len}: prefilled in {t_prefill:.1f} s", flush=True)
 
   def ar():
     c, lg = copy()
@@ -195,7 +205,7 @@ def replay(shape: str, dtype: str, entries: list[dict], prompt_len: int) -> list
       out = decode.block_diffusion_generate(
         params, cfg, prompt, lengths, threshold=entry["tau"], max_steps_per_block=64,
         max_new_tokens=length, stop_token_ids=(), schedule=schedule, prefilled=(cache, logits),
-        head_buckets=entry["block"].bit_length())
+        head_buckets=FLAGS.head_buckets)
       return out.tokens, out.num_forwards - 1
     return run
 
@@ -205,6 +215,7 @@ def replay(shape: str, dtype: str, entries: list[dict], prompt_len: int) -> list
     key = (name, None if entry is None else (entry["tau"], entry["block"]))
     first[key], (_, nfe) = _timed(fn)
     forwards[key] = int(nfe)
+    print(f"[replay] warm-up {key}: {first[key]:.1f} s", flush=True)
   for _ in range(FLAGS.repeats):
     for name, entry, fn in cases:
       key = (name, None if entry is None else (entry["tau"], entry["block"]))
@@ -344,9 +355,10 @@ def main(argv):
   if FLAGS.hf_check:
     result["hf_check"] = hf_check()
   for run in FLAGS.runs:
-    shape, dtype = run.split("/")
-    for p in map(int, FLAGS.prompt_lengths):
-      result["rows"] += replay(shape, dtype, entries, p)
+    run, _, lens = run.partition("@")
+    config, params = random_model(*run.split("/"))
+    for p in map(int, lens.split("+") if lens else FLAGS.prompt_lengths):
+      result["rows"] += replay(config, params, run, entries, p)
       write_report(result)  # after every run: a partial report survives an interruption
   if FLAGS.table3_results:
     best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)

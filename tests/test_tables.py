@@ -190,3 +190,21 @@ def test_table3_emulated_speedup_column(tmp_path):
   assert saved["header"] == "Table 3 header" and saved["rows"][2]["emulated_b1_speedup"]
   assert tables.add_emulated_speedup(str(tmp_path), json.load(
     open(tmp_path / tables.EMULATION_FILE))) == md  # re-rendering is idempotent
+
+
+@pytest.mark.slow  # ~2 min on the busy 2 cores: three evaluations, two decoder compiles
+def test_evaluation_decoder_options(toy):
+  """evaluation.evaluate's diffusion options: commit order, given reasoning (teacher forcing)."""
+  from gr2jax.train import evaluation
+  inp, models = toy
+  config, params, _ = models["diffusion"]
+  kw = dict(batch_size=8, prompt_len=inp.prompt_len, max_new_tokens=inp.response_len)
+  ltr = evaluation.evaluate(params, config, inp.data, inp.tokenizer, commit_order="left_to_right",
+                            **kw)
+  assert ltr["num"] == len(USERS)
+  with pytest.raises(ValueError, match="given_reasoning needs a split whose examples carry"):
+    evaluation.evaluate(params, config, inp.data, inp.tokenizer, given_reasoning=True, **kw)
+  train = toy_split(inp.tokenizer, range(8))
+  given = evaluation.evaluate(params, config, train, inp.tokenizer, given_reasoning=True,
+                              out_path=None, **dict(kw, max_new_tokens=inp.response_len + 32))
+  assert given["num"] == 8

@@ -146,6 +146,26 @@ def _new_block(seed, seed_logp, start, block_size, max_new, mask_id):
   return canvas, masked, step_rec, logp_rec
 
 
+def _with_prefix(block, start, prefix):
+  """A fresh block with the given response prefix written in (committed, never re-predicted).
+
+  Args:
+    block: (canvas, masked, step_rec, logp_rec) of _new_block.
+    start: [B] response index of the block's first token.
+    prefix: None, or (tokens [B, R] int32, lengths [B] int32): response token j < lengths[b] of
+      row b is given; it is recorded like a seed (SEED_STEP, log-prob 0).
+  """
+  if prefix is None:
+    return block
+  canvas, masked, step_rec, logp_rec = block
+  tokens, lengths = prefix
+  j = start[:, None] + jnp.arange(canvas.shape[1], dtype=jnp.int32)[None, :]  # [B, T]
+  given = j < lengths[:, None]
+  written = jnp.take_along_axis(tokens, jnp.minimum(j, tokens.shape[1] - 1), axis=1)
+  return (jnp.where(given, written, canvas), masked & ~given,
+          jnp.where(given, SEED_STEP, step_rec), jnp.where(given, 0.0, logp_rec))
+
+
 def _finished(canvas, masked, start, stop_ids, max_new):
   """(done [B], lengths [B]) of rows whose current block ends the response."""
   t = canvas.shape[1]
@@ -247,6 +267,7 @@ def _generate(
   constraint,
   schedule,
   prefilled,
+  prefix,
   *,
   block_size,
   max_new_tokens,
@@ -281,9 +302,9 @@ def _generate(
   seed, seed_logp = propose_fn(
     logits[:, None], jnp.full((b, 1), -1, jnp.int32), empty_out, start, prefill_key
   )
-  canvas, masked, step_rec, logp_rec = _new_block(
+  canvas, masked, step_rec, logp_rec = _with_prefix(_new_block(
     seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
-  )
+  ), start, prefix)
   done, lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
   state = _record(_State(
     cache=cache,
@@ -338,9 +359,9 @@ def _generate(
     d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
     # Committing rows: the K/V are written, the last query seeds the next block.
     new_start = s.start + t
-    n_canvas, n_masked, n_step_rec, n_logp_rec = _new_block(
+    n_canvas, n_masked, n_step_rec, n_logp_rec = _with_prefix(_new_block(
       q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
-    )
+    ), new_start, prefix)
     c = committing[:, None]
     canvas = jnp.where(c, n_canvas, res.canvas)
     masked = jnp.where(c, n_masked, res.masked)
@@ -400,6 +421,7 @@ def block_diffusion_generate(
   commit_order: str = "confidence",
   schedule: jax.Array | None = None,
   prefilled: tuple[KVCache, jax.Array] | None = None,
+  response_prefix: tuple[jax.Array, jax.Array] | None = None,
 ) -> DiffusionOutput:
   """Block-diffusion generation (see the module docstring for the algorithm and the trace).
 
@@ -432,6 +454,10 @@ def block_diffusion_generate(
     prefilled: optional (cache, logits [B, V] f32) of an earlier prefill of these prompts
       (`qwen3.ragged_prefill` into a cache of cache_size slots): the prefill is skipped, so a
       timing covers the decode alone (the loop starts from a copy of the cache).
+    response_prefix: optional (tokens [B, F] int, lengths [B] int in 0..F): the first lengths[b]
+      response tokens of row b are given (teacher forcing, e.g. the reasoning): written into
+      their blocks as committed tokens (commit_step SEED_STEP), never proposed; the decoder
+      writes the rest. Tokens and lengths include them.
 
   Returns:
     DiffusionOutput.
@@ -495,6 +521,19 @@ def block_diffusion_generate(
                      "could stop")
   p = prompt_tokens.shape[1]
   needed = p + -(-max_new_tokens // block_size) * block_size
+  if response_prefix is not None:
+    given, given_lengths = (jnp.asarray(x) for x in response_prefix)
+    f = given.shape[-1] if given.ndim == 2 else -1
+    if (given.ndim != 2 or given.shape[0] != b or given_lengths.shape != (b,)
+        or not jnp.issubdtype(given.dtype, jnp.integer)):
+      raise ValueError(f"{where}: response_prefix must be (tokens [{b}, F] int, lengths [{b}]), "
+                       f"got {given.shape} and {given_lengths.shape}")
+    if int(jnp.min(given_lengths)) < 0 or int(jnp.max(given_lengths)) > min(f, max_new_tokens):
+      raise ValueError(f"{where}: response_prefix lengths must be in [0, min(F={f}, "
+                       f"max_new_tokens={max_new_tokens})]")
+    r = -(-max_new_tokens // block_size) * block_size
+    response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
+                       given_lengths.astype(jnp.int32))
   if prefilled is not None:
     cache, logits = prefilled
     if not isinstance(cache, KVCache) or cache.lengths.shape != (b,):
@@ -522,6 +561,7 @@ def block_diffusion_generate(
     constraint,
     schedule,
     prefilled,
+    response_prefix,
     block_size=block_size,
     max_new_tokens=max_new_tokens,
     temperature=temperature,

@@ -293,3 +293,21 @@ def test_left_to_right_order_at_tau_one_writes_each_block_in_order(params):
     _decode(params, commit_order="random")
   with pytest.raises(ValueError, match="schedule must be an int array"):
     _decode(params, schedule=np.ones((3, 4), np.int32))
+
+
+def test_response_prefix_is_given_and_a_whole_given_block_changes_nothing_after_it(params):
+  out = _decode(params)
+  given = np.asarray(out.tokens)
+  # The first block given as it was decoded: every later block decodes the same.
+  same = _decode(params, response_prefix=(given[:, :4], np.array([4, 4])))
+  np.testing.assert_array_equal(same.tokens, out.tokens)
+  np.testing.assert_array_equal(same.commit_step[:, :4], decode.SEED_STEP)
+  np.testing.assert_array_equal(same.commit_step[:, 4:], out.commit_step[:, 4:])
+  # Other tokens given: they are written and never re-predicted (rows may give different spans).
+  other = (given[:, :6] + 1) % (MASK - 1)
+  forced = _decode(params, response_prefix=(other, np.array([6, 2])))
+  np.testing.assert_array_equal(forced.tokens[0, :6], other[0])
+  np.testing.assert_array_equal(forced.tokens[1, :2], other[1, :2])
+  assert (np.asarray(forced.commit_step[1, 2:4]) >= 0).all()
+  with pytest.raises(ValueError, match="response_prefix lengths must be in"):
+    _decode(params, response_prefix=(other, np.array([7, 2])))
