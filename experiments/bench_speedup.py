@@ -75,8 +75,9 @@ flags.DEFINE_list("taus", ["0.9", "0.6", "0.4"], "Commit thresholds recorded / r
 flags.DEFINE_list("block_sizes", ["4", "8", "16", "32"], "Block sizes B.")
 flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
                            "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
-                  "SHAPE/DTYPE[@P1+P2] replays; SHAPE = a ModelConfig preset or a key of "
-                  "HF_SHAPES; @... overrides --prompt_lengths for that run.")
+                  "SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] replays; SHAPE = a ModelConfig preset "
+                  "or a key of HF_SHAPES; the @ fields narrow --prompt_lengths, --taus and "
+                  "--block_sizes for that run (empty = all).")
 flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of the replay.")
 flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
                      "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
@@ -199,7 +200,9 @@ def replay(config, params, run: str, entries: list[dict], prompt_len: int) -> li
 
   def diffusion(entry):
     cfg = dataclasses.replace(config, block_size=entry["block"])
-    schedule = jnp.asarray([entry["schedule"]], jnp.int32)
+    # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
+    steps = entry["schedule"]
+    schedule = jnp.asarray([steps + [1] * (length - len(steps))], jnp.int32)
 
     def run():
       out = decode.block_diffusion_generate(
@@ -224,7 +227,8 @@ def replay(config, params, run: str, entries: list[dict], prompt_len: int) -> li
   ar_key = ("AR", None)
   ar_s, ar_fwd = best[ar_key], forwards[ar_key]
   base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
-              prompt_len=prompt_len, length=length, prefill_first_call_s=t_prefill)
+              prompt_len=prompt_len, length=length, prefill_first_call_s=t_prefill,
+              load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
   rows = [dict(base, method="AR", block=1, tau=None, seconds=ar_s, forwards=ar_fwd,
                tokens_per_s=length / ar_s, ms_per_forward=1e3 * ar_s / ar_fwd,
                compile_s=max(first[ar_key] - ar_s, 0.0))]
@@ -355,10 +359,13 @@ def main(argv):
   if FLAGS.hf_check:
     result["hf_check"] = hf_check()
   for run in FLAGS.runs:
-    run, _, lens = run.partition("@")
+    run, *narrow = run.split("@")
+    lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
+    chosen = [e for e in entries if (not run_taus or str(e["tau"]) in run_taus.split("+"))
+              and (not run_blocks or str(e["block"]) in run_blocks.split("+"))]
     config, params = random_model(*run.split("/"))
     for p in map(int, lens.split("+") if lens else FLAGS.prompt_lengths):
-      result["rows"] += replay(config, params, run, entries, p)
+      result["rows"] += replay(config, params, run, chosen, p)
       write_report(result)  # after every run: a partial report survives an interruption
   if FLAGS.table3_results:
     best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
