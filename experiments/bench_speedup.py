@@ -4,9 +4,9 @@ Diffusion-GR2's commit schedule step for step (an emulation of the trained model
   # 1. record the trained tiny model's schedules (real prompts; writes --schedules)
   python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
       --schedules=docs/benchmarks/speedup/schedules.json --runs=
-  # 2. replay them on random weights of Qwen3 shapes (writes --out_dir; Table 3's column)
+  # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
   python experiments/bench_speedup.py --schedules=docs/benchmarks/speedup/schedules.json \
-      --out_dir=docs/benchmarks/speedup --table3_results=results
+      --report_dir=docs/benchmarks/speedup --table3_results=results
 
 Recording: the trained diffusion checkpoint decodes the first --record_users prompts of
 test_1615 (one batch, greedy, the eval's step cap) at every tau of --taus and block size of
@@ -32,7 +32,7 @@ fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cos
 
 The same run checks the AR path against transformers at batch 1 on the tiny preset
 (--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
-Outputs: OUT/bench_speedup.{json,md}, OUT/speedup_vs_size.png; with --table3_results=DIR the
+Outputs (--report_dir): bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
 0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
 (DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/tables.py).
 """
@@ -82,7 +82,7 @@ flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of
 flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
                      "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
 flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.")
-flags.DEFINE_string("out_dir", "docs/benchmarks/speedup", "JSON, table and plot.")
+flags.DEFINE_string("report_dir", "docs/benchmarks/speedup", "JSON, table and plot.")
 flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
 flags.DEFINE_string("table3_results", None, "Results dir whose Table 3 gets the column.")
 flags.DEFINE_string("table3_shape", "qwen3_0_6b/float32", "The run whose speed-up Table 3 shows.")
@@ -317,9 +317,9 @@ def plot(rows: list[dict], path: str) -> None:
 
 
 def write_report(result: dict) -> None:
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
+  os.makedirs(FLAGS.report_dir, exist_ok=True)
   rows = result["rows"]
-  with open(os.path.join(FLAGS.out_dir, "bench_speedup.json"), "w") as f:
+  with open(os.path.join(FLAGS.report_dir, "bench_speedup.json"), "w") as f:
     json.dump(result, f, indent=1)
   fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
   lines = [f"# bench_speedup: {result['device']}; schedules {result['schedules']}", "",
@@ -335,11 +335,11 @@ def write_report(result: dict) -> None:
     lines += ["", f"AR vs transformers generate (tiny, batch 1, prompt 256, {h['new_tokens']} "
               f"tokens): gr2jax {h['gr2jax_tok_s']:.0f} tok/s, transformers {h['hf_tok_s']:.0f} "
               f"tok/s ({h['hf_threads']} threads): {h['speedup']:.2f}x"]
-  with open(os.path.join(FLAGS.out_dir, "bench_speedup.md"), "w") as f:
+  with open(os.path.join(FLAGS.report_dir, "bench_speedup.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   print("\n".join(lines))
   if rows:
-    plot(rows, os.path.join(FLAGS.out_dir, "speedup_vs_size.png"))
+    plot(rows, os.path.join(FLAGS.report_dir, "speedup_vs_size.png"))
 
 
 def main(argv):
@@ -370,7 +370,7 @@ def main(argv):
   if FLAGS.table3_results:
     best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
     tables.add_emulated_speedup(FLAGS.table3_results, {
-      "source": os.path.join(FLAGS.out_dir, "bench_speedup.json"), "run": FLAGS.table3_shape,
+      "source": os.path.join(FLAGS.report_dir, "bench_speedup.json"), "run": FLAGS.table3_shape,
       "prompt_len": FLAGS.table3_prompt,
       "by_tau": {str(t): {"speedup": s, "block": b} for t, (s, b) in best.items()}})
 
