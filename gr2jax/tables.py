@@ -227,23 +227,66 @@ def frontier_png(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
+EMULATION_FILE = "speedup_emulation.json"  # in the results dir: experiments/bench_speedup.py's
+#                                            per-tau best-block speed-up of a big random model
+EMULATION_NOTE = ("; emulated_b1_speedup = batch-1 decode speed-up over AR of random weights of "
+                  "a bigger Qwen3 shape replaying this model's recorded commit schedule at that "
+                  "tau, best block size (experiments/bench_speedup.py, {run}, prompt "
+                  "{prompt_len}; an emulation of the trained model's schedule)")
+
+
+def with_emulation(rows: list[dict], results: str) -> tuple[list[dict], str]:
+  """Table 3's rows with the emulated speed-up column and its header note, when the results
+  dir holds bench_speedup's summary (EMULATION_FILE); else the rows unchanged and no note."""
+  path = os.path.join(results, EMULATION_FILE)
+  if not os.path.exists(path):
+    return rows, ""
+  summary = json.load(open(path))
+  by_tau = {float(t): v for t, v in summary["by_tau"].items()}
+  out = []
+  for row in rows:
+    best = by_tau.get(row["tau"]) if row["tau"] is not None else None
+    cell = "1.00x" if row["tau"] is None else (
+      f"{best['speedup']:.2f}x (B={best['block']})" if best else None)
+    out.append({**row, "emulated_b1_speedup": cell})
+  return out, EMULATION_NOTE.format(**summary)
+
+
+def write_table3(rows: list[dict], results: str, header: str) -> str:
+  """results/table3.{md,json} + the frontier PNG; the emulation column when its file exists."""
+  os.makedirs(results, exist_ok=True)
+  rows, note = with_emulation(rows, results)
+  columns = TABLE3_COLUMNS + (("emulated_b1_speedup",) if note else ())
+  md = header + note + "\n\n" + markdown(rows, columns)
+  open(os.path.join(results, "table3.md"), "w").write(md)
+  json.dump({"header": header, "rows": rows}, open(os.path.join(results, "table3.json"), "w"),
+            indent=1, default=str)
+  frontier_png(rows, os.path.join(results, "table3_frontier.png"))
+  return md
+
+
+def add_emulated_speedup(results: str, summary: dict) -> str:
+  """Writes bench_speedup's summary (run, prompt_len, by_tau {tau: {speedup, block}}) into the
+  results dir and re-renders its Table 3 with the column."""
+  with open(os.path.join(results, EMULATION_FILE), "w") as f:
+    json.dump(summary, f, indent=1)
+  saved = json.load(open(os.path.join(results, "table3.json")))
+  header = saved.get("header") or open(os.path.join(results, "table3.md")).read().split(
+    "\n\n")[0].split("; emulated_b1_speedup")[0]
+  return write_table3(saved["rows"], results, header)
+
+
 def run_table3(table, workdir: str) -> str:
   inp = load_inputs(table, workdir)
   out_dir = os.path.join(workdir, "tables")
   os.makedirs(out_dir, exist_ok=True)
   rows = table3_rows(load_models(table, workdir), inp, table.taus, table.eval, out_dir,
                      table.speed_examples)
-  results = table.results_dir.format(workdir=workdir)
-  os.makedirs(results, exist_ok=True)
-  md = (f"Table 3 on {table.split} (n={len(inp.data)}); speedup = tokens/s over AR's (batched "
-        f"decode of batch {table.eval.batch_size}, after the compiling batch); b1_* = median "
-        f"tokens/s of {table.speed_examples} examples decoded alone (prefill included); paper = "
-        "Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)\n\n"
-        + markdown(rows, TABLE3_COLUMNS))
-  open(os.path.join(results, "table3.md"), "w").write(md)
-  json.dump({"rows": rows}, open(os.path.join(results, "table3.json"), "w"), indent=1,
-            default=str)
-  frontier_png(rows, os.path.join(results, "table3_frontier.png"))
+  header = (f"Table 3 on {table.split} (n={len(inp.data)}); speedup = tokens/s over AR's "
+            f"(batched decode of batch {table.eval.batch_size}, after the compiling batch); "
+            f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
+            "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)")
+  md = write_table3(rows, table.results_dir.format(workdir=workdir), header)
   print(md, flush=True)
   return md
 

@@ -170,3 +170,41 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   assert data["overall"]["speedup_time"] > 0
   tables.fig6_png(data, str(tmp_path / "fig6.png"))
   json.dumps(data)
+
+
+def test_table3_emulated_speedup_column(tmp_path):
+  rows = [{"row": "AR GR2", "tau": None, "R@1": 0.4, "tokens_per_s": 10.0},
+          {"row": "Diffusion-GR2", "tau": 1.0, "R@1": 0.4, "tokens_per_s": 2.0},
+          {"row": "Diffusion-GR2", "tau": 0.9, "R@1": 0.41, "tokens_per_s": 3.0}]
+  md = tables.write_table3(rows, str(tmp_path), "Table 3 header")
+  assert "emulated" not in md and md.startswith("Table 3 header\n\n")
+  md = tables.add_emulated_speedup(str(tmp_path), {
+    "source": "bench.json", "run": "qwen3_0_6b/float32", "prompt_len": 256,
+    "by_tau": {"0.9": {"speedup": 1.61, "block": 8}}})
+  assert md.startswith("Table 3 header; emulated_b1_speedup = ")
+  lines = md.splitlines()
+  assert lines[2].endswith("| emulated_b1_speedup |")
+  assert lines[4].endswith("| 1.00x |") and lines[5].endswith("| n/a |")
+  assert lines[6].endswith("| 1.61x (B=8) |")
+  saved = json.load(open(tmp_path / "table3.json"))
+  assert saved["header"] == "Table 3 header" and saved["rows"][2]["emulated_b1_speedup"]
+  assert tables.add_emulated_speedup(str(tmp_path), json.load(
+    open(tmp_path / tables.EMULATION_FILE))) == md  # re-rendering is idempotent
+
+
+@pytest.mark.slow  # ~2 min on the busy 2 cores: three evaluations, two decoder compiles
+def test_evaluation_decoder_options(toy):
+  """evaluation.evaluate's diffusion options: commit order, given reasoning (teacher forcing)."""
+  from gr2jax.train import evaluation
+  inp, models = toy
+  config, params, _ = models["diffusion"]
+  kw = dict(batch_size=8, prompt_len=inp.prompt_len, max_new_tokens=inp.response_len)
+  ltr = evaluation.evaluate(params, config, inp.data, inp.tokenizer, commit_order="left_to_right",
+                            **kw)
+  assert ltr["num"] == len(USERS)
+  with pytest.raises(ValueError, match="given_reasoning needs a split whose examples carry"):
+    evaluation.evaluate(params, config, inp.data, inp.tokenizer, given_reasoning=True, **kw)
+  train = toy_split(inp.tokenizer, range(8))
+  given = evaluation.evaluate(params, config, train, inp.tokenizer, given_reasoning=True,
+                              out_path=None, **dict(kw, max_new_tokens=inp.response_len + 32))
+  assert given["num"] == 8

@@ -123,12 +123,18 @@ def commit_step(
   return select(tokens, logprob, canvas, masked, threshold)
 
 
+ORDERS = ("confidence", "left_to_right")
+
+
 def select(
   tokens: jax.Array,
   logprob: jax.Array,
   canvas: jax.Array,
   masked: jax.Array,
   threshold: float | jax.Array,
+  *,
+  order: str = "confidence",
+  count: jax.Array | None = None,
 ) -> CommitResult:
   """The threshold rule on given proposals (the decoder proposes only where it needs to).
 
@@ -138,14 +144,35 @@ def select(
     canvas: [B, T] int32 current tokens.
     masked: [B, T] bool, positions still open.
     threshold: tau, a scalar or [B].
+    order: which open positions commit first. 'confidence' (the paper's rule): every position
+      above tau plus the most confident one. 'left_to_right': the leftmost open position plus
+      the run of open positions right after it whose confidences are all above tau (AR order
+      inside the block; tau = 1.0 writes the block exactly left to right).
+    count: optional [B] int: commit exactly the first `count` open positions in `order` instead
+      of the threshold rule (0 commits nothing; the replay of a recorded commit schedule).
 
   Returns:
     CommitResult.
   """
+  if order not in ORDERS:
+    raise ValueError(f"select: order={order!r} not in {ORDERS}")
   conf = jnp.where(masked, jnp.exp(logprob), -jnp.inf)  # [B, T]
   tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), conf.shape[:1])
-  forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), conf.shape[1], dtype=bool)  # [B, T]
-  committed = masked & ((conf > tau[:, None]) | forced)
+  t = conf.shape[1]
+  if order == "left_to_right":
+    rank = jnp.cumsum(masked, axis=-1) - 1  # [B, T] position among the open ones
+  else:
+    by_conf = jnp.argsort(-conf, axis=-1, stable=True)
+    rank = jnp.argsort(by_conf, axis=-1, stable=True)  # [B, T] 0 = the most confident
+  if count is not None:
+    committed = masked & (rank < jnp.asarray(count, jnp.int32)[:, None])
+  elif order == "left_to_right":
+    fails = masked & (conf <= tau[:, None]) & (rank >= 1)
+    first_fail = jnp.min(jnp.where(fails, rank, t), axis=-1)  # [B] >= 1
+    committed = masked & (rank < first_fail[:, None])
+  else:
+    forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), t, dtype=bool)  # [B, T]
+    committed = masked & ((conf > tau[:, None]) | forced)
   return CommitResult(
     canvas=jnp.where(committed, tokens, canvas),
     masked=masked & ~committed,

@@ -45,6 +45,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
@@ -146,6 +147,26 @@ def _new_block(seed, seed_logp, start, block_size, max_new, mask_id):
   return canvas, masked, step_rec, logp_rec
 
 
+def _with_prefix(block, start, prefix):
+  """A fresh block with the given response prefix written in (committed, never re-predicted).
+
+  Args:
+    block: (canvas, masked, step_rec, logp_rec) of _new_block.
+    start: [B] response index of the block's first token.
+    prefix: None, or (tokens [B, R] int32, lengths [B] int32): response token j < lengths[b] of
+      row b is given; it is recorded like a seed (SEED_STEP, log-prob 0).
+  """
+  if prefix is None:
+    return block
+  canvas, masked, step_rec, logp_rec = block
+  tokens, lengths = prefix
+  j = start[:, None] + jnp.arange(canvas.shape[1], dtype=jnp.int32)[None, :]  # [B, T]
+  given = j < lengths[:, None]
+  written = jnp.take_along_axis(tokens, jnp.minimum(j, tokens.shape[1] - 1), axis=1)
+  return (jnp.where(given, written, canvas), masked & ~given,
+          jnp.where(given, SEED_STEP, step_rec), jnp.where(given, 0.0, logp_rec))
+
+
 def _finished(canvas, masked, start, stop_ids, max_new):
   """(done [B], lengths [B]) of rows whose current block ends the response."""
   t = canvas.shape[1]
@@ -232,6 +253,7 @@ def _bucket_sizes(block_size: int, head_buckets: int) -> tuple[int, ...]:
     "temperature",
     "cache_size",
     "head_buckets",
+    "commit_order",
   ),
 )
 def _generate(
@@ -244,12 +266,16 @@ def _generate(
   stop_ids,
   key,
   constraint,
+  schedule,
+  prefilled,
+  prefix,
   *,
   block_size,
   max_new_tokens,
   temperature,
   cache_size,
   head_buckets,
+  commit_order,
 ):
   b, p = prompt_tokens.shape
   t = block_size
@@ -265,18 +291,21 @@ def _generate(
     return commit.propose(logits, mask_id, temperature, key)
 
   key, prefill_key = jax.random.split(key)
-  cache = init_cache(config, b, cache_size)
-  logits, cache = qwen3.ragged_prefill(
-    params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
-  )
+  if prefilled is None:
+    cache = init_cache(config, b, cache_size)
+    logits, cache = qwen3.ragged_prefill(
+      params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
+    )
+  else:
+    cache, logits = prefilled
   start = jnp.zeros((b,), jnp.int32)
   empty_out = jnp.full((b, r), mask_id, jnp.int32)
   seed, seed_logp = propose_fn(
     logits[:, None], jnp.full((b, 1), -1, jnp.int32), empty_out, start, prefill_key
   )
-  canvas, masked, step_rec, logp_rec = _new_block(
+  canvas, masked, step_rec, logp_rec = _with_prefix(_new_block(
     seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
-  )
+  ), start, prefix)
   done, lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
   state = _record(_State(
     cache=cache,
@@ -318,15 +347,22 @@ def _generate(
     # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
     shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
     shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
-    tau = jnp.where(s.step >= max_steps_per_block - 1, -1.0, threshold)
-    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau)
+    capped = s.step >= max_steps_per_block - 1
+    tau = jnp.where(capped, -1.0, threshold)
+    count = None
+    if schedule is not None:  # commits of the row's next denoising step; past its end: all
+      n = jnp.take_along_axis(schedule, jnp.minimum(s.denoise_steps, schedule.shape[1] - 1)[
+        :, None], axis=1)[:, 0]
+      count = jnp.where(capped | (s.denoise_steps >= schedule.shape[1]), t, n)
+    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=commit_order,
+                        count=count)
     d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
     d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
     # Committing rows: the K/V are written, the last query seeds the next block.
     new_start = s.start + t
-    n_canvas, n_masked, n_step_rec, n_logp_rec = _new_block(
+    n_canvas, n_masked, n_step_rec, n_logp_rec = _with_prefix(_new_block(
       q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
-    )
+    ), new_start, prefix)
     c = committing[:, None]
     canvas = jnp.where(c, n_canvas, res.canvas)
     masked = jnp.where(c, n_masked, res.masked)
@@ -383,6 +419,10 @@ def block_diffusion_generate(
   constraint: constrain.AnswerConstraint | None = None,
   cache_size: int | None = None,
   head_buckets: int = 1,
+  commit_order: str = "confidence",
+  schedule: jax.Array | None = None,
+  prefilled: tuple[KVCache, jax.Array] | None = None,
+  response_prefix: tuple[jax.Array, jax.Array] | None = None,
 ) -> DiffusionOutput:
   """Block-diffusion generation (see the module docstring for the algorithm and the trace).
 
@@ -407,6 +447,18 @@ def block_diffusion_generate(
     cache_size: KV slots per row; default P + ceil(max_new_tokens / B) * B (the minimum).
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
       at all B queries every step.
+    commit_order: 'confidence' (the paper's rule) or 'left_to_right' (commit.select).
+    schedule: optional [B, S] int >= 0, the commits of each of a row's denoising steps (indexed
+      by the row's denoising steps so far, across blocks; steps past S and the capped step
+      commit every open position): replaces the threshold rule, e.g. to replay a trained
+      model's recorded schedule (`schedule_from_trace`) on other weights.
+    prefilled: optional (cache, logits [B, V] f32) of an earlier prefill of these prompts
+      (`qwen3.ragged_prefill` into a cache of cache_size slots): the prefill is skipped, so a
+      timing covers the decode alone (the loop starts from a copy of the cache).
+    response_prefix: optional (tokens [B, F] int, lengths [B] int in 0..F): the first lengths[b]
+      response tokens of row b are given (teacher forcing, e.g. the reasoning): written into
+      their blocks as committed tokens (commit_step SEED_STEP), never proposed; the decoder
+      writes the rest. Tokens and lengths include them.
 
   Returns:
     DiffusionOutput.
@@ -443,6 +495,18 @@ def block_diffusion_generate(
                                          minimum=1)
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
   head_buckets = validate.integer(where, "head_buckets", head_buckets, minimum=1)
+  if commit_order not in commit.ORDERS:
+    raise ValueError(f"{where}: commit_order={commit_order!r} not in {commit.ORDERS}")
+  b = prompt_tokens.shape[0]
+  if schedule is not None:
+    schedule = jnp.asarray(schedule)
+    if (not jnp.issubdtype(schedule.dtype, jnp.integer) or schedule.ndim != 2
+        or schedule.shape[0] != b or schedule.shape[1] < 1):
+      raise ValueError(f"{where}: schedule must be an int array [{b}, S >= 1], got "
+                       f"{schedule.dtype} {schedule.shape}")
+    if int(jnp.min(schedule)) < 0:
+      raise ValueError(f"{where}: schedule has a negative commit count {int(jnp.min(schedule))}")
+    schedule = schedule.astype(jnp.int32)
   if temperature > 0 and key is None:
     raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
   if key is not None:
@@ -458,6 +522,30 @@ def block_diffusion_generate(
                      "could stop")
   p = prompt_tokens.shape[1]
   needed = p + -(-max_new_tokens // block_size) * block_size
+  if response_prefix is not None:
+    given, given_lengths = (jnp.asarray(x) for x in response_prefix)
+    f = given.shape[-1] if given.ndim == 2 else -1
+    if (given.ndim != 2 or given.shape[0] != b or given_lengths.shape != (b,)
+        or not jnp.issubdtype(given.dtype, jnp.integer)):
+      raise ValueError(f"{where}: response_prefix must be (tokens [{b}, F] int, lengths [{b}]), "
+                       f"got {given.shape} and {given_lengths.shape}")
+    if int(jnp.min(given_lengths)) < 0 or int(jnp.max(given_lengths)) > min(f, max_new_tokens):
+      raise ValueError(f"{where}: response_prefix lengths must be in [0, min(F={f}, "
+                       f"max_new_tokens={max_new_tokens})]")
+    r = -(-max_new_tokens // block_size) * block_size
+    response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
+                       given_lengths.astype(jnp.int32))
+  if prefilled is not None:
+    cache, logits = prefilled
+    if not isinstance(cache, KVCache) or cache.lengths.shape != (b,):
+      raise TypeError(f"{where}: prefilled[0] must be a KVCache of {b} rows")
+    if getattr(logits, "shape", None) != (b, config.vocab_size):
+      raise ValueError(f"{where}: prefilled[1] must be logits [{b}, {config.vocab_size}], got "
+                       f"{getattr(logits, 'shape', None)}")
+    if cache_size is not None and cache_size != cache.max_len:
+      raise ValueError(f"{where}: cache_size={cache_size} != the prefilled cache's "
+                       f"{cache.max_len} slots")
+    cache_size = cache.max_len
   cache_size = needed if cache_size is None else validate.integer(where, "cache_size",
                                                                   cache_size, minimum=1)
   if cache_size < needed:
@@ -472,9 +560,40 @@ def block_diffusion_generate(
     jnp.asarray(stop or (-1,), jnp.int32),
     jax.random.key(0) if key is None else key,
     constraint,
+    schedule,
+    prefilled,
+    response_prefix,
     block_size=block_size,
     max_new_tokens=max_new_tokens,
     temperature=temperature,
     cache_size=cache_size,
     head_buckets=head_buckets,
+    commit_order=commit_order,
   )
+
+
+def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:
+  """Per row, the commits of each denoising step of a decode (the `schedule` it replays with).
+
+  A row's steps are counted across its blocks in order; a step of the last block that committed
+  only tokens past the row's length (after its stop token) counts 0, so a replay with
+  max_new_tokens = length and no stop tokens runs exactly the recorded forwards.
+
+  Args:
+    commit_step: [B, N] DiffusionOutput.commit_step.
+    lengths: [B] DiffusionOutput.lengths.
+    block_size: B of the decode.
+
+  Returns:
+    B lists of per-step commit counts (each sums to the row's non-seed tokens).
+  """
+  out = []
+  for steps, n in zip(np.asarray(commit_step), np.asarray(lengths), strict=True):
+    row = []
+    for first in range(0, int(n), block_size):
+      block = steps[first:min(first + block_size, int(n))]
+      block = block[block != SEED_STEP]
+      if block.size:
+        row += np.bincount(block, minlength=int(block.max()) + 1).tolist()
+    out.append(row)
+  return out

@@ -5,8 +5,10 @@ weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v
 (research/anchors_diffusion.md §1(d), §6):
 
   - Per response block b a masking rate t_b ~ U(eps, 1) (eps = 1e-3); every position of the block
-    except its seed (block index 0) is masked with probability t_b. The decoder never sees a
-    seed masked: it is proposed by the previous forward and starts the block clean.
+    except its seed (block index 0) is masked with probability t_b. `rate_power` p != 1 draws
+    t_b = eps + (1 - eps) u^(1/p), u ~ U(0, 1) instead (density ~ t^(p-1): p > 1 favours heavily
+    masked blocks, p < 1 lightly masked ones; p = 1 is the uniform default). The decoder never
+    sees a seed masked: it is proposed by the previous forward and starts the block clean.
   - Complementary masking (on by default): a second noisy stream masks exactly the block
     positions the first leaves visible. Both streams share one prompt and one clean stream in
     ONE sequence of the shared layout (gr2jax/diffusion/layout.py, K = 2): every response token
@@ -49,6 +51,7 @@ def sample_noisy(
   block_size: int,
   eps: float = EPS,
   complementary: bool = True,
+  rate_power: float = 1.0,
 ) -> jax.Array:
   """Samples CFT's noisy streams: per-block rate t ~ U(eps, 1), seeds never masked.
 
@@ -60,6 +63,7 @@ def sample_noisy(
     eps: lower bound of the masking rate.
     complementary: add the inverted copy (every real non-seed position masked in exactly one
       of the two streams).
+    rate_power: p of the rate distribution t = eps + (1 - eps) u^(1/p) (1 = U(eps, 1)).
 
   Returns:
     [B, K, M] bool, True = mask token; K = 2 with complementary, else 1; K = 0 when
@@ -70,7 +74,13 @@ def sample_noisy(
     return jnp.zeros((b, 0, width), bool)
   r = layout.padded_width(width, block_size)
   key_t, key_u = jax.random.split(key)
-  rate = jax.random.uniform(key_t, (b, r // block_size), minval=eps, maxval=1.0)
+  if rate_power <= 0:
+    raise ValueError(f"sample_noisy: rate_power={rate_power} must be > 0")
+  if rate_power == 1:
+    rate = jax.random.uniform(key_t, (b, r // block_size), minval=eps, maxval=1.0)
+  else:
+    u = jax.random.uniform(key_t, (b, r // block_size))
+    rate = eps + (1.0 - eps) * u ** (1.0 / rate_power)
   drawn = jax.random.uniform(key_u, (b, r)) < jnp.repeat(rate, block_size, axis=1)  # [B, R]
   j = jnp.arange(r, dtype=jnp.int32)[None, :]
   real = j < jnp.asarray(response_lengths, jnp.int32)[:, None]
@@ -169,6 +179,7 @@ def cft_loss(
   config: ModelConfig,
   eps: float = EPS,
   complementary: bool = True,
+  rate_power: float = 1.0,
 ):
   """The CFT loss of a training batch (train-step contract: bind config with functools.partial).
 
@@ -179,6 +190,7 @@ def cft_loss(
     config: the model (config.block_size is the block size).
     eps: lower bound of the per-block masking rate.
     complementary: train the inverted copy too.
+    rate_power: the masking-rate distribution (sample_noisy; 1 = uniform).
 
   Returns:
     (loss_sum f32[], weight f32[], aux dict of f32[] sums); loss = loss_sum / weight.
@@ -186,6 +198,6 @@ def cft_loss(
   noisy = sample_noisy(
     key, jnp.asarray(batch["response_lengths"], jnp.int32),
     width=batch["response_tokens"].shape[1], block_size=config.block_size, eps=eps,
-    complementary=complementary,
+    complementary=complementary, rate_power=rate_power,
   )
   return cft_loss_from_noisy(params, batch, noisy, config=config)

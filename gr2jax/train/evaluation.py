@@ -49,7 +49,8 @@ def answer_constraint(tokenizer, config: ModelConfig, label_tokens: np.ndarray):
 def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
                  prompt_lengths: np.ndarray, *, max_new_tokens: int, tau: float,
                  max_steps_per_block: int, temperature: float = 0.0, key=None,
-                 constraint=None) -> dict:
+                 constraint=None, commit_order: str = "confidence",
+                 response_prefix=None) -> dict:
   """Decodes one batch of right-padded prompts with the checkpoint's own decoder.
 
   Args:
@@ -61,6 +62,9 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     temperature: 0 greedy; > 0 samples with `key`.
     key: PRNG key for sampling.
     constraint: an AnswerConstraint (diffusion only; the constrained-decoding ablation).
+    commit_order: the diffusion commit order (commit.ORDERS; 'confidence' = the paper's).
+    response_prefix: optional (tokens [B, F], lengths [B]) given response tokens (diffusion
+      only; block_diffusion_generate).
 
   Returns:
     {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill and commit forwards
@@ -70,12 +74,14 @@ def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
     out = diffusion_decode.block_diffusion_generate(
       params, config, prompt_tokens, prompt_lengths, block_size=config.block_size,
       threshold=tau, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-      temperature=temperature, key=key, constraint=constraint)
+      temperature=temperature, key=key, constraint=constraint, commit_order=commit_order,
+      response_prefix=response_prefix)
     nfe = np.asarray(out.nfe)
     denoise = np.asarray(out.denoise_steps)
   else:
-    if constraint is not None:
-      raise ValueError("constrained decoding is a diffusion-decoder ablation; this model is AR")
+    if constraint is not None or response_prefix is not None:
+      raise ValueError("constrained decoding and a given response prefix are diffusion-decoder "
+                       "options; this model is AR")
     sampling = generate_lib.Sampling(temperature=temperature)
     out = generate_lib.generate(params, config, prompt_tokens, prompt_lengths,
                                 max_new_tokens=max_new_tokens, sampling=sampling, key=key)
@@ -121,7 +127,8 @@ def score(results: list, data: inputs.SplitData) -> dict:
 def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenizer, *,
              batch_size: int, prompt_len: int, max_new_tokens: int, tau: float = 1.0,
              max_steps_per_block: int = 64, out_path: str | None = None,
-             desc: str = "eval", constrained: bool = False) -> dict:
+             desc: str = "eval", constrained: bool = False,
+             commit_order: str = "confidence", given_reasoning: bool = False) -> dict:
   """Decodes, validates and scores a split; optionally writes per-example JSONL.
 
   Args:
@@ -137,6 +144,9 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
       rank), or None.
     desc: progress-bar label.
     constrained: decode with the answer constraint (diffusion models only; an ablation).
+    commit_order: the diffusion commit order (decode_batch).
+    given_reasoning: give each example's own reasoning tokens (teacher forcing; the split must
+      carry reasoning, e.g. 'train') and decode only the answer after them (diffusion only).
 
   Returns:
     score(...) plus 'mean_response_len', 'mean_nfe' and 'nfe_per_token' (forwards incl. prefill
@@ -156,9 +166,23 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
       labels = np.stack([e.label_tokens for e in chunk])
       labels = np.concatenate([labels, np.repeat(labels[-1:], batch_size - len(chunk), 0)])
       constraint = answer_constraint(tokenizer, config, labels)
+    prefix = None
+    if given_reasoning:
+      if not all(len(e.reasoning) for e in chunk):
+        raise ValueError("evaluate: given_reasoning needs a split whose examples carry reasoning "
+                         "(validation / test have none; use 'train')")
+      width = max(len(e.reasoning) for e in chunk)
+      given = np.zeros((batch_size, width), np.int32)
+      given_lengths = np.zeros((batch_size,), np.int32)
+      for i in range(batch_size):
+        reasoning = chunk[min(i, len(chunk) - 1)].reasoning
+        given[i, :len(reasoning)] = reasoning
+        given_lengths[i] = len(reasoning)
+      prefix = (given, given_lengths)
     t0 = time.perf_counter()
     out = decode_batch(params, config, prompts, prompt_lengths, max_new_tokens=max_new_tokens,
-                       tau=tau, max_steps_per_block=max_steps_per_block, constraint=constraint)
+                       tau=tau, max_steps_per_block=max_steps_per_block, constraint=constraint,
+                       commit_order=commit_order, response_prefix=prefix)
     jax.block_until_ready(out["tokens"])
     if first > 0:
       decode_s += time.perf_counter() - t0

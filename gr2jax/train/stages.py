@@ -53,7 +53,8 @@ def _rl_prepare(ctx: Context):
 
 def _cft_loss(ctx: Context):
   return functools.partial(cft.cft_loss, config=ctx.model_config, eps=ctx.config.cft.eps,
-                           complementary=ctx.config.cft.complementary)
+                           complementary=ctx.config.cft.complementary,
+                           rate_power=ctx.config.cft.rate_power)
 
 
 def _opd_loss(ctx: Context):

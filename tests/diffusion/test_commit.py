@@ -127,3 +127,42 @@ def test_sampling_frequencies_follow_the_probabilities():
   freq = np.bincount(np.asarray(tokens[:, 0]), minlength=4) / tokens.shape[0]
   np.testing.assert_allclose(freq, probs, atol=0.015)
   np.testing.assert_allclose(np.exp(logp[:, 0]), probs[np.asarray(tokens[:, 0])], rtol=1e-5)
+
+
+def _select(conf, masked, tau, **kw):
+  """select() on given confidences (proposed token = position + 1)."""
+  conf = jnp.asarray(conf, jnp.float32)
+  tokens = jnp.broadcast_to(jnp.arange(1, conf.shape[1] + 1, dtype=jnp.int32), conf.shape)
+  return commit.select(tokens, jnp.log(conf), jnp.full(conf.shape, MASK, jnp.int32),
+                       jnp.asarray(masked, bool), tau, **kw)
+
+
+CONF = [[0.5, 0.95, 0.97, 0.2, 0.99]]
+
+
+def test_left_to_right_commits_the_leftmost_run_above_tau():
+  open_ = [[False, True, True, True, True]]
+  out = _select(CONF, open_, 0.9, order="left_to_right")
+  np.testing.assert_array_equal(out.committed, [[False, True, True, False, False]])
+  # tau = 1.0: exactly the leftmost open position; below every confidence: all of them.
+  out = _select(CONF, open_, 1.0, order="left_to_right")
+  np.testing.assert_array_equal(out.committed, [[False, True, False, False, False]])
+  out = _select(CONF, open_, 0.1, order="left_to_right")
+  np.testing.assert_array_equal(out.committed, open_)
+  # The leftmost open position commits even below tau; the run stops at the first failure.
+  out = _select(CONF, [[True, True, False, True, True]], 0.9, order="left_to_right")
+  np.testing.assert_array_equal(out.committed, [[True, True, False, False, False]])
+
+
+def test_count_commits_exactly_the_first_positions_in_order():
+  open_ = [[True, True, True, True, False]]
+  for order, first_two in (("confidence", [False, True, True, False, False]),
+                           ("left_to_right", [True, True, False, False, False])):
+    out = _select(CONF, open_, 1.0, order=order, count=jnp.array([2]))
+    np.testing.assert_array_equal(out.committed, [first_two])
+  out = _select(CONF, open_, -1.0, count=jnp.array([0]))
+  assert not out.committed.any()
+  out = _select(CONF, open_, 1.0, count=jnp.array([9]))
+  np.testing.assert_array_equal(out.committed, open_)
+  with pytest.raises(ValueError, match="order='random' not in"):
+    _select(CONF, open_, 1.0, order="random")

@@ -73,7 +73,8 @@ def _embed_grad(params, batch, noisy):
 
 
 _targets = jax.jit(cft.cft_targets, static_argnums=0)
-_sample = jax.jit(cft.sample_noisy, static_argnames=("width", "block_size", "complementary"))
+_sample = jax.jit(cft.sample_noisy, static_argnames=("width", "block_size", "complementary",
+                                                    "rate_power"))
 
 
 def _row_norms(grad, ids):
@@ -183,3 +184,18 @@ def test_block_size_one_equals_sft(params):
     total_w += float(w.sum())
   np.testing.assert_allclose(loss_sum, total, rtol=1e-5)
   np.testing.assert_allclose(weight, total_w, rtol=1e-6)
+
+
+def test_rate_power_shifts_the_masking_rate():
+  lengths = jnp.full((64,), 12, jnp.int32)
+  j = np.arange(12)
+
+  def mean_rate(power):
+    noisy = np.asarray(_sample(jax.random.key(0), lengths, width=12, block_size=B,
+                               complementary=False, rate_power=power))
+    return noisy[:, 0][:, j % B != 0].mean()
+
+  # E[t] = eps + (1 - eps) p / (p + 1): ~1/2 at p = 1, ~3/4 at p = 3, ~1/4 at p = 1/3.
+  assert mean_rate(3.0) > 0.65 and mean_rate(1 / 3) < 0.35 and 0.4 < mean_rate(1.0) < 0.6
+  with pytest.raises(ValueError, match="rate_power=0.0 must be > 0"):
+    cft.sample_noisy(jax.random.key(0), lengths, width=12, block_size=B, rate_power=0.0)

@@ -359,7 +359,7 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
   ar_export = os.path.join(uninterrupted, "sft", "export")
   results = {}
   for stage, init, extra in (
-      ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True))),
+      ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True, rate_power=1.0))),
       ("opd", os.path.join(workdir, "cft", "export"),
        dict(opd=dict(teacher=ar_export, group_size=2, teacher_dtype="bfloat16"))),
       ("rl", os.path.join(workdir, "opd", "export"),

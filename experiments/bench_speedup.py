@@ -1,0 +1,379 @@
+r"""Batch-1 speed-up of block diffusion over AR on big random models, replaying a trained
+Diffusion-GR2's commit schedule step for step (an emulation of the trained model's decode).
+
+  # 1. record the trained tiny model's schedules (real prompts; writes --schedules)
+  python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
+      --schedules=docs/benchmarks/speedup/schedules.json --runs=
+  # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
+  python experiments/bench_speedup.py --schedules=docs/benchmarks/speedup/schedules.json \
+      --report_dir=docs/benchmarks/speedup --table3_results=results
+
+Recording: the trained diffusion checkpoint decodes the first --record_users prompts of
+test_1615 (one batch, greedy, the eval's step cap) at every tau of --taus and block size of
+--block_sizes (the checkpoint's weights under each B; it was trained at its own B). Each row's
+schedule = the tokens committed at each of its denoising steps (decode.schedule_from_trace).
+Per (tau, B) the JSON keeps the valid rate, forwards / denoising steps per token and the
+schedule of one representative user: among the rows of the most common output length L, the
+one with the median forward count.
+
+Replay: for each --runs entry (shape/dtype) and prompt length of --prompt_lengths, random
+weights and a random prompt [1, P] are prefilled once; then, timed with the prefill excluded
+(the paper's decode tok/s):
+  - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill);
+  - diffusion at each (tau, B): `block_diffusion_generate(prefilled=, schedule=)` with
+    max_new_tokens = L and no stop token commits exactly the recorded number of tokens at each
+    step, so it runs the recorded number of forwards (the LM head at all B queries with the
+    default --head_buckets=1, as the evaluation decodes). Which positions commit differs (random
+    weights), what a forward costs does not.
+Each configuration is compiled by a warm-up call, then --repeats rounds time every configuration
+once per round (AR and diffusion interleaved, so load on the shared machine hits both), and the
+fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cost ratio
+(diffusion seconds per forward over AR's) and speed-up = diffusion tokens/s over AR's.
+
+The same run checks the AR path against transformers at batch 1 on the tiny preset
+(--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
+Outputs (--report_dir): bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
+0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
+(DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/tables.py).
+"""
+
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --dtype)
+
+from gr2jax import checkpoint, tables  # noqa: E402
+from gr2jax.data import answer  # noqa: E402
+from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.diffusion import decode  # noqa: E402
+from gr2jax.model import generate as gen  # noqa: E402
+from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax.model import qwen3  # noqa: E402
+from gr2jax.model.cache import init_cache  # noqa: E402
+from gr2jax.model.config import ModelConfig  # noqa: E402
+from gr2jax.train import evaluation, inputs  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("schedules", "docs/benchmarks/speedup/schedules.json",
+                    "Recorded schedules (written with --record_ckpt, read otherwise).")
+flags.DEFINE_string("record_ckpt", None, "A trained diffusion export: record its schedules.")
+flags.DEFINE_string("record_workdir", None, "The data build (workdir) the checkpoint's prompts "
+                    "come from (read only: its summary.json paths).")
+flags.DEFINE_integer("record_users", 256, "test_1615 prompts decoded per (tau, B).")
+flags.DEFINE_list("taus", ["0.9", "0.6", "0.4"], "Commit thresholds recorded / replayed.")
+flags.DEFINE_list("block_sizes", ["4", "8", "16", "32"], "Block sizes B.")
+flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
+                           "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
+                  "SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] replays; SHAPE = a ModelConfig preset "
+                  "or a key of HF_SHAPES; the @ fields narrow --prompt_lengths, --taus and "
+                  "--block_sizes for that run (empty = all).")
+flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of the replay.")
+flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
+                     "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
+flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.")
+flags.DEFINE_string("report_dir", "docs/benchmarks/speedup", "JSON, table and plot.")
+flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
+flags.DEFINE_string("table3_results", None, "Results dir whose Table 3 gets the column.")
+flags.DEFINE_string("table3_shape", "qwen3_0_6b/float32", "The run whose speed-up Table 3 shows.")
+flags.DEFINE_integer("table3_prompt", 256, "The prompt length of Table 3's column.")
+
+HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig preset
+  "qwen3_1_7b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                     intermediate_size=6144, tie_word_embeddings=True, eos_token_id=151645),
+}
+
+
+# ---- record -----------------------------------------------------------------------------------
+
+
+def record_schedules() -> dict:
+  """Decodes real prompts with the trained checkpoint at every (tau, B); the module doc."""
+  config, params = checkpoint.load_model(FLAGS.record_ckpt)
+  if config.mask_token_id is None:
+    raise app.UsageError(f"--record_ckpt={FLAGS.record_ckpt} is not a diffusion model")
+  summary_file = os.path.join(FLAGS.record_workdir, "summary.json")
+  if not os.path.exists(summary_file):
+    raise app.UsageError(f"--record_workdir: {summary_file} does not exist (no data build)")
+  paths = json.load(open(summary_file))["paths"]
+  tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
+  train = inputs.load_split(paths["tfds"], "train", tok)
+  data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
+  prompt_len, response_len = inputs.static_lengths([train, data])
+  prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
+  out = {"ckpt": os.path.abspath(FLAGS.record_ckpt), "trained_block_size": config.block_size,
+         "users": len(data), "max_new_tokens": response_len, "entries": []}
+  decodes = []
+  for b in map(int, FLAGS.block_sizes):
+    cfg = dataclasses.replace(config, block_size=b)
+    for tau in map(float, FLAGS.taus):
+      res = decode.block_diffusion_generate(params, cfg, prompts, lengths, threshold=tau,
+                                            max_steps_per_block=64, max_new_tokens=response_len)
+      n, forwards = np.asarray(res.lengths), np.asarray(res.nfe) - 1  # prefill excluded
+      texts = evaluation.response_texts(tok, np.asarray(res.tokens), n)
+      valid = np.mean([answer.parse_answer(t, data.labels[i]).kind == "valid"
+                       for i, t in enumerate(texts)])
+      entry = dict(tau=tau, block=b, valid_rate=float(valid),
+                   tokens_per_forward=float(n.sum() / forwards.sum()),
+                   nfe_per_token=float((forwards.sum() + len(n)) / n.sum()),
+                   paper_nfe_per_token=float(np.asarray(res.denoise_steps).sum() / n.sum()),
+                   mean_length=float(n.mean()))
+      decodes.append((n, forwards, decode.schedule_from_trace(res.commit_step, n, b), entry))
+  # One output length L for every replay: the most common over all decodes.
+  length = int(np.bincount(np.concatenate([d[0] for d in decodes])).argmax())
+  for n, forwards, rows, entry in decodes:
+    same = np.flatnonzero(n == length)
+    if not len(same):
+      raise ValueError(f"record: no user of B={entry['block']} tau={entry['tau']} has the "
+                       f"common length {length}")
+    pick = int(same[np.argsort(forwards[same], kind="stable")[(len(same) - 1) // 2]])
+    entry.update(length=length, users_of_length=len(same), user=int(data.users[pick]),
+                 forwards=int(forwards[pick]), schedule=rows[pick])
+    out["entries"].append(entry)
+    print(f"[record] B={entry['block']} tau={entry['tau']}: valid {entry['valid_rate']:.3f}, "
+          f"{entry['tokens_per_forward']:.2f} tokens/forward; user {entry['user']}: L={length} "
+          f"in {entry['forwards']} forwards", flush=True)
+  return out
+
+
+# ---- replay -----------------------------------------------------------------------------------
+
+
+def shape_config(shape: str, dtype: str) -> ModelConfig:
+  """ModelConfig of a preset or an HF_SHAPES entry, with a mask token and no stop token."""
+  if shape in HF_SHAPES:
+    config = ModelConfig.from_hf_dict(HF_SHAPES[shape], param_dtype=dtype, compute_dtype=dtype)
+  elif hasattr(ModelConfig, shape):
+    config = getattr(ModelConfig, shape)(param_dtype=dtype, compute_dtype=dtype)
+  else:
+    raise app.UsageError(f"--runs: unknown shape {shape!r} (a ModelConfig preset or one of "
+                         f"{sorted(HF_SHAPES)})")
+  return dataclasses.replace(config, mask_token_id=config.vocab_size - 1, eos_token_ids=())
+
+
+def _timed(fn) -> tuple[float, object]:
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return time.perf_counter() - start, out
+
+
+def random_model(shape: str, dtype: str):
+  """(config, random params) of a shape."""
+  config = shape_config(shape, dtype)
+  params = jax.block_until_ready(
+    jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0)))
+  return config, params
+
+
+def replay(config, params, run: str, entries: list[dict], prompt_len: int) -> list[dict]:
+  """AR and each entry's schedule replayed on a model's weights (module doc); one row each."""
+  shape, dtype = run.split("/")
+  length = entries[0]["length"]
+  if any(e["length"] != length for e in entries):
+    raise ValueError(f"--schedules: entries have different lengths "
+                     f"{sorted({e['length'] for e in entries})}; one L per replay")
+  blocks = {e["block"] for e in entries}
+  cache_len = prompt_len + max(-(-length // b) * b for b in blocks)
+  prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 1, config.vocab_size - 1)
+  lengths = jnp.full((1,), prompt_len, jnp.int32)
+  t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
+    params, config, prompt, lengths, init_cache(config, 1, cache_len)))
+  copy = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, (cache, logits)))
+  print(f"[replay] {shape}/{dtype} P={prompt_len}: prefilled in {t_prefill:.1f} s", flush=True)
+
+  def ar():
+    c, lg = copy()
+    out, _ = gen.decode(params, config, c, lg, jax.random.key(0), max_new_tokens=length,
+                        sampling=gen.GREEDY, eos_token_ids=())
+    return out.tokens, out.nfe
+
+  def diffusion(entry):
+    cfg = dataclasses.replace(config, block_size=entry["block"])
+    # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
+    steps = entry["schedule"]
+    schedule = jnp.asarray([steps + [1] * (length - len(steps))], jnp.int32)
+
+    def run():
+      out = decode.block_diffusion_generate(
+        params, cfg, prompt, lengths, threshold=entry["tau"], max_steps_per_block=64,
+        max_new_tokens=length, stop_token_ids=(), schedule=schedule, prefilled=(cache, logits),
+        head_buckets=FLAGS.head_buckets)
+      return out.tokens, out.num_forwards - 1
+    return run
+
+  cases = [("AR", None, ar)] + [("diffusion", e, diffusion(e)) for e in entries]
+  first, best, forwards = {}, {}, {}
+  for name, entry, fn in cases:  # warm-up (compile) calls
+    key = (name, None if entry is None else (entry["tau"], entry["block"]))
+    first[key], (_, nfe) = _timed(fn)
+    forwards[key] = int(nfe)
+    print(f"[replay] warm-up {key}: {first[key]:.1f} s", flush=True)
+  for _ in range(FLAGS.repeats):
+    for name, entry, fn in cases:
+      key = (name, None if entry is None else (entry["tau"], entry["block"]))
+      seconds, _ = _timed(fn)
+      best[key] = min(best.get(key, np.inf), seconds)
+  ar_key = ("AR", None)
+  ar_s, ar_fwd = best[ar_key], forwards[ar_key]
+  base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
+              prompt_len=prompt_len, length=length, prefill_first_call_s=t_prefill,
+              load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
+  rows = [dict(base, method="AR", block=1, tau=None, seconds=ar_s, forwards=ar_fwd,
+               tokens_per_s=length / ar_s, ms_per_forward=1e3 * ar_s / ar_fwd,
+               compile_s=max(first[ar_key] - ar_s, 0.0))]
+  for entry in entries:
+    key = ("diffusion", (entry["tau"], entry["block"]))
+    if forwards[key] != entry["forwards"]:
+      raise AssertionError(f"replay of B={entry['block']} tau={entry['tau']} ran "
+                           f"{forwards[key]} forwards, the recording {entry['forwards']}")
+    s = best[key]
+    rows.append(dict(base, method="diffusion", block=entry["block"], tau=entry["tau"], seconds=s,
+                     forwards=forwards[key], tokens_per_s=length / s,
+                     ms_per_forward=1e3 * s / forwards[key],
+                     cost_ratio=(s / forwards[key]) / (ar_s / ar_fwd), speedup=ar_s / s,
+                     compile_s=max(first[key] - s, 0.0)))
+  for r in rows:
+    print(json.dumps(r), flush=True)
+  return rows
+
+
+def hf_check() -> dict:
+  """AR gr2jax vs transformers generate, tiny, batch 1, prompt 256 (bench_decode.py's code)."""
+  config, params, hf_model = bench_decode.build_models("tiny")
+  prompts = np.random.default_rng(0).integers(0, config.vocab_size, (1, 256))
+  ours = bench_decode.bench_gr2jax(config, params, prompts, FLAGS.new_tokens)
+  row = {"preset": "tiny", "batch": 1, "prompt": 256, "new_tokens": FLAGS.new_tokens,
+         "gr2jax_tok_s": ours["tok_s"]}
+  row.update(bench_decode.compare_hf(hf_model, prompts, FLAGS.new_tokens, ours))
+  print(json.dumps(row), flush=True)
+  return row
+
+
+# ---- report -----------------------------------------------------------------------------------
+
+COLUMNS = ("shape", "dtype", "params", "prompt_len", "length", "method", "block", "tau",
+           "forwards", "tokens_per_s", "ms_per_forward", "cost_ratio", "speedup", "compile_s")
+
+
+def best_speedups(rows: list[dict], run: str, prompt_len: int) -> dict:
+  """{tau: (speed-up, block)} of the best block size of one run and prompt length."""
+  shape, dtype = run.split("/")
+  out = {}
+  for r in rows:
+    if (r["method"] == "diffusion" and r["shape"] == shape and r["dtype"] == dtype
+        and r["prompt_len"] == prompt_len and r["speedup"] > out.get(r["tau"], (0, 0))[0]):
+      out[r["tau"]] = (r["speedup"], r["block"])
+  return out
+
+
+def crossover(rows: list[dict], tau: float, prompt_len: int, dtype: str) -> list[dict]:
+  """Per shape (by size), the best block's speed-up at tau: where diffusion starts to win."""
+  shapes = sorted({(r["params"], r["shape"]) for r in rows if r["dtype"] == dtype})
+  out = []
+  for params, shape in shapes:
+    best = best_speedups(rows, f"{shape}/{dtype}", prompt_len).get(tau)
+    if best:
+      out.append(dict(shape=shape, params=params, speedup=best[0], block=best[1]))
+  return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+  """Speed-up vs model size (one line per block size), a panel per tau; tau 0.9 and P = 256+."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  taus = sorted({r["tau"] for r in rows if r["tau"] is not None}, reverse=True)
+  prompts = sorted({r["prompt_len"] for r in rows})
+  fig, axes = plt.subplots(len(prompts), len(taus), figsize=(4 * len(taus), 3.2 * len(prompts)),
+                           squeeze=False)
+  for i, p in enumerate(prompts):
+    for j, tau in enumerate(taus):
+      ax = axes[i, j]
+      for (b, dtype) in sorted({(r["block"], r["dtype"]) for r in rows if r["tau"] == tau}):
+        rs = sorted((r for r in rows if r["tau"] == tau and r["block"] == b
+                     and r["dtype"] == dtype and r["prompt_len"] == p), key=lambda r: r["params"])
+        ax.plot([r["params"] for r in rs], [r["speedup"] for r in rs],
+                "o-" if dtype == "float32" else "s--", label=f"B={b} {dtype}")
+      ax.axhline(1.0, color="gray", lw=0.5)
+      ax.set(xscale="log", xlabel="parameters", ylabel="speed-up over AR (batch 1)",
+             title=f"tau={tau:g}, prompt {p}")
+      ax.legend(fontsize=6)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+
+
+def write_report(result: dict) -> None:
+  os.makedirs(FLAGS.report_dir, exist_ok=True)
+  rows = result["rows"]
+  with open(os.path.join(FLAGS.report_dir, "bench_speedup.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
+  lines = [f"# bench_speedup: {result['device']}; schedules {result['schedules']}", "",
+           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+  lines += ["| " + " | ".join(fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
+  for p in map(int, FLAGS.prompt_lengths):
+    for dtype in sorted({r["dtype"] for r in rows}):
+      lines += ["", f"Best block at tau 0.9, prompt {p}, {dtype}: "
+                + ", ".join(f"{c['shape']} ({c['params'] / 1e6:.1f}M) {c['speedup']:.2f}x "
+                            f"(B={c['block']})" for c in crossover(rows, 0.9, p, dtype))]
+  if result.get("hf_check"):
+    h = result["hf_check"]
+    lines += ["", f"AR vs transformers generate (tiny, batch 1, prompt 256, {h['new_tokens']} "
+              f"tokens): gr2jax {h['gr2jax_tok_s']:.0f} tok/s, transformers {h['hf_tok_s']:.0f} "
+              f"tok/s ({h['hf_threads']} threads): {h['speedup']:.2f}x"]
+  with open(os.path.join(FLAGS.report_dir, "bench_speedup.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+  if rows:
+    plot(rows, os.path.join(FLAGS.report_dir, "speedup_vs_size.png"))
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  if FLAGS.record_ckpt:
+    recorded = record_schedules()
+    os.makedirs(os.path.dirname(os.path.abspath(FLAGS.schedules)), exist_ok=True)
+    with open(FLAGS.schedules, "w") as f:
+      json.dump(recorded, f, indent=1)
+  if not FLAGS.runs:
+    return
+  entries = json.load(open(FLAGS.schedules))["entries"]
+  taus, blocks = set(map(float, FLAGS.taus)), set(map(int, FLAGS.block_sizes))
+  entries = [e for e in entries if e["tau"] in taus and e["block"] in blocks]
+  result = dict(device=str(jax.devices()[0].device_kind), schedules=FLAGS.schedules, rows=[])
+  if FLAGS.hf_check:
+    result["hf_check"] = hf_check()
+  for run in FLAGS.runs:
+    run, *narrow = run.split("@")
+    lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
+    chosen = [e for e in entries if (not run_taus or str(e["tau"]) in run_taus.split("+"))
+              and (not run_blocks or str(e["block"]) in run_blocks.split("+"))]
+    config, params = random_model(*run.split("/"))
+    for p in map(int, lens.split("+") if lens else FLAGS.prompt_lengths):
+      result["rows"] += replay(config, params, run, chosen, p)
+      write_report(result)  # after every run: a partial report survives an interruption
+  if FLAGS.table3_results:
+    best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
+    tables.add_emulated_speedup(FLAGS.table3_results, {
+      "source": os.path.join(FLAGS.report_dir, "bench_speedup.json"), "run": FLAGS.table3_shape,
+      "prompt_len": FLAGS.table3_prompt,
+      "by_tau": {str(t): {"speedup": s, "block": b} for t, (s, b) in best.items()}})
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,118 @@
+r"""Answer validity of CFT models without a constrained decoder: decode-side causes (issue #19).
+
+  python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export \
+      --specs=1.0:confidence:32,1.0:left_to_right:32,0.9:confidence:32 --out=OUT.json
+
+Each spec TAU:ORDER:B[:given] decodes --split (default the 1,615 users) with the checkpoint's
+weights at block size B (the checkpoint's own B or another), commit threshold TAU and commit
+order ORDER (gr2jax/diffusion/commit.py: 'confidence' = the paper's, 'left_to_right' = AR order
+inside a block); ':given' gives each user's own reasoning (teacher forcing; only splits that carry
+reasoning: --split=train --limit=1615) and decodes the answer after it. All through the one
+evaluation (train/evaluation.evaluate) and reports the valid rate, the
+invalid kinds, R@1 and the wall time. Per spec it also splits validity by where the answer
+starts relative to the block boundaries (response tokens before `{"ranking"` modulo B) and by the
+reasoning length (tokens), from the decoded responses. W is read only (its summary.json paths).
+Prints a markdown table and writes every row to --out (JSON).
+"""
+
+import collections
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gr2jax import checkpoint  # noqa: E402
+from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.train import evaluation, inputs  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
+flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).")
+flags.DEFINE_list("specs", ["1.0:confidence:32", "1.0:left_to_right:32", "0.9:confidence:32",
+                            "0.9:left_to_right:32"], "TAU:ORDER:B decodes.")
+flags.DEFINE_string("split", "test_1615", "Evaluated split.")
+flags.DEFINE_integer("limit", 0, "First N users only (0 = all).")
+flags.DEFINE_string("out", None, "JSON of every row.")
+flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+
+ANSWER_START = '{"ranking"'
+
+
+def answer_offsets(tok, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens before the answer JSON, valid) per decoded response; -1 where there is no JSON."""
+  before, valid = [], []
+  for row in rows:
+    text = row["response"]
+    cut = text.find(ANSWER_START)
+    before.append(-1 if cut < 0 else len(tok.encode(text[:cut], add_special_tokens=False)))
+    valid.append(row["kind"] == "valid")
+  return np.asarray(before), np.asarray(valid)
+
+
+def by_group(keys: np.ndarray, valid: np.ndarray) -> dict:
+  """{key: [count, valid rate]} over the rows of each key."""
+  out = {}
+  for key in sorted(set(keys.tolist())):
+    sel = keys == key
+    out[str(key)] = [int(sel.sum()), float(valid[sel].mean())]
+  return out
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config, params = checkpoint.load_model(FLAGS.ckpt)
+  if config.mask_token_id is None:
+    raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a diffusion model")
+  paths = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))["paths"]
+  tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
+  train = inputs.load_split(paths["tfds"], "train", tok)
+  data = inputs.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
+  prompt_len, response_len = inputs.static_lengths([train, data])
+  out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
+  rows = []
+  for spec in FLAGS.specs:
+    tau, order, block, *given = spec.split(":")
+    if given not in ([], ["given"]):
+      raise app.UsageError(f"--specs: {spec!r} must be TAU:ORDER:B or TAU:ORDER:B:given")
+    cfg = dataclasses.replace(config, block_size=int(block))
+    jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.replace(':', '_')}.jsonl")
+    start = time.perf_counter()
+    result = evaluation.evaluate(params, cfg, data, tok, batch_size=256, prompt_len=prompt_len,
+                                 max_new_tokens=response_len, tau=float(tau),
+                                 commit_order=order, given_reasoning=bool(given),
+                                 out_path=jsonl, desc=spec)
+    decoded = [json.loads(line) for line in open(jsonl)]
+    before, valid = answer_offsets(tok, decoded)
+    counts = collections.Counter(result["counts"])
+    row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, tau=float(tau), order=order, block=int(block),
+               reasoning="given" if given else "generated",
+               valid_rate=result["valid_rate"], duplicate=counts["duplicate"],
+               out_of_set=counts["out_of_set"],
+               other_invalid=sum(v for k, v in counts.items()
+                                 if k not in ("valid", "duplicate", "out_of_set")),
+               R1=result["R@1"], R1_se=result["R@1_se"], nfe_per_token=result["nfe_per_token"],
+               seconds=time.perf_counter() - start,
+               valid_by_answer_offset=by_group(np.where(before < 0, -1, before % int(block)),
+                                               valid),
+               valid_by_reasoning_tokens=by_group(before, valid))
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+  with open(FLAGS.out, "w") as f:
+    json.dump(rows, f, indent=1)
+  cols = ("split", "tau", "order", "block", "reasoning", "valid_rate", "duplicate", "out_of_set",
+          "other_invalid", "R1", "nfe_per_token", "seconds")
+  print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+  for r in rows:
+    print("| " + " | ".join(f"{r[c]:.4g}" if isinstance(r[c], float) else str(r[c])
+                            for c in cols) + " |")
+
+
+if __name__ == "__main__":
+  app.run(main)
