@@ -19,7 +19,6 @@ from gr2jax.model import attention, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
-from gr2jax.train import ar_rl
 
 ATOL = 1e-5
 KERNELS = ("cudnn", "splash")
@@ -60,16 +59,20 @@ def _ragged_prefill():
 
 
 def _ar_rl_sequence():
-  """[right-padded prompt | response]: causal over valid keys (AR RL's teacher-forced scoring)."""
-  _, positions, mask, pattern = jax.jit(ar_rl.sequence_inputs)(
-    PROMPTS, PROMPT_LENGTHS, RESPONSES, RESPONSE_LENGTHS)
-  p, r = PROMPTS.shape[1], RESPONSES.shape[1]
+  """[right-padded prompt | response]: causal over valid keys (the causal scorer of SFT, AR RL
+  and the OPD teacher: train/policy.causal_log_probs, a two-stream layout with no noisy stream)."""
+  b, r = RESPONSES.shape
+  inputs = jax.jit(layout.two_stream_inputs, static_argnums=0)(
+    ModelConfig.tiny(), PROMPTS, PROMPT_LENGTHS, RESPONSES, RESPONSE_LENGTHS,
+    np.zeros((b, 0, r), bool))
+  p = PROMPTS.shape[1]
   valid = jnp.concatenate([masks.padding_mask(PROMPT_LENGTHS, p),
                            masks.padding_mask(RESPONSE_LENGTHS, r)], axis=1)
-  by_position = masks.make_attention_mask(positions, positions, valid, PROMPT_LENGTHS, 1)
+  by_position = masks.make_attention_mask(inputs.positions, inputs.positions, valid,
+                                          PROMPT_LENGTHS, 1)
   real = jnp.concatenate([valid[:, :p], jnp.ones((B, r), bool)], axis=1)[:, :, None]
-  np.testing.assert_array_equal(mask & real, by_position & real)  # rows a prediction reads
-  return 0, mask, pattern
+  np.testing.assert_array_equal(inputs.mask & real, by_position & real)  # rows a prediction reads
+  return 0, inputs.mask, inputs.pattern
 
 
 def _block_decode():
