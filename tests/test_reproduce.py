@@ -77,8 +77,9 @@ def test_single_stage_checks_or_runs_its_upstream(hf_run):
   os.remove(os.path.join(workdir, "opd", "done.json"))
   result = _run(workdir, f"--config.hf_dir={hf_dir}", config="rl.py")
   assert result.returncode != 0 and "Traceback" not in result.stderr
-  line = result.stderr.strip().splitlines()[-1]
-  assert line.startswith("rl needs opd done first") and "opd.py:qwen3_0_6b,smoke" in line
+  lines = [line for line in result.stderr.splitlines() if " needs " in line]
+  assert len(lines) == 1 and lines[0].startswith("rl needs opd done first"), result.stderr[-2000:]
+  assert "opd.py:qwen3_0_6b,smoke" in lines[0]
   result = _run(workdir, f"--config.hf_dir={hf_dir}", "--config.upstream=run", config="rl.py")
   assert result.returncode == 0, result.stderr[-2000:]
   assert "] opd: running into" in result.stdout and "] rl: reusing" in result.stdout
