@@ -55,6 +55,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gr2jax import recipe  # noqa: E402
 from gr2jax.diffusion import decode, layout, replay  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
@@ -128,12 +129,12 @@ class Rows:
 
 
 def stage_config(name: str):
-  """experiments/configs/<name>.py's get_config() (the stage's real settings)."""
+  """The tiny recipe's view of stage `name` (gr2jax/recipe.stage_config: its real settings)."""
   spec = importlib.util.spec_from_file_location(f"_bench_config_{name}",
                                                 os.path.join(CONFIG_DIR, f"{name}.py"))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config()
+  return recipe.stage_config(recipe.from_config(module.get_config()), name, "")
 
 
 def diffusion_model(base: ModelConfig, block_size: int) -> ModelConfig:

@@ -191,10 +191,11 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
 def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
-  """experiments/configs/<name>.py's get_config(variant): what a run of that stage uses."""
+  """The training settings of stage `name` in recipe `variant` (experiments/configs/recipe.py's
+  `stages.<name>`: train, optimizer, its own block), what a run of that stage uses."""
   if CONFIG_DIR not in sys.path:
     sys.path.insert(0, CONFIG_DIR)
-  return importlib.import_module(name).get_config(variant)
+  return importlib.import_module(name).get_config(variant).stages[name]
 
 
 def _from_configs(variant: str, per_device_of: int = 1) -> dict:

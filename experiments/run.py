@@ -3,12 +3,17 @@
 Usage:
   python experiments/run.py --config=data.py --workdir=workdir
   python experiments/run.py --config=experiments/configs/data.py --config.data.max_history=10
+  python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B --workdir=W
 
 `--config` takes a path, or a bare file name looked up in `experiments/configs/`. Every config
-file defines `get_config()` returning an `ml_collections.ConfigDict` whose `stage` field names the
-stage to run (see STAGES); fields are locked, so a typo in `--config.<field>=...` is an error, not a
-silently ignored override. Multi-host runs pass `--multihost` so `jax.distributed.initialize()`
-joins the job.
+file is a view of a recipe (experiments/configs/recipe.py): `get_config(variant)` returns the
+recipe `variant` as an `ml_collections.ConfigDict` whose `stage` field names the stage to run (see
+STAGES); fields are locked, so a typo in `--config.<field>=...` is an error, not a silently ignored
+override. A stage whose upstream steps are not done in the workdir with the same recipe stops with
+one line naming them and the commands that make them (`--config.upstream=run` runs them first).
+Multi-host runs pass `--multihost` so `jax.distributed.initialize()` joins the job: run the same
+command on every host; jax finds the coordinator, process count and index itself on SLURM, Open
+MPI (mpirun) and Cloud TPU pods (JAX_COORDINATOR_ADDRESS=host:port overrides the coordinator).
 """
 
 import os
@@ -31,38 +36,44 @@ _CONFIG = config_flags.DEFINE_config_file(
     lock_config=True)
 
 
+def _recipe(config):
+  from gr2jax import recipe
+
+  return recipe.from_config(config)
+
+
 def _run_data(config, workdir):
+  from gr2jax import recipe
   from gr2jax.data import pipeline
 
-  return pipeline.run(config.data, workdir)
+  return pipeline.run(recipe.data_config(_recipe(config)), workdir)
 
 
-def _run_training(config, workdir):
-  from gr2jax.train import loop, stages
+def _run_step(config, workdir):
+  from gr2jax import reproduce
 
-  loop.resolve_workdir_paths(config, workdir)
-  return loop.train(config, workdir, stages.STAGES[config.stage])
+  return reproduce.run_step(_recipe(config), config.stage, workdir, config.upstream)
 
 
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax import checkpoint
+  from gr2jax import checkpoint, recipe
   from gr2jax.train import config_checks, loop
 
-  if not config.eval.ckpt:
-    raise app.UsageError("eval.py needs --config.eval.ckpt=<checkpoint or HF dir>")
-  config_checks.check_stage_config(config)
-  ckpt = config.eval.ckpt.format(workdir=workdir)
-  ctx = loop.load_context(config, workdir)
+  e = config.evaluate
+  if not e.ckpt:
+    raise app.UsageError("eval.py needs --config.evaluate.ckpt=<checkpoint or HF dir>")
+  ckpt = e.ckpt.format(workdir=workdir)
+  r = _recipe(config)
+  view = recipe.evaluation_config(r)
+  config_checks.check_stage_config(view)
+  ctx = loop.load_context(view, workdir)
   checkpoint.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
-  ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None,
-                                                  config.eval.block_size)
-  out_dir = config.eval.out_dir or ckpt
-  name = f"{config.eval.split}_tau{config.eval.tau:g}"
-  if config.eval.block_size:
-    name += f"_B{config.eval.block_size}"
-  result = loop.run_evaluation(ctx, params, 0, name, out_dir)
+  block_size = r.decode.block_size if e.convert else 0
+  ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None, block_size)
+  name = f"{view.eval.split}_tau{view.eval.tau:g}" + (f"_B{block_size}" if block_size else "")
+  result = loop.run_evaluation(ctx, params, 0, name, e.out_dir or ckpt)
   print(json.dumps({k: v for k, v in result.items() if k != "counts"}, indent=1))
   return result
 
@@ -78,20 +89,20 @@ def _run_teacher(config, workdir):
 def _run_table2(config, workdir):
   from gr2jax import reproduce
 
-  sys.path.insert(0, CONFIG_DIR)  # reproduce imports each stage's config file
-  return reproduce.run(config, workdir)
+  return reproduce.run(_recipe(config), workdir)
 
 
 def _run_rerank(config, workdir):
   from gr2jax import rerank
 
-  return rerank.run(config, workdir)
+  return rerank.run(_recipe(config), config.rerank, workdir)
 
 
 def _run_tables(config, workdir):
-  from gr2jax import tables
+  from gr2jax import recipe, tables
 
-  return getattr(tables, f"run_{config.stage}")(config, workdir)
+  view = recipe.tables_config(_recipe(config), config.stage, workdir)
+  return getattr(tables, f"run_{config.stage}")(view, workdir)
 
 
 STAGES = {
@@ -102,13 +113,29 @@ STAGES = {
     "fig6": _run_tables,
     "table4": _run_tables,
     "table2": _run_table2,
-    "sft": _run_training,
-    "ar_rl": _run_training,
-    "cft": _run_training,
-    "opd": _run_training,
-    "rl": _run_training,
+    "convert": _run_step,
+    "sft": _run_step,
+    "ar_rl": _run_step,
+    "cft": _run_step,
+    "opd": _run_step,
+    "rl": _run_step,
     "eval": _run_eval,
 }
+
+
+def upstream_commands(argv: list[str], missing: list[str]) -> str:
+  """The commands that make the missing upstream steps: this command line with its config file
+  swapped for each step's (same variant and overrides)."""
+  commands = []
+  for step in missing:
+    args = []
+    for arg in argv:
+      if arg.startswith("--config="):
+        path, sep, variant = arg[len("--config="):].partition(":")
+        arg = "--config=" + os.path.join(os.path.dirname(path), f"{step}.py") + sep + variant
+      args.append(arg)
+    commands.append(" ".join(["python", *args]))
+  return " && ".join(commands)
 
 
 def resolve_config_arg(argv: list[str]) -> list[str]:
@@ -146,7 +173,13 @@ def main(argv):
   os.makedirs(_WORKDIR.value, exist_ok=True)
   logging.info("stage=%s workdir=%s", stage, os.path.abspath(_WORKDIR.value))
   start = time.perf_counter()
-  STAGES[stage](config, _WORKDIR.value)
+  from gr2jax.reproduce import UpstreamMissing
+
+  try:
+    STAGES[stage](config, _WORKDIR.value)
+  except UpstreamMissing as e:  # one line, no traceback: what is missing and how to make it
+    raise SystemExit(f"{e} under {_WORKDIR.value}: run {upstream_commands(sys.argv, e.missing)} "
+                     "(or add --config.upstream=run to run them first)") from None
   logging.info("stage %s finished in %.1f s", stage, time.perf_counter() - start)
 
 

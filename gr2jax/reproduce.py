@@ -1,17 +1,25 @@
-"""The Table 2 driver: every stage in order, reusing finished ones, then every row evaluated.
+"""The chain driver: a recipe's steps in order, each reused by digest, then Table 2's rows.
 
   python experiments/run.py --config=table2.py --workdir=W          (tiny default)
   python experiments/run.py --config=table2.py:smoke --workdir=W    (a few steps each; CI)
+  python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=DIR --workdir=W
 
-Stages (each a run of gr2jax/train/loop.py under W/<stage>/): sft -> ar_rl -> cft -> opd -> rl.
-A stage is reused when W/<stage>/done.json holds the digest of its config and of every stage
-before it; a changed config re-runs that stage and the ones after it (their directories are
-wiped first), an interrupted stage resumes from its own checkpoints. Rows (research/papers.md §2
-Table 2): pre-rank floor and rule teacher (from the data build), AR GR2 after SFT and after
-SFT + RL, Diffusion naive (the AR GR2 converted, untrained), + CFT, + CFT + OPD, + CFT + OPD -> RL
-and the constrained-decoding ablation of the last. Each model row is evaluated by the one
-evaluation (train/evaluation.py) on every split of `table.splits`, cached by model digest.
-Writes <results>/table2.{md,csv,json} with the paper's numbers alongside and a stage timing log.
+Steps (gr2jax/recipe.chain): [convert: the HF checkpoint with the project's tokens added] -> sft
+-> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build (built, or
+reused from W's cache, first). A step is reused when W/<step>/done.json holds its digest: of its
+view of the recipe (recipe.stage_config; for convert, the HF directory and dtype) and of every
+step before it (the first: of the data build's config); a changed field re-runs that step and the
+ones after it (their directories are wiped first); an interrupted step resumes from its own
+checkpoints. A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be done
+with the same recipe, else `UpstreamMissing` names them (or, with upstream='run', they run first).
+
+Rows (research/papers.md §2 Table 2): pre-rank floor and rule teacher (from the data build), AR
+GR2 after SFT and after SFT + RL, Diffusion naive (the AR GR2 converted, untrained), + CFT,
++ CFT + OPD, + CFT + OPD -> RL and the constrained-decoding ablation of the last. Each model row
+is evaluated by the one evaluation (train/evaluation.py) on every split of `table.splits` (the
+diffusion rows on `table.diffusion_splits`), cached by model digest. Writes
+<results>/table2.{md,csv,json} with the paper's numbers alongside and the step timings, then the
+recipe's `table.then` tables (gr2jax/tables.py).
 """
 
 import csv
@@ -25,11 +33,14 @@ import time
 import jax
 
 from gr2jax import checkpoint as model_checkpoint
+from gr2jax import recipe as recipe_lib
+from gr2jax import tables
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.hf import convert as hf_convert
+from gr2jax.recipe import digest
 from gr2jax.train import evaluation, inputs, loop, stages
 
-STAGE_ORDER = ("sft", "ar_rl", "cft", "opd", "rl")
 PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), research/papers.md §2
   "floor": (0.2811, 0.5591, 0.4401), "teacher": None, "ar_sft": None,
   "ar_gr2": (0.2960, 0.5651, 0.4497), "naive": (0.2811, 0.5591, 0.4401),
@@ -45,86 +56,139 @@ ROWS = (  # name, label, stage whose export is evaluated, decode with the answer
 DIFFUSION_ROWS = ("naive", "cft", "opd", "rl", "constrained")  # decoded by block diffusion
 
 
-def digest(obj) -> str:
-  return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+class UpstreamMissing(Exception):
+  """A step was asked for before the steps it reads were done with the same recipe.
+
+  Attributes:
+    step: the step asked for.
+    missing: the upstream steps not done, in chain order.
+  """
+
+  def __init__(self, step: str, missing: list[str]):
+    super().__init__(f"{step} needs {', '.join(missing)} done first with the same recipe")
+    self.step, self.missing = step, missing
 
 
-def stage_config(table, name: str, workdir: str):
-  """The stage's config file (experiments/configs/<name>.py) with the table's overrides."""
-  import importlib
-  module = importlib.import_module(name)
-  config = module.get_config()
-  config.data = table.data
-  config.eval = table.eval
-  config.mesh = table.mesh
-  config.train.update(table.stages[name].to_dict())  # e.g. steps, batch_size, limit
-  if "block_size" in config:
-    config.block_size = table.block_size
-    config.diffusion.max_steps_per_block = table.rollout_max_steps_per_block
-  loop.resolve_workdir_paths(config, workdir)
-  return config
+def _convert_inputs(recipe: recipe_lib.Recipe) -> dict:
+  return {"hf_dir": os.path.abspath(recipe.model.hf_dir), "param_dtype": recipe.model.param_dtype}
 
 
-def run_stages(table, workdir: str) -> dict:
-  """Runs every stage not already done with the same config chain; returns {stage: seconds}."""
-  timings, upstream, contexts = {}, digest(table.data.to_dict()), {}
-  for name in STAGE_ORDER:
-    config = stage_config(table, name, workdir)
-    key = digest([upstream, config.to_dict()])
-    stage_dir = os.path.join(workdir, name)
+def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
+  """{step: digest} for the recipe's chain (module docstring). done.json also records the data
+  build's digest (`data`), the same for every step of a recipe."""
+  keys, upstream = {}, digest(recipe_lib.data_config(recipe).to_dict())
+  for step in recipe_lib.chain(recipe):
+    view = (_convert_inputs(recipe) if step == recipe_lib.CONVERT
+            else recipe_lib.stage_config(recipe, step, workdir).to_dict())
+    upstream = keys[step] = digest([upstream, view])
+  return keys
+
+
+def _read_digest(path: str) -> str | None:
+  return json.load(open(path))["digest"] if os.path.exists(path) else None
+
+
+def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> list[str]:
+  """The steps before `step` that are not done with this recipe under workdir."""
+  keys = step_digests(recipe, workdir)
+  return [s for s in recipe_lib.upstream(recipe, step)
+          if _read_digest(os.path.join(recipe_lib.stage_dir(workdir, s), "done.json")) != keys[s]]
+
+
+def _convert(recipe: recipe_lib.Recipe, workdir: str) -> None:
+  """The HF checkpoint converted with the data build's extended tokenizer's new tokens."""
+  tok_dir = pipeline.run(recipe_lib.data_config(recipe), workdir)["paths"]["tokenizer"]
+  hf_convert.convert(recipe.model.hf_dir, recipe_lib.export(workdir, recipe_lib.CONVERT),
+                     recipe.model.param_dtype or None,
+                     add_tokens_file=os.path.join(tok_dir, tokenizer_lib.ADDED_TOKENS_FILE),
+                     tokenizer_dir=tok_dir)
+
+
+def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) -> dict:
+  """Runs every step (up to and including `upto`) not already done with the same digest chain;
+  returns {step: seconds}."""
+  steps = recipe_lib.chain(recipe)
+  steps = steps[:steps.index(upto) + 1] if upto else steps
+  keys, timings, contexts = step_digests(recipe, workdir), {}, {}
+  data_key = digest(recipe_lib.data_config(recipe).to_dict())  # the build every step reads
+  for i, name in enumerate(steps):
+    key = keys[name]
+    stage_dir = recipe_lib.stage_dir(workdir, name)
     done_file = os.path.join(stage_dir, "done.json")
     started_file = os.path.join(stage_dir, "started.json")
-    if os.path.exists(done_file) and json.load(open(done_file))["digest"] == key:
-      print(f"[table2] {name}: reusing {stage_dir}", flush=True)
+    if _read_digest(done_file) == key:
+      print(f"[chain {i + 1}/{len(steps)}] {name}: reusing {stage_dir}", flush=True)
       timings[name] = json.load(open(done_file))["seconds"]
+      continue
+    if _read_digest(started_file) not in (None, key):
+      print(f"[chain {i + 1}/{len(steps)}] {name}: config changed, re-running from scratch",
+            flush=True)
+      shutil.rmtree(stage_dir)
+    elif os.path.exists(done_file):
+      shutil.rmtree(stage_dir)
+    print(f"[chain {i + 1}/{len(steps)}] {name}: running into {stage_dir}", flush=True)
+    os.makedirs(stage_dir, exist_ok=True)
+    json.dump({"digest": key}, open(started_file, "w"))
+    start = time.perf_counter()
+    if name == recipe_lib.CONVERT:
+      _convert(recipe, workdir)
     else:
-      if os.path.exists(started_file) and json.load(open(started_file))["digest"] != key:
-        print(f"[table2] {name}: config changed, re-running from scratch", flush=True)
-        shutil.rmtree(stage_dir)
-      elif os.path.exists(done_file):
-        shutil.rmtree(stage_dir)
-      os.makedirs(stage_dir, exist_ok=True)
-      json.dump({"digest": key}, open(started_file, "w"))
-      start = time.perf_counter()
-      data_key = digest([config.train.limit, config.eval.to_dict()])  # same data build for all
-      if data_key not in contexts:
-        contexts[data_key] = loop.load_context(config, workdir)
-      ctx = dataclasses.replace(contexts[data_key], config=config)
+      config = recipe_lib.stage_config(recipe, name, workdir)
+      if config.train.limit not in contexts:  # one data build and eval split for all stages
+        contexts[config.train.limit] = loop.load_context(config, workdir)
+      ctx = dataclasses.replace(contexts[config.train.limit], config=config)
       loop.train(config, workdir, stages.STAGES[name], ctx)
-      timings[name] = time.perf_counter() - start
-      json.dump({"digest": key, "seconds": timings[name]}, open(done_file, "w"))
-    upstream = key
+    timings[name] = time.perf_counter() - start
+    json.dump({"digest": key, "seconds": timings[name], "data": data_key}, open(done_file, "w"))
   return timings
 
 
-def evaluate_rows(table, workdir: str, summary: dict) -> list[dict]:
+def run_step(recipe: recipe_lib.Recipe, step: str, workdir: str, upstream: str = "check"
+             ) -> float:
+  """One step of the recipe (a single stage run); returns its seconds.
+
+  Args:
+    upstream: 'check' (a missing upstream step raises UpstreamMissing) or 'run' (run them).
+
+  Raises:
+    UpstreamMissing: upstream='check' and an upstream step is not done with this recipe.
+    ValueError: upstream is neither.
+  """
+  if upstream not in ("check", "run"):
+    raise ValueError(f"upstream={upstream!r}: expected 'check' or 'run'")
+  missing = missing_upstream(recipe, step, workdir)
+  if missing and upstream == "check":
+    raise UpstreamMissing(step, missing)
+  return run_chain(recipe, workdir, upto=step)[step]
+
+
+def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> list[dict]:
   """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
   those of table.diffusion_splits; each cached by the model's done digest."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  train = inputs.load_split(summary["paths"]["tfds"], "train", tok)
+  p, r = recipe_lib.lengths(summary)
+  e, decode = recipe_lib.eval_config(recipe), recipe.decode
   out_dir = os.path.join(workdir, "table2")
   os.makedirs(out_dir, exist_ok=True)
   rows = []
-  for split in table.splits:
-    data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=table.eval.limit)
-    p, r = inputs.static_lengths([train, data])
+  for split in recipe.table.splits:
+    data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=e.limit)
     for name, label, stage, constrained in ROWS:
-      if name in DIFFUSION_ROWS and split not in table.diffusion_splits:
+      if name in DIFFUSION_ROWS and split not in recipe.table.diffusion_splits:
         continue
-      export = os.path.join(workdir, stage, "export")
-      done = json.load(open(os.path.join(workdir, stage, "done.json")))["digest"]
-      key = digest([done, name, split, table.eval.to_dict(), table.block_size])
+      export = recipe_lib.export(workdir, stage)
+      done = _read_digest(os.path.join(recipe_lib.stage_dir(workdir, stage), "done.json"))
+      key = digest([done, name, split, e.to_dict(), decode.block_size])
       cache = os.path.join(out_dir, f"{name}_{split}.json")
       if os.path.exists(cache) and json.load(open(cache)).get("key") == key:
         result = json.load(open(cache))
       else:
         config, params = model_checkpoint.load_model(export)
         if name == "naive":
-          config, params = loop.model_from_init(export, tok, None, table.block_size)
+          config, params = loop.model_from_init(export, tok, None, decode.block_size)
         result = evaluation.evaluate(
-          params, config, data, tok, batch_size=table.eval.batch_size, prompt_len=p,
-          max_new_tokens=r, tau=table.eval.tau,
-          max_steps_per_block=table.eval.max_steps_per_block,
+          params, config, data, tok, batch_size=e.batch_size, prompt_len=p, max_new_tokens=r,
+          tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block,
           out_path=os.path.join(out_dir, f"{name}_{split}.jsonl"), desc=f"{name} {split}",
           constrained=constrained)
         result["key"] = key
@@ -210,14 +274,18 @@ def provenance(summary: dict) -> dict:
           "devices": str(jax.devices())}
 
 
-def run(table, workdir: str) -> str:
-  """Stages, rows, tables (module docstring); returns the markdown table."""
+def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
+  """Steps, rows, Table 2, then the recipe's `table.then` tables (module docstring); returns the
+  Table 2 markdown."""
   start = time.perf_counter()
-  summary = pipeline.run(table.data, workdir)
-  timings = {"data": time.perf_counter() - start, **run_stages(table, workdir)}
-  rows = reference_rows(summary, table.splits) + evaluate_rows(table, workdir, summary)
+  summary = pipeline.run(recipe_lib.data_config(recipe), workdir)
+  timings = {"data": time.perf_counter() - start, **run_chain(recipe, workdir)}
+  rows = (reference_rows(summary, recipe.table.splits)
+          + evaluate_rows(recipe, workdir, summary))
   timings["total"] = time.perf_counter() - start
-  results_dir = table.results_dir.format(workdir=workdir)
-  md = write_tables(rows, timings, provenance(summary), results_dir)
+  results_dir = recipe.table.results_dir.format(workdir=workdir)
+  md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary)}, results_dir)
   print(md, flush=True)
+  for name in recipe.table.then:
+    getattr(tables, f"run_{name}")(recipe_lib.tables_config(recipe, name, workdir), workdir)
   return md

@@ -406,10 +406,10 @@ def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
     data_config: the data build's config (`config.data`; the one the model was trained with).
     workdir: the workdir of that data build (built here if missing; cached otherwise).
     items: a user-supplied items.jsonl ('' = the build's catalogue).
-    max_new_tokens: response cap; 0 = the longest training response of the build, rounded up
-      to 16 (the training runs' R).
+    max_new_tokens: response cap; 0 = the build's R (recipe.lengths, as the training runs).
   """
   from gr2jax import checkpoint
+  from gr2jax import recipe as recipe_lib
   from gr2jax.data import pipeline
   from gr2jax.data import tokenizer as tokenizer_lib
 
@@ -422,8 +422,7 @@ def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
   checkpoint.check_data_build(ckpt, checkpoint.data_build_record(tok, prompt))
   stats = summary["examples"]
   if not max_new_tokens:
-    variant = f"{prompt.answer_format}/{prompt.evidence}"
-    max_new_tokens = _round_up(int(summary["prompt_lengths"][variant]["response"]["p100"]), 16)
+    max_new_tokens = recipe_lib.lengths(summary)[1]
   cfg = stats["config"]
   thresholds = build_thresholds(summary, data_config, Catalogue.make(build_catalog, sids))
   return Reranker(params, model_config, tok, Catalogue.make(catalog, sids, build_catalog), prompt,
@@ -447,7 +446,8 @@ def rerank(requests, model, *, workdir: str | None = None, data_config=None, ite
     requests: a JSONL path, or an iterable of JSONL lines / request dicts.
     model: a Reranker, or a checkpoint path (then `workdir` names its data build).
     workdir: the data build's workdir (with a checkpoint path).
-    data_config: the data build's config (default: experiments/configs/data.py's defaults).
+    data_config: the data build's config (with a checkpoint path; gr2jax.recipe.data_config of
+      the model's recipe).
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     batch_size: decode batch size.
     tau: diffusion commit threshold (ignored for AR models).
@@ -458,24 +458,14 @@ def rerank(requests, model, *, workdir: str | None = None, data_config=None, ite
     One row per non-blank request line, in order: an answer or a named error.
   """
   if not isinstance(model, Reranker):
-    if workdir is None:
-      raise ValueError("rerank(requests, <checkpoint path>) needs workdir= (its data build)")
-    if data_config is None:
-      data_config = _default_data_config()
+    if workdir is None or data_config is None:
+      raise ValueError("rerank(requests, <checkpoint path>) needs workdir= and data_config= "
+                       "(the data build the model was trained on: "
+                       "gr2jax.recipe.data_config(recipe))")
     model = load_reranker(str(model), data_config, workdir, items=items,
                           max_new_tokens=max_new_tokens)
   return rerank_lines(_lines_of(requests), model, batch_size=batch_size, tau=tau,
                       max_steps_per_block=max_steps_per_block)
-
-
-def _default_data_config():
-  import importlib.util
-
-  path = pathlib.Path(__file__).resolve().parents[1] / "experiments" / "configs" / "data.py"
-  spec = importlib.util.spec_from_file_location("gr2jax_data_config", path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_data_config()
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -521,20 +511,28 @@ def write_rows(rows: list[dict], path: str) -> None:
     raise
 
 
-def run(config, workdir: str) -> dict:
-  """`--config=rerank.py`: reads config.rerank.requests, writes config.rerank.out."""
+def run(recipe, c, workdir: str) -> dict:
+  """`--config=rerank.py`: reads c.requests, writes c.out, with the recipe's data build and
+  decode spec (gr2jax/recipe.py).
+
+  Args:
+    recipe: the gr2jax.recipe.Recipe the model was trained with.
+    c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens).
+    workdir: the workdir of the recipe's data build.
+  """
+  from gr2jax import recipe as recipe_lib
   from gr2jax.train import config_checks
 
-  c = config.rerank
   if not c.requests:
     raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")
-  config_checks.check_stage_config(config)
+  config_checks.check_stage_config(types.SimpleNamespace(rerank=c))  # sizes, named
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
   check_out_path(out, c.requests)
-  reranker = load_reranker(c.ckpt.format(workdir=workdir), config.data, workdir, items=c.items_file,
-                           max_new_tokens=c.max_new_tokens)
-  rows = rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size, tau=c.tau,
-                      max_steps_per_block=c.max_steps_per_block)
+  reranker = load_reranker(c.ckpt.format(workdir=workdir), recipe_lib.data_config(recipe),
+                           workdir, items=c.items_file, max_new_tokens=c.max_new_tokens)
+  rows = rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size,
+                      tau=recipe.decode.eval_tau,
+                      max_steps_per_block=recipe.decode.max_steps_per_block)
   write_rows(rows, out)
   summary = summarize(rows) | {"out": out}
   print(json.dumps(summary), flush=True)

@@ -40,12 +40,13 @@ import jax
 import numpy as np
 
 from gr2jax import checkpoint as model_checkpoint
+from gr2jax import recipe as recipe_lib
 from gr2jax import rerank as rerank_lib
 from gr2jax.data import answer, pipeline, prompts, tfds_builder
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
 from gr2jax.progress import progress
-from gr2jax.reproduce import digest
+from gr2jax.recipe import digest
 from gr2jax.train import evaluation, inputs
 
 
@@ -57,7 +58,7 @@ class Inputs:
     tokenizer: the build's tokenizer.
     data: the split, tokenized.
     records: the split's decoded TFDS records (history, candidates, evidence, labels), same order.
-    prompt_len, response_len: static P and R (train + this split, as the training runs).
+    prompt_len, response_len: static P and R of the data build (recipe.lengths).
     prompt: the build's PromptConfig.
     catalog: the build's catalogue; sids: [I, L] its semantic IDs (None when not needed).
     tfds_dir: the build's TFDS directory.
@@ -79,11 +80,10 @@ def load_inputs(table, workdir: str) -> Inputs:
   summary = pipeline.run(table.data, workdir)
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  train = inputs.load_split(paths["tfds"], "train", tok)
   data = inputs.load_split(paths["tfds"], table.split, tok, limit=table.eval.limit)
   source = tfds_builder.data_source(paths["tfds"], table.split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
-  p, r = inputs.static_lengths([train, data])
+  p, r = recipe_lib.lengths(summary)
   catalog, sids = rerank_lib.build_sids(summary)
   return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids,
                 paths["tfds"])

@@ -198,11 +198,18 @@ def test_python_api_is_the_package_export(tmp_path, tok):
 
 
 def _rerank_config(requests, out):
+  """The `rerank` block of rerank.py (the recipe is the tiny one: `_RECIPE`)."""
   from ml_collections import ConfigDict
 
-  return ConfigDict(dict(stage="rerank", data=ConfigDict(), rerank=dict(
-    ckpt="ckpt", requests=requests, out=out, items_file="", batch_size=4, tau=1.0,
-    max_steps_per_block=64, max_new_tokens=0)))
+  return ConfigDict(dict(ckpt="ckpt", requests=requests, out=out, items_file="", batch_size=4,
+                         max_new_tokens=0))
+
+
+def _run(block, workdir):
+  from gr2jax import recipe
+  from tests.train.toy import get_recipe
+
+  return rerank.run(recipe.from_config(get_recipe("rerank")), block, workdir)
 
 
 @pytest.fixture
@@ -219,9 +226,9 @@ def test_out_that_is_the_requests_file_is_refused(tmp_path, no_decoding):
   with open(requests, "w") as f:
     f.write(json.dumps(_good(0)) + "\n")
   with pytest.raises(ValueError, match="rerank.out=.* is the requests file"):
-    rerank.run(_rerank_config(requests, requests), str(tmp_path))
+    _run(_rerank_config(requests, requests), str(tmp_path))
   with pytest.raises(ValueError, match="rerank.out=.* is the requests file"):
-    rerank.run(_rerank_config(requests, os.path.join(tmp_path, ".", "req.jsonl")),
+    _run(_rerank_config(requests, os.path.join(tmp_path, ".", "req.jsonl")),
                str(tmp_path))
   assert open(requests).read() == json.dumps(_good(0)) + "\n"
 
@@ -230,12 +237,12 @@ def test_out_that_is_a_directory_or_unwritable_is_refused_before_decoding(tmp_pa
   requests = os.path.join(tmp_path, "req.jsonl")
   open(requests, "w").close()
   with pytest.raises(ValueError, match="rerank.out=.* is a directory"):
-    rerank.run(_rerank_config(requests, str(tmp_path)), str(tmp_path))
+    _run(_rerank_config(requests, str(tmp_path)), str(tmp_path))
   locked = os.path.join(tmp_path, "locked")
   os.mkdir(locked, 0o500)
   if not os.access(locked, os.W_OK):  # root can write anywhere
     with pytest.raises(ValueError, match="cannot write under"):
-      rerank.run(_rerank_config(requests, os.path.join(locked, "sub", "out.jsonl")),
+      _run(_rerank_config(requests, os.path.join(locked, "sub", "out.jsonl")),
                  str(tmp_path))
 
 
@@ -243,9 +250,9 @@ def test_bad_batch_size_is_refused_before_decoding(tmp_path, no_decoding):
   requests = os.path.join(tmp_path, "req.jsonl")
   open(requests, "w").close()
   config = _rerank_config(requests, os.path.join(tmp_path, "out.jsonl"))
-  config.rerank.batch_size = 0
+  config.batch_size = 0
   with pytest.raises(ValueError, match="rerank.batch_size=0"):
-    rerank.run(config, str(tmp_path))
+    _run(config, str(tmp_path))
 
 
 def test_failed_write_leaves_no_temp_file(tmp_path):

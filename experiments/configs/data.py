@@ -1,14 +1,20 @@
 """Data stage: raw Beauty -> split / retriever / candidate lists / teacher -> SIDs -> tokenizer ->
 prompts -> TFDS, cached in the workdir (gr2jax/data/pipeline.py).
 
-  python experiments/run.py --config=data.py --workdir=workdir/data
+  python experiments/run.py --config=data.py --workdir=workdir
+  python experiments/run.py --config=data.py:qwen3_8b --config.hf_dir=DIR --workdir=W
 
-Later stage configs embed `get_data_config()` as their `data` field.
+`get_data_config()` is the `data` field of every recipe (experiments/configs/recipe.py); the
+qwen3 recipes change its prompt and extend the HF directory's tokenizer instead of training the
+tiny BPE. `get_config(variant)` is the recipe's data stage.
 """
 
 import os
+import sys
 
 import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # recipe.py, for get_config
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -17,6 +23,8 @@ def get_data_config() -> ml_collections.ConfigDict:
   """The data settings (tiny CPU defaults; see the 8B notes per field)."""
   c = ml_collections.ConfigDict()
   c.data_dir = os.path.join(REPO_ROOT, "data", "amazon_beauty")  # items.jsonl.gz + sequences.txt.gz
+  c.users = 0  # build on the first N users of sequences.txt only (0 = all 22,363; CI's
+  #               HF-layout run: eval_subset_size must then be <= N)
   c.seed = 0  # seeds negatives, tie-breaking, embeddings, RQ-VAE and the BPE corpus sample
   c.max_history = 20  # history items kept per example (TIGER: 20)
   c.eval_subset_size = 1615  # Diffusion-GR2's test subset (split.eval_subset, seed 0)
@@ -74,6 +82,8 @@ def get_data_config() -> ml_collections.ConfigDict:
   c.prompt.history_items = 0  # history items shown (tiny: none, flags summarise 20); 8B: 20
   c.prompt.max_citations = 2  # teacher citations rendered in the reasoning (8B: 3+)
 
+  c.tokenizer_base = ""  # the HF tokenizer the build extends; set from the recipe's hf_dir
+  #                         (--config.hf_dir), never here ('' = train the tiny BPE below)
   c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
   c.tokenizer_sample = 4000  # train examples (4 prompt variants) in the BPE corpus / length stats
 
@@ -84,8 +94,7 @@ def get_data_config() -> ml_collections.ConfigDict:
   return c
 
 
-def get_config() -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.stage = "data"  # experiments/run.py STAGES key
-  config.data = get_data_config()
-  return config
+def get_config(variant: str = "") -> ml_collections.ConfigDict:
+  from recipe import get_recipe  # recipe.py imports this module
+
+  return get_recipe("data", variant)

@@ -1,26 +1,30 @@
 """Evaluate any checkpoint, AR or diffusion, on a split: R@1/R@3/N@3, validity, NFE, tokens/s.
 
-  python experiments/run.py --config=eval.py --workdir=workdir --config.eval.ckpt=workdir/sft/export
-  python experiments/run.py --config=eval.py --config.eval.ckpt=... --config.eval.tau=0.9 \
-      --config.eval.split=test --config.eval.limit=500
+  python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/sft/export
+  python experiments/run.py --config=eval.py --config.evaluate.ckpt=... \
+      --config.decode.eval_tau=0.9 --config.eval.split=test --config.eval.limit=500
 
-  python experiments/run.py --config=eval.py --config.eval.ckpt=workdir/ar_rl/export \
-      --config.eval.block_size=32   (naive Diffusion-GR2: the AR model converted, untrained)
+  python experiments/run.py --config=eval.py --config.evaluate.ckpt=W/ar_rl/export \
+      --config.evaluate.convert=True   (naive Diffusion-GR2: the AR model converted, untrained)
 
-Writes <eval.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per-example rows a
+The data build, eval split and decode spec are the recipe's (the variant, as for training).
+Writes <evaluate.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per-example rows a
 person can read: user, response text, validity kind, ranking, target rank).
 """
 
 import os
 import sys
 
+import ml_collections
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import get_common_config  # noqa: E402
+from recipe import get_recipe  # noqa: E402
 
 
-def get_config():
-  c = get_common_config("eval")
-  c.eval.ckpt = ""  # the checkpoint to evaluate (a gr2jax checkpoint or HF directory)
-  c.eval.out_dir = ""  # where results go ('' = next to the checkpoint)
-  c.eval.block_size = 0  # > 0: convert an AR checkpoint to block diffusion first (the naive row)
+def get_config(variant: str = ""):
+  c = get_recipe("eval", variant)
+  c.evaluate = ml_collections.ConfigDict()
+  c.evaluate.ckpt = ""  # the checkpoint to evaluate (a gr2jax checkpoint or HF directory)
+  c.evaluate.out_dir = ""  # where results go ('' = next to the checkpoint)
+  c.evaluate.convert = False  # convert an AR checkpoint to block diffusion (B = decode.block_size)
   return c

@@ -49,7 +49,7 @@ from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.workdir import lock_workdir
 
 # config fields that decide the examples (and so the examples step's cache key)
-EXAMPLE_FIELDS = ("max_history", "num_candidates", "negative_pool", "pool_size", "seed",
+EXAMPLE_FIELDS = ("users", "max_history", "num_candidates", "negative_pool", "pool_size", "seed",
                   "rejection", "teacher_traces", "all_training_targets", "accept_position_leak",
                   "evidence_decay", "evidence_window", "retriever", "eval_subset_size",
                   "learned_headroom")
@@ -279,6 +279,50 @@ def _catalog_path(config) -> str:
   return os.path.join(config.data_dir, "items.jsonl.gz")
 
 
+def _tokenizer_key(config, examples_key: str, traces_digest: str, sids_key: str) -> str:
+  base = config.tokenizer_base
+  if base:
+    return _key(sids_key, config.num_candidates, _code(prompts, tokenizer),
+                _file_digest(os.path.join(base, "tokenizer.json")))
+  return _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
+              _code(prompts, tokenizer), config.tokenizer_vocab_size, config.tokenizer_sample,
+              config.seed)
+
+
+def _build_tokenizer(out: str, config, catalog, by_split, sids) -> None:
+  """The tiny BPE trained on this build's texts, or (config.tokenizer_base, an HF directory)
+  that tokenizer extended with the project's tokens (out/added_tokens.txt lists the new ones,
+  for the HF checkpoint conversion)."""
+  sizes = dict(codes_per_level=_codes_per_level(sids, config), num_slots=config.num_candidates,
+               evidence_levels=evidence.NUM_BUCKETS)
+  if config.tokenizer_base:
+    tokenizer.extend_tokenizer(config.tokenizer_base, out, **sizes)
+  else:
+    tokenizer.train_tokenizer(_tokenizer_corpus(catalog, by_split["train"], sids, config), out,
+                              vocab_size=config.tokenizer_vocab_size, **sizes)
+
+
+def _static_lengths(rendered_by_split: dict, tok) -> dict[str, int]:
+  """The longest prompt and response (reasoning + answer) in tokens over the given splits, each
+  piece tokenized separately as batches.encode_examples does."""
+
+  def longest(texts):
+    texts = [t for t in texts if t]
+    return max((len(i) for i in tok(texts, add_special_tokens=False)["input_ids"]), default=0)
+
+  prompt = response = 0
+  for rendered in rendered_by_split.values():
+    prompt = max(prompt, longest(r.prompt for r in rendered))
+    with_response = [r for r in rendered if r.reasoning or r.answer]
+    if with_response:
+      pieces = tok([r.reasoning for r in with_response] + [r.answer for r in with_response],
+                   add_special_tokens=False)["input_ids"]
+      n = len(with_response)
+      response = max(response, max(len(a) + len(b) for a, b in zip(pieces[:n], pieces[n:],
+                                                                   strict=True)))
+  return {"prompt": prompt, "response": response}
+
+
 def _split_examples(by_split: dict, test_users: np.ndarray) -> dict[str, list[RerankExample]]:
   """The TFDS splits: train / validation / test plus test_1615 (the evaluation user subset)."""
   users = set(test_users.tolist())
@@ -396,7 +440,9 @@ def _raw(steps: _Steps, config) -> tuple:
     catalog = raw.load_catalog(items_path)
     return catalog, raw.load_sequences(sequences_path, catalog)
 
-  return *steps.value("raw", raw_key, load_raw), raw_key
+  catalog, sequences = steps.value("raw", raw_key, load_raw)
+  sequences = sequences[:config.users] if config.users else sequences
+  return catalog, sequences, raw_key
 
 
 def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
@@ -450,23 +496,23 @@ def _run(config, workdir: str) -> dict:
   sids, sid_stats, sids_key = _semantic_ids(steps, config, catalog, raw_key)
   sids_dir = steps.directory("sids_npy", sids_key, lambda out: _save_sids(out, sids))
 
-  tok_key = _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
-                 _code(prompts, tokenizer),
-                 config.tokenizer_vocab_size, config.tokenizer_sample, config.seed)
-  tok_dir = steps.directory("tokenizer", tok_key, lambda out: tokenizer.train_tokenizer(
-    _tokenizer_corpus(catalog, by_split["train"], sids, config), out,
-    vocab_size=config.tokenizer_vocab_size, codes_per_level=_codes_per_level(sids, config),
-    num_slots=config.num_candidates, evidence_levels=evidence.NUM_BUCKETS))
+  tok_key = _tokenizer_key(config, examples_key, traces_digest, sids_key)
+  tok_dir = steps.directory("tokenizer", tok_key,
+                            lambda out: _build_tokenizer(out, config, catalog, by_split, sids))
   tok = tokenizer.load_tokenizer(tok_dir)
 
   pc = prompt_config(config)
   tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc),
                   _code(prompts, tfds_builder))
 
+  def render(name):
+    return [prompts.render_example(e, catalog, sids, pc, reasonings.get(e.user))
+            for e in by_split[name]]
+
   def write_tfds(out):
-    records = {name: [tfds_builder.to_record(
-      e, prompts.render_example(e, catalog, sids, pc, reasonings.get(e.user)), sids)
-      for e in exs] for name, exs in by_split.items()}
+    records = {name: [tfds_builder.to_record(e, r, sids) for e, r in zip(exs, render(name),
+                                                                          strict=True)]
+               for name, exs in by_split.items()}
     tfds_builder.build(records, out)
 
   tfds_dir = steps.directory("tfds", tfds_key, write_tfds)
@@ -474,6 +520,8 @@ def _run(config, workdir: str) -> dict:
   lengths_key = _key(tok_key, tfds_key)
   prompt_lengths = steps.value("lengths", lengths_key, lambda: _prompt_lengths(
     by_split["train"], catalog, sids, config, tok))
+  static_lengths = steps.value("static_lengths", lengths_key, lambda: _static_lengths(
+    {name: render(name) for name in by_split if name != "test_1615"}, tok))
 
   steps.timings["total"] = time.perf_counter() - start
   summary = {
@@ -484,6 +532,7 @@ def _run(config, workdir: str) -> dict:
     "sids": {"unique": int(len(np.unique(sids, axis=0))), **sid_stats},
     "tokenizer": {"vocab": len(tok)},
     "prompt_lengths": prompt_lengths,
+    "static_lengths": static_lengths,
     "timings": steps.timings,
     "cached": steps.cached,
     "teacher_traces": traces_provenance,

@@ -1,9 +1,10 @@
 """The one validation of every size and rate of a stage config, run before anything is built.
 
-`check_stage_config(config)` reads today's ConfigDict field names (experiments/configs/common.py
-and the stage files) through attribute access only, so any object with the same attribute names
-(e.g. a typed recipe's stage view) can be checked by it. A section a config lacks (a data-only
-config has no `train`, an AR stage no `diffusion`) is skipped. The first bad field found is a
+`check_stage_config(config)` reads the stage fields (train, optimizer, eval, rl / cft / opd,
+diffusion, rerank) through attribute access only, so a recipe's stage block, a stage view
+(gr2jax/recipe.stage_config) or any object with the same attribute names can be checked by it;
+`recipe.from_config` checks every stage of a recipe this way before anything is built. A section
+a config lacks (a data-only config has no `train`, an AR stage no `diffusion`) is skipped. The first bad field found is a
 `ValueError` naming it, its value and what it must be.
 """
 
@@ -81,12 +82,14 @@ _SIZES = (
 )
 
 
-def check_stage_config(config) -> None:
+def check_stage_config(config, prefix: str = "") -> None:
   """Checks every size and rate a stage config has (module docstring).
 
   Args:
-    config: a stage config (experiments/configs/*.py `get_config()`), or any object with the
+    config: a stage view (gr2jax/recipe.stage_config), a recipe's stage block
+      (`config.stages.<stage>`: train, optimizer, its rl / cft / opd), or any object with the
       same attribute names.
+    prefix: prepended to the field names in errors (e.g. 'stages.sft.').
 
   Raises:
     ValueError: names the first bad field, e.g. "train.keep=0: must be >= 1".
@@ -96,20 +99,20 @@ def check_stage_config(config) -> None:
     value = _MISSING if section is None else getattr(section, field, _MISSING)
     if value is _MISSING:
       continue
-    name = f"{section_name}.{field}"
+    name = f"{prefix}{section_name}.{field}"
     if kind == "int":
       _int(name, value, bounds)
     else:
       _float(name, value, **bounds)
   block_size = getattr(config, "block_size", _MISSING)
   if block_size is not _MISSING:
-    _int("block_size", block_size, 1)
+    _int(f"{prefix}block_size", block_size, 1)
   train = _section(config, "train")
   if train is not None and getattr(train, "batch_size", None) is not None:
-    _check_divisible(config, train)
+    _check_divisible(config, train, prefix)
 
 
-def _check_divisible(config, train) -> None:
+def _check_divisible(config, train, prefix: str) -> None:
   """The rows of a step (batch_size x group size for the on-policy stages) split into
   micro_batches (prepare_chunk need not divide them: chunks.map_row_chunks pads the last)."""
   group = 1
@@ -118,7 +121,8 @@ def _check_divisible(config, train) -> None:
     if section is not None and getattr(section, "group_size", None) is not None:
       group = section.group_size
   rows = train.batch_size * group
-  detail = f" (train.batch_size={train.batch_size} x group_size={group})" if group > 1 else ""
+  detail = (f" ({prefix}train.batch_size={train.batch_size} x group_size={group})"
+            if group > 1 else "")
   if rows % train.micro_batches:
-    _fail("train.micro_batches", train.micro_batches, f"a divisor of the {rows} rows per step"
-                                                      f"{detail}")
+    _fail(f"{prefix}train.micro_batches", train.micro_batches,
+          f"a divisor of the {rows} rows per step{detail}")

@@ -29,6 +29,7 @@ import jax
 import numpy as np
 
 from gr2jax import checkpoint as model_checkpoint
+from gr2jax import recipe
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -89,15 +90,6 @@ class Stage:
   make_prepare: Callable | None = None
 
 
-def resolve_workdir_paths(config, workdir: str) -> None:
-  """Replaces `{workdir}` in config.init (and opd.teacher) by the run's workdir, in place: a stage
-  names the previous stage's export as `{workdir}/<stage>/export`."""
-  with config.unlocked():
-    config.init = config.init.format(workdir=workdir)
-    if "opd" in config:
-      config.opd.teacher = config.opd.teacher.format(workdir=workdir)
-
-
 def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
                     ) -> tuple[ModelConfig, dict]:
   """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory; with
@@ -146,14 +138,15 @@ def init_digest(init: str) -> str:
 
 
 def load_context(config, workdir: str, model_config: ModelConfig | None = None) -> Context:
-  """The data build (cached), tokenizer, splits, static lengths and mesh of a run."""
+  """The data build (cached), tokenizer, splits, static lengths (recipe.lengths) and mesh of a
+  run."""
   summary = pipeline.run(config.data, workdir)
   paths = summary["paths"]
   tokenizer = tokenizer_lib.load_tokenizer(paths["tokenizer"])
   train = inputs.load_split(paths["tfds"], "train", tokenizer, limit=config.train.limit)
   eval_data = inputs.load_split(paths["tfds"], config.eval.split, tokenizer,
                                 limit=config.eval.limit)
-  p, r = inputs.static_lengths([train, eval_data])
+  p, r = recipe.lengths(summary)
   mesh = mesh_lib.make_mesh(**config.mesh)
   data_build = model_checkpoint.data_build_record(tokenizer, pipeline.prompt_config(config.data))
   return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
@@ -188,7 +181,7 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
   """Runs (or resumes) one training stage to config.train.steps; returns the final evaluation.
 
   Args:
-    config: the run config (experiments/configs/common.py and the stage's file).
+    config: the stage's view of its recipe (gr2jax/recipe.stage_config).
     workdir: the run's workdir.
     stage: the stage (gr2jax/train/stages.py).
     ctx: the data context; default load_context(config, workdir) (the data build).

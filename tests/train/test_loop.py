@@ -348,12 +348,7 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
 def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok):
   """CFT (converted to B=4) -> OPD (AR teacher) -> RL, each a couple of real steps through the
   one loop, each ending with the one evaluation (diffusion decoding)."""
-  import sys as _sys
-
   from ml_collections import ConfigDict
-
-  _sys.path.insert(0, os.path.join(REPO, "experiments", "configs"))
-  from diffusion_common import get_diffusion_config
 
   workdir = str(tmp_path)
   ar_export = os.path.join(uninterrupted, "sft", "export")
@@ -364,10 +359,8 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
        dict(opd=dict(teacher=ar_export, group_size=2, teacher_dtype="bfloat16"))),
       ("rl", os.path.join(workdir, "opd", "export"),
        dict(rl=dict(group_size=2, eps_low=0.2, eps_high=0.2, alpha=0.2)))):
-    config = get_diffusion_config(stage, init)
-    base = toy_config(stage, steps=2, batch_size=2 if stage != "cft" else 8, save_every=2)
-    config.train, config.optimizer, config.eval, config.model = (base.train, base.optimizer,
-                                                                 base.eval, base.model)
+    config = toy_config(stage, steps=2, batch_size=2 if stage != "cft" else 8, save_every=2)
+    config.init = init
     config.block_size = 4
     config.diffusion.max_steps_per_block = 4
     for k, v in extra.items():

@@ -6,13 +6,14 @@ import sys
 import numpy as np
 
 from gr2jax import checkpoint as model_checkpoint
+from gr2jax import recipe
 from gr2jax.data import batches, prompts, tokenizer
 from gr2jax.train import inputs, loop
 from gr2jax.train import mesh as mesh_lib
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
-from common import get_common_config  # noqa: E402
+from recipe import get_recipe  # noqa: E402  (experiments/configs/recipe.py)
 
 PROMPT = prompts.PromptConfig(answer_format="slot", evidence="flags", fields=("brand",),
                               history_items=0, max_citations=1)
@@ -41,7 +42,10 @@ def toy_tokenizer(out_dir: str):
 
 
 def toy_config(stage="sft", **train):
-  config = get_common_config(stage)
+  """The tiny recipe's view of `stage` (unlocked: tests swap blocks), with toy step counts."""
+  config = recipe.stage_config(recipe.from_config(get_recipe(stage)), stage, "workdir")
+  config.unlock()
+  config.init = "preset:tiny"  # a fresh toy model unless the test names an export
   config.model.attention_chunk_bytes = 8 << 20
   config.train.update(dict(steps=6, batch_size=8, save_every=2, keep=5, async_save=False))
   config.train.update(train)

@@ -1,0 +1,239 @@
+"""The recipes: every setting of a reproduction, in one place (gr2jax/recipe.py reads them).
+
+A recipe is one ConfigDict; each config file is a view of it that names the stage to run:
+
+  python experiments/run.py --config=table2.py --workdir=W                (tiny, every stage)
+  python experiments/run.py --config=cft.py --workdir=W                   (tiny, the CFT stage)
+  python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B \
+      --workdir=W                                                         (the paper's scale)
+  python experiments/run.py --config=table2.py:smoke --workdir=W          (tiny, a few steps)
+  python experiments/run.py --config=table2.py:qwen3_0_6b,smoke --config.hf_dir=DIR ...
+
+The variant is `RECIPE[,smoke]` (`smoke` alone = `tiny,smoke`): `smoke` cuts any recipe to a
+handful of steps on a few hundred training and 32 evaluation users (CI). Override any field on the
+command line: `--config.stages.cft.train.steps=100`, `--config.decode.eval_tau=0.9`,
+`--config.data.prompt.history_items=10`; a misspelt field is an error.
+
+Recipes: `tiny` (the CPU default: a from-scratch `tiny` model on the terse prompt) and
+`qwen3_0_6b`, `qwen3_1_7b`, `qwen3_4b`, `qwen3_8b`, which start from a local HF Qwen3 directory
+(`--config.hf_dir`; the model's dimensions come from its config.json) and use the paper's prompt.
+The 8B hyper-parameters are the paper's (research/papers.md §2: CFT 3 epochs, OPD constant lr
+1e-6 at 128 prompts x 1.5k steps, RL G = 8, eps 0.2, alpha 0.2, 600 steps at lr 5e-7) or, where
+the paper gives none (SFT, AR RL), ours; micro-batches and rollout chunks are the AOT plan's
+(docs/plan_qwen3_8b.md, 8 x 80 GB). The smaller scales are scaled choices of ours, not from a
+paper and not tuned: the 8B schedule and batches, learning rates raised as the model shrinks
+(x2 at 4B, x3 at 1.7B, x5 at 0.6B) and micro-batches halved per halving of the model below 4B.
+"""
+
+import os
+import sys
+
+import ml_collections
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from data import get_data_config  # noqa: E402
+
+STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
+HF_SCALES = {  # name: (learning-rate factor over 8B, micro-batch divisor vs 8B): scaled choices
+  "qwen3_0_6b": (5.0, 4), "qwen3_1_7b": (3.0, 2), "qwen3_4b": (2.0, 1), "qwen3_8b": (1.0, 1)}
+RECIPES = ("tiny", *HF_SCALES)
+
+
+def _train(steps: int, batch_size: int, save_every: int) -> ml_collections.ConfigDict:
+  t = ml_collections.ConfigDict()
+  t.steps = steps  # optimiser steps (the run ends there; step-capped, not epochs)
+  t.batch_size = batch_size  # rows per step (RL / OPD: prompts per step, each with G rollouts)
+  t.micro_batches = 1  # gradient-accumulation micro-batches per step
+  t.prepare_chunk = 0  # rows per rollout / prepare-forward call (teacher log-probs, pi_old) of
+  #                      the RL / OPD stages (0 = all rows at once; else a multiple of the mesh's
+  #                      batch shards, data x fsdp)
+  t.seed = 0  # init, shuffling and per-step randomness (fold_in(key, step))
+  t.save_every = save_every  # steps between run checkpoints
+  t.keep = 3  # run checkpoints kept
+  t.async_save = True  # orbax async checkpointing
+  t.eval_every = 0  # steps between periodic evaluations (0 = only the final one)
+  t.limit = 0  # use only the first N training examples (0 = all; smoke runs)
+  t.restart = False  # True: move this stage's checkpoints + logs aside, start from init
+  #                    (a resume refuses checkpoints written with other settings)
+  return t
+
+
+def _optimizer(train: ml_collections.ConfigDict, learning_rate: float, warmup_steps: int,
+               constant: bool = False) -> ml_collections.ConfigDict:
+  """AdamW; the on-policy stages (AR RL, OPD, RL) use a constant lr after a short warm-up and no
+  weight decay (the paper: constant 1e-6 for OPD, 5e-7 for RL)."""
+  o = ml_collections.ConfigDict()
+  o.learning_rate = learning_rate  # peak learning rate
+  o.warmup_steps = warmup_steps  # linear warm-up steps
+  o.schedule = "constant" if constant else "cosine"  # 'cosine' (to end_lr_factor * lr)
+  o.end_lr_factor = 0.1  # cosine floor as a fraction of the peak
+  o.total_steps = train.get_ref("steps")  # schedule length
+  o.b1 = 0.9
+  o.b2 = 0.98
+  o.eps = 1e-8
+  o.weight_decay = 0.0 if constant else 0.01  # AdamW decay (never on norm scales)
+  o.clip_norm = 1.0  # global-norm clipping (0 = off)
+  return o
+
+
+def _stage(steps: int, batch_size: int, save_every: int, learning_rate: float,
+           warmup_steps: int, constant: bool = False, **blocks) -> ml_collections.ConfigDict:
+  s = ml_collections.ConfigDict()
+  s.train = _train(steps, batch_size, save_every)
+  s.optimizer = _optimizer(s.train, learning_rate, warmup_steps, constant)
+  for name, block in blocks.items():
+    s[name] = ml_collections.ConfigDict(block)
+  return s
+
+
+def _tiny() -> ml_collections.ConfigDict:
+  """The tiny CPU recipe (docs/calibration_tiny_prompt.md; README Table 2: 47 min on 2 cores)."""
+  c = ml_collections.ConfigDict()
+  c.recipe = "tiny"  # the recipe's name
+  c.hf_dir = ""  # a local HF Qwen3 directory to start from ('' = model.preset from scratch)
+  c.upstream = "check"  # a stage whose upstream stages are not done: 'check' names them and the
+  #                       commands that make them, 'run' runs them first
+  c.data = get_data_config()  # the data build every stage trains and evaluates on
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = "tiny"  # gr2jax ModelConfig preset sized to the tokenizer ('' = hf_dir)
+  c.model.remat = "none"  # 'none' | 'full' (recompute each layer in the backward pass)
+  c.model.attention_chunk_bytes = 8 << 20  # f32 attention scores per query chunk (8 MiB: CPU)
+  c.model.param_dtype = ""  # '' keeps the checkpoint's dtype; 'bfloat16' (fp32 moments) / 'float32'
+  c.decode = ml_collections.ConfigDict()  # the one decode spec (train/policy.DecodeSpec)
+  c.decode.block_size = 32  # B of the diffusion stages (paper: 32); AR inits are converted
+  c.decode.eval_tau = 1.0  # commit threshold of every evaluation (quality mode; paper Table 2)
+  c.decode.rollout_tau = 0.9  # commit threshold of OPD / RL rollouts
+  c.decode.max_steps_per_block = 64  # denoising-step cap per block (paper: 64)
+  c.decode.temperature = 1.0  # rollout sampling temperature, AR and diffusion (log-probs too)
+  c.replay_shrink = 1  # OPD / RL replay step shrinkage (1 = exact; k merges k steps per round)
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = 1  # data-parallel replicas
+  c.mesh.fsdp = -1  # parameter-sharded data parallelism (-1 = the remaining devices)
+  c.mesh.tp = 1  # tensor parallelism
+  c.eval = ml_collections.ConfigDict()
+  c.eval.split = "test_1615"  # 'test_1615' (the paper's 1,615 users) | 'test' | 'validation'
+  c.eval.limit = 0  # evaluate only the first N examples (0 = all)
+  c.eval.batch_size = 256  # decode batch size
+  c.table = ml_collections.ConfigDict()
+  c.table.splits = ("test_1615", "test")  # Table 2's splits (the paper's 1,615 users, all users)
+  c.table.diffusion_splits = ("test_1615",)  # of those, where the diffusion rows are evaluated
+  #   too: at tau = 1.0 a row on all 22,363 users takes 13 min on 2 quiet CPU cores (one token
+  #   per 32-token block forward; the naive row ~1.4x that), over an hour for the five rows
+  c.table.results_dir = os.path.join("{workdir}", "results")  # table2.{md,csv,json}, ...
+  c.table.then = ()  # tables run after Table 2 by table2.py: of 'table3', 'table4', 'fig6'
+  c.table.split = "test_1615"  # the split of Table 3, Table 4 and Figure 6
+  c.table.taus = (1.0, 0.9, 0.6, 0.4)  # Table 3's diffusion commit thresholds (paper Table 3)
+  c.table.speed_examples = 100  # Table 3: examples decoded alone for batch-1 tokens/s (0 = skip)
+  c.table.fig6 = ml_collections.ConfigDict()
+  c.table.fig6.tau = 0.9  # diffusion commit threshold of the timed decodes
+  c.table.fig6.limit = 300  # examples decoded one by one by each model (0 = the whole split)
+  c.table.fig6.num_bins = 6  # quantile bins of output / prompt length
+  c.table.fig6.output_lengths = (32, 64, 128, 256)  # forced output lengths of the sweep
+  c.table.fig6.sweep_examples = 20  # examples decoded (batch 1) at each forced length per model
+
+  c.stages = ml_collections.ConfigDict()
+  # SFT: ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt
+  c.stages.sft = _stage(1200, 32, 200, 2e-3, 100)
+  # AR RL (GR2 GRPO): 8 prompts x G rollouts per step
+  c.stages.ar_rl = _stage(60, 8, 20, 1e-4, 5, constant=True, rl=dict(
+    group_size=8,  # G rollouts per prompt (paper: 8)
+    eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
+    eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
+    alpha=0.2))  # conditional format-reward weight (Diffusion-GR2 App. B)
+  # CFT: 1.7 epochs of the 9,199 tiny traces (500 steps = 0.87 epoch: valid .70, loss still
+  # falling when the cosine schedule ended)
+  c.stages.cft = _stage(1000, 16, 100, 5e-4, 30, cft=dict(
+    eps=1e-3,  # per-block masking rate t ~ U(eps, 1)
+    complementary=True,  # also train the inverted mask (every token supervised per pair)
+    rate_power=1.0))  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
+  #                     masked blocks)
+  # OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
+  # .702 -> .733 in 20 steps (README)
+  c.stages.opd = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
+    group_size=4,  # G' student trajectories per prompt (paper: 4)
+    teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
+  #                              'bfloat16' (half the memory; the loss reads f32)
+  c.stages.opd.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
+  # diffusion RL (TraceRL-style GRPO): 4 prompts x G per step
+  c.stages.rl = _stage(30, 4, 10, 2e-5, 2, constant=True, rl=dict(
+    group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2))  # as AR RL (paper: G 8, eps 0.2)
+  c.stages.rl.train.micro_batches = 4
+  return c
+
+
+def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
+  """An HF scale (module docstring for the sources): the paper's prompt, bf16, remat."""
+  lr_factor, divisor = HF_SCALES[name]
+  c.recipe = name
+  c.model.preset = ""  # the model is --config.hf_dir's
+  c.model.remat = "full"
+  c.model.param_dtype = "bfloat16"
+  c.model.attention_chunk_bytes = 1 << 30  # accelerator-sized attention chunks
+  p = c.data.prompt  # the paper's prompt (research/papers.md §1.3)
+  p.style = "chat"
+  p.answer_format = "sid"
+  p.evidence = "raw"
+  p.fields = ("sid", "brand", "leaf", "title")
+  p.history_items = 20
+  p.max_citations = 3
+  c.table.diffusion_splits = ("test_1615", "test")
+  c.table.then = ("table3", "table4", "fig6")
+  s = c.stages
+  s.sft.train.update(dict(steps=900, batch_size=32))  # ~3 epochs of 9.2k traces at batch 32
+  s.sft.optimizer.update(dict(learning_rate=1e-5 * lr_factor, warmup_steps=30))
+  s.ar_rl.train.update(dict(steps=600, batch_size=128, micro_batches=16 // divisor,
+                            prepare_chunk=256))  # GR2 gives no count: the AOT plan's 600
+  s.ar_rl.optimizer.learning_rate = 1e-6 * lr_factor
+  s.cft.train.update(dict(steps=860, batch_size=32))  # paper: 3 epochs of 9.2k at batch 32
+  s.cft.optimizer.learning_rate = 1e-5 * lr_factor
+  s.opd.train.update(dict(steps=1500, batch_size=128, micro_batches=32 // divisor,
+                          prepare_chunk=256))  # paper: 128 prompts x ~1.5k steps, 1 epoch
+  s.opd.optimizer.learning_rate = 1e-6 * lr_factor  # paper: constant 1e-6
+  s.opd.opd.teacher_dtype = "bfloat16"  # f32: [512, 256, 151,936] = 80 GB per step (the plan)
+  s.rl.train.update(dict(steps=600, batch_size=128, micro_batches=64 // divisor,
+                         prepare_chunk=256))  # paper: 600 steps
+  s.rl.optimizer.learning_rate = 5e-7 * lr_factor  # paper: 5e-7
+
+
+def _smoke(c: ml_collections.ConfigDict) -> None:
+  """Every stage and row on a few examples with a handful of steps (CI)."""
+  c.data.learned_headroom = False
+  c.data.rqvae.epochs = 10
+  c.table.splits = ("test_1615",)
+  c.table.diffusion_splits = ("test_1615",)
+  c.eval.limit = 32
+  c.eval.batch_size = 16  # two batches of the 32 users: Table 3's tokens/s is timed after the first
+  c.decode.max_steps_per_block = 4  # untrained models commit ~1 token per step
+  c.table.speed_examples = 4
+  c.table.fig6.limit = 8
+  c.table.fig6.output_lengths = (16, 32)
+  c.table.fig6.sweep_examples = 2
+  for name in STAGES:
+    t = c.stages[name].train
+    t.update(dict(steps=2, batch_size=4, limit=256, save_every=2, prepare_chunk=0,
+                  micro_batches=min(t.micro_batches, 4)))
+
+
+def get_recipe(stage: str, variant: str = "") -> ml_collections.ConfigDict:
+  """The recipe `variant` (`RECIPE[,smoke]`, '' = tiny) as the config of `stage`.
+
+  Args:
+    stage: what experiments/run.py runs (its STAGES key).
+    variant: the recipe name, optionally followed by ',smoke'.
+
+  Raises:
+    ValueError: an unknown recipe name.
+  """
+  parts = [p for p in variant.split(",") if p] if variant else []
+  smoke = "smoke" in parts
+  names = [p for p in parts if p != "smoke"] or ["tiny"]
+  if len(names) != 1 or names[0] not in RECIPES:
+    raise ValueError(f"unknown variant {variant!r}; expected RECIPE[,smoke] with RECIPE in "
+                     f"{RECIPES}, or 'smoke'")
+  c = _tiny()
+  if names[0] != "tiny":
+    _qwen3(c, names[0])
+  if smoke:
+    _smoke(c)
+  c.stage = stage  # experiments/run.py STAGES key: what this config runs
+  return c

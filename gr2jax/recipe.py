@@ -1,0 +1,278 @@
+"""The recipe: one typed, frozen description of a reproduction, and every stage's view of it.
+
+A recipe is the data build (the prompt included), the model (a preset, or a local HF Qwen3
+directory whose `config.json` gives the dimensions), one decode spec (train/policy.DecodeSpec),
+the mesh, the evaluation settings and each stage's training settings. experiments/configs/
+recipe.py holds the values of the named recipes (`tiny`, `qwen3_0_6b` ... `qwen3_8b`) as one
+`ml_collections.ConfigDict` the command line overrides (`--config.stages.cft.train.steps=5`);
+`from_config` turns it into a `Recipe`, and everything a stage reads is derived from that here,
+once:
+
+  chain(recipe)              the steps in order: convert (HF recipes only), sft, ar_rl, cft,
+                             opd, rl (the data build runs first, inside every step)
+  stage_dir / export         <workdir>/<step>/, <workdir>/<step>/export
+  stage_config(recipe, ...)  the ConfigDict the training loop reads for one stage: its init (the
+                             previous step's export), the OPD teacher (the AR RL export), the
+                             decode fields (all from recipe.decode), the data build, mesh, eval
+  data_config(recipe)        the data build's config (with the HF tokenizer to extend, if any)
+  eval_config(recipe)        every evaluation's settings (tau, step cap: the decode spec's)
+  tables_config(recipe, ...) what Table 3 / Table 4 / Figure 6 read (gr2jax/tables.py)
+  lengths(summary)           the static prompt / response lengths P, R of a data build
+
+So two stages of one recipe cannot disagree on the data build, the prompt or the decode spec.
+The teacher traces are part of the data build (`data.teacher_traces`, a JSONL of LLM traces; the
+rule teacher when empty): an LLM-teacher step writes that file before the chain's data build.
+The library never reads experiments/: configs are built there and passed in.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import types
+from collections.abc import Mapping
+
+import ml_collections
+
+from gr2jax.train import config_checks
+from gr2jax.train.inputs import round_up
+from gr2jax.train.policy import DecodeSpec
+
+TRAIN_STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
+DIFFUSION_STAGES = ("cft", "opd", "rl")  # start from a block-diffusion model (B > 1)
+CONVERT = "convert"  # the HF checkpoint converted with the project's tokens added
+_INIT_OF = {"ar_rl": "sft", "cft": "ar_rl", "opd": "cft", "rl": "opd"}
+_TEACHER_OF = {"opd": "ar_rl"}  # the frozen AR GR2 that OPD distils from
+_STAGE_SETTINGS = {"ar_rl": "rl", "cft": "cft", "opd": "opd", "rl": "rl"}  # stage -> its block
+LENGTH_MULTIPLE = 16  # P and R are rounded up to this
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+  """The model a recipe starts from.
+
+  Attributes:
+    preset: a gr2jax ModelConfig preset trained from scratch (sized to the data build's
+      tokenizer), used when hf_dir is ''.
+    hf_dir: a local HF Qwen3 directory (config.json + weights + tokenizer); its tokenizer is
+      extended with the project's tokens and the checkpoint converted with them added.
+    remat: 'none' | 'full' (training).
+    param_dtype: '' (the checkpoint's) | 'float32' | 'bfloat16' (training; fp32 Adam moments).
+    attention_chunk_bytes: f32 attention scores per query chunk (training).
+  """
+  preset: str
+  hf_dir: str
+  remat: str
+  param_dtype: str
+  attention_chunk_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """One reproduction (module docstring).
+
+  Attributes:
+    name: the recipe's name (experiments/configs/recipe.py).
+    data: the data build (experiments/configs/data.py fields; the prompt in data.prompt).
+    model: the starting model.
+    decode: how every evaluation and on-policy rollout of the recipe decodes.
+    mesh: the device mesh (data, fsdp, tp; -1 = the remaining devices).
+    eval: split, limit (first N users; 0 = all) and decode batch size of stage evaluations.
+    stages: {stage: its training settings (train, optimizer, and its own block: rl, cft, opd)}.
+    replay_shrink: OPD / RL replay step shrinkage (1 = exact; k merges k steps per round).
+    table: Table 2's splits, diffusion_splits and results_dir.
+  """
+  name: str
+  data: ml_collections.FrozenConfigDict
+  model: ModelSpec
+  decode: DecodeSpec
+  mesh: ml_collections.FrozenConfigDict
+  eval: ml_collections.FrozenConfigDict
+  stages: Mapping[str, ml_collections.FrozenConfigDict]
+  replay_shrink: int
+  table: ml_collections.FrozenConfigDict
+
+
+def from_config(config) -> Recipe:
+  """The Recipe of a recipe ConfigDict (experiments/configs/recipe.py).
+
+  An HF recipe may lack hf_dir here (its training settings can still be read, e.g. by the AOT
+  plan); data_config / init_of / stage_config then raise, naming --config.hf_dir.
+
+  Raises:
+    ValueError: data.tokenizer_base set (it is hf_dir's), a stage missing from config.stages,
+      a bad size or rate (train/config_checks.py; the error names the field).
+    FileNotFoundError: hf_dir without a config.json.
+  """
+  hf_dir = config.hf_dir
+  if config.data.tokenizer_base:
+    raise ValueError("data.tokenizer_base is derived from --config.hf_dir; set that instead")
+  if hf_dir and not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    raise FileNotFoundError(f"--config.hf_dir={hf_dir}: no config.json there (expected a local "
+                            "HF Qwen3 directory)")
+  missing = [s for s in TRAIN_STAGES if s not in config.stages]
+  if missing:
+    raise ValueError(f"recipe {config.recipe!r}: config.stages lacks {missing}")
+  for s in TRAIN_STAGES:  # every size and rate, a ValueError naming the field
+    config_checks.check_stage_config(config.stages[s], prefix=f"stages.{s}.")
+  config_checks.check_stage_config(config)  # eval.*, and rerank.* in rerank.py's view
+  m = config.model
+  return Recipe(
+    name=config.recipe,
+    data=ml_collections.FrozenConfigDict(config.data),
+    model=ModelSpec(preset=m.preset if not hf_dir else "", hf_dir=hf_dir, remat=m.remat,
+                    param_dtype=m.param_dtype, attention_chunk_bytes=m.attention_chunk_bytes),
+    decode=DecodeSpec(**config.decode.to_dict()),
+    mesh=ml_collections.FrozenConfigDict(config.mesh),
+    eval=ml_collections.FrozenConfigDict(config.eval),
+    stages=types.MappingProxyType({s: ml_collections.FrozenConfigDict(config.stages[s])
+                                   for s in TRAIN_STAGES}),
+    replay_shrink=config.replay_shrink,
+    table=ml_collections.FrozenConfigDict(config.table))
+
+
+def _editable(frozen: ml_collections.FrozenConfigDict) -> ml_collections.ConfigDict:
+  """An unlocked ConfigDict copy of a frozen block (a view adds derived fields to it)."""
+  c = frozen.as_configdict()
+  c.unlock()
+  return c
+
+
+def digest(obj) -> str:
+  """A short, stable digest of a JSON-able value (configs, step chains)."""
+  return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def chain(recipe: Recipe) -> tuple[str, ...]:
+  """The recipe's steps in order (the data build runs inside each)."""
+  return ((CONVERT,) if _hf_dir(recipe) else ()) + TRAIN_STAGES
+
+
+def stage_dir(workdir: str, step: str) -> str:
+  return os.path.join(workdir, step)
+
+
+def export(workdir: str, step: str) -> str:
+  """Where a step's model lands (gr2jax/checkpoint.py format)."""
+  return os.path.join(stage_dir(workdir, step), "export")
+
+
+def upstream(recipe: Recipe, step: str) -> tuple[str, ...]:
+  """The steps that must be done before `step`, in order."""
+  steps = chain(recipe)
+  if step not in steps:
+    raise ValueError(f"{step!r} is not a step of recipe {recipe.name!r}: {steps}")
+  return steps[:steps.index(step)]
+
+
+def init_of(recipe: Recipe, stage: str, workdir: str) -> str:
+  """A training stage's init: the previous step's export, or `preset:NAME` for the first."""
+  if stage in _INIT_OF:
+    return export(workdir, _INIT_OF[stage])
+  return export(workdir, CONVERT) if _hf_dir(recipe) else f"preset:{recipe.model.preset}"
+
+
+def _hf_dir(recipe: Recipe) -> str:
+  if not recipe.model.preset and not recipe.model.hf_dir:
+    raise ValueError(f"recipe {recipe.name!r} starts from a local HF Qwen3 checkpoint: pass "
+                     "--config.hf_dir=DIR (config.json, weights, tokenizer.json)")
+  return recipe.model.hf_dir
+
+
+def data_config(recipe: Recipe) -> ml_collections.ConfigDict:
+  """The data build's config: recipe.data with `tokenizer_base` = the HF directory whose
+  tokenizer the build extends ('' = train the tiny BPE)."""
+  data = _editable(recipe.data)
+  data.tokenizer_base = _hf_dir(recipe)
+  return data
+
+
+def eval_config(recipe: Recipe) -> ml_collections.ConfigDict:
+  """The evaluation settings every evaluation of the recipe uses (tau and the step cap from the
+  decode spec)."""
+  e = _editable(recipe.eval)
+  e.tau = recipe.decode.eval_tau
+  e.max_steps_per_block = recipe.decode.max_steps_per_block
+  return e
+
+
+def stage_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
+  """The config a training stage's loop reads (gr2jax/train/loop.py, stages.py), derived from
+  the recipe: nothing in it is set anywhere else.
+
+  Fields: stage, data, init, mesh, model (remat, attention_chunk_bytes, param_dtype), train,
+  optimizer, eval (split, limit, batch_size, tau, max_steps_per_block), the stage's own block
+  (rl / cft / opd; opd.teacher = the AR RL export), and for the diffusion stages block_size and
+  diffusion (rollout tau, temperature, max_steps_per_block, shrink); AR RL's rl.temperature is
+  the decode spec's.
+  """
+  if stage not in TRAIN_STAGES:
+    raise ValueError(f"{stage!r} is not a training stage: {TRAIN_STAGES}")
+  s, d = recipe.stages[stage], recipe.decode
+  c = ml_collections.ConfigDict()
+  c.stage = stage
+  c.data = data_config(recipe)
+  c.init = init_of(recipe, stage, workdir)
+  c.mesh = _editable(recipe.mesh)
+  c.model = ml_collections.ConfigDict(dict(
+    remat=recipe.model.remat, attention_chunk_bytes=recipe.model.attention_chunk_bytes,
+    param_dtype=recipe.model.param_dtype))
+  c.train = _editable(s.train)
+  c.optimizer = _editable(s.optimizer)
+  c.eval = eval_config(recipe)
+  if stage in _STAGE_SETTINGS:
+    block = _STAGE_SETTINGS[stage]
+    c[block] = _editable(s[block])
+  if stage == "ar_rl":
+    c.rl.temperature = d.temperature
+  if stage in _TEACHER_OF:
+    c.opd.teacher = export(workdir, _TEACHER_OF[stage])
+  if stage in DIFFUSION_STAGES:
+    c.block_size = d.block_size
+    c.diffusion = ml_collections.ConfigDict(dict(
+      tau=d.rollout_tau, temperature=d.temperature, max_steps_per_block=d.max_steps_per_block,
+      shrink=recipe.replay_shrink))
+  c.lock()
+  return c
+
+
+def evaluation_config(recipe: Recipe) -> ml_collections.ConfigDict:
+  """What a standalone evaluation reads (loop.load_context / run_evaluation, stage 'eval'): the
+  data build, mesh, evaluation settings and every training example (train.limit 0)."""
+  c = ml_collections.ConfigDict()
+  c.stage = "eval"
+  c.data = data_config(recipe)
+  c.mesh = _editable(recipe.mesh)
+  c.eval = eval_config(recipe)
+  c.train = ml_collections.ConfigDict(dict(limit=0))
+  c.lock()
+  return c
+
+
+def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
+  """What Table 3, Table 4 and Figure 6 read (gr2jax/tables.py run_<stage>): the data build, the
+  evaluation settings, table.split, the AR GR2 (AR RL export) and final diffusion (RL export)
+  models, the results directory, Table 3's taus / speed_examples and Figure 6's settings."""
+  t = recipe.table
+  c = ml_collections.ConfigDict()
+  c.stage = stage
+  c.data = data_config(recipe)
+  c.eval = eval_config(recipe)
+  c.split = t.split
+  c.ar_ckpt = export(workdir, "ar_rl")
+  c.diffusion_ckpt = export(workdir, "rl")
+  c.results_dir = t.results_dir
+  c.taus = t.taus
+  c.speed_examples = t.speed_examples
+  c.fig6 = _editable(t.fig6)
+  c.lock()
+  return c
+
+
+def lengths(summary: Mapping) -> tuple[int, int]:
+  """(P, R): the data build's longest prompt and response over every split (the pipeline's
+  `static_lengths`), rounded up to LENGTH_MULTIPLE; the one definition every stage, evaluation,
+  table and the re-ranking tool uses."""
+  n = summary["static_lengths"]
+  return (round_up(int(n["prompt"]), LENGTH_MULTIPLE),
+          round_up(max(int(n["response"]), 1), LENGTH_MULTIPLE))

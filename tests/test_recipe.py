@@ -1,0 +1,158 @@
+"""gr2jax/recipe.py: every stage of every recipe reads one data build, prompt and decode spec;
+paths and the chain are derived once; the library never reaches into experiments/; a stage run
+without its upstream names what is missing in one line."""
+
+import ast
+import dataclasses
+import glob
+import importlib
+import os
+import subprocess
+import sys
+
+import pytest
+
+from gr2jax import recipe as recipe_lib
+from gr2jax.train.policy import DecodeSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG_DIR = os.path.join(REPO, "experiments", "configs")
+sys.path.insert(0, CONFIG_DIR)
+import recipe as recipes  # noqa: E402  (experiments/configs/recipe.py)
+
+STAGE_FILES = ("data", "convert", "sft", "ar_rl", "cft", "opd", "rl", "eval", "rerank", "table2",
+               "table3", "table4", "fig6")
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+  """A directory that passes as an HF dir for the config checks (no weights are read)."""
+  d = tmp_path_factory.mktemp("hf")
+  (d / "config.json").write_text("{}")
+  return str(d)
+
+
+def _recipe(file: str, variant: str, hf_dir: str) -> recipe_lib.Recipe:
+  config = importlib.import_module(file).get_config(variant)
+  if config.recipe != "tiny":
+    config.hf_dir = hf_dir
+  return recipe_lib.from_config(config)
+
+
+def _decode_fields(view) -> dict:
+  """The decode settings a stage view carries, under the DecodeSpec names."""
+  out = {"eval_tau": view.eval.tau, "max_steps_per_block": view.eval.max_steps_per_block}
+  if "block_size" in view:
+    out |= {"block_size": view.block_size, "rollout_tau": view.diffusion.tau,
+            "temperature": view.diffusion.temperature,
+            "rollout_max_steps": view.diffusion.max_steps_per_block}
+  if view.stage == "ar_rl":
+    out["temperature"] = view.rl.temperature
+  return out
+
+
+@pytest.mark.parametrize("variant", ["", "smoke", *recipes.HF_SCALES, "qwen3_8b,smoke"])
+def test_every_stage_reads_one_data_build_prompt_and_decode_spec(variant, hf_dir):
+  """For each recipe: the stage views reached through every config file (cft.py:qwen3_8b is the
+  CFT stage of qwen3_8b) share the data build, the prompt and the decode spec."""
+  table = _recipe("table2", variant, hf_dir)
+  data = recipe_lib.data_config(table).to_dict()
+  spec = dataclasses.asdict(table.decode)
+  for file in STAGE_FILES:
+    r = _recipe(file, variant, hf_dir)
+    assert dataclasses.replace(r, data=None) == dataclasses.replace(table, data=None), file
+    assert recipe_lib.data_config(r).to_dict() == data
+  for stage in recipe_lib.TRAIN_STAGES:
+    view = recipe_lib.stage_config(_recipe(stage, variant, hf_dir), stage, "W")
+    assert view.data.to_dict() == data, stage
+    assert view.data.prompt.to_dict() == data["prompt"], stage
+    fields = _decode_fields(view)
+    assert fields.pop("rollout_max_steps", spec["max_steps_per_block"]) \
+        == spec["max_steps_per_block"]
+    assert fields == {k: spec[k] for k in fields}, stage
+  for name in ("table3", "table4", "fig6"):
+    view = recipe_lib.tables_config(table, name, "W")
+    assert view.data.to_dict() == data and view.eval.tau == spec["eval_tau"]
+  assert recipe_lib.evaluation_config(table).data.to_dict() == data
+  if table.name != "tiny":  # the paper's prompt (research/papers.md §1.3), the HF tokenizer
+    assert data["prompt"]["style"] == "chat" and data["prompt"]["answer_format"] == "sid"
+    assert data["prompt"]["history_items"] == 20 and data["tokenizer_base"] == hf_dir
+
+
+def test_chain_paths_and_inits(hf_dir):
+  tiny = _recipe("table2", "", hf_dir)
+  assert recipe_lib.chain(tiny) == recipe_lib.TRAIN_STAGES
+  assert recipe_lib.init_of(tiny, "sft", "W") == "preset:tiny"
+  assert recipe_lib.init_of(tiny, "opd", "W") == os.path.join("W", "cft", "export")
+  assert recipe_lib.stage_config(tiny, "opd", "W").opd.teacher == os.path.join("W", "ar_rl",
+                                                                                "export")
+  assert recipe_lib.upstream(tiny, "cft") == ("sft", "ar_rl")
+  big = _recipe("table2", "qwen3_8b", hf_dir)
+  assert recipe_lib.chain(big)[0] == recipe_lib.CONVERT
+  assert recipe_lib.init_of(big, "sft", "W") == os.path.join("W", "convert", "export")
+  assert recipe_lib.upstream(big, "sft") == ("convert",)
+  with pytest.raises(ValueError, match="not a step"):
+    recipe_lib.upstream(tiny, "convert")
+
+
+def test_hf_recipe_needs_an_hf_dir(tmp_path):
+  config = importlib.import_module("cft").get_config("qwen3_4b")
+  r = recipe_lib.from_config(config)  # the settings are readable (the AOT plan reads them)
+  with pytest.raises(ValueError, match="--config.hf_dir"):
+    recipe_lib.stage_config(r, "cft", "W")
+  config.hf_dir = str(tmp_path)
+  with pytest.raises(FileNotFoundError, match="no config.json"):
+    recipe_lib.from_config(config)
+  tiny = importlib.import_module("cft").get_config("")
+  tiny.data.tokenizer_base = str(tmp_path)
+  with pytest.raises(ValueError, match="hf_dir"):
+    recipe_lib.from_config(tiny)
+  assert isinstance(recipe_lib.from_config(importlib.import_module("sft").get_config()).decode,
+                    DecodeSpec)
+
+
+def test_lengths_round_up_the_builds_longest():
+  assert recipe_lib.lengths({"static_lengths": {"prompt": 57, "response": 36}}) == (64, 48)
+  assert recipe_lib.lengths({"static_lengths": {"prompt": 64, "response": 0}}) == (64, 16)
+
+
+def _imports(path: str) -> list[str]:
+  tree = ast.parse(open(path).read(), path)
+  names = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      names += [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom) and node.module:
+      names.append(node.module)
+  return names
+
+
+def test_library_never_imports_or_loads_experiments():
+  files = glob.glob(os.path.join(REPO, "gr2jax", "**", "*.py"), recursive=True)
+  assert len(files) > 40
+  for path in files:
+    bad = [n for n in _imports(path) if n.split(".")[0] in ("experiments", "weights_conversion")]
+    assert not bad, f"{path} imports {bad}"
+    tree = ast.parse(open(path).read())
+    parts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
+             and n.value in ("experiments", "configs", "weights_conversion")]
+    assert not parts, f"{path} builds a path into {parts}"
+    assert "sys.path" not in open(path).read(), f"{path} edits sys.path"
+
+
+def test_stage_without_upstream_names_it_in_one_line(tmp_path):
+  result = subprocess.run(
+    [sys.executable, os.path.join(REPO, "experiments", "run.py"), "--config=cft.py",
+     f"--workdir={tmp_path}", "--config.stages.cft.train.steps=3"],
+    capture_output=True, text=True, cwd=REPO, timeout=120,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode != 0
+  assert "Traceback" not in result.stderr
+  lines = [line for line in result.stderr.splitlines() if "needs" in line]
+  assert len(lines) == 1, result.stderr
+  line = lines[0]
+  assert line.startswith("cft needs sft, ar_rl done first") and "--config.upstream=run" in line
+  for step in ("sft", "ar_rl"):  # the exact commands, with the same overrides
+    assert f"--config={step}.py" in line
+  assert line.count("--config.stages.cft.train.steps=3") == 2
+  assert not os.path.exists(tmp_path / "cft")
