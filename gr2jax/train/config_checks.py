@@ -4,8 +4,8 @@
 diffusion, rerank) through attribute access only, so a recipe's stage block, a stage view
 (gr2jax/recipe.stage_config) or any object with the same attribute names can be checked by it;
 `recipe.from_config` checks every stage of a recipe this way before anything is built. A section
-a config lacks (a data-only config has no `train`, an AR stage no `diffusion`) is skipped. The first bad field found is a
-`ValueError` naming it, its value and what it must be.
+a config lacks (a data-only config has no `train`, an AR stage no `diffusion`) is skipped. The
+first bad field found is a `ValueError` naming it, its value and what it must be.
 """
 
 import math
