@@ -25,9 +25,9 @@
 
 Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
 Pattern (per-slot block and stream ids, one rule) shared by every row, and-ed with a per-row key
-validity [B, S + T]. The kernels need the
-factored form; the reference needs only the dense mask. Every row must see at least one key
-(true of every library mask; a splash row without one would divide by zero).
+validity [B, S + T]. The kernels need the factored form; the reference needs only the dense mask.
+Every row must see at least one key (true of every library mask; a splash row without one would
+divide by zero). The kernels read one K/V tensor, [cache | new | zero padding] (`_all_keys`).
 
 Numerics: softmax in f32 in every path; masked scores are K_MASK in the reference (finite: a
 fully masked row gives a uniform softmax rather than NaN).
