@@ -25,9 +25,9 @@
 
 Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
 Pattern (per-slot block and stream ids, one rule) shared by every row, and-ed with a per-row key
-validity [B, S + T]. The kernels need the
-factored form; the reference needs only the dense mask. Every row must see at least one key
-(true of every library mask; a splash row without one would divide by zero).
+validity [B, S + T]. The kernels need the factored form; the reference needs only the dense mask.
+Every row must see at least one key (true of every library mask; a splash row without one would
+divide by zero). The kernels read one K/V tensor, [cache | new | zero padding] (`_all_keys`).
 
 Numerics: softmax in f32 in every path; masked scores are K_MASK in the reference (finite: a
 fully masked row gives a uniform softmax rather than NaN).
@@ -283,9 +283,14 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | Non
 # ---- kernels -----------------------------------------------------------------------------------
 
 
-def _all_keys(k: jax.Array, cache: jax.Array | None) -> jax.Array:
-  """[B, S + T, K, H]: the kernels take one key tensor ([cache slots | new keys])."""
-  return k if cache is None else jnp.concatenate([cache.astype(k.dtype), k], axis=1)
+def _all_keys(new: jax.Array, cache: jax.Array | None, size: int) -> jax.Array:
+  """[B, size, K, H]: the one key (value) tensor of a kernel, [cache slots | new keys | zeros],
+  built by one concatenation (the zero keys are masked: the kernel's padding)."""
+  parts = ([] if cache is None else [cache.astype(new.dtype)]) + [new]
+  pad = size - sum(x.shape[1] for x in parts)
+  if pad:
+    parts.append(jnp.zeros((new.shape[0], pad) + new.shape[2:], new.dtype))
+  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
 
 
 def cudnn_arguments(mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
@@ -296,22 +301,24 @@ def cudnn_arguments(mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
     pattern: its static structure, or None.
 
   Returns:
-    {'is_causal': True, 'mask': None} for a causal pattern without padding (cuDNN's CAUSAL mask
-    type), else {'is_causal': False, 'mask': [B, 1, T, S + T] bool} (cuDNN's additive bias).
+    {'is_causal': True, 'mask': None, 'keys': S + T} for a causal pattern without padding
+    (cuDNN's CAUSAL mask type); else {'is_causal': False, 'mask': [B, 1, Tp, Sp] bool (cuDNN's
+    additive bias), 'keys': Sp}, T and S + T padded to even lengths (cuDNN's bias backward
+    needs them; padded keys are masked, padded rows see key 0).
   """
+  b, t, keys = mask.shape
   if pattern is not None and pattern.is_causal and not pattern.key_padding:
-    return {"is_causal": True, "mask": None}
-  return {"is_causal": False, "mask": mask[:, None]}
+    return {"is_causal": True, "mask": None, "keys": keys}
+  mask = jnp.pad(mask[:, None], ((0, 0), (0, 0), (0, t % 2), (0, keys % 2)))
+  mask = mask.at[:, :, t:, 0].set(True)  # no empty softmax on a padded row
+  return {"is_causal": False, "mask": mask, "keys": keys + keys % 2}
 
 
 def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) -> jax.Array:
   """cuDNN flash attention (jax.nn.dot_product_attention; GQA native) with cudnn_arguments.
 
-  T and S + T are padded to even lengths with masked rows / keys when a mask tensor is given
-  (cuDNN's bias backward needs even sequence lengths).
-
   Args:
-    q: [B, T, N, H]; k, v: [B, S + T, K, H]; arguments: cudnn_arguments(...).
+    q: [B, T, N, H]; k, v: [B, arguments['keys'], K, H]; arguments: cudnn_arguments(...).
 
   Returns:
     [B, T, N, H] in q.dtype.
@@ -319,14 +326,9 @@ def cudnn(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) -
   if CUDNN_IMPLEMENTATION == "cudnn" and q.dtype == jnp.float32:
     raise ValueError("attention: attention_impl='cudnn' needs ModelConfig.compute_dtype="
                      "'bfloat16' (cuDNN flash attention has no float32 kernel)")
-  mask = arguments["mask"]
-  t, keys = q.shape[1], k.shape[1]
-  if mask is not None and (t % 2 or keys % 2):
-    pad_t, pad_s = t % 2, keys % 2
-    q = jnp.pad(q, ((0, 0), (0, pad_t), (0, 0), (0, 0)))
-    k, v = (jnp.pad(x, ((0, 0), (0, pad_s), (0, 0), (0, 0))) for x in (k, v))
-    mask = jnp.pad(mask, ((0, 0), (0, 0), (0, pad_t), (0, pad_s)))
-    mask = mask.at[:, :, t:, 0].set(True)  # padded rows see one key: no empty softmax
+  mask, t = arguments["mask"], q.shape[1]
+  if mask is not None and mask.shape[2] > t:
+    q = jnp.pad(q, ((0, 0), (0, mask.shape[2] - t), (0, 0), (0, 0)))
   out = jax.nn.dot_product_attention(q, k, v, mask=mask, is_causal=arguments["is_causal"],
                                      implementation=CUDNN_IMPLEMENTATION)
   return out[:, :t]
@@ -347,7 +349,7 @@ def splash_arguments(mask: jax.Array, pattern: Pattern) -> dict[str, Any]:
   Returns:
     {'array': [Tp, Sp] numpy bool (pattern padded to tile multiples: padded rows see every real
      key, padded keys none), 'kv_segments': [B, Sp] int32 (0 = valid key, 1 = invalid or
-     padding), 'blocks': (block_q, block_kv)}.
+     padding), 'blocks': (block_q, block_kv), 'keys': Sp}.
   """
   t, keys = pattern.shape
   block_q, block_kv = _splash_block(t), _splash_block(keys)
@@ -358,7 +360,7 @@ def splash_arguments(mask: jax.Array, pattern: Pattern) -> dict[str, Any]:
   key_valid = jnp.any(mask, axis=1)  # [B, S + T]: the row's valid keys (module docstring)
   segments = jnp.pad(jnp.where(key_valid, 0, 1), ((0, 0), (0, sp - keys)), constant_values=1)
   return {"array": array, "kv_segments": segments.astype(jnp.int32),
-          "blocks": (block_q, block_kv)}
+          "blocks": (block_q, block_kv), "keys": sp}
 
 
 def _batch_shards(fn, batch: int):
@@ -380,7 +382,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) 
   """Pallas splash attention (GQA native: N query heads over K kv heads) with splash_arguments.
 
   Args:
-    q: [B, T, N, H]; k, v: [B, S + T, K, H]; arguments: splash_arguments(...).
+    q: [B, T, N, H]; k, v: [B, Sp, K, H] (arguments['keys']); arguments: splash_arguments(...).
 
   Returns:
     [B, T, N, H] in q.dtype.
@@ -397,7 +399,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) 
   b, t, n, h = q.shape
   array, segments = arguments["array"], arguments["kv_segments"]
   block_q, block_kv = arguments["blocks"]
-  tp, sp = array.shape
+  tp = array.shape[0]
   sizes = splash_kernel.BlockSizes(
     block_q=block_q, block_kv=block_kv, block_kv_compute=block_kv, block_q_dkv=block_q,
     block_kv_dkv=block_kv, block_kv_dkv_compute=block_kv, block_q_dq=block_q,
@@ -407,8 +409,7 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) 
     head_shards=1, q_seq_shards=1, interpret=SPLASH_INTERPRET)
   q = q * jnp.asarray(h ** -0.5, q.dtype)
   q = jnp.pad(q, ((0, 0), (0, tp - t), (0, 0), (0, 0))).transpose(0, 2, 1, 3)  # [B, N, Tp, H]
-  k, v = (jnp.pad(x, ((0, 0), (0, sp - x.shape[1]), (0, 0), (0, 0))).transpose(0, 2, 1, 3)
-          for x in (k, v))  # [B, K, Sp, H]
+  k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))  # [B, K, Sp, H]
 
   def run(q, k, v, segments):  # one batch shard: [b, N, Tp, H], [b, K, Sp, H] x 2, [b, Sp]
     ids = splash_kernel.SegmentIds(q=jnp.zeros(q.shape[::2][:2], jnp.int32), kv=segments)
@@ -457,6 +458,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   impl = prepared["impl"]
   if impl == "reference":
     return reference(q, k, v, k_cache, v_cache, prepared["mask"], prepared["chunk_bytes"])
-  k, v = _all_keys(k, k_cache), _all_keys(v, v_cache)
+  k, v = (_all_keys(x, cache, prepared["keys"]) for x, cache in ((k, k_cache), (v, v_cache)))
   out = (cudnn if impl == "cudnn" else splash)(q, k, v, prepared)
   return out.astype(q.dtype)

@@ -149,10 +149,15 @@ def test_kernels_equal_the_reference(kind):
 def test_kernel_arguments():
   """cuDNN: CAUSAL without a tensor only for unpadded causal; splash: padded tiles + segments."""
   _, mask, pattern = _causal_prefill()
-  assert attention.cudnn_arguments(mask, pattern) == {"is_causal": True, "mask": None}
+  assert attention.cudnn_arguments(mask, pattern) == {"is_causal": True, "mask": None,
+                                                      "keys": 10}
   padded = attention.causal_pattern(10)
   assert attention.cudnn_arguments(mask, padded)["mask"].shape == (B, 1, 10, 10)
-  assert attention.cudnn_arguments(mask, None)["mask"] is not None
+  _, mask, _ = _block_decode()  # T = 4 queries over 12 + 4 keys: even
+  assert attention.cudnn_arguments(mask, None)["mask"].shape == (B, 1, 4, 16)
+  odd = attention.cudnn_arguments(mask[:, :3, :15], None)  # padded to even, masked
+  assert odd["mask"].shape == (B, 1, 4, 16) and odd["keys"] == 16
+  assert not odd["mask"][:, :, :, 15].any() and odd["mask"][:, 0, 3, 0].all()
   _, mask, pattern = _cft_two_stream()
   args = attention.splash_arguments(mask, pattern)
   n = mask.shape[1]
