@@ -1,13 +1,14 @@
 """experiments/targets.py and the CI compile check: the tiny recipe built by XLA's real compilers.
 
 A change that breaks GPU or TPU compilation fails here on a CPU machine: the tiny preset's SFT
-step (the train step machinery on the causal layout), RL step (the packed trace replay, the
-largest program: the two-stream layout CFT and OPD share) and both decoders are compiled for an
-H100 (2 devices, fsdp 2) and a TPU v5e (2x2, fsdp 4) without hardware, one compile per program
-per target (the module-scoped fixtures). The AR RL, CFT and OPD steps, which add only their
-losses to the same layouts, are `slow` (they would double the check's ~time). CI installs the
-compile-only packages (requirements-aot.txt, scripts/setup.sh); a machine without them skips
-these tests unless CI=true, where they fail.
+step (the train step machinery on the causal layout), RL step with the target's attention kernel
+(the packed trace replay, the largest program: the two-stream layout CFT and OPD share; its HLO
+must call cuDNN / a Mosaic kernel) and both decoders are compiled for an H100 (2 devices, fsdp 2)
+and a TPU v5e (2x2, fsdp 4) without hardware: 8 compiles, ~80 s of CPU. The AR RL, CFT and OPD
+steps, which add only their losses to the same layouts, and the RL step with the reference
+attention are `slow` (they would double the check's time). CI installs the compile-only packages
+(requirements-aot.txt, scripts/setup.sh); a machine without them skips these tests unless
+CI=true, where they fail.
 """
 
 import importlib.util
@@ -27,8 +28,8 @@ PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc", "nvidia.cudnn
 CHECK = {"h100": ("1x1x2", 2), "tpu_v5e": ("2x2", 4)}  # target: (topology, fsdp)
 KINDS = {"h100": "NVIDIA H100 80GB HBM3", "tpu_v5e": "TPU v5 lite"}
 KERNEL_CALLS = {"h100": "cudnn", "tpu_v5e": "tpu_custom_call"}  # in the custom-call targets
-FAST = ("sft", "rl", "ar_decode", "diffusion_decode")
-SLOW = ("ar_rl", "cft", "opd")
+FAST = ("sft", "ar_decode", "diffusion_decode")  # + the RL step with the kernel (below)
+SLOW = ("ar_rl", "cft", "opd", "rl")
 
 
 def installed(module: str) -> bool:
