@@ -79,11 +79,11 @@ def _run_eval(config, workdir):
 
 
 def _run_teacher(config, workdir):
+  from gr2jax import recipe
   from gr2jax.data import llm_teacher
 
-  spec = llm_teacher.TeacherSpec(**{**config.teacher.to_dict(),
-                                    "mesh": tuple(config.teacher.mesh)})
-  return llm_teacher.run(spec, config.data, workdir)
+  r = _recipe(config)
+  return llm_teacher.run(recipe.teacher_spec(r), recipe.data_config(r), workdir)
 
 
 def _run_table2(config, workdir):

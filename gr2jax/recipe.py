@@ -81,6 +81,7 @@ class Recipe:
     stages: {stage: its training settings (train, optimizer, and its own block: rl, cft, opd)}.
     replay_shrink: OPD / RL replay step shrinkage (1 = exact; k merges k steps per round).
     table: Table 2's splits, diffusion_splits and results_dir.
+    teacher: the LLM-teacher step's settings (teacher_spec; hf_dir '' = the rule teacher).
   """
   name: str
   data: ml_collections.FrozenConfigDict
@@ -91,6 +92,7 @@ class Recipe:
   stages: Mapping[str, ml_collections.FrozenConfigDict]
   replay_shrink: int
   table: ml_collections.FrozenConfigDict
+  teacher: ml_collections.FrozenConfigDict
 
 
 def from_config(config) -> Recipe:
@@ -128,7 +130,8 @@ def from_config(config) -> Recipe:
     stages=types.MappingProxyType({s: ml_collections.FrozenConfigDict(config.stages[s])
                                    for s in TRAIN_STAGES}),
     replay_shrink=config.replay_shrink,
-    table=ml_collections.FrozenConfigDict(config.table))
+    table=ml_collections.FrozenConfigDict(config.table),
+    teacher=ml_collections.FrozenConfigDict(config.teacher))
 
 
 def _editable(frozen: ml_collections.FrozenConfigDict) -> ml_collections.ConfigDict:
@@ -185,6 +188,14 @@ def data_config(recipe: Recipe) -> ml_collections.ConfigDict:
   data = _editable(recipe.data)
   data.tokenizer_base = _hf_dir(recipe)
   return data
+
+
+def teacher_spec(recipe: Recipe):
+  """The LLM-teacher step's data/llm_teacher.TeacherSpec: recipe.teacher on the recipe's mesh."""
+  from gr2jax.data import llm_teacher
+
+  m = recipe.mesh
+  return llm_teacher.TeacherSpec(**recipe.teacher.to_dict(), mesh=(m.data, m.fsdp, m.tp))
 
 
 def eval_config(recipe: Recipe) -> ml_collections.ConfigDict:

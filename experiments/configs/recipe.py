@@ -131,6 +131,24 @@ def _tiny() -> ml_collections.ConfigDict:
   c.table.fig6.output_lengths = (32, 64, 128, 256)  # forced output lengths of the sweep
   c.table.fig6.sweep_examples = 20  # examples decoded (batch 1) at each forced length per model
 
+  c.teacher = ml_collections.ConfigDict()  # the LLM-teacher step (gr2jax/data/llm_teacher.py):
+  t = c.teacher  # its traces become the data build's data.teacher_traces; tiny: a model trained
+  #                here (e.g. W0/sft/export) on the build's own prompt; the mesh is the recipe's
+  t.hf_dir = ""  # the teacher: a local HF Qwen3 dir or a gr2jax checkpoint ('' = rule teacher)
+  t.tokenizer_dir = ""  # '' = hf_dir's own tokenizer, else the data build's (a model trained here)
+  t.prompt = "data"  # 'chat' (GR2's rejection prompt, the tokenizer's chat template, thinking
+  #                    off) or 'data' (the data build's own prompt, as a model trained here reads)
+  t.attempts = 4  # k, the most samples per user (rejection sampling; the paper gives none)
+  t.temperature = 1.0  # sampling temperature (0 = greedy, then attempts must be 1)
+  t.top_p = 1.0  # nucleus sampling mass (1 = off)
+  t.max_new_tokens = 48  # response cap per attempt (tiny: the longest training response, 36,
+  #                        rounded up; GR2: ~130 reasoning tokens + 10 labels)
+  t.batch_size = 128  # rows per generate call (static; a multiple of the mesh's batch shards)
+  t.num_users = 1000  # training users answered (0 = all), a seeded sample (a larger one extends it)
+  t.seed = 0  # user sample and sampling keys (batch b: fold_in(key(seed), b))
+  t.param_dtype = "auto"  # 'auto' (bf16 on accelerators, the checkpoint's dtype on CPU),
+  #                         'float32' or 'bfloat16'
+
   c.stages = ml_collections.ConfigDict()
   # SFT: ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt
   c.stages.sft = _stage(1200, 32, 200, 2e-3, 100)
@@ -178,6 +196,9 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   p.max_citations = 3
   c.table.diffusion_splits = ("test_1615", "test")
   c.table.then = ("table3", "table4", "fig6")
+  t = c.teacher  # the paper's teacher (Qwen3-32B, --config.teacher.hf_dir), GR2's prompt
+  t.update(dict(prompt="chat", temperature=0.7, top_p=0.95, max_new_tokens=512, batch_size=64,
+                num_users=0))
   s = c.stages
   s.sft.train.update(dict(steps=900, batch_size=32))  # ~3 epochs of 9.2k traces at batch 32
   s.sft.optimizer.update(dict(learning_rate=1e-5 * lr_factor, warmup_steps=30))

@@ -80,24 +80,17 @@ class DecodeSpec:
 
 
 def decode_spec(config) -> DecodeSpec:
-  """The DecodeSpec of a run config (ml_collections; experiments/configs/).
+  """The DecodeSpec of a training stage's view (gr2jax/recipe.stage_config), which carries the
+  recipe's decode spec in the fields the loop reads:
 
-  Fields a config does not have keep DecodeSpec's defaults (the paper's values):
-    block_size           config.block_size (diffusion stages), else eval.block_size (eval.py's
-                         naive row), else 1 (an AR stage)
+    block_size           config.block_size (diffusion stages), else 1 (an AR stage)
     eval_tau             eval.tau
-    rollout_tau          diffusion.tau
-    max_steps_per_block  diffusion.max_steps_per_block, else eval.max_steps_per_block
+    rollout_tau          diffusion.tau (diffusion stages; else DecodeSpec's default, unused)
+    max_steps_per_block  eval.max_steps_per_block (= diffusion.max_steps_per_block)
     temperature          diffusion.temperature, else rl.temperature (AR RL)
   """
-  fields = {}
-  evaluation = config.get("eval")
-  block = config.get("block_size", 0)
-  if evaluation is not None:
-    block = block or evaluation.get("block_size", 0)
-    fields["eval_tau"] = evaluation.tau
-    fields["max_steps_per_block"] = evaluation.max_steps_per_block
-  fields["block_size"] = block or 1
+  fields = dict(block_size=config.get("block_size", 0) or 1, eval_tau=config.eval.tau,
+                max_steps_per_block=config.eval.max_steps_per_block)
   if "diffusion" in config:
     d = config.diffusion
     fields.update(rollout_tau=d.tau, max_steps_per_block=d.max_steps_per_block,

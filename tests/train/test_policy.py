@@ -1,13 +1,11 @@
 """DecodeSpec and decode_spec, the policies' construction, and the one causal scorer."""
 
-import importlib
-import os
-import sys
 
 import jax
 import numpy as np
 import pytest
 
+from gr2jax import recipe
 from gr2jax.model import generate
 from gr2jax.train.policy import (
   ARPolicy,
@@ -17,16 +15,8 @@ from gr2jax.train.policy import (
   decode_spec,
   make_policy,
 )
+from tests.train.toy import get_recipe
 from tests.train.toy_policy import AR, DIFFUSION
-
-CONFIGS = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
-
-
-def stage_config(name: str):
-  """experiments/configs/<name>.py's default config."""
-  if CONFIGS not in sys.path:
-    sys.path.insert(0, CONFIGS)
-  return importlib.import_module(name).get_config()
 
 
 def test_paper_defaults():
@@ -44,25 +34,17 @@ def test_bad_fields_are_named(field, value):
     DecodeSpec(**{field: value})
 
 
-def test_decode_spec_reads_each_stage_config():
-  """Today's fields: diffusion stages' block_size / diffusion.*, AR RL's rl.temperature,
-  eval.py's eval.*; an AR stage decodes with B = 1."""
-  rl = stage_config("rl")
-  spec = decode_spec(rl)
-  assert spec == DecodeSpec(block_size=rl.block_size, eval_tau=rl.eval.tau,
-                            rollout_tau=rl.diffusion.tau,
-                            max_steps_per_block=rl.diffusion.max_steps_per_block,
-                            temperature=rl.diffusion.temperature)
-  ar_rl = stage_config("ar_rl")
-  with ar_rl.unlocked():
-    ar_rl.rl.temperature, ar_rl.eval.max_steps_per_block = 0.7, 12
-  assert decode_spec(ar_rl) == DecodeSpec(block_size=1, eval_tau=ar_rl.eval.tau,
-                                          max_steps_per_block=12, temperature=0.7)
-  ev = stage_config("eval")
-  with ev.unlocked():
-    ev.eval.block_size, ev.eval.tau = 8, 0.5
-  assert decode_spec(ev) == DecodeSpec(block_size=8, eval_tau=0.5,
-                                       max_steps_per_block=ev.eval.max_steps_per_block)
+def test_decode_spec_reads_each_stage_view():
+  """Every stage view of a recipe gives back the recipe's decode spec (an AR stage at B = 1)."""
+  for variant in ("", "smoke"):
+    r = recipe.from_config(get_recipe("table2", variant))
+    for name in recipe.DIFFUSION_STAGES:
+      assert decode_spec(recipe.stage_config(r, name, "w")) == r.decode
+    for name in ("sft", "ar_rl"):
+      spec = decode_spec(recipe.stage_config(r, name, "w"))
+      assert (spec.block_size, spec.eval_tau, spec.max_steps_per_block) == (
+        1, r.decode.eval_tau, r.decode.max_steps_per_block)
+    assert decode_spec(recipe.stage_config(r, "ar_rl", "w")).temperature == r.decode.temperature
 
 
 def test_make_policy_is_the_models_own_decoder():
