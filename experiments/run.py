@@ -52,6 +52,9 @@ def _run_data(config, workdir):
 def _run_step(config, workdir):
   from gr2jax import reproduce
 
+  if config.stage == "teacher" and not config.teacher.hf_dir:
+    raise app.UsageError("teacher.py needs --config.teacher.hf_dir=<a local HF Qwen3 dir or a "
+                         "gr2jax checkpoint> (without it the recipe uses the rule teacher)")
   return reproduce.run_step(_recipe(config), config.stage, workdir, config.upstream)
 
 
@@ -78,14 +81,6 @@ def _run_eval(config, workdir):
   return result
 
 
-def _run_teacher(config, workdir):
-  from gr2jax import recipe
-  from gr2jax.data import llm_teacher
-
-  r = _recipe(config)
-  return llm_teacher.run(recipe.teacher_spec(r), recipe.data_config(r), workdir)
-
-
 def _run_table2(config, workdir):
   from gr2jax import reproduce
 
@@ -107,7 +102,7 @@ def _run_tables(config, workdir):
 
 STAGES = {
     "data": _run_data,
-    "teacher": _run_teacher,
+    "teacher": _run_step,
     "rerank": _run_rerank,
     "table3": _run_tables,
     "fig6": _run_tables,

@@ -41,6 +41,9 @@ from gr2jax.train.policy import DecodeSpec
 TRAIN_STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
 DIFFUSION_STAGES = ("cft", "opd", "rl")  # start from a block-diffusion model (B > 1)
 CONVERT = "convert"  # the HF checkpoint converted with the project's tokens added
+TEACHER = "teacher"  # the LLM-teacher step (teacher.hf_dir set): traces for the data build
+TEACHER_TRACES = os.path.join("{workdir}", TEACHER, "traces.jsonl")  # its output (data/pipeline.py
+#                                                   resolves {workdir})
 _INIT_OF = {"ar_rl": "sft", "cft": "ar_rl", "opd": "cft", "rl": "opd"}
 _TEACHER_OF = {"opd": "ar_rl"}  # the frozen AR GR2 that OPD distils from
 _STAGE_SETTINGS = {"ar_rl": "rl", "cft": "cft", "opd": "opd", "rl": "rl"}  # stage -> its block
@@ -102,7 +105,8 @@ def from_config(config) -> Recipe:
   plan); data_config / init_of / stage_config then raise, naming --config.hf_dir.
 
   Raises:
-    ValueError: data.tokenizer_base set (it is hf_dir's), a stage missing from config.stages,
+    ValueError: data.tokenizer_base set (it is hf_dir's), data.teacher_traces set beside
+      teacher.hf_dir (the teacher step writes them), a stage missing from config.stages,
       a bad size or rate (train/config_checks.py; the error names the field).
     FileNotFoundError: hf_dir without a config.json.
   """
@@ -115,6 +119,10 @@ def from_config(config) -> Recipe:
   missing = [s for s in TRAIN_STAGES if s not in config.stages]
   if missing:
     raise ValueError(f"recipe {config.recipe!r}: config.stages lacks {missing}")
+  if config.teacher.hf_dir and config.data.teacher_traces:
+    raise ValueError(f"data.teacher_traces={config.data.teacher_traces!r} and teacher.hf_dir="
+                     f"{config.teacher.hf_dir!r} are both set: the teacher step writes the "
+                     "traces; set one of them")
   for s in TRAIN_STAGES:  # every size and rate, a ValueError naming the field
     config_checks.check_stage_config(config.stages[s], prefix=f"stages.{s}.")
   config_checks.check_stage_config(config)  # eval.*, and rerank.* in rerank.py's view
@@ -147,8 +155,10 @@ def digest(obj) -> str:
 
 
 def chain(recipe: Recipe) -> tuple[str, ...]:
-  """The recipe's steps in order (the data build runs inside each)."""
-  return ((CONVERT,) if _hf_dir(recipe) else ()) + TRAIN_STAGES
+  """The recipe's steps in order (the data build runs inside each): the LLM teacher when
+  teacher.hf_dir is set, the HF conversion for an HF recipe, then the training stages."""
+  return (((TEACHER,) if recipe.teacher.hf_dir else ()) + ((CONVERT,) if _hf_dir(recipe) else ())
+          + TRAIN_STAGES)
 
 
 def stage_dir(workdir: str, step: str) -> str:
@@ -182,11 +192,19 @@ def _hf_dir(recipe: Recipe) -> str:
   return recipe.model.hf_dir
 
 
-def data_config(recipe: Recipe) -> ml_collections.ConfigDict:
+def data_config(recipe: Recipe, traces: bool = True) -> ml_collections.ConfigDict:
   """The data build's config: recipe.data with `tokenizer_base` = the HF directory whose
-  tokenizer the build extends ('' = train the tiny BPE)."""
+  tokenizer the build extends ('' = train the tiny BPE) and, when the recipe has an LLM teacher
+  (teacher.hf_dir), `teacher_traces` = the teacher step's output (TEACHER_TRACES).
+
+  Args:
+    recipe: the recipe.
+    traces: False gives the build the teacher itself reads (its training lists, no traces).
+  """
   data = _editable(recipe.data)
   data.tokenizer_base = _hf_dir(recipe)
+  if recipe.teacher.hf_dir:
+    data.teacher_traces = TEACHER_TRACES if traces else ""
   return data
 
 

@@ -4,9 +4,10 @@
   python experiments/run.py --config=table2.py:smoke --workdir=W    (a few steps each; CI)
   python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=DIR --workdir=W
 
-Steps (gr2jax/recipe.chain): [convert: the HF checkpoint with the project's tokens added] -> sft
--> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build (built, or
-reused from W's cache, first). A step is reused when W/<step>/done.json holds its digest: of its
+Steps (gr2jax/recipe.chain): [teacher: an LLM writes the SFT traces (teacher.hf_dir set; the
+data build then trains on them)] -> [convert: the HF checkpoint with the project's tokens added]
+-> sft -> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build
+(built, or reused from W's cache, first). A step is reused when W/<step>/done.json holds its digest: of its
 view of the recipe (recipe.stage_config; for convert, the HF directory and dtype) and of every
 step before it (the first: of the data build's config); a changed field re-runs that step and the
 ones after it (their directories are wiped first); an interrupted step resumes from its own
@@ -35,7 +36,7 @@ import jax
 from gr2jax import checkpoint as model_checkpoint
 from gr2jax import recipe as recipe_lib
 from gr2jax import tables
-from gr2jax.data import pipeline
+from gr2jax.data import llm_teacher, pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.hf import convert as hf_convert
 from gr2jax.recipe import digest
@@ -73,12 +74,18 @@ def _convert_inputs(recipe: recipe_lib.Recipe) -> dict:
   return {"hf_dir": os.path.abspath(recipe.model.hf_dir), "param_dtype": recipe.model.param_dtype}
 
 
+def _teacher_inputs(recipe: recipe_lib.Recipe) -> dict:
+  return {"spec": dataclasses.asdict(recipe_lib.teacher_spec(recipe)),
+          "data": recipe_lib.data_config(recipe, traces=False).to_dict()}
+
+
 def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
   """{step: digest} for the recipe's chain (module docstring). done.json also records the data
   build's digest (`data`), the same for every step of a recipe."""
   keys, upstream = {}, digest(recipe_lib.data_config(recipe).to_dict())
   for step in recipe_lib.chain(recipe):
     view = (_convert_inputs(recipe) if step == recipe_lib.CONVERT
+            else _teacher_inputs(recipe) if step == recipe_lib.TEACHER
             else recipe_lib.stage_config(recipe, step, workdir).to_dict())
     upstream = keys[step] = digest([upstream, view])
   return keys
@@ -132,6 +139,9 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
     start = time.perf_counter()
     if name == recipe_lib.CONVERT:
       _convert(recipe, workdir)
+    elif name == recipe_lib.TEACHER:
+      llm_teacher.run(recipe_lib.teacher_spec(recipe),
+                      recipe_lib.data_config(recipe, traces=False), workdir)
     else:
       config = recipe_lib.stage_config(recipe, name, workdir)
       if config.train.limit not in contexts:  # one data build and eval split for all stages
@@ -278,8 +288,12 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   """Steps, rows, Table 2, then the recipe's `table.then` tables (module docstring); returns the
   Table 2 markdown."""
   start = time.perf_counter()
+  timings = {}
+  if recipe_lib.TEACHER in recipe_lib.chain(recipe):  # its traces are the data build's input
+    timings.update(run_chain(recipe, workdir, upto=recipe_lib.TEACHER))
   summary = pipeline.run(recipe_lib.data_config(recipe), workdir)
-  timings = {"data": time.perf_counter() - start, **run_chain(recipe, workdir)}
+  timings["data"] = time.perf_counter() - start - sum(timings.values())
+  timings.update(run_chain(recipe, workdir))
   rows = (reference_rows(summary, recipe.table.splits)
           + evaluate_rows(recipe, workdir, summary))
   timings["total"] = time.perf_counter() - start

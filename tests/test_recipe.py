@@ -95,6 +95,30 @@ def test_chain_paths_and_inits(hf_dir):
     recipe_lib.upstream(tiny, "convert")
 
 
+def test_an_llm_teacher_is_the_chains_first_step_and_the_data_builds_traces(hf_dir):
+  """teacher.hf_dir set: the teacher step runs first and every stage's data build reads its
+  traces (W/teacher/traces.jsonl, {workdir} resolved by the pipeline); the teacher itself reads
+  the build without traces; traces given twice are refused."""
+  from gr2jax.data import pipeline
+
+  config = importlib.import_module("table2").get_config("qwen3_8b")
+  config.hf_dir, config.teacher.hf_dir = hf_dir, "/models/Qwen3-32B"
+  r = recipe_lib.from_config(config)
+  assert recipe_lib.chain(r)[:2] == (recipe_lib.TEACHER, recipe_lib.CONVERT)
+  assert recipe_lib.upstream(r, "sft") == (recipe_lib.TEACHER, recipe_lib.CONVERT)
+  assert recipe_lib.data_config(r, traces=False).teacher_traces == ""
+  for stage in recipe_lib.TRAIN_STAGES:
+    data = recipe_lib.stage_config(r, stage, "W").data
+    assert pipeline.resolve_workdir(data, "W").teacher_traces == os.path.join(
+      "W", "teacher", "traces.jsonl")
+  spec = recipe_lib.teacher_spec(r)
+  assert (spec.hf_dir, spec.prompt, spec.mesh) == ("/models/Qwen3-32B", "chat", (1, -1, 1))
+  assert recipe_lib.teacher_spec(_recipe("table2", "", hf_dir)).prompt == "data"  # tiny: own
+  config.data.teacher_traces = "traces.jsonl"
+  with pytest.raises(ValueError, match="both set"):
+    recipe_lib.from_config(config)
+
+
 def test_hf_recipe_needs_an_hf_dir(tmp_path):
   config = importlib.import_module("cft").get_config("qwen3_4b")
   r = recipe_lib.from_config(config)  # the settings are readable (the AOT plan reads them)

@@ -84,3 +84,22 @@ def test_single_stage_checks_or_runs_its_upstream(hf_run):
   assert result.returncode == 0, result.stderr[-2000:]
   assert "] opd: running into" in result.stdout and "] rl: reusing" in result.stdout
   assert "] sft: reusing" in result.stdout
+
+
+def test_llm_teacher_step_of_the_hf_recipe(hf_run):
+  """With --config.teacher.hf_dir a stage names the teacher step as missing upstream, and
+  teacher.py runs it through the chain (the HF-layout model as the teacher, GR2's chat prompt,
+  4 users): traces for the data build and the step's completion record."""
+  hf_dir, workdir, _, _ = hf_run
+  teacher = [f"--config.hf_dir={hf_dir}", f"--config.teacher.hf_dir={hf_dir}",
+             "--config.teacher.num_users=4", "--config.teacher.attempts=1",
+             "--config.teacher.max_new_tokens=8", "--config.teacher.batch_size=4"]
+  result = _run(workdir, *teacher, config="sft.py")
+  assert result.returncode != 0 and "Traceback" not in result.stderr
+  assert any(" needs teacher" in line for line in result.stderr.splitlines()), result.stderr[-2000:]
+  result = _run(workdir, *teacher, config="teacher.py")
+  assert result.returncode == 0, result.stderr[-4000:]
+  summary = json.load(open(os.path.join(workdir, "teacher", "summary.json")))
+  assert summary["finished"] == 4 and summary["attempts"] == 4
+  assert os.path.exists(os.path.join(workdir, "teacher", "traces.jsonl"))
+  assert os.path.exists(os.path.join(workdir, "teacher", "done.json"))

@@ -427,7 +427,18 @@ def run(config, workdir: str) -> dict:
     gr2jax.workdir.InUseError: another live run holds the workdir.
   """
   with lock_workdir(workdir):
-    return _run(config, workdir)
+    return _run(resolve_workdir(config, workdir), workdir)
+
+
+def resolve_workdir(config, workdir: str):
+  """`config` with `{workdir}` in data.teacher_traces replaced by the build's workdir (a recipe's
+  LLM-teacher step writes its traces there: gr2jax/recipe.TEACHER_TRACES)."""
+  if "{workdir}" not in config.teacher_traces:
+    return config
+  config = config.copy_and_resolve_references()
+  with config.unlocked():
+    config.teacher_traces = config.teacher_traces.format(workdir=workdir)
+  return config
 
 
 def _raw(steps: _Steps, config) -> tuple:
@@ -465,6 +476,7 @@ def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
     gr2jax.workdir.InUseError: another live run holds the workdir.
   """
   unfiltered = config.copy_and_resolve_references()
+  unfiltered.unlock()
   unfiltered.rejection = False
   unfiltered.teacher_traces = ""
   unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
