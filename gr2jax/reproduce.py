@@ -7,8 +7,9 @@
 Steps (gr2jax/recipe.chain): [teacher: an LLM writes the SFT traces (teacher.hf_dir set; the
 data build then trains on them)] -> [convert: the HF checkpoint with the project's tokens added]
 -> sft -> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build
-(built, or reused from W's cache, first). A step is reused when W/<step>/done.json holds its digest: of its
-view of the recipe (recipe.stage_config; for convert, the HF directory and dtype) and of every
+(built, or reused from W's cache, first). A step is reused when W/<step>/done.json holds its
+digest: of its view of the recipe (recipe.stage_config; for convert, the HF directory and dtype;
+for teacher, its spec and data build) and of every
 step before it (the first: of the data build's config); a changed field re-runs that step and the
 ones after it (their directories are wiped first); an interrupted step resumes from its own
 checkpoints. A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be done
