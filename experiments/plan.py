@@ -729,7 +729,7 @@ def versions() -> dict:
   """The installed compiler packages (the plan's provenance)."""
   out = {}
   for name in ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt", "nvidia-cuda-nvcc-cu12",
-               "libtpu"):
+               "nvidia-cudnn-cu12", "libtpu"):
     try:
       out[name] = importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:
