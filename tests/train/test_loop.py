@@ -144,7 +144,7 @@ def _edit(config, **fields):
 
 
 @pytest.mark.parametrize("change,named", [
-  (dict(optimizer__learning_rate=5e-3), "optimizer.learning_rate: 0.001 (checkpoint) -> 0.005"),
+  (dict(optimizer__learning_rate=5e-3), "optimizer.learning_rate: 0.002 (checkpoint) -> 0.005"),
   (dict(optimizer__clip_norm=0.0), "optimizer.clip_norm: 1.0 (checkpoint) -> 0.0"),
   (dict(train__batch_size=4), "train.batch_size: 8 (checkpoint) -> 4"),
   (dict(train__steps=4), "train.steps: 4 is below the checkpoint's step 8"),
@@ -303,7 +303,8 @@ def test_export_records_stage_kind_and_data_build(uninterrupted, tok):
   metadata = model_checkpoint.load_metadata(export)
   assert metadata["stage"] == "sft" and metadata["kind"] == "ar" and metadata["step"] == STEPS
   assert metadata["data_build"] == model_checkpoint.data_build_record(tok, PROMPT)
-  assert metadata["run"]["config"]["optimizer"]["learning_rate"] == 1e-3
+  lr = toy_config(steps=STEPS).optimizer.learning_rate  # the tiny recipe's SFT lr
+  assert metadata["run"]["config"]["optimizer"]["learning_rate"] == lr == 2e-3
   model_checkpoint.check_data_build(export, model_checkpoint.data_build_record(tok, PROMPT))
   other = model_checkpoint.data_build_record(tok, dataclasses.replace(PROMPT, evidence="raw"))
   with pytest.raises(ValueError, match="another data build .*prompt.evidence 'flags' vs 'raw'"):

@@ -42,8 +42,8 @@ def test_convert_main_writes_checkpoint(hf_untied, tmp_path):
     json.dump({"model_max_length": 256}, f)
   out = str(tmp_path / "ckpt")
   run_main(convert_hf, hf_dir=hf_dir, out_dir=out)
-  assert sorted(os.listdir(out)) == ["generation_config.json", "gr2jax_config.json", "params",
-                                     "tokenizer_config.json"]
+  assert sorted(os.listdir(out)) == ["generation_config.json", "gr2jax_config.json",
+                                     "gr2jax_metadata.json", "params", "tokenizer_config.json"]
   assert leftovers(out) == ["ckpt"]
   config, params = checkpoint.restore(out)
   assert config == ModelConfig.from_hf_dir(hf_dir)
