@@ -132,8 +132,8 @@ def check_resume(saved: dict, current: dict, step: int, directory: str) -> None:
     raise RunChangedError(
       f"{directory}: checkpoint step {step} was written by a run with other settings:\n"
       + "\n".join(lines) + "\nRerun with the checkpoint's settings, use a new workdir, or pass "
-      "--config.train.restart=True (moves these checkpoints and logs aside, starts from "
-      "config.init).")
+      f"--config.stages.{current['config'].get('stage', '<stage>')}.train.restart=True (moves "
+      "these checkpoints and logs aside, starts from config.init).")
 
 
 def save(manager: ocp.CheckpointManager, state: TrainState, data_state: dict,
@@ -193,7 +193,8 @@ def restore_latest(manager: ocp.CheckpointManager, abstract: TrainState, record:
     raise UnreadableCheckpointsError(
       f"{manager.directory}: no checkpoint restores ("
       + "; ".join(message for _, message in failures) + "). Nothing was deleted; move the "
-      "directory aside, or pass --config.train.restart=True to start from config.init")
+      "directory aside, or pass --config.stages.<stage>.train.restart=True to start from "
+      "config.init")
   return None
 
 
