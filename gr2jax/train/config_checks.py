@@ -63,10 +63,7 @@ _SIZES = (
   ("eval", "limit", "int", 0),
   ("eval", "tau", "float", dict(low=0.0, high=1.0, low_open=True)),
   ("eval", "max_steps_per_block", "int", 1),
-  ("eval", "block_size", "int", 0),
   ("rerank", "batch_size", "int", 1),
-  ("rerank", "tau", "float", dict(low=0.0, high=1.0, low_open=True)),
-  ("rerank", "max_steps_per_block", "int", 1),
   ("rerank", "max_new_tokens", "int", 0),
   ("rl", "group_size", "int", 2),  # GRPO: a group of 1 has no variance, every group is dropped
   ("rl", "temperature", "float", dict(low=0.0)),
