@@ -54,6 +54,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --dtype)
 
 from gr2jax import checkpoint, tables  # noqa: E402
+from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.diffusion import decode  # noqa: E402
@@ -106,11 +107,11 @@ def record_schedules() -> dict:
   summary_file = os.path.join(FLAGS.record_workdir, "summary.json")
   if not os.path.exists(summary_file):
     raise app.UsageError(f"--record_workdir: {summary_file} does not exist (no data build)")
-  paths = json.load(open(summary_file))["paths"]
+  summary = json.load(open(summary_file))
+  paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  train = inputs.load_split(paths["tfds"], "train", tok)
   data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
-  prompt_len, response_len = inputs.static_lengths([train, data])
+  prompt_len, response_len = recipe_lib.lengths(summary)
   prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
   out = {"ckpt": os.path.abspath(FLAGS.record_ckpt), "trained_block_size": config.block_size,
          "users": len(data), "max_new_tokens": response_len, "entries": []}

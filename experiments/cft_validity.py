@@ -28,6 +28,7 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import checkpoint  # noqa: E402
+from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
 
@@ -70,11 +71,11 @@ def main(argv):
   config, params = checkpoint.load_model(FLAGS.ckpt)
   if config.mask_token_id is None:
     raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a diffusion model")
-  paths = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))["paths"]
+  summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
+  paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  train = inputs.load_split(paths["tfds"], "train", tok)
   data = inputs.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
-  prompt_len, response_len = inputs.static_lengths([train, data])
+  prompt_len, response_len = recipe_lib.lengths(summary)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []
   for spec in FLAGS.specs:

@@ -47,7 +47,6 @@ TEACHER_TRACES = os.path.join("{workdir}", TEACHER, "traces.jsonl")  # its outpu
 _INIT_OF = {"ar_rl": "sft", "cft": "ar_rl", "opd": "cft", "rl": "opd"}
 _TEACHER_OF = {"opd": "ar_rl"}  # the frozen AR GR2 that OPD distils from
 _STAGE_SETTINGS = {"ar_rl": "rl", "cft": "cft", "opd": "opd", "rl": "rl"}  # stage -> its block
-LENGTH_MULTIPLE = 16  # P and R are rounded up to this
 
 
 @dataclasses.dataclass(frozen=True)
@@ -300,8 +299,7 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Co
 
 def lengths(summary: Mapping) -> tuple[int, int]:
   """(P, R): the data build's longest prompt and response over every split (the pipeline's
-  `static_lengths`), rounded up to LENGTH_MULTIPLE; the one definition every stage, evaluation,
-  table and the re-ranking tool uses."""
+  `static_lengths`), rounded up to inputs.LENGTH_MULTIPLE; the one definition every stage,
+  evaluation, table and the re-ranking tool uses."""
   n = summary["static_lengths"]
-  return (round_up(int(n["prompt"]), LENGTH_MULTIPLE),
-          round_up(max(int(n["response"]), 1), LENGTH_MULTIPLE))
+  return round_up(int(n["prompt"])), round_up(max(int(n["response"]), 1))

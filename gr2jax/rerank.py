@@ -292,10 +292,6 @@ def answer_row(request: Request, response: str, labels: tuple[str, ...]) -> dict
           "fallback": result.kind != "valid", "response": response}
 
 
-def _round_up(x: int, multiple: int) -> int:
-  return -(-x // multiple) * multiple
-
-
 def decode_requests(requests: list[Request], reranker: Reranker, *, batch_size: int,
                     tau: float = 1.0, max_steps_per_block: int = 64,
                     desc: str = "rerank") -> list[dict]:
@@ -309,7 +305,7 @@ def decode_requests(requests: list[Request], reranker: Reranker, *, batch_size: 
   rendered = [prompts.render_example(e, reranker.catalogue.catalog, sids, reranker.prompt)
               for e in examples]
   encoded = batches.encode_examples(rendered, [0] * len(rendered), reranker.tokenizer)
-  prompt_len = _round_up(max(len(e.prompt) for e in encoded), 16)
+  prompt_len = inputs.round_up(max(len(e.prompt) for e in encoded))
   config = reranker.model_config
   rows = []
   bar = progress(len(requests), desc=desc, unit="request")

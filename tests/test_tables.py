@@ -12,10 +12,9 @@ import pytest
 from gr2jax import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.train import inputs
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 from tests.test_rerank import _model
-from tests.train.toy import PROMPT, toy_split, toy_tokenizer
+from tests.train.toy import PROMPT, toy_lengths, toy_split, toy_tokenizer
 
 USERS = range(100, 108)
 
@@ -130,7 +129,7 @@ def toy(tmp_path_factory):
   toy_tokenizer(out)
   tok = tokenizer_lib.load_tokenizer(out)
   data = toy_split(tok, USERS, with_teacher=False)
-  p, r = inputs.static_lengths([toy_split(tok, range(24)), toy_split(tok, USERS)])
+  p, r = toy_lengths([toy_split(tok, range(24)), toy_split(tok, USERS)])
   inp = tables.Inputs(tok, data, [_record(u) for u in USERS], p, min(r, 16), PROMPT,
                       toy_catalog(), None)
   models = {name: (*_model(tok, name == "diffusion"), name) for name in ("ar", "diffusion")}

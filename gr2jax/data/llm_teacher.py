@@ -244,10 +244,6 @@ def encode_prompts(examples: Sequence[RerankExample], catalog: Catalog, sids: np
   return [np.asarray(i, np.int32) for i in ids]
 
 
-def _round_up(x: int, multiple: int) -> int:
-  return -(-x // multiple) * multiple
-
-
 def _file_sha256(path: str) -> str:
   with open(path, "rb") as f:
     return hashlib.file_digest(f, "sha256").hexdigest()
@@ -613,6 +609,7 @@ def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | N
     digest = teacher_digest(spec, model_digest(spec.hf_dir) if spec.hf_dir else "",
                             data_config)
     if sample_fn is None:
+      from gr2jax.train import inputs
       from gr2jax.train import mesh as mesh_lib
 
       mesh = mesh_lib.make_mesh(*spec.mesh)
@@ -621,7 +618,7 @@ def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | N
                          f"batch shards ({mesh_lib.batch_size_multiple(mesh)})")
       config, params = load_teacher(spec, mesh)
       sample_fn = model_sampler(params, config, tokenizer, mesh, batch_size=spec.batch_size,
-                                prompt_len=_round_up(max(len(p) for p in prompt_ids), 16),
+                                prompt_len=inputs.round_up(max(len(p) for p in prompt_ids)),
                                 max_new_tokens=spec.max_new_tokens,
                                 temperature=spec.temperature, top_p=spec.top_p)
     return generate_traces(sample_fn, prompt_ids, labels,

@@ -75,15 +75,11 @@ def load_split(tfds_dir: str, split: str, tokenizer, *, limit: int = 0) -> Split
                    teacher_top1=np.asarray(teacher, np.int32))
 
 
-def round_up(x: int, multiple: int) -> int:
+LENGTH_MULTIPLE = 16  # every static prompt / response width is rounded up to this
+
+
+def round_up(x: int, multiple: int = LENGTH_MULTIPLE) -> int:
   return -(-x // multiple) * multiple
-
-
-def static_lengths(splits: list[SplitData], multiple: int = 16) -> tuple[int, int]:
-  """(P, R): the longest prompt and response over `splits`, rounded up to `multiple`."""
-  p = max(len(e.prompt) for s in splits for e in s.encoded)
-  r = max(len(e.reasoning) + len(e.answer) for s in splits for e in s.encoded)
-  return round_up(p, multiple), round_up(max(r, 1), multiple)
 
 
 def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gr2jax.train import inputs
-from tests.train.toy import toy_split, toy_tokenizer
+from tests.train.toy import toy_lengths, toy_split, toy_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -14,7 +14,7 @@ def data(tmp_path_factory):
 
 
 def _iterator(split, tok, seed=3):
-  p, r = inputs.static_lengths([split])
+  p, r = toy_lengths([split])
   return inputs.BatchIterator(split, batch_size=4, seed=seed, prompt_len=p, response_len=r,
                               pad_id=tok.pad_token_id, lambda_r=0.5, lambda_o=1.0)
 

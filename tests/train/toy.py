@@ -54,10 +54,17 @@ def toy_config(stage="sft", **train):
   return config
 
 
+def toy_lengths(splits) -> tuple[int, int]:
+  """(P, R) of toy splits, as recipe.lengths computes them from a data build's summary."""
+  p = max(len(e.prompt) for s in splits for e in s.encoded)
+  r = max(len(e.reasoning) + len(e.answer) for s in splits for e in s.encoded)
+  return inputs.round_up(p), inputs.round_up(max(r, 1))
+
+
 def toy_context(config, tok, workdir, mesh=None) -> loop.Context:
   train = toy_split(tok, range(24))
   evaluation = toy_split(tok, range(100, 108), with_teacher=False)
-  p, r = inputs.static_lengths([train, toy_split(tok, range(100, 108))])
+  p, r = toy_lengths([train, toy_split(tok, range(100, 108))])
   mesh = mesh_lib.make_mesh(fsdp=1, devices=[__import__("jax").devices()[0]]) if mesh is None \
     else mesh
   return loop.Context(config, None, tok, train, evaluation, p, r, mesh, workdir,
