@@ -97,7 +97,8 @@ SampleFn = Callable[[Sequence[np.ndarray], jax.Array], tuple[list[str], np.ndarr
 
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
-  """The teacher stage's settings (experiments/configs/teacher.py comments every field).
+  """The teacher stage's settings: recipe.teacher_spec builds it from the recipe's `teacher` block
+  (experiments/configs/recipe.py sets and comments every value; no defaults here).
 
   Attributes:
     hf_dir: the teacher model: a local HF Qwen3 directory or a gr2jax checkpoint ('' only with
@@ -119,18 +120,18 @@ class TeacherSpec:
     out_dir: the output directory ('' = <workdir>/teacher).
   """
 
-  hf_dir: str = ""
-  tokenizer_dir: str = ""
-  prompt: str = "chat"
-  attempts: int = 4
-  temperature: float = 0.7
-  top_p: float = 0.95
-  max_new_tokens: int = 512
-  batch_size: int = 64
-  num_users: int = 0
-  seed: int = 0
-  param_dtype: str = "auto"
-  mesh: tuple[int, int, int] = (1, -1, 1)
+  hf_dir: str
+  tokenizer_dir: str
+  prompt: str
+  attempts: int
+  temperature: float
+  top_p: float
+  max_new_tokens: int
+  batch_size: int
+  num_users: int
+  seed: int
+  param_dtype: str
+  mesh: tuple[int, int, int]
   out_dir: str = ""
 
   def __post_init__(self):

@@ -6,6 +6,7 @@ Run as a script (`python tests/data/test_llm_teacher.py OUT_DIR WORKDIR DATA_DIR
 teacher process the kill-and-rerun test kills: a scripted, slow teacher on the toy build.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -20,10 +21,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax import reproduce, workdir  # noqa: E402
 from gr2jax.data import llm_teacher, pipeline, prompts, rqvae, teacher  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from tests.data.test_pipeline import _config, _write_dataset  # noqa: E402
+
+sys.path.insert(0, os.path.join(REPO, "experiments", "configs"))
+import recipe as recipes  # noqa: E402  (experiments/configs/recipe.py)
+
+TINY = recipe_lib.teacher_spec(recipe_lib.from_config(recipes.get_recipe("teacher")))
+
+
+def _spec(**fields) -> llm_teacher.TeacherSpec:
+  """The tiny recipe's teacher spec with `fields` replaced (checked like any spec)."""
+  return dataclasses.replace(TINY, **fields)
 
 N = 10
 SLOTS = [prompts.slot_token(s) for s in range(N)]
@@ -122,17 +134,17 @@ def test_judge_applies_the_rejection_rule():
 
 def test_spec_checks_its_fields():
   with pytest.raises(ValueError, match="prompt"):
-    llm_teacher.TeacherSpec(prompt="free")
+    _spec(prompt="free")
   with pytest.raises(ValueError, match="greedy"):
-    llm_teacher.TeacherSpec(temperature=0.0, attempts=2)
+    _spec(temperature=0.0, attempts=2)
   with pytest.raises(ValueError, match="attempts"):
-    llm_teacher.TeacherSpec(attempts=0)
+    _spec(attempts=0)
 
 
 def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   config, work = build
-  spec = llm_teacher.TeacherSpec(prompt="data", attempts=3, batch_size=2, num_users=4,
-                                 temperature=1.0, out_dir=str(tmp_path / "teacher"))
+  spec = _spec(prompt="data", attempts=3, batch_size=2, num_users=4,
+                 temperature=1.0, out_dir=str(tmp_path / "teacher"))
   chosen, ids, _ = _users(config, work, spec)
   u = [e.user for e in chosen]
   ok = lambda t: _answer(_first(t), f"trace for slot {t}")
@@ -178,7 +190,7 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert llm_teacher.run(spec, config, work, sample_fn=never)["accepted"] == 3
   # another setting on the same output is refused
   with pytest.raises(ValueError, match="written by teacher"):
-    llm_teacher.run(llm_teacher.TeacherSpec(**{**spec.__dict__, "temperature": 0.5}), config,
+    llm_teacher.run(_spec(**{**spec.__dict__, "temperature": 0.5}), config,
                     work, sample_fn=never)
 
   # the loader reads the output, and the data build trains on exactly the traced users
@@ -212,7 +224,7 @@ def test_two_runs_on_one_output_are_refused(build, tmp_path):
   holder = _holder(str(out))
   try:
     with pytest.raises(workdir.InUseError, match=f"in use by pid {holder.pid}"):
-      llm_teacher.run(llm_teacher.TeacherSpec(prompt="data", out_dir=str(out)), config, work,
+      llm_teacher.run(_spec(prompt="data", out_dir=str(out)), config, work,
                       sample_fn=lambda p, k: ([], np.zeros(0)))
   finally:
     holder.kill()
@@ -226,9 +238,9 @@ def test_real_path_on_a_random_qwen3_in_the_hf_layout(build, tmp_path):
 
   config, work = build
   hf_dir = save_qwen3_dir(tmp_path / "Qwen3-tiny")
-  spec = llm_teacher.TeacherSpec(hf_dir=hf_dir, prompt="chat", attempts=2, batch_size=4,
-                                 num_users=5, max_new_tokens=12, temperature=1.0, top_p=0.9,
-                                 mesh=(1, 4, 2), out_dir=str(tmp_path / "teacher"))
+  spec = _spec(hf_dir=hf_dir, prompt="chat", attempts=2, batch_size=4,
+                 num_users=5, max_new_tokens=12, temperature=1.0, top_p=0.9,
+                 mesh=(1, 4, 2), out_dir=str(tmp_path / "teacher"))
   summary = llm_teacher.run(spec, config, work)
   rows = [json.loads(line) for f in sorted(os.listdir(tmp_path / "teacher" / "attempts"))
           for line in open(tmp_path / "teacher" / "attempts" / f)]
@@ -266,7 +278,7 @@ KILL_SPEC = dict(prompt="data", attempts=2, batch_size=8, temperature=1.0, num_u
 def _kill_target(out_dir, work, data_dir):
   """The process the kill test kills: a slow scripted teacher on the toy build."""
   config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
-  spec = llm_teacher.TeacherSpec(**KILL_SPEC, out_dir=out_dir)
+  spec = _spec(**KILL_SPEC, out_dir=out_dir)
   chosen, ids, _ = _users(config, work, spec)
   llm_teacher.run(spec, config, work, sample_fn=Scripted(chosen, ids, _script_for(chosen),
                                                          delay=0.3))
@@ -294,7 +306,7 @@ def test_sigkill_mid_run_then_rerun_loses_and_duplicates_no_user(build, tmp_path
   killed = [json.loads(line) for f in sorted(os.listdir(out / "attempts")) if
             f.endswith(".jsonl") for line in open(out / "attempts" / f)]
 
-  spec = llm_teacher.TeacherSpec(**KILL_SPEC, out_dir=str(out))
+  spec = _spec(**KILL_SPEC, out_dir=str(out))
   chosen, ids, _ = _users(config, work, spec)
   summary = llm_teacher.run(spec, config, work, sample_fn=Scripted(chosen, ids,
                                                                    _script_for(chosen)))
@@ -326,7 +338,7 @@ def _multihost_worker(process_id, num_processes, port, hf_dir, work, out_dir, da
   if num_processes > 1:
     jax.distributed.initialize(f"localhost:{port}", num_processes, process_id)
   config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
-  spec = llm_teacher.TeacherSpec(**MULTI_SPEC, hf_dir=hf_dir, out_dir=out_dir)
+  spec = _spec(**MULTI_SPEC, hf_dir=hf_dir, out_dir=out_dir)
   summary = llm_teacher.run(spec, config, work)
   with open(os.path.join(os.path.dirname(out_dir), f"summary_{process_id}.json"), "w") as f:
     json.dump({k: v for k, v in summary.items() if k not in ("spec", "traces_sha256")}, f)
