@@ -135,3 +135,17 @@ def test_documented_fix_for_the_triton_tiling_failure():
     "xla_gpu_enable_triton_gemm": False}
   assert targets.TARGETS["cpu"].compiler_options(opt_level=0) == {
     "xla_backend_optimization_level": 0}
+
+
+def test_recipe_xla_flags_become_the_platforms_compile_options():
+  flags = ("--xla_gpu_enable_triton_gemm=false", "--xla_tpu_x=3", "--xla_dump_to=/d")
+  assert targets.recipe_options(targets.TARGETS["h100"], flags) == {
+    "xla_gpu_enable_triton_gemm": False, "xla_dump_to": "/d"}
+  assert targets.recipe_options(targets.TARGETS["tpu_v5p"], flags) == {"xla_tpu_x": 3,
+                                                                       "xla_dump_to": "/d"}
+  assert targets.recipe_options(targets.TARGETS["cpu"], flags) == {"xla_dump_to": "/d"}
+  # The 8B / 0.6B plans compile for a GPU with the qwen3_* recipes' flag from the first compile.
+  for preset in ("qwen3_8b", "qwen3_0_6b"):
+    assert targets.recipe_options(targets.TARGETS["h100"], plan.PRESETS[preset].xla_flags) == {
+      "xla_gpu_enable_triton_gemm": False}
+  assert plan.PRESETS["tiny"].xla_flags == ()
