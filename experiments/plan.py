@@ -82,6 +82,7 @@ DEVICES_8B = 8
 _FLAG = "--xla_force_host_platform_device_count"
 
 FLAGS = flags.FLAGS
+PROGRAMS = ("sft", "ar_rl", "cft", "opd", "rl", "ar_decode", "diffusion_decode")  # plan order
 
 
 def define_flags() -> None:
@@ -98,8 +99,7 @@ def define_flags() -> None:
   flags.DEFINE_enum("attention", "reference", ["reference", "kernel"], "ModelConfig."
                     "attention_impl of every program: the einsum reference, or the target's "
                     "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).")
-  flags.DEFINE_list("stages", ["sft", "ar_rl", "cft", "opd", "rl", "ar_decode",
-                               "diffusion_decode"], "Which steps to compile.")
+  flags.DEFINE_list("stages", list(PROGRAMS), "Which steps to compile.")
   flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step: the stage "
                        "config's, then its half (or double); 2 give the memory line.")
   flags.DEFINE_bool("verify_flops", True, "Check the FLOP formula against cost_analysis on small "
@@ -1006,8 +1006,8 @@ MERGE_KEYS = {"preset": None, "target": None, "topology": None, "attention": "re
 
 
 def merge_plans(old: dict, new: dict) -> dict:
-  """`new` with the rows of `old` it did not compile again: a row of `new` replaces `old`'s row
-  of the same (stage, mesh) in place, the others follow; the wall time is the sum.
+  """`new` with the rows of `old` it did not compile again (a row of `new` replaces `old`'s row
+  of the same (stage, mesh)), in PROGRAMS order; the wall time is the sum.
 
   Raises:
     ValueError: the plans differ in a MERGE_KEYS field.
@@ -1017,8 +1017,9 @@ def merge_plans(old: dict, new: dict) -> dict:
       raise ValueError(f"--append: the saved plan has {key}={old.get(key)!r}, this run "
                        f"{new.get(key)!r}")
   fresh = {(r["stage"], r["mesh"]): r for r in new["rows"]}
-  rows = [fresh.pop((r["stage"], r["mesh"]), r) for r in old["rows"]]
-  return {**new, "rows": rows + list(fresh.values()), "wall_s": old["wall_s"] + new["wall_s"]}
+  rows = [fresh.pop((r["stage"], r["mesh"]), r) for r in old["rows"]] + list(fresh.values())
+  rows.sort(key=lambda r: PROGRAMS.index(r["stage"]))
+  return {**new, "rows": rows, "wall_s": old["wall_s"] + new["wall_s"]}
 
 
 def _option(text: str) -> tuple[str, bool]:

@@ -139,7 +139,7 @@ def test_merge_plans_keeps_the_rows_not_compiled_again():
   old = {**keys, "rows": [row("opd", 1), row("sft", 1)], "wall_s": 10.0}
   new = {**keys, "attention": "reference", "rows": [row("sft", 2), row("rl", 2)], "wall_s": 5.0}
   merged = plan.merge_plans(old, new)
-  assert [(r["stage"], r["v"]) for r in merged["rows"]] == [("opd", 1), ("sft", 2), ("rl", 2)]
+  assert [(r["stage"], r["v"]) for r in merged["rows"]] == [("sft", 2), ("opd", 1), ("rl", 2)]
   assert merged["wall_s"] == 15.0 and merged["attention"] == "reference"
   with pytest.raises(ValueError, match="--append: the saved plan has attention='splash'"):
     plan.merge_plans({**old, "attention": "splash"}, new)
