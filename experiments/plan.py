@@ -82,6 +82,7 @@ DEVICES_8B = 8
 _FLAG = "--xla_force_host_platform_device_count"
 
 FLAGS = flags.FLAGS
+PROGRAMS = ("sft", "ar_rl", "cft", "opd", "rl", "ar_decode", "diffusion_decode")  # plan order
 
 
 def define_flags() -> None:
@@ -98,8 +99,7 @@ def define_flags() -> None:
   flags.DEFINE_enum("attention", "reference", ["reference", "kernel"], "ModelConfig."
                     "attention_impl of every program: the einsum reference, or the target's "
                     "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).")
-  flags.DEFINE_list("stages", ["sft", "ar_rl", "cft", "opd", "rl", "ar_decode",
-                               "diffusion_decode"], "Which steps to compile.")
+  flags.DEFINE_list("stages", list(PROGRAMS), "Which steps to compile.")
   flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step: the stage "
                        "config's, then its half (or double); 2 give the memory line.")
   flags.DEFINE_bool("verify_flops", True, "Check the FLOP formula against cost_analysis on small "
@@ -110,13 +110,16 @@ def define_flags() -> None:
                      "token (denoising + commit; issue #8's tau = 0.9 target), time model.")
   flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
                        "faster compiles; buffer sizes do not depend on it).")
-  flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with, as "
-                    "name=true|false (e.g. the documented fix xla_gpu_enable_triton_gemm=false "
-                    "that a run would otherwise find on its first failure; targets.FIXES).")
+  flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with beyond "
+                    "the recipe's xla_flags (config xla_flags, those of the target's platform), "
+                    "as name=true|false.")
   flags.DEFINE_string("compare_block", "plan:targets", "The --doc block --compare fills.")
   flags.DEFINE_list("compare", None, "Only render these saved plan JSONs side by side (one per "
                     "target) into --doc's `plan:targets` block.")
   flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
+  flags.DEFINE_bool("append", False, "Merge the rows compiled into the saved plan JSON of the "
+                    "same preset, target, topology and attention (merge_plans) instead of "
+                    "replacing it: one stage per run, rows accumulate.")
   flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
   flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
 
@@ -153,6 +156,8 @@ class Shapes:
       0 = all rows at once).
     micro_batches: {stage: gradient-accumulation micro-batches per step} (config
       train.micro_batches): the micro-batch every target compiles first.
+    xla_flags: the recipe's XLA flags (config xla_flags): every compile for a target starts
+      with those of its platform (targets.recipe_options).
   """
 
   model: ModelConfig
@@ -172,6 +177,7 @@ class Shapes:
   teacher_dtype: str = "float32"
   prepare_chunk: dict = dataclasses.field(default_factory=dict)
   micro_batches: dict = dataclasses.field(default_factory=dict)
+  xla_flags: tuple = ()
 
   def diffusion(self) -> ModelConfig:
     return dataclasses.replace(self.model, block_size=self.block_size,
@@ -190,20 +196,27 @@ class Shapes:
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 
 
+def recipe_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
+  """Recipe `variant` as stage `name`'s config (experiments/configs/<name>.py), what a run of
+  that stage reads."""
+  if CONFIG_DIR not in sys.path:
+    sys.path.insert(0, CONFIG_DIR)
+  return importlib.import_module(name).get_config(variant)
+
+
 def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
   """The training settings of stage `name` in recipe `variant` (experiments/configs/recipe.py's
   `stages.<name>`: train, optimizer, its own block), what a run of that stage uses."""
-  if CONFIG_DIR not in sys.path:
-    sys.path.insert(0, CONFIG_DIR)
-  return importlib.import_module(name).get_config(variant).stages[name]
+  return recipe_config(name, variant).stages[name]
 
 
 def _from_configs(variant: str, per_device_of: int = 1) -> dict:
-  """The Shapes fields the stage configs set: OPD's teacher dtype, the prepare chunks, the
-  micro-batches. `per_device_of=8` keeps the per-device rows of configs written for 8 devices on
-  one device (prepare chunks / 8, micro-batches x 8)."""
+  """The Shapes fields the recipe sets: OPD's teacher dtype, the prepare chunks, the
+  micro-batches, the XLA flags. `per_device_of=8` keeps the per-device rows of configs written
+  for 8 devices on one device (prepare chunks / 8, micro-batches x 8)."""
   configs = {name: stage_config(name, variant) for name in ("sft", "ar_rl", "cft", "opd", "rl")}
-  return dict(teacher_dtype=configs["opd"].opd.teacher_dtype,
+  return dict(xla_flags=tuple(recipe_config("sft", variant).xla_flags),
+              teacher_dtype=configs["opd"].opd.teacher_dtype,
               prepare_chunk={name: configs[name].train.prepare_chunk // per_device_of
                              for name in ("ar_rl", "opd", "rl")},
               micro_batches={name: c.train.micro_batches * per_device_of
@@ -758,7 +771,9 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
     topology: the target's devices (targets.devices; default its 8-device topology).
     save: called with the plan so far after every row (a long run keeps what it compiled).
     attention: 'reference' or 'kernel' (the target's fused attention, targets.Target.kernel).
-    options: XLA options every compile starts with (else the documented fixes as found).
+    options: XLA options every compile starts with beyond the recipe's xla_flags of the
+      target's platform (targets.recipe_options); a failure with a documented fix
+      (targets.FIXES) is recorded verbatim and the fix added.
   """
   settings = Settings() if settings is None else settings
   tgt = targets.get_target(target)
@@ -777,7 +792,10 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
             "shapes": {k: v for k, v in dataclasses.asdict(s).items() if k != "model"},
             "model": dataclasses.asdict(s.model), "params": params_lib.param_count(s.model),
             "rows": []}
-  fixes = dict(options or {})  # + the documented fixes the run needs (targets.FIXES)
+  recipe_options = targets.recipe_options(tgt, s.xla_flags)
+  result["recipe_options"] = recipe_options
+  # + the documented fixes the run needs (targets.FIXES)
+  fixes = {**recipe_options, **(options or {})}
   for text in layouts:
     fsdp, tp = _layout(text)
     mesh, _ = targets.target_mesh(target, topology, fsdp, tp)
@@ -840,6 +858,9 @@ def markdown(result: dict) -> str:
   if result.get("versions"):
     lines.append("Packages: " + ", ".join(f"{k} {v}" for k, v in result["versions"].items())
                  + ".")
+  if result.get("recipe_options"):
+    lines.append("XLA options from the recipe's xla_flags (every compile):"
+                 + _options({"options": result["recipe_options"]}) + ".")
   shapes = result.get("shapes", {})
   if "prepare_chunk" in shapes:
     calls = ", ".join(f"{k} {v or 'all'}" for k, v in shapes["prepare_chunk"].items())
@@ -980,6 +1001,27 @@ def update_doc(path: str, table: str, block: str = "plan") -> None:
     f.write(text)
 
 
+MERGE_KEYS = {"preset": None, "target": None, "topology": None, "attention": "reference"}  # what
+#   two merged plans share (the default of a key older plans lack)
+
+
+def merge_plans(old: dict, new: dict) -> dict:
+  """`new` with the rows of `old` it did not compile again (a row of `new` replaces `old`'s row
+  of the same (stage, mesh)), in PROGRAMS order; the wall time is the sum.
+
+  Raises:
+    ValueError: the plans differ in a MERGE_KEYS field.
+  """
+  for key, default in MERGE_KEYS.items():
+    if old.get(key, default) != new.get(key, default):
+      raise ValueError(f"--append: the saved plan has {key}={old.get(key)!r}, this run "
+                       f"{new.get(key)!r}")
+  fresh = {(r["stage"], r["mesh"]): r for r in new["rows"]}
+  rows = [fresh.pop((r["stage"], r["mesh"]), r) for r in old["rows"]] + list(fresh.values())
+  rows.sort(key=lambda r: PROGRAMS.index(r["stage"]))
+  return {**new, "rows": rows, "wall_s": old["wall_s"] + new["wall_s"]}
+
+
 def _option(text: str) -> tuple[str, bool]:
   name, _, value = text.partition("=")
   if value not in ("true", "false"):
@@ -1017,14 +1059,22 @@ def main(argv):
     name = f"plan_{FLAGS.preset}" + ("" if FLAGS.target == "cpu" else f"_{FLAGS.target}") + (
       "" if FLAGS.attention == "reference" else "_kernel")
 
+    path = os.path.join(FLAGS.out_dir, f"{name}.json")
+    saved = None
+    if FLAGS.append and os.path.exists(path):
+      with open(path) as f:
+        saved = json.load(f)
+
     def save(result):
-      with open(os.path.join(FLAGS.out_dir, f"{name}.json"), "w") as f:
-        json.dump(result, f, indent=1, default=float)
+      with open(path, "w") as f:
+        json.dump(result if saved is None else merge_plans(saved, result), f, indent=1,
+                  default=float)
 
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
                       FLAGS.target, FLAGS.topology, save, FLAGS.attention,
                       dict(_option(text) for text in FLAGS.xla_options))
     save(result)
+    result = result if saved is None else merge_plans(saved, result)
   table = markdown(result)
   if FLAGS.doc:
     update_doc(FLAGS.doc, table, doc_block(result))

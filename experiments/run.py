@@ -14,6 +14,8 @@ one line naming them and the commands that make them (`--config.upstream=run` ru
 Multi-host runs pass `--multihost` so `jax.distributed.initialize()` joins the job: run the same
 command on every host; jax finds the coordinator, process count and index itself on SLURM, Open
 MPI (mpirun) and Cloud TPU pods (JAX_COORDINATOR_ADDRESS=host:port overrides the coordinator).
+The recipe's `xla_flags` (e.g. the qwen3_* recipes' `--xla_gpu_enable_triton_gemm=false`) are
+merged into XLA_FLAGS first, before JAX starts its backend (apply_xla_flags).
 """
 
 import os
@@ -34,6 +36,46 @@ _MULTIHOST = flags.DEFINE_bool(
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Stage config: a path or a file name in experiments/configs/.",
     lock_config=True)
+
+
+def merge_xla_flags(current: str, flags) -> str:
+  """XLA_FLAGS `current` with the recipe's `flags` ('--name=value') appended where absent.
+
+  Raises:
+    ValueError: `current` sets one of the flags to another value (naming both).
+  """
+  from gr2jax import recipe
+
+  wanted = recipe.parse_xla_flags(flags)
+  have = {}
+  for entry in current.split():
+    name, _, value = entry.lstrip("-").partition("=")
+    have[name] = value or "true"
+  for name, value in wanted.items():
+    if name in have and have[name] != value:
+      raise ValueError(f"XLA_FLAGS sets --{name}={have[name]}, the recipe's xla_flags "
+                       f"--{name}={value}: drop one (--config.xla_flags=... or XLA_FLAGS)")
+  added = [f"--{name}={value}" for name, value in wanted.items() if name not in have]
+  return " ".join([current.strip(), *added]).strip()
+
+
+def apply_xla_flags(flags) -> None:
+  """Merges the recipe's XLA flags into os.environ['XLA_FLAGS'] (merge_xla_flags); XLA reads
+  them when JAX starts its backend.
+
+  Raises:
+    RuntimeError: JAX's backend already started without them (they would be ignored).
+  """
+  current = os.environ.get("XLA_FLAGS", "")
+  merged = merge_xla_flags(current, flags)
+  if merged == current.strip():
+    return
+  from jax._src import xla_bridge  # backends_are_initialized: what jax.distributed checks too
+
+  if xla_bridge.backends_are_initialized():
+    raise RuntimeError(f"the recipe's xla_flags {list(flags)} are not in XLA_FLAGS={current!r} "
+                       "and JAX's backend has already started: set XLA_FLAGS before JAX starts")
+  os.environ["XLA_FLAGS"] = merged
 
 
 def _recipe(config):
@@ -161,6 +203,7 @@ def main(argv):
   stage = config.get("stage")
   if stage not in STAGES:
     raise app.UsageError(f"config.stage={stage!r} is not a known stage; known: {sorted(STAGES)}")
+  apply_xla_flags(config.xla_flags)
   if _MULTIHOST.value:
     import jax
 

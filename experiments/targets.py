@@ -25,6 +25,7 @@ import re
 import jax
 from jax.experimental import topologies
 
+from gr2jax import recipe
 from gr2jax.train import mesh as mesh_lib
 
 SPEC_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_specs")
@@ -86,8 +87,33 @@ TARGETS = {
 
 # Failures of a deviceless compile and the documented XLA option that avoids each: the plan
 # records the failure verbatim, then compiles with the option and says so (never silently).
-# Triton gemms get default tiles without a device to autotune on; some dots have none that fit.
+# Triton gemms get default tiles without a device to autotune on; some dots have none that fit
+# (the qwen3_* recipes set this flag from the start: their xla_flags, recipe_options).
 FIXES = (("cuda", "Couldn't find output tile sizes", {"xla_gpu_enable_triton_gemm": False}),)
+
+
+# A platform's own XLA flags, by name prefix; any other flag applies to every platform.
+_PLATFORM_FLAGS = {"cuda": "xla_gpu_", "tpu": "xla_tpu_", "cpu": "xla_cpu_"}
+
+
+def _typed(value: str):
+  """An XLA_FLAGS value as the compile option's type (bool, int, float or text)."""
+  if value in ("true", "false"):
+    return value == "true"
+  for kind in (int, float):
+    try:
+      return kind(value)
+    except ValueError:
+      pass
+  return value
+
+
+def recipe_options(target: Target, xla_flags) -> dict:
+  """A recipe's xla_flags (gr2jax/recipe.py; '--name=value') as compile options of `target`: a
+  platform's own flags (xla_gpu_* on GPU, xla_tpu_* on TPU, xla_cpu_* on CPU) only there."""
+  own = _PLATFORM_FLAGS[target.platform]
+  return {name: _typed(value) for name, value in recipe.parse_xla_flags(xla_flags).items()
+          if name.startswith(own) or not name.startswith(tuple(_PLATFORM_FLAGS.values()))}
 
 
 def fix_for(target: Target, error: str) -> dict | None:

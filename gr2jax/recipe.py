@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import types
 from collections.abc import Mapping
 
@@ -84,6 +85,9 @@ class Recipe:
     replay_shrink: OPD / RL replay step shrinkage (1 = exact; k merges k steps per round).
     table: Table 2's splits, diffusion_splits and results_dir.
     teacher: the LLM-teacher step's settings (teacher_spec; hf_dir '' = the rule teacher).
+    xla_flags: XLA flags every compile of the run needs, as XLA_FLAGS entries '--name=value'
+      (parse_xla_flags): experiments/run.py merges them into XLA_FLAGS before JAX starts its
+      backend; experiments/plan.py compiles its targets with them.
   """
   name: str
   data: ml_collections.FrozenConfigDict
@@ -95,6 +99,29 @@ class Recipe:
   replay_shrink: int
   table: ml_collections.FrozenConfigDict
   teacher: ml_collections.FrozenConfigDict
+  xla_flags: tuple[str, ...]
+
+
+_XLA_FLAG = re.compile(r"--(xla_\w+)=(\S+)")
+
+
+def parse_xla_flags(flags) -> dict[str, str]:
+  """{name: value} of XLA_FLAGS entries '--name=value' (a recipe's xla_flags).
+
+  Raises:
+    ValueError: an entry of another form, or a flag given twice; the error names xla_flags
+      (XLA aborts the process on a flag it does not know, so names are checked by XLA itself).
+  """
+  out = {}
+  for flag in flags:
+    match = _XLA_FLAG.fullmatch(flag)
+    if match is None:
+      raise ValueError(f"xla_flags entry {flag!r}: expected '--xla_<name>=<value>'")
+    name, value = match.groups()
+    if name in out:
+      raise ValueError(f"xla_flags sets --{name} twice")
+    out[name] = value
+  return out
 
 
 def from_config(config) -> Recipe:
@@ -125,6 +152,7 @@ def from_config(config) -> Recipe:
   for s in TRAIN_STAGES:  # every size and rate, a ValueError naming the field
     config_checks.check_stage_config(config.stages[s], prefix=f"stages.{s}.")
   config_checks.check_stage_config(config)  # eval.*, and rerank.* in rerank.py's view
+  parse_xla_flags(config.xla_flags)
   m = config.model
   return Recipe(
     name=config.recipe,
@@ -138,7 +166,8 @@ def from_config(config) -> Recipe:
                                    for s in TRAIN_STAGES}),
     replay_shrink=config.replay_shrink,
     table=ml_collections.FrozenConfigDict(config.table),
-    teacher=ml_collections.FrozenConfigDict(config.teacher))
+    teacher=ml_collections.FrozenConfigDict(config.teacher),
+    xla_flags=tuple(config.xla_flags))
 
 
 def _editable(frozen: ml_collections.FrozenConfigDict) -> ml_collections.ConfigDict:

@@ -131,3 +131,27 @@ def test_decoder_compiles_at_the_configs_rollout_call():
 def test_run_plan_refuses_unknown_stages():
   with pytest.raises(ValueError, match="unknown stages"):
     plan.run_plan("tiny", ["8x1"], ["sft", "nope"], verify=False)
+
+
+def test_merge_plans_keeps_the_rows_not_compiled_again():
+  keys = {"preset": "qwen3_8b", "target": "tpu_v5p", "topology": "2x2x2"}
+  row = lambda stage, v: {"stage": stage, "mesh": "8x1", "v": v}
+  old = {**keys, "rows": [row("opd", 1), row("sft", 1)], "wall_s": 10.0}
+  new = {**keys, "attention": "reference", "rows": [row("sft", 2), row("rl", 2)], "wall_s": 5.0}
+  merged = plan.merge_plans(old, new)
+  assert [(r["stage"], r["v"]) for r in merged["rows"]] == [("sft", 2), ("opd", 1), ("rl", 2)]
+  assert merged["wall_s"] == 15.0 and merged["attention"] == "reference"
+  with pytest.raises(ValueError, match="--append: the saved plan has attention='splash'"):
+    plan.merge_plans({**old, "attention": "splash"}, new)
+
+
+def test_run_plan_compiles_with_the_recipes_xla_flags_from_the_start(monkeypatch):
+  tiny = dataclasses.replace(plan.PRESETS["tiny"],
+                             xla_flags=("--xla_cpu_enable_fast_math=false",))
+  monkeypatch.setitem(plan.PRESETS, "tiny", tiny)
+  result = plan.run_plan("tiny", ["8x1"], ["ar_decode"], verify=False)
+  assert result["recipe_options"] == {"xla_cpu_enable_fast_math": False}
+  (row,) = result["rows"]
+  assert row["options"]["xla_cpu_enable_fast_math"] is False and row["failures"] == []
+  assert "XLA options from the recipe's xla_flags (every compile): " \
+    "`--xla_cpu_enable_fast_math=false`." in plan.markdown(result)

@@ -180,3 +180,19 @@ def test_stage_without_upstream_names_it_in_one_line(tmp_path):
     assert f"--config={step}.py" in line
   assert line.count("--config.stages.cft.train.steps=3") == 2
   assert not os.path.exists(tmp_path / "cft")
+
+
+def test_xla_flags_are_the_recipes_and_checked(hf_dir):
+  assert _recipe("sft", "", hf_dir).xla_flags == ()
+  for name in recipes.HF_SCALES:  # the measured H100 Triton tiling failure (configs/recipe.py)
+    assert _recipe("rl", name, hf_dir).xla_flags == ("--xla_gpu_enable_triton_gemm=false",)
+  assert recipe_lib.parse_xla_flags(["--xla_gpu_enable_triton_gemm=false", "--xla_dump_to=/d"]) \
+    == {"xla_gpu_enable_triton_gemm": "false", "xla_dump_to": "/d"}
+  for bad, match in ((["xla_gpu_enable_triton_gemm=false"], "expected '--xla_<name>=<value>'"),
+                     (["--xla_a=1", "--xla_a=2"], "twice")):
+    with pytest.raises(ValueError, match=match):
+      recipe_lib.parse_xla_flags(bad)
+  config = importlib.import_module("sft").get_config("")
+  config.xla_flags = ("--triton=off",)
+  with pytest.raises(ValueError, match="xla_flags entry '--triton=off'"):
+    recipe_lib.from_config(config)

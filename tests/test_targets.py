@@ -58,12 +58,13 @@ def target_mesh(request):
   return targets.target_mesh(name, topology, fsdp, 1)
 
 
-def compile_program(name: str, mesh, target: targets.Target, attention: str = "reference") -> dict:
-  """Compiles one tiny program (a train stage at its config's micro-batch, or a decoder) at the
-  library's matmul precision (conftest.py's 'highest' is the CPU tests' numerics; Mosaic rejects
-  an fp32-precision bf16 dot in the splash kernel)."""
+def compile_program(name: str, mesh, target: targets.Target, attention: str = "reference",
+                    precision: str = "default") -> dict:
+  """Compiles one tiny program (a train stage at its config's micro-batch, or a decoder) at a
+  matmul precision: the library's 'default' (what a run compiles), or conftest.py's 'highest'
+  (the CPU tests' numerics)."""
   s = plan.with_attention(plan.PRESETS["tiny"], attention)
-  with jax.default_matmul_precision("default"):
+  with jax.default_matmul_precision(precision):
     if name in plan.DECODER_STAGES:
       return plan.compile_decoder(name, s, mesh, mesh_rows(mesh), 0, target)
     stage = plan.train_stages(s)[name]
@@ -87,8 +88,11 @@ def test_tiny_program_compiles_for_the_target(target_mesh, program):
 def test_tiny_rl_step_uses_the_targets_attention_kernel(target_mesh):
   # The packed replay (the longest sequences, every mask kind) with ModelConfig.attention_impl =
   # the target's kernel: the compiled HLO calls cuDNN's fused attention / a Mosaic (Pallas) kernel.
+  # At 'highest', where Mosaic rejected splash's bf16 dots before attention.splash traced them at
+  # 'default' ("Bad lhs type").
   mesh, target = target_mesh
-  calls = plan.custom_calls(compile_program("rl", mesh, target, target.kernel)["compiled"])
+  calls = plan.custom_calls(compile_program("rl", mesh, target, target.kernel,
+                                            "highest")["compiled"])
   assert any(KERNEL_CALLS[target.name] in name for name in calls), calls
 
 
@@ -135,3 +139,17 @@ def test_documented_fix_for_the_triton_tiling_failure():
     "xla_gpu_enable_triton_gemm": False}
   assert targets.TARGETS["cpu"].compiler_options(opt_level=0) == {
     "xla_backend_optimization_level": 0}
+
+
+def test_recipe_xla_flags_become_the_platforms_compile_options():
+  flags = ("--xla_gpu_enable_triton_gemm=false", "--xla_tpu_x=3", "--xla_dump_to=/d")
+  assert targets.recipe_options(targets.TARGETS["h100"], flags) == {
+    "xla_gpu_enable_triton_gemm": False, "xla_dump_to": "/d"}
+  assert targets.recipe_options(targets.TARGETS["tpu_v5p"], flags) == {"xla_tpu_x": 3,
+                                                                       "xla_dump_to": "/d"}
+  assert targets.recipe_options(targets.TARGETS["cpu"], flags) == {"xla_dump_to": "/d"}
+  # The 8B / 0.6B plans compile for a GPU with the qwen3_* recipes' flag from the first compile.
+  for preset in ("qwen3_8b", "qwen3_0_6b"):
+    assert targets.recipe_options(targets.TARGETS["h100"], plan.PRESETS[preset].xla_flags) == {
+      "xla_gpu_enable_triton_gemm": False}
+  assert plan.PRESETS["tiny"].xla_flags == ()

@@ -106,6 +106,10 @@ def _tiny() -> ml_collections.ConfigDict:
   c.decode.max_steps_per_block = 64  # denoising-step cap per block (paper: 64)
   c.decode.temperature = 1.0  # rollout sampling temperature, AR and diffusion (log-probs too)
   c.replay_shrink = 1  # OPD / RL replay step shrinkage (1 = exact; k merges k steps per round)
+  c.xla_flags = ()  # XLA flags every compile of the run needs ('--xla_<name>=<value>'):
+  #                   experiments/run.py merges them into XLA_FLAGS before JAX starts its backend
+  #                   (an XLA_FLAGS entry with another value is an error), plan.py --target
+  #                   compiles with them (a platform's own xla_gpu_* / xla_tpu_* on that one only)
   c.mesh = ml_collections.ConfigDict()
   c.mesh.data = 1  # data-parallel replicas
   c.mesh.fsdp = -1  # parameter-sharded data parallelism (-1 = the remaining devices)
@@ -187,6 +191,12 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   c.model.remat = "full"
   c.model.param_dtype = "bfloat16"
   c.model.attention_chunk_bytes = 1 << 30  # accelerator-sized attention chunks
+  # cuBLAS gemms, not Triton: XLA's H100 compiler (deviceless, default Triton tiles without
+  # autotuning) found no tiles for the train steps' dots: "INTERNAL: Couldn't find output tile
+  # sizes that satisfy hlo: %dot.721 = bf16[9824,4096]" (8B SFT, fsdp 8) and bf16[20784,1024]
+  # (0.6B OPD, one chip); with this flag every 8B / 0.6B program compiled (docs/plan_qwen3_8b.md
+  # "On the real compilers"). XLA parses it on every platform; only GPU compiles read it.
+  c.xla_flags = ("--xla_gpu_enable_triton_gemm=false",)
   p = c.data.prompt  # the paper's prompt (research/papers.md §1.3)
   p.style = "chat"
   p.answer_format = "sid"

@@ -378,8 +378,42 @@ def _batch_shards(fn, batch: int):
   return jax.shard_map(fn, in_specs=spec, out_specs=spec, check_vma=False)
 
 
+def _at_precision(fn, precision: str):
+  """fn with its forward and its backward traced under jax.default_matmul_precision(precision).
+
+  A context manager around a call covers its forward only: the backward of a custom_vjp (the
+  splash kernel's) is traced later, when the caller's gradient is transposed. Here fn's vjp is
+  taken inside the context and its backward called inside it again (jax.vjp's function is a
+  pytree of residuals, so it is this custom_vjp's residual).
+  """
+  @jax.custom_vjp
+  def wrapped(*args):
+    with jax.default_matmul_precision(precision):
+      return fn(*args)
+
+  def forward(*args):
+    with jax.default_matmul_precision(precision):
+      return jax.vjp(fn, *args)
+
+  def backward(vjp_fn, cotangent):
+    with jax.default_matmul_precision(precision):
+      return vjp_fn(cotangent)
+
+  wrapped.defvjp(forward, backward)
+  return wrapped
+
+
 def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) -> jax.Array:
   """Pallas splash attention (GQA native: N query heads over K kv heads) with splash_arguments.
+
+  Matmul precision: the kernel's dots take the default precision of the trace, and Mosaic
+  rejects a bf16 dot at fp32 precision ("Bad lhs type", measured on the TPU v5e compiler under
+  the tests' jax_default_matmul_precision='highest'). For bf16 / fp16 inputs the kernel is
+  traced, forward and backward, at 'default' precision (`_at_precision`), the kernel as it runs
+  on a TPU without a precision setting: its q.k, dO.v and dS.k dots take the bf16 operands in one
+  pass with f32 accumulation (exact: a product of two bf16 numbers is exact in f32), its f32
+  dots (probabilities x values) at the TPU's default one bf16 pass. fp32 inputs keep the
+  precision in context (Mosaic compiles f32 dots at 'highest').
 
   Args:
     q: [B, T, N, H]; k, v: [B, Sp, K, H] (arguments['keys']); arguments: splash_arguments(...).
@@ -415,6 +449,8 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) 
     ids = splash_kernel.SegmentIds(q=jnp.zeros(q.shape[::2][:2], jnp.int32), kv=segments)
     return jax.vmap(kernel)(q, k, v, segment_ids=ids)
 
+  if q.dtype != jnp.float32:
+    run = _at_precision(run, "default")
   out = _batch_shards(run, b)(q, k, v, segments)  # [B, N, Tp, H]
   return out[:, :, :t].transpose(0, 2, 1, 3)
 

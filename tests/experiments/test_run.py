@@ -50,3 +50,39 @@ def test_unknown_stage_is_an_error(tmp_path):
   result = _run(f"--config={config}", f"--workdir={tmp_path}")
   assert result.returncode != 0
   assert "nope" in result.stderr
+
+
+def test_merge_xla_flags_appends_the_recipes_and_refuses_a_conflict(run_module):
+  merge = run_module.merge_xla_flags
+  flag = "--xla_gpu_enable_triton_gemm=false"
+  assert merge("", [flag]) == flag
+  assert merge("--xla_force_host_platform_device_count=8", [flag]) == (
+    f"--xla_force_host_platform_device_count=8 {flag}")
+  assert merge(f" {flag} ", [flag]) == flag and merge("--xla_a=1", []) == "--xla_a=1"
+  with pytest.raises(ValueError, match="XLA_FLAGS sets --xla_gpu_enable_triton_gemm=true, the "
+                                       "recipe's xla_flags --xla_gpu_enable_triton_gemm=false"):
+    merge("--xla_gpu_enable_triton_gemm", [flag])
+
+
+def test_xla_flags_after_the_backend_started_are_an_error(run_module, monkeypatch):
+  import jax
+
+  jax.devices()  # the backend has started (with conftest's XLA_FLAGS)
+  current = os.environ.get("XLA_FLAGS", "")
+  monkeypatch.setenv("XLA_FLAGS", current)
+  run_module.apply_xla_flags([])  # nothing new: fine
+  with pytest.raises(RuntimeError, match="backend has already started"):
+    run_module.apply_xla_flags(["--xla_gpu_enable_triton_gemm=false"])
+  assert os.environ["XLA_FLAGS"] == current
+
+
+def test_the_gpu_flag_is_set_before_the_cpu_backend_starts_and_accepted():
+  # XLA parses every platform's flags (it aborts on an unknown one): a qwen3_* recipe's GPU
+  # flag is harmless on a CPU-only run.
+  code = ("from experiments import run; import os, jax; "
+          "run.apply_xla_flags(['--xla_gpu_enable_triton_gemm=false']); "
+          "print(os.environ['XLA_FLAGS']); print(float(jax.numpy.ones(3).sum()))")
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          timeout=120, env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert result.stdout.split("\n")[:2] == ["--xla_gpu_enable_triton_gemm=false", "3.0"]

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 
 from gr2jax import checkpoint
 from gr2jax.diffusion import decode, layout, replay
@@ -296,3 +297,41 @@ def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, caus
   np.testing.assert_allclose(chunked, whole, atol=1e-5)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), chunked_grads,
                whole_grads)
+
+
+def _kernel_dots(jaxpr, inside: bool = False) -> list:
+  """(precision, operand dtypes) of every dot_general inside a pallas_call of `jaxpr`."""
+  found = []
+  for eqn in jaxpr.eqns:
+    if inside and eqn.primitive.name == "dot_general":
+      found.append((eqn.params["precision"], tuple(str(x.aval.dtype) for x in eqn.invars)))
+    for value in eqn.params.values():
+      for sub in value if isinstance(value, tuple | list) else (value,):
+        sub = getattr(sub, "jaxpr", sub)
+        if hasattr(sub, "eqns"):
+          found += _kernel_dots(sub, inside or eqn.primitive.name == "pallas_call")
+  return found
+
+
+def test_splash_bf16_kernel_traces_at_default_precision_under_highest():
+  """conftest's 'highest' would give the kernel's bf16 dots fp32 precision, which Mosaic rejects
+  ("Bad lhs type"; tests/test_targets.py compiles the kernel for a TPU under it): the forward and
+  backward kernels trace at 'default' (attention._at_precision), and the interpreted kernel's
+  output and gradients equal the reference's."""
+  assert jax.config.jax_default_matmul_precision == "highest"
+  cache_slots, mask, pattern = _packed_replay()
+  q, new, cache, weights = (jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), a)
+                            for a in _inputs(cache_slots, mask.shape[1]))
+  config = ModelConfig.tiny(attention_impl="splash", compute_dtype="bfloat16")
+
+  def loss(q, k, v):
+    out = attention.attend(q, k, v, None, None, attention.prepare(config, mask, pattern))
+    return jnp.sum(out.astype(jnp.float32) * weights)
+
+  dots = _kernel_dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, *new).jaxpr)
+  assert len(dots) >= 3 and "bfloat16" in {d for _, types in dots for d in types}  # fwd + bwd
+  assert {p for p, _ in dots} == {(lax.Precision.DEFAULT,) * 2}, dots
+  want, got = (_run(impl, mask, pattern, q, new, cache, weights)
+               for impl in ("reference", "splash"))  # outputs and gradients, bf16
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.float32(x), np.float32(y), atol=3e-2),
+               got, want)
