@@ -24,13 +24,21 @@ LossFn = Callable[[dict, dict, jax.Array], tuple[jax.Array, jax.Array, dict]]
 
 
 def split_micro_batches(batch: dict, num: int) -> dict:
-  """[B, ...] leaves -> [num, B / num, ...]; micro-batch m holds rows m, m + num, ... (so every
-  device's rows split evenly when B is sharded)."""
+  """[B, ...] leaves -> [B / num, num, ...], a reshape (no copy); micro-batch m = `[:, m]` holds
+  rows m, m + num, ... (so every device's rows split evenly when B is sharded). Taking m inside
+  the scan keeps the batch in place: a [num, B / num, ...] transpose copied every leaf (the whole
+  of OPD's teacher log-probs at 8B)."""
   def split(x):
     if x.shape[0] % num:
       raise ValueError(f"batch of {x.shape[0]} rows does not split into {num} micro-batches")
-    return rearrange(x, "(b m) ... -> m b ...", m=num)
+    return rearrange(x, "(b m) ... -> b m ...", m=num)
   return jax.tree.map(split, batch)
+
+
+def micro_batch(parts: dict, m: jax.Array) -> dict:
+  """Micro-batch m ([B / num, ...] leaves) of split_micro_batches' [B / num, num, ...] leaves."""
+  return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, axis=1, keepdims=False),
+                      parts)
 
 
 def accumulate(loss_fn: LossFn, params: dict, batch: dict, key: jax.Array, micro_batches: int):
@@ -56,14 +64,13 @@ def accumulate(loss_fn: LossFn, params: dict, batch: dict, key: jax.Array, micro
   if micro_batches == 1:
     return one(batch, 0)
   parts = split_micro_batches(batch, micro_batches)
-  first = jax.eval_shape(one, jax.tree.map(lambda x: x[0], parts), 0)
+  first = jax.eval_shape(one, micro_batch(parts, jnp.int32(0)), 0)
   zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), first)
 
-  def body(acc, xs):
-    mb, m = xs
-    return jax.tree.map(jnp.add, acc, one(mb, m)), None
+  def body(acc, m):
+    return jax.tree.map(jnp.add, acc, one(micro_batch(parts, m), m)), None
 
-  acc, _ = jax.lax.scan(body, zeros, (parts, jnp.arange(micro_batches)))
+  acc, _ = jax.lax.scan(body, zeros, jnp.arange(micro_batches))
   return acc
 
 
