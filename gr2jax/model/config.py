@@ -116,6 +116,16 @@ class ModelConfig:
                          num_kv_heads=2, head_dim=32, intermediate_size=384), **overrides})
 
   @classmethod
+  def tiny_deep(cls, **overrides) -> "ModelConfig":
+    """`tiny` with 4 layers instead of 2 (issue #19's validity-vs-size curve)."""
+    return cls.tiny(**{**dict(num_layers=4), **overrides})
+
+  @classmethod
+  def tiny_wide(cls, **overrides) -> "ModelConfig":
+    """`tiny` at twice the width: hidden, head and MLP widths x2, 2 layers (issue #19's curve)."""
+    return cls.tiny(**{**dict(hidden_size=256, head_dim=64, intermediate_size=768), **overrides})
+
+  @classmethod
   def small(cls, **overrides) -> "ModelConfig":
     """5.25M params untied (feasibility_perf.md preset b): longer CPU runs, GPU smoke tests."""
     return cls(**{**dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4,

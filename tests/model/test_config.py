@@ -34,6 +34,14 @@ def test_qwen3_0_6b_json_matches_preset():
   assert ModelConfig.from_hf_dict(d) == ModelConfig.qwen3_0_6b()
 
 
+def test_tiny_size_presets_change_one_axis():
+  tiny = ModelConfig.tiny(vocab_size=3072)
+  assert ModelConfig.tiny_deep(vocab_size=3072) == dataclasses.replace(tiny, num_layers=4)
+  assert ModelConfig.tiny_wide(vocab_size=3072) == dataclasses.replace(
+    tiny, hidden_size=256, head_dim=64, intermediate_size=768)
+  assert ModelConfig.tiny_wide(num_layers=3).num_layers == 3  # overrides win
+
+
 def test_rope_theta_from_rope_parameters():
   d = dict(QWEN3_8B_JSON, rope_parameters={"rope_type": "default", "rope_theta": 5000.0})
   del d["rope_theta"]
