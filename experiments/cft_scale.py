@@ -9,7 +9,7 @@ counts for every size (README of docs/benchmarks/cft_validity, "Validity vs mode
       --config.stages.cft.train.steps=300
   python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export --specs=0.9:confidence:32 \
       --out=W/tau09.json
-  python experiments/cft_scale.py --points=W1,W2,W3 --out_dir=docs/benchmarks/cft_validity/scale
+  python experiments/cft_scale.py --points=W1,W2,W3 --scale_dir=docs/benchmarks/cft_validity/scale
 
 A point reads (W is read only): W/cft/export's model config (parameter count, layers, width),
 W/cft/eval_final.json (the CFT stage's own evaluation: tau = the recipe's eval_tau, 1.0),
@@ -35,8 +35,8 @@ from gr2jax.model import params as params_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("points", None, "Chain workdirs W or W@TAU09_JSON (module docstring).")
-flags.DEFINE_string("out_dir", None, "Where scale.json and scale.png go.")
-flags.mark_flags_as_required(["points", "out_dir"])
+flags.DEFINE_string("scale_dir", None, "Where scale.json and scale.png go.")
+flags.mark_flags_as_required(["points", "scale_dir"])
 
 STAGES = ("sft", "ar_rl", "cft")
 GOAL = 0.98  # the issue's valid-rate goal at tau 1.0 and 0.9
@@ -133,10 +133,10 @@ def main(argv):
   del argv
   points = [read_point(s) for s in FLAGS.points]
   result = dict(points=points, fits=fits(points), goal=GOAL)
-  os.makedirs(FLAGS.out_dir, exist_ok=True)
-  with open(os.path.join(FLAGS.out_dir, "scale.json"), "w") as f:
+  os.makedirs(FLAGS.scale_dir, exist_ok=True)
+  with open(os.path.join(FLAGS.scale_dir, "scale.json"), "w") as f:
     json.dump(result, f, indent=1)
-  plot(points, os.path.join(FLAGS.out_dir, "scale.png"))
+  plot(points, os.path.join(FLAGS.scale_dir, "scale.png"))
   print("| params | L | D | steps sft/ar_rl/cft | AR valid | tau | valid | dup | oos | R@1 | "
         "NFE/tok | eval s | CFT train s |\n|" + "---|" * 13)
   for p in points:
