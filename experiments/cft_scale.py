@@ -36,7 +36,6 @@ from gr2jax.model import params as params_lib  # noqa: E402
 FLAGS = flags.FLAGS
 flags.DEFINE_list("points", None, "Chain workdirs W or W@TAU09_JSON (module docstring).")
 flags.DEFINE_string("scale_dir", None, "Where scale.json and scale.png go.")
-flags.mark_flags_as_required(["points", "scale_dir"])
 
 STAGES = ("sft", "ar_rl", "cft")
 GOAL = 0.98  # the valid-rate goal at tau 1.0 and 0.9
@@ -131,6 +130,9 @@ def plot(points: list[dict], path: str) -> None:
 
 def main(argv):
   del argv
+  for name in ("points", "scale_dir"):  # checked here: a validator at import would fire in
+    if not getattr(FLAGS, name):        # every other script's flag parsing of the test process
+      raise app.UsageError(f"--{name} is required (module docstring)")
   points = [read_point(s) for s in FLAGS.points]
   result = dict(points=points, fits=fits(points), goal=GOAL)
   os.makedirs(FLAGS.scale_dir, exist_ok=True)
