@@ -86,17 +86,21 @@ def rise(params: list[int], valid: list[float]) -> dict:
               params_for_goal=goal)
 
 
+def by_budget(points: list[dict]) -> list[tuple[dict, list[dict]]]:
+  """[(budget {stage: steps}, its points by params)], the budgets in order."""
+  budgets = sorted({tuple(sorted(p["steps"].items())) for p in points})
+  return [(dict(budget), sorted((p for p in points if tuple(sorted(p["steps"].items())) == budget),
+                                key=lambda p: p["params"])) for budget in budgets]
+
+
 def fits(points: list[dict]) -> list[dict]:
   """One rise() per budget (the same steps per stage) and tau, over that budget's sizes."""
   out = []
-  budgets = sorted({tuple(sorted(p["steps"].items())) for p in points})
-  for budget in budgets:
-    group = sorted((p for p in points if tuple(sorted(p["steps"].items())) == budget),
-                   key=lambda p: p["params"])
+  for budget, group in by_budget(points):
     for tau in ("1.0", "0.9"):
       fit = (rise([p["params"] for p in group], [p["taus"][tau]["valid"] for p in group])
              if len({p["params"] for p in group}) > 1 else None)
-      out.append(dict(steps=dict(budget), tau=tau, sizes=len(group), fit=fit))
+      out.append(dict(steps=budget, tau=tau, sizes=len(group), fit=fit))
   return out
 
 
@@ -108,11 +112,8 @@ def plot(points: list[dict], path: str) -> None:
   import matplotlib.pyplot as plt
 
   fig, ax = plt.subplots(figsize=(5.2, 3.6))
-  budgets = sorted({tuple(sorted(p["steps"].items())) for p in points})
-  for budget in budgets:
-    group = sorted((p for p in points if tuple(sorted(p["steps"].items())) == budget),
-                   key=lambda p: p["params"])
-    label = "/".join(str(dict(budget)[s]) for s in STAGES)
+  for budget, group in by_budget(points):
+    label = "/".join(str(budget[s]) for s in STAGES)
     for tau, style in (("1.0", "o-"), ("0.9", "s--")):
       ax.plot([p["params"] for p in group], [p["taus"][tau]["valid"] for p in group], style,
               label=f"tau {tau}, steps {label}")
