@@ -1065,16 +1065,18 @@ def main(argv):
       with open(path) as f:
         saved = json.load(f)
 
+    def merged(result):  # this run's rows, with --append the saved plan's others
+      return result if saved is None else merge_plans(saved, result)
+
     def save(result):
       with open(path, "w") as f:
-        json.dump(result if saved is None else merge_plans(saved, result), f, indent=1,
-                  default=float)
+        json.dump(merged(result), f, indent=1, default=float)
 
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
                       FLAGS.target, FLAGS.topology, save, FLAGS.attention,
                       dict(_option(text) for text in FLAGS.xla_options))
     save(result)
-    result = result if saved is None else merge_plans(saved, result)
+    result = merged(result)
   table = markdown(result)
   if FLAGS.doc:
     update_doc(FLAGS.doc, table, doc_block(result))
