@@ -10,7 +10,33 @@ The public API, importable from a notebook without loading JAX until first use:
 See WORKSPACE.md for the module map and contracts.
 """
 
+import glob
 import importlib
+import os
+import sys
+
+# Device files whose presence means an accelerator JAX may use: NVIDIA's driver, TPU chips.
+ACCELERATOR_FILES = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/accel*", "/dev/vfio")
+
+
+def default_to_cpu_without_accelerator() -> bool:
+  """JAX_PLATFORMS=cpu where no accelerator exists and the user chose no platform; True if set.
+
+  requirements-aot.txt installs the compile-only CUDA plugin everywhere; on a machine with no
+  NVIDIA driver JAX then tries to load CUDA at its first backend use and logs a traceback
+  ("Unable to load CUDA") before falling back to the CPU, on every command. Naming the CPU up
+  front gives the same backend without it. Must run before JAX starts a backend: at `import
+  gr2jax`, through the environment, or through jax.config if JAX is already imported.
+  """
+  if os.environ.get("JAX_PLATFORMS") or any(glob.glob(p) for p in ACCELERATOR_FILES):
+    return False
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  if "jax" in sys.modules:
+    sys.modules["jax"].config.update("jax_platforms", "cpu")
+  return True
+
+
+default_to_cpu_without_accelerator()
 
 _EXPORTS = {
     "ModelConfig": "gr2jax.model.config",
