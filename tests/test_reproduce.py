@@ -60,6 +60,13 @@ def test_table2_hf_recipe_end_to_end(hf_run):
   for step in steps:  # every step ran, in order, and left its export
     assert f"] {step}: running into" in result.stdout, step
     assert os.path.isdir(os.path.join(workdir, step, "export")), step
+  for step in ("ar_rl", "rl"):  # two GRPO steps each, on real rollouts
+    metrics = [json.loads(line) for line in open(os.path.join(workdir, step, "logs",
+                                                              "metrics.jsonl"))]
+    trained = [m for m in metrics if "train/reward" in m]
+    assert len(trained) == 2, (step, metrics)
+    for m in trained:
+      assert -1.0 <= m["train/reward"] <= 1.2 and 0 <= m["train/kept_groups"] <= 1, (step, m)
   added = json.load(open(os.path.join(workdir, "convert", "export", "added_token_ids.json")))
   assert "<|mask|>" in added and "<slot_0>" in added  # the project's tokens were added
   table = json.load(open(os.path.join(workdir, "results", "table2.json")))
