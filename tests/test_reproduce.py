@@ -3,7 +3,10 @@ real HF layout (tests/hf_layout.py), end to end through experiments/run.py -- to
 conversion with the project's tokens, the data build with the paper's prompt, SFT -> AR RL ->
 CFT -> OPD -> RL, every Table 2 row, Table 3, Table 4 and Figure 6 -- with two steps per stage,
 the first 600 users' data build, 3 history items shown (the paper's 20 make 1,600-token prompts
-with this tiny tokenizer), 16 evaluated users; then a single stage checks or runs its upstream."""
+with this tiny tokenizer), 16 evaluated users, and 8 rollout rows per on-policy step (AR RL and RL:
+2 prompts x 4, OPD: 2 x 2; the smoke's 32 / 16 / 32 made these steps most of the run's time: bf16
+on CPU, ~1,000-token rows) and one forced length in Figure 6's sweep (each compiles two decoders);
+then a single stage checks or runs its upstream."""
 
 import json
 import os
@@ -19,6 +22,10 @@ from tests.hf_layout import save_qwen3_dir
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "experiments", "run.py")
 SIDS = os.path.join(REPO, "results", "sids_table2.npy")  # skips the RQ-VAE (the tiny run's SIDs)
+SIZES = ("--config.stages.ar_rl.train.batch_size=2", "--config.stages.ar_rl.rl.group_size=4",
+         "--config.stages.opd.train.batch_size=2", "--config.stages.opd.opd.group_size=2",
+         "--config.stages.rl.train.batch_size=2", "--config.stages.rl.rl.group_size=4",
+         "--config.table.fig6.output_lengths=(16,)")  # (module docstring)
 
 
 def _run(workdir, *args, config="table2.py"):
@@ -28,7 +35,7 @@ def _run(workdir, *args, config="table2.py"):
     [sys.executable, RUN, f"--config={config}:qwen3_0_6b,smoke", f"--workdir={workdir}",
      f"--config.data.sids_file={SIDS}", "--config.data.users=600",
      "--config.data.eval_subset_size=48", "--config.data.prompt.history_items=3",
-     "--config.eval.limit=16", "--config.eval.batch_size=8", *args],
+     "--config.eval.limit=16", "--config.eval.batch_size=8", *SIZES, *args],
     capture_output=True, text=True, cwd=REPO, timeout=3600, env=env)  # a loaded shared box
 
 
@@ -53,6 +60,13 @@ def test_table2_hf_recipe_end_to_end(hf_run):
   for step in steps:  # every step ran, in order, and left its export
     assert f"] {step}: running into" in result.stdout, step
     assert os.path.isdir(os.path.join(workdir, step, "export")), step
+  for step in ("ar_rl", "rl"):  # two GRPO steps each, on real rollouts
+    metrics = [json.loads(line) for line in open(os.path.join(workdir, step, "logs",
+                                                              "metrics.jsonl"))]
+    trained = [m for m in metrics if "train/reward" in m]
+    assert len(trained) == 2, (step, metrics)
+    for m in trained:
+      assert -1.0 <= m["train/reward"] <= 1.2 and 0 <= m["train/kept_groups"] <= 1, (step, m)
   added = json.load(open(os.path.join(workdir, "convert", "export", "added_token_ids.json")))
   assert "<|mask|>" in added and "<slot_0>" in added  # the project's tokens were added
   table = json.load(open(os.path.join(workdir, "results", "table2.json")))
@@ -62,6 +76,8 @@ def test_table2_hf_recipe_end_to_end(hf_run):
   assert table["provenance"]["recipe"] == "qwen3_0_6b"
   for name in ("table3.md", "table4.md", "fig6.json", "table3_frontier.png"):
     assert os.path.getsize(os.path.join(workdir, "results", name)) > 0, name
+  fig6 = json.load(open(os.path.join(workdir, "results", "fig6.json")))
+  assert [b["mean"] for b in fig6["by_forced_output_length"]] == [16.0], fig6  # the sweep ran
   # every step read the same data build: the paper's prompt, the HF tokenizer extended
   data = {json.load(open(os.path.join(workdir, s, "done.json")))["data"] for s in steps}
   assert len(data) == 1

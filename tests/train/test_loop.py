@@ -326,6 +326,8 @@ def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
                toy_context(config, tok, str(tmp_path), mesh))
 
 
+@pytest.mark.slow  # the same path by default: tests/test_reproduce.py's HF-layout run (AR RL and
+#                   RL from their upstream exports, these reward / group checks) and test.sh's smoke
 def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
   """Two GRPO steps with real rollouts from the toy SFT export: rewards, groups and the update."""
   workdir = str(tmp_path)
