@@ -368,6 +368,8 @@ def main(argv):
     for p in map(int, lens.split("+") if lens else FLAGS.prompt_lengths):
       result["rows"] += replay(config, params, run, chosen, p)
       write_report(result)  # after every run: a partial report survives an interruption
+    del params  # else the next run's random weights are made beside these (1.7B fp32: 6.9 GB
+    #             each: two of them and the replay's buffers were OOM-killed on 24 GB)
   if FLAGS.table3_results:
     best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
     tables.add_emulated_speedup(FLAGS.table3_results, {
