@@ -3,10 +3,8 @@ real HF layout (tests/hf_layout.py), end to end through experiments/run.py -- to
 conversion with the project's tokens, the data build with the paper's prompt, SFT -> AR RL ->
 CFT -> OPD -> RL, every Table 2 row, Table 3, Table 4 and Figure 6 -- with two steps per stage,
 the first 600 users' data build, 3 history items shown (the paper's 20 make 1,600-token prompts
-with this tiny tokenizer), 16 evaluated users, and 8 rollout rows per on-policy step (AR RL and RL:
-2 prompts x 4, OPD: 2 x 2; the smoke's 32 / 16 / 32 made these steps most of the run's time: bf16
-on CPU, ~1,000-token rows) and one forced length in Figure 6's sweep (each compiles two decoders);
-then a single stage checks or runs its upstream."""
+with this tiny tokenizer) and 16 evaluated users (the smoke's rollout sizes and Figure 6 sweep:
+experiments/configs/recipe.py `_smoke`); then a single stage checks or runs its upstream."""
 
 import json
 import os
@@ -22,10 +20,6 @@ from tests.hf_layout import save_qwen3_dir
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "experiments", "run.py")
 SIDS = os.path.join(REPO, "results", "sids_table2.npy")  # skips the RQ-VAE (the tiny run's SIDs)
-SIZES = ("--config.stages.ar_rl.train.batch_size=2", "--config.stages.ar_rl.rl.group_size=4",
-         "--config.stages.opd.train.batch_size=2", "--config.stages.opd.opd.group_size=2",
-         "--config.stages.rl.train.batch_size=2", "--config.stages.rl.rl.group_size=4",
-         "--config.table.fig6.output_lengths=(16,)")  # (module docstring)
 
 
 def _run(workdir, *args, config="table2.py"):
@@ -35,7 +29,7 @@ def _run(workdir, *args, config="table2.py"):
     [sys.executable, RUN, f"--config={config}:qwen3_0_6b,smoke", f"--workdir={workdir}",
      f"--config.data.sids_file={SIDS}", "--config.data.users=600",
      "--config.data.eval_subset_size=48", "--config.data.prompt.history_items=3",
-     "--config.eval.limit=16", "--config.eval.batch_size=8", *SIZES, *args],
+     "--config.eval.limit=16", "--config.eval.batch_size=8", *args],
     capture_output=True, text=True, cwd=REPO, timeout=3600, env=env)  # a loaded shared box
 
 
