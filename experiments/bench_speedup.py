@@ -32,6 +32,7 @@ fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cos
 
 The same run checks the AR path against transformers at batch 1 on the tiny preset
 (--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
+--merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
 Outputs (--report_dir): bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
 0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
 (DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/tables.py).
@@ -88,6 +89,9 @@ flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny
 flags.DEFINE_string("table3_results", None, "Results dir whose Table 3 gets the column.")
 flags.DEFINE_string("table3_shape", "qwen3_0_6b/float32", "The run whose speed-up Table 3 shows.")
 flags.DEFINE_integer("table3_prompt", 256, "The prompt length of Table 3's column.")
+flags.DEFINE_list("merge", [], "Replay nothing: merge these report dirs' bench_speedup.json "
+                  "(one schedules file, no configuration twice) into --report_dir's table, "
+                  "best-block lines and plot (each row keeps its source dir).")
 
 HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig preset
   "qwen3_1_7b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=28,
@@ -303,9 +307,14 @@ def plot(rows: list[dict], path: str) -> None:
   for i, p in enumerate(prompts):
     for j, tau in enumerate(taus):
       ax = axes[i, j]
-      for (b, dtype) in sorted({(r["block"], r["dtype"]) for r in rows if r["tau"] == tau}):
-        rs = sorted((r for r in rows if r["tau"] == tau and r["block"] == b
-                     and r["dtype"] == dtype and r["prompt_len"] == p), key=lambda r: r["params"])
+      panel = [r for r in rows if r["tau"] == tau and r["prompt_len"] == p]
+      if not panel:  # a (prompt, tau) no run measured: say so (a log axis of nothing fails)
+        ax.set_title(f"tau={tau:g}, prompt {p}: not measured")
+        ax.axis("off")
+        continue
+      for (b, dtype) in sorted({(r["block"], r["dtype"]) for r in panel}):
+        rs = sorted((r for r in panel if r["block"] == b and r["dtype"] == dtype),
+                    key=lambda r: r["params"])
         ax.plot([r["params"] for r in rs], [r["speedup"] for r in rs],
                 "o-" if dtype == "float32" else "s--", label=f"B={b} {dtype}")
       ax.axhline(1.0, color="gray", lw=0.5)
@@ -343,9 +352,38 @@ def write_report(result: dict) -> None:
     plot(rows, os.path.join(FLAGS.report_dir, "speedup_vs_size.png"))
 
 
+def merged_result(report_dirs: list[str]) -> dict:
+  """The rows of several runs' reports as one result (each row tagged with its `source` dir).
+
+  Raises:
+    app.UsageError: a report is missing, the reports replay other schedules or devices, or two
+      hold the same configuration (shape, dtype, prompt, method, block, tau).
+  """
+  rows, seen, heads = [], {}, set()
+  for d in report_dirs:
+    path = os.path.join(d, "bench_speedup.json")
+    if not os.path.exists(path):
+      raise app.UsageError(f"--merge: {path} does not exist (not a bench_speedup report dir)")
+    report = json.load(open(path))
+    heads.add((report["device"], report["schedules"]))
+    for r in report["rows"]:
+      key = tuple(r[k] for k in ("shape", "dtype", "prompt_len", "method", "block", "tau"))
+      if key in seen:
+        raise app.UsageError(f"--merge: {key} is in both {seen[key]} and {d}")
+      seen[key] = d
+      rows.append(dict(r, source=d))
+  if len(heads) != 1:
+    raise app.UsageError(f"--merge: the reports differ in (device, schedules): {sorted(heads)}")
+  device, schedules = heads.pop()
+  return dict(device=device, schedules=schedules, rows=rows)
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  if FLAGS.merge:
+    write_report(merged_result(FLAGS.merge))
+    return
   if FLAGS.record_ckpt:
     recorded = record_schedules()
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.schedules)), exist_ok=True)
