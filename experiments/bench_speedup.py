@@ -332,9 +332,10 @@ def write_report(result: dict) -> None:
   with open(os.path.join(FLAGS.report_dir, "bench_speedup.json"), "w") as f:
     json.dump(result, f, indent=1)
   fmt = lambda v: f"{v:.3g}" if isinstance(v, float) else ("" if v is None else str(v))
+  columns = COLUMNS + (("source",) if any("source" in r for r in rows) else ())  # --merge
   lines = [f"# bench_speedup: {result['device']}; schedules {result['schedules']}", "",
-           "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-  lines += ["| " + " | ".join(fmt(r.get(c)) for c in COLUMNS) + " |" for r in rows]
+           "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
   for p in map(int, FLAGS.prompt_lengths):
     for dtype in sorted({r["dtype"] for r in rows}):
       lines += ["", f"Best block at tau 0.9, prompt {p}, {dtype}: "
@@ -357,7 +358,8 @@ def merged_result(report_dirs: list[str]) -> dict:
 
   Raises:
     app.UsageError: a report is missing, the reports replay other schedules or devices, or two
-      hold the same configuration (shape, dtype, prompt, method, block, tau).
+      hold the same diffusion configuration (shape, dtype, prompt, block, tau). AR rows may
+      repeat: each is the baseline of its own run's speed-ups.
   """
   rows, seen, heads = [], {}, set()
   for d in report_dirs:
@@ -367,10 +369,10 @@ def merged_result(report_dirs: list[str]) -> dict:
     report = json.load(open(path))
     heads.add((report["device"], report["schedules"]))
     for r in report["rows"]:
-      key = tuple(r[k] for k in ("shape", "dtype", "prompt_len", "method", "block", "tau"))
-      if key in seen:
+      key = tuple(r[k] for k in ("shape", "dtype", "prompt_len", "block", "tau"))
+      if r["method"] == "diffusion" and key in seen:
         raise app.UsageError(f"--merge: {key} is in both {seen[key]} and {d}")
-      seen[key] = d
+      seen.setdefault(key, d)
       rows.append(dict(r, source=d))
   if len(heads) != 1:
     raise app.UsageError(f"--merge: the reports differ in (device, schedules): {sorted(heads)}")

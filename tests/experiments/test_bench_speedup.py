@@ -30,20 +30,23 @@ def _merge(out, *dirs):
 
 
 def test_merge_writes_one_report_over_the_runs_and_refuses_a_configuration_twice(tmp_path):
+  """Two runs with an AR baseline each (AR rows may repeat; a diffusion configuration may not)."""
   small = _report(tmp_path / "small", [_row("small", 5e6, "AR", 1, None, None),
                                        _row("small", 5e6, "diffusion", 16, 0.9, 1.2),
                                        _row("small", 5e6, "diffusion", 32, 0.9, 0.9)])
   big = _report(tmp_path / "big", [_row("big", 6e8, "AR", 1, None, None),
+                                   _row("small", 5e6, "AR", 1, None, None),  # its own baseline
                                    _row("big", 6e8, "diffusion", 32, 0.9, 1.1, prompt_len=2200)])
   out = tmp_path / "all"
   result = _merge(out, small, big)
   assert result.returncode == 0, result.stderr[-2000:]
   merged = json.load(open(out / "bench_speedup.json"))
-  assert [r["source"] for r in merged["rows"]] == [small] * 3 + [big] * 2
+  assert [r["source"] for r in merged["rows"]] == [small] * 3 + [big] * 3
   md = open(out / "bench_speedup.md").read()
+  assert f"| {small} |" in md  # the source column
   assert "prompt 256, float32: small (5.0M) 1.20x (B=16)" in md  # the best block per shape
   assert "prompt 2200, float32: big (600.0M) 1.10x (B=32)" in md
   assert os.path.getsize(out / "speedup_vs_size.png") > 0  # a (prompt, tau) with no row: a panel
   result = _merge(tmp_path / "again", small, small)
   assert result.returncode != 0 and "Traceback" not in result.stderr
-  assert "--merge: ('small', 'float32', 256, 'AR', 1, None) is in both" in result.stderr
+  assert "--merge: ('small', 'float32', 256, 16, 0.9) is in both" in result.stderr
