@@ -248,9 +248,9 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
                   micro_batches=min(t.micro_batches, 4)))
   # 8 rollout rows per on-policy step (AR RL, RL: 2 prompts x 4; OPD: 2 x 2): at 4 x G these
   # steps were most of an HF recipe's smoke (bf16 on CPU, ~1,000-token rows)
-  for name, group in (("ar_rl", "rl"), ("opd", "opd"), ("rl", "rl")):
+  for name, block, group_size in (("ar_rl", "rl", 4), ("opd", "opd", 2), ("rl", "rl", 4)):
     c.stages[name].train.batch_size = 2
-    c.stages[name][group].group_size = 4 if group == "rl" else 2
+    c.stages[name][block].group_size = group_size
 
 
 def get_recipe(stage: str, variant: str = "") -> ml_collections.ConfigDict:
