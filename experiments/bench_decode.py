@@ -34,7 +34,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import load  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
@@ -82,7 +82,7 @@ def build_models(preset: str):
   with tempfile.TemporaryDirectory() as tmp:
     hf_model.save_pretrained(os.path.join(tmp, "hf"))
     convert_hf.convert(os.path.join(tmp, "hf"), os.path.join(tmp, "ckpt"), FLAGS.dtype)
-    loaded_config, params = checkpoint.load_model(os.path.join(tmp, "ckpt"))
+    loaded_config, params = load.load_model(os.path.join(tmp, "ckpt"))
   config = dataclasses.replace(loaded_config, eos_token_ids=(), compute_dtype=FLAGS.dtype)
   return config, params, hf_model.to(getattr(torch, FLAGS.dtype)).eval()
 

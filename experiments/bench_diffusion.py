@@ -42,7 +42,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import load  # noqa: E402
 from gr2jax.diffusion import decode  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
@@ -79,7 +79,7 @@ flags.DEFINE_integer("seed", 0, "Seed of the random weights and prompts.")
 def _model():
   """(config, params, description) from --ckpt or random weights of --preset."""
   if FLAGS.ckpt:
-    config, params = checkpoint.load_model(FLAGS.ckpt)
+    config, params = load.load_model(FLAGS.ckpt)
     if config.mask_token_id is None:
       raise app.UsageError(f"--ckpt={FLAGS.ckpt} has no mask_token_id: convert it with "
                            "weights_conversion/ar_to_diffusion.py first")

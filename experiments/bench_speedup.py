@@ -35,7 +35,7 @@ The same run checks the AR path against transformers at batch 1 on the tiny pres
 --merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
 Outputs (--report_dir): bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
 0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
-(DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/tables.py).
+(DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/apps/tables.py).
 """
 
 import dataclasses
@@ -54,9 +54,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --dtype)
 
-from gr2jax import checkpoint, tables  # noqa: E402
-from gr2jax import recipe as recipe_lib  # noqa: E402
+from gr2jax import load  # noqa: E402
+from gr2jax.apps import tables  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
+from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.diffusion import decode  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
@@ -105,7 +106,7 @@ HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig pres
 
 def record_schedules() -> dict:
   """Decodes real prompts with the trained checkpoint at every (tau, B); the module doc."""
-  config, params = checkpoint.load_model(FLAGS.record_ckpt)
+  config, params = load.load_model(FLAGS.record_ckpt)
   if config.mask_token_id is None:
     raise app.UsageError(f"--record_ckpt={FLAGS.record_ckpt} is not a diffusion model")
   summary_file = os.path.join(FLAGS.record_workdir, "summary.json")
@@ -115,7 +116,7 @@ def record_schedules() -> dict:
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
   data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
-  prompt_len, response_len = recipe_lib.lengths(summary)
+  prompt_len, response_len = lengths_lib.static_lengths(summary)
   prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
   out = {"ckpt": os.path.abspath(FLAGS.record_ckpt), "trained_block_size": config.block_size,
          "users": len(data), "max_new_tokens": response_len, "entries": []}

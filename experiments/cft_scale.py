@@ -30,7 +30,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import exports  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -51,7 +51,7 @@ def read_point(spec: str) -> dict:
   """One chain workdir's point (module docstring)."""
   workdir, _, tau09 = spec.partition("@")
   tau09 = tau09 or os.path.join(workdir, "tau09.json")
-  config = checkpoint.load_config(os.path.join(workdir, "cft", "export"))
+  config = exports.load_config(os.path.join(workdir, "cft", "export"))
   evals = {s: _json(os.path.join(workdir, s, "eval_final.json")) for s in STAGES}
   cft, (t09,) = evals["cft"], _json(tau09)
   if t09["tau"] != 0.9:

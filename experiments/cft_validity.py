@@ -27,8 +27,8 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
-from gr2jax import recipe as recipe_lib  # noqa: E402
+from gr2jax import load  # noqa: E402
+from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
 
@@ -68,14 +68,14 @@ def by_group(keys: np.ndarray, valid: np.ndarray) -> dict:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, params = checkpoint.load_model(FLAGS.ckpt)
+  config, params = load.load_model(FLAGS.ckpt)
   if config.mask_token_id is None:
     raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a diffusion model")
   summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
   data = inputs.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
-  prompt_len, response_len = recipe_lib.lengths(summary)
+  prompt_len, response_len = lengths_lib.static_lengths(summary)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []
   for spec in FLAGS.specs:

@@ -205,7 +205,7 @@ def recipe_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
 
 
 def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
-  """The training settings of stage `name` in recipe `variant` (experiments/configs/recipe.py's
+  """The training settings of stage `name` in recipe `variant` (gr2jax/recipes.py's
   `stages.<name>`: train, optimizer, its own block), what a run of that stage uses."""
   return recipe_config(name, variant).stages[name]
 

@@ -38,11 +38,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plan  # noqa: E402  (also puts the repository on sys.path)
 import targets  # noqa: E402
 
+from gr2jax.apps.tables import PAPER_TABLE3  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model.cache import KVCache  # noqa: E402
-from gr2jax.tables import PAPER_TABLE3  # noqa: E402
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ Usage:
   python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B --workdir=W
 
 `--config` takes a path, or a bare file name looked up in `experiments/configs/`. Every config
-file is a view of a recipe (experiments/configs/recipe.py): `get_config(variant)` returns the
+file is a view of a recipe (gr2jax/recipes.py): `get_config(variant)` returns the
 recipe `variant` as an `ml_collections.ConfigDict` whose `stage` field names the stage to run (see
 STAGES); fields are locked, so a typo in `--config.<field>=...` is an error, not a silently ignored
 override. A stage whose upstream steps are not done in the workdir with the same recipe stops with
@@ -92,18 +92,18 @@ def _run_data(config, workdir):
 
 
 def _run_step(config, workdir):
-  from gr2jax import reproduce
+  from gr2jax.apps import chain
 
   if config.stage == "teacher" and not config.teacher.hf_dir:
     raise app.UsageError("teacher.py needs --config.teacher.hf_dir=<a local HF Qwen3 dir or a "
                          "gr2jax checkpoint> (without it the recipe uses the rule teacher)")
-  return reproduce.run_step(_recipe(config), config.stage, workdir, config.upstream)
+  return chain.run_step(_recipe(config), config.stage, workdir, config.upstream)
 
 
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax import checkpoint, recipe
+  from gr2jax import exports, recipe
   from gr2jax.train import config_checks, loop
 
   e = config.evaluate
@@ -114,7 +114,7 @@ def _run_eval(config, workdir):
   view = recipe.evaluation_config(r)
   config_checks.check_stage_config(view)
   ctx = loop.load_context(view, workdir)
-  checkpoint.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
+  exports.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
   block_size = r.decode.block_size if e.convert else 0
   ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None, block_size)
   name = f"{view.eval.split}_tau{view.eval.tau:g}" + (f"_B{block_size}" if block_size else "")
@@ -124,19 +124,26 @@ def _run_eval(config, workdir):
 
 
 def _run_table2(config, workdir):
-  from gr2jax import reproduce
+  """The chain and Table 2 (gr2jax/apps/chain.py), then the recipe's `table.then` tables."""
+  from gr2jax import recipe
+  from gr2jax.apps import chain, tables
 
-  return reproduce.run(_recipe(config), workdir)
+  r = _recipe(config)
+  md = chain.run(r, workdir)
+  for name in r.table.then:
+    getattr(tables, f"run_{name}")(recipe.tables_config(r, name, workdir), workdir)
+  return md
 
 
 def _run_rerank(config, workdir):
-  from gr2jax import rerank
+  from gr2jax.apps import rerank
 
   return rerank.run(_recipe(config), config.rerank, workdir)
 
 
 def _run_tables(config, workdir):
-  from gr2jax import recipe, tables
+  from gr2jax import recipe
+  from gr2jax.apps import tables
 
   view = recipe.tables_config(_recipe(config), config.stage, workdir)
   return getattr(tables, f"run_{config.stage}")(view, workdir)
@@ -211,7 +218,7 @@ def main(argv):
   os.makedirs(_WORKDIR.value, exist_ok=True)
   logging.info("stage=%s workdir=%s", stage, os.path.abspath(_WORKDIR.value))
   start = time.perf_counter()
-  from gr2jax.reproduce import UpstreamMissing
+  from gr2jax.apps.chain import UpstreamMissing
 
   try:
     STAGES[stage](config, _WORKDIR.value)

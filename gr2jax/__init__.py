@@ -46,8 +46,8 @@ _EXPORTS = {
     "forward": "gr2jax.model.qwen3",
     "generate": "gr2jax.model.generate",
     "Sampling": "gr2jax.model.generate",
-    "load_model": "gr2jax.checkpoint",
-    "rerank": "gr2jax.rerank",
+    "load_model": "gr2jax.load",
+    "rerank": "gr2jax.apps.rerank",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -58,9 +58,9 @@ def __getattr__(name: str):
   if name not in _EXPORTS:
     raise AttributeError(f"module 'gr2jax' has no attribute {name!r}")
   module = importlib.import_module(_EXPORTS[name])
-  # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/rerank.py): exporting the
+  # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/apps/rerank.py): exporting the
   # module itself keeps `from gr2jax import rerank` the same object whatever was imported first.
-  value = module if module.__name__ == f"{__name__}.{name}" else getattr(module, name)
+  value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
   globals()[name] = value
   return value
 

@@ -16,8 +16,7 @@ once:
                              decode fields (all from recipe.decode), the data build, mesh, eval
   data_config(recipe)        the data build's config (with the HF tokenizer to extend, if any)
   eval_config(recipe)        every evaluation's settings (tau, step cap: the decode spec's)
-  tables_config(recipe, ...) what Table 3 / Table 4 / Figure 6 read (gr2jax/tables.py)
-  lengths(summary)           the static prompt / response lengths P, R of a data build
+  tables_config(recipe, ...) what Table 3 / Table 4 / Figure 6 read (gr2jax/apps/tables.py)
 
 So two stages of one recipe cannot disagree on the data build, the prompt or the decode spec.
 The teacher traces are part of the data build (`data.teacher_traces`, a JSONL of LLM traces; the
@@ -26,8 +25,6 @@ The library never reads experiments/: configs are built there and passed in.
 """
 
 import dataclasses
-import hashlib
-import json
 import os
 import re
 import types
@@ -36,7 +33,6 @@ from collections.abc import Mapping
 import ml_collections
 
 from gr2jax.train import config_checks
-from gr2jax.train.inputs import round_up
 from gr2jax.train.policy import DecodeSpec
 
 TRAIN_STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
@@ -75,7 +71,7 @@ class Recipe:
   """One reproduction (module docstring).
 
   Attributes:
-    name: the recipe's name (experiments/configs/recipe.py).
+    name: the recipe's name (gr2jax/recipes.py).
     data: the data build (experiments/configs/data.py fields; the prompt in data.prompt).
     model: the starting model.
     decode: how every evaluation and on-policy rollout of the recipe decodes.
@@ -125,7 +121,7 @@ def parse_xla_flags(flags) -> dict[str, str]:
 
 
 def from_config(config) -> Recipe:
-  """The Recipe of a recipe ConfigDict (experiments/configs/recipe.py).
+  """The Recipe of a recipe ConfigDict (gr2jax/recipes.py).
 
   An HF recipe may lack hf_dir here (its training settings can still be read, e.g. by the AOT
   plan); data_config / init_of / stage_config then raise, naming --config.hf_dir.
@@ -177,11 +173,6 @@ def _editable(frozen: ml_collections.FrozenConfigDict) -> ml_collections.ConfigD
   return c
 
 
-def digest(obj) -> str:
-  """A short, stable digest of a JSON-able value (configs, step chains)."""
-  return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
 def chain(recipe: Recipe) -> tuple[str, ...]:
   """The recipe's steps in order (the data build runs inside each): the LLM teacher when
   teacher.hf_dir is set, the HF conversion for an HF recipe, then the training stages."""
@@ -194,7 +185,7 @@ def stage_dir(workdir: str, step: str) -> str:
 
 
 def export(workdir: str, step: str) -> str:
-  """Where a step's model lands (gr2jax/checkpoint.py format)."""
+  """Where a step's model lands (gr2jax/exports.py format)."""
   return os.path.join(stage_dir(workdir, step), "export")
 
 
@@ -307,8 +298,8 @@ def evaluation_config(recipe: Recipe) -> ml_collections.ConfigDict:
 
 
 def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
-  """What Table 3, Table 4 and Figure 6 read (gr2jax/tables.py run_<stage>): the data build, the
-  evaluation settings, table.split, the AR GR2 (AR RL export) and final diffusion (RL export)
+  """What Table 3, Table 4 and Figure 6 read (gr2jax/apps/tables.py run_<stage>): the data build,
+  the evaluation settings, table.split, the AR GR2 (AR RL export) and final diffusion (RL export)
   models, the results directory, Table 3's taus / speed_examples and Figure 6's settings."""
   t = recipe.table
   c = ml_collections.ConfigDict()
@@ -324,11 +315,3 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Co
   c.fig6 = _editable(t.fig6)
   c.lock()
   return c
-
-
-def lengths(summary: Mapping) -> tuple[int, int]:
-  """(P, R): the data build's longest prompt and response over every split (the pipeline's
-  `static_lengths`), rounded up to inputs.LENGTH_MULTIPLE; the one definition every stage,
-  evaluation, table and the re-ranking tool uses."""
-  n = summary["static_lengths"]
-  return round_up(int(n["prompt"])), round_up(max(int(n["response"]), 1))

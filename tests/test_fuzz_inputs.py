@@ -4,7 +4,7 @@ Each call either returns finite output of the documented shape (when its input i
 entry point's contract) or raises ValueError / TypeError whose message names the bad argument:
 never NaN from valid-looking input, never a raw JAX / numpy / orbax error, never a valid input
 refused. Entry points: qwen3.forward, qwen3.ragged_prefill, generate.generate,
-decode.block_diffusion_generate, checkpoint.load_model and data.answer.parse_answer (the re-ranking
+decode.block_diffusion_generate, exports.load_model and data.answer.parse_answer (the re-ranking
 tool's request reader is fuzzed in tests/test_rerank.py::test_fuzz_reader_never_raises).
 The `tiny` preset with V = 32, fixed seeds, and one valid shape per entry point (so each
 compiles once) keep the file fast.
@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr2jax import checkpoint
+from gr2jax import exports, load
 from gr2jax.data import answer
 from gr2jax.diffusion import decode
 from gr2jax.hf import safetensors_io
@@ -209,7 +209,7 @@ def test_load_model(params, tmp_path):
   rng = np.random.default_rng(4)
   good_hf = _hf_dir(str(tmp_path / "good_hf"), CONFIG, params)
   good_ckpt = str(tmp_path / "good_ckpt")
-  checkpoint.save(good_ckpt, CONFIG, params)
+  exports.save(good_ckpt, CONFIG, params)
   weights = os.path.join(good_hf, "model.safetensors")
   header_len = 8 + int.from_bytes(open(weights, "rb").read(8), "little")
 
@@ -254,19 +254,19 @@ def test_load_model(params, tmp_path):
       os.path.join(d, "model.safetensors"), os.path.getsize(weights) - 7)), False),
     "bad_index": (variant("bi", write("model.safetensors.index.json", "{\"weight_map\": 3}")),
                   False),
-    "gr2jax_bytes": (variant("gb", write(checkpoint.CONFIG_FILE, rng.bytes(40)), good_ckpt),
+    "gr2jax_bytes": (variant("gb", write(exports.CONFIG_FILE, rng.bytes(40)), good_ckpt),
                      False),
     "gr2jax_no_params": (variant("gp", lambda d: shutil.rmtree(os.path.join(d, "params")),
                                  good_ckpt), False),
-    "gr2jax_field": (variant("gf", write(checkpoint.CONFIG_FILE, json.dumps(
-      {**checkpoint.config_to_dict(CONFIG), "num_layers": 0})), good_ckpt), False),
+    "gr2jax_field": (variant("gf", write(exports.CONFIG_FILE, json.dumps(
+      {**exports.config_to_dict(CONFIG), "num_layers": 0})), good_ckpt), False),
     "good_hf": (good_hf, True),
     "good_ckpt": (good_ckpt, True),
   }
   cases |= {f"header_{i}": (variant(f"h{i}", corrupt_header), None) for i in range(6)}
   for name, (path, valid) in cases.items():
     try:
-      config, loaded = checkpoint.load_model(path)
+      config, loaded = load.load_model(path)
     except (ValueError, TypeError) as e:
       assert not valid, f"{name}: a valid checkpoint was refused: {e}"
       assert path in str(e), f"{name}: {e!r} does not name {path}"
@@ -278,7 +278,7 @@ def test_load_model(params, tmp_path):
     for leaf in jax.tree.leaves(loaded):
       _finite(leaf)
   with pytest.raises(TypeError, match="path must be a directory path"):
-    checkpoint.load_model(123)
+    load.load_model(123)
 
 
 FRAGMENTS = ["<think>", "</think>", "{", "}", "[", "]", ",", ":", '"', "\\", " ", "\n", "x",

@@ -3,7 +3,7 @@
 import json
 import os
 
-from gr2jax import checkpoint
+from gr2jax import load
 from tests.hf_layout import save_qwen3_dir
 
 
@@ -13,6 +13,6 @@ def test_layout_loads_through_the_project_loader(tmp_path):
   assert len(set(index["weight_map"].values())) >= 2  # sharded
   assert "chat_template" in open(os.path.join(d, "tokenizer_config.json")).read() or \
     os.path.exists(os.path.join(d, "chat_template.jinja"))
-  config, params = checkpoint.load_model(d)
+  config, params = load.load_model(d)
   assert params["embed"].shape == (config.vocab_size, 32)
   assert config.vocab_size > 600  # padded past the tokenizer, as Qwen3's table is

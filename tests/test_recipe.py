@@ -13,12 +13,13 @@ import sys
 import pytest
 
 from gr2jax import recipe as recipe_lib
+from gr2jax import recipes
+from gr2jax.data import lengths as lengths_lib
 from gr2jax.train.policy import DecodeSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO, "experiments", "configs")
-sys.path.insert(0, CONFIG_DIR)
-import recipe as recipes  # noqa: E402  (experiments/configs/recipe.py)
+sys.path.insert(0, CONFIG_DIR)  # the config files, imported by name
 
 STAGE_FILES = ("data", "convert", "sft", "ar_rl", "cft", "opd", "rl", "eval", "rerank", "table2",
                "table3", "table4", "fig6")
@@ -136,8 +137,8 @@ def test_hf_recipe_needs_an_hf_dir(tmp_path):
 
 
 def test_lengths_round_up_the_builds_longest():
-  assert recipe_lib.lengths({"static_lengths": {"prompt": 57, "response": 36}}) == (64, 48)
-  assert recipe_lib.lengths({"static_lengths": {"prompt": 64, "response": 0}}) == (64, 16)
+  assert lengths_lib.static_lengths({"static_lengths": {"prompt": 57, "response": 36}}) == (64, 48)
+  assert lengths_lib.static_lengths({"static_lengths": {"prompt": 64, "response": 0}}) == (64, 16)
 
 
 def _imports(path: str) -> list[str]:
@@ -184,7 +185,7 @@ def test_stage_without_upstream_names_it_in_one_line(tmp_path):
 
 def test_xla_flags_are_the_recipes_and_checked(hf_dir):
   assert _recipe("sft", "", hf_dir).xla_flags == ()
-  for name in recipes.HF_SCALES:  # the measured H100 Triton tiling failure (configs/recipe.py)
+  for name in recipes.HF_SCALES:  # the measured H100 Triton tiling failure (gr2jax/recipes.py)
     assert _recipe("rl", name, hf_dir).xla_flags == ("--xla_gpu_enable_triton_gemm=false",)
   assert recipe_lib.parse_xla_flags(["--xla_gpu_enable_triton_gemm=false", "--xla_dump_to=/d"]) \
     == {"xla_gpu_enable_triton_gemm": "false", "xla_dump_to": "/d"}

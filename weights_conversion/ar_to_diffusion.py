@@ -21,7 +21,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.diffusion import convert as diffusion_convert  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 from weights_conversion import convert_hf  # noqa: E402
@@ -80,9 +80,9 @@ def convert(ar: str, out: str, block_size: int, mask_token: str = MASK_TOKEN) ->
   """
   if block_size < 1:
     raise ValueError(f"--block_size={block_size} must be >= 1")
-  config = checkpoint.load_config(ar)
-  if not os.path.isdir(os.path.join(ar, checkpoint.PARAMS_DIR)):
-    raise checkpoint.CheckpointError(f"{ar}: no {checkpoint.PARAMS_DIR}/ (incomplete checkpoint)")
+  config = exports.load_config(ar)
+  if not os.path.isdir(os.path.join(ar, exports.PARAMS_DIR)):
+    raise exports.CheckpointError(f"{ar}: no {exports.PARAMS_DIR}/ (incomplete checkpoint)")
   mask_id = find_token_id(ar, mask_token, config.vocab_size)
   try:
     config = diffusion_convert.to_diffusion(config, block_size, mask_id)
@@ -93,16 +93,16 @@ def convert(ar: str, out: str, block_size: int, mask_token: str = MASK_TOKEN) ->
   def write(tmp: str) -> None:
     for name in sorted(os.listdir(ar)):
       src, dst = os.path.join(ar, name), os.path.join(tmp, name)
-      if name == checkpoint.CONFIG_FILE:
+      if name == exports.CONFIG_FILE:
         continue
       if os.path.isdir(src):
         shutil.copytree(src, dst)
       else:
         shutil.copy2(src, dst)
-    with open(os.path.join(tmp, checkpoint.CONFIG_FILE), "w") as f:
-      json.dump(checkpoint.config_to_dict(config), f, indent=2)
+    with open(os.path.join(tmp, exports.CONFIG_FILE), "w") as f:
+      json.dump(exports.config_to_dict(config), f, indent=2)
 
-  checkpoint.atomic_directory(out, write, overwrite=False)
+  exports.atomic_directory(out, write, overwrite=False)
   return config
 
 

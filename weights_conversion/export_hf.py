@@ -17,7 +17,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import exports  # noqa: E402
 from gr2jax.hf import safetensors_io  # noqa: E402
 from gr2jax.hf import table as hf_table  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
@@ -50,7 +50,7 @@ def export(ckpt: str, out_dir: str) -> ModelConfig:
   Returns:
     The exported config.
   """
-  config, params = checkpoint.restore(ckpt)
+  config, params = exports.restore(ckpt)
 
   def write(tmp: str) -> None:
     write_hf(tmp, config, params)
@@ -58,7 +58,7 @@ def export(ckpt: str, out_dir: str) -> ModelConfig:
       if os.path.isfile(os.path.join(ckpt, name)):
         shutil.copy2(os.path.join(ckpt, name), tmp)
 
-  checkpoint.atomic_directory(out_dir, write, overwrite=False)
+  exports.atomic_directory(out_dir, write, overwrite=False)
   return config
 
 

@@ -6,12 +6,8 @@ normalisation; rollouts at the recipe's decode.temperature.
   python experiments/run.py --config=ar_rl.py --workdir=W
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("ar_rl", variant)
+  return recipes.config(variant, "ar_rl")

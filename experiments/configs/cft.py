@@ -6,12 +6,8 @@ CFT stage of a recipe (its settings: `stages.cft`).
   python experiments/run.py --config=cft.py:qwen3_8b --config.hf_dir=DIR --workdir=W
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("cft", variant)
+  return recipes.config(variant, "cft")

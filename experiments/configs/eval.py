@@ -12,19 +12,8 @@ Writes <evaluate.out_dir or ckpt>/eval_<split>_tau<tau>[_B<B>].{json,jsonl} (per
 person can read: user, response text, validity kind, ranking, target rank).
 """
 
-import os
-import sys
-
-import ml_collections
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  c = get_recipe("eval", variant)
-  c.evaluate = ml_collections.ConfigDict()
-  c.evaluate.ckpt = ""  # the checkpoint to evaluate (a gr2jax checkpoint or HF directory)
-  c.evaluate.out_dir = ""  # where results go ('' = next to the checkpoint)
-  c.evaluate.convert = False  # convert an AR checkpoint to block diffusion (B = decode.block_size)
-  return c
+  return recipes.config(variant, "eval")

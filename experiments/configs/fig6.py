@@ -5,15 +5,11 @@ vs prompt length (every example decoded alone, warm jit; settings table.fig6); w
   python experiments/run.py --config=fig6.py --workdir=W        (W: a finished table2.py workdir)
   python experiments/run.py --config=fig6.py:smoke --workdir=W  (after table2.py:smoke)
 
-A view of the recipe (same variant as the table2 run). gr2jax/tables.py holds the logic.
+A view of the recipe (same variant as the table2 run). gr2jax/apps/tables.py holds the logic.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("fig6", variant)
+  return recipes.config(variant, "fig6")

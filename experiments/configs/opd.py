@@ -5,12 +5,8 @@ those trajectories; the OPD stage of a recipe (its settings: `stages.opd`).
   python experiments/run.py --config=opd.py --workdir=W
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("opd", variant)
+  return recipes.config(variant, "opd")

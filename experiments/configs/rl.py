@@ -5,12 +5,8 @@ stage of a recipe (its settings: `stages.rl`; rollouts at decode.rollout_tau).
   python experiments/run.py --config=rl.py --workdir=W
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("rl", variant)
+  return recipes.config(variant, "rl")

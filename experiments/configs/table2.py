@@ -1,4 +1,4 @@
-"""Table 2 of Diffusion-GR2: every step of a recipe, every row (gr2jax/reproduce.py).
+"""Table 2 of Diffusion-GR2: every step of a recipe, every row (gr2jax/apps/chain.py).
 
   python experiments/run.py --config=table2.py --workdir=W                  (tiny, 2 CPU cores)
   python experiments/run.py --config=table2.py:smoke --workdir=/tmp/smoke   (CI: every row, tiny)
@@ -9,12 +9,8 @@ Reruns reuse finished steps; a changed field re-runs the steps it affects. The r
 `table.then` tables (Table 3, Table 4, Figure 6; the qwen3 recipes) run after the rows.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("table2", variant)
+  return recipes.config(variant, "table2")

@@ -6,15 +6,11 @@ rate, forwards and the paper's NFE per token, tokens/s, speed-up over AR); write
   python experiments/run.py --config=table3.py:smoke --workdir=W  (after table2.py:smoke)
 
 A view of the recipe (same variant as the table2 run), so W's models and data build are reused.
-gr2jax/tables.py holds the logic.
+gr2jax/apps/tables.py holds the logic.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("table3", variant)
+  return recipes.config(variant, "table3")

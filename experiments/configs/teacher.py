@@ -1,5 +1,5 @@
 """GR2's teacher step (gr2jax/data/llm_teacher.py): reasoning traces written by a local LLM,
-rejection-sampled, resumable; the `teacher` block of a recipe (experiments/configs/recipe.py).
+rejection-sampled, resumable; the `teacher` block of a recipe (gr2jax/recipes.py).
 
   python experiments/run.py --config=teacher.py:qwen3_8b --workdir=W --config.hf_dir=DIR \
       --config.teacher.hf_dir=/models/Qwen3-32B          (paper: Qwen3-32B, 'chat' prompt)
@@ -11,12 +11,8 @@ data build; train on them with `--config.data.teacher_traces=W/teacher/traces.js
 does this itself when --config.teacher.hf_dir is set). A rerun of the same command resumes.
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from recipe import get_recipe  # noqa: E402
+from gr2jax import recipes
 
 
 def get_config(variant: str = ""):
-  return get_recipe("teacher", variant)
+  return recipes.config(variant, "teacher")

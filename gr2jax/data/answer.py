@@ -140,3 +140,14 @@ def summarize(results) -> dict:
   num = sum(counts.values())
   return {"num": num, "valid_rate": counts["valid"] / num if num else 0.0,
           "counts": {kind: counts[kind] for kind in KINDS}}
+
+
+def reasoning_text(response: str) -> str:
+  """The text of the `<think>` block of a response ('' when there is none; up to the end of
+  the response when it was left open)."""
+  start = response.find(THINK_START)
+  if start < 0:
+    return ""
+  body = response[start + len(THINK_START):]
+  end = body.find(THINK_END)
+  return (body if end < 0 else body[:end]).strip()

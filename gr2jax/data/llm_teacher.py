@@ -1,6 +1,7 @@
 """GR2's teacher stage: reasoning traces written by a local LLM, rejection-sampled (papers.md §1.4).
 
-  python experiments/run.py --config=teacher.py --config.teacher.hf_dir=/models/Qwen3-32B --workdir=W
+  python experiments/run.py --config=teacher.py --config.teacher.hf_dir=/models/Qwen3-32B \
+      --workdir=W
 
 The teacher writes, for each training user of the data build, a response to a prompt showing the
 user's history and all N candidates, never the target. Which users: every training list of the
@@ -20,18 +21,19 @@ Prompt formats (`TeacherSpec.prompt`):
           the answer is one JSON object {"reasoning": str, "ranking": [labels, best first]}.
   'data'  the data build's own prompt (pipeline.prompt_config), as a model trained by this
           project reads it (e.g. the tiny AR GR2 SFT export); the reasoning is the response's
-          `<think>` block (rerank.reasoning_text), the answer its JSON ranking.
+          `<think>` block (answer.reasoning_text), the answer its JSON ranking.
 Labels are the build's candidate labels (slot tokens or SIDs), so a trace cites candidates as the
 student's prompt shows them.
 
-Sampling: `sample_fn(prompts, key) -> (texts, lengths)`. The default (`model_sampler`) loads the
-teacher with checkpoint.load_model (a gr2jax checkpoint or any local HF Qwen3 directory; bf16 on
-accelerators), shards its params over the mesh (model/sharding.py specs on train/mesh.py's
-('data', 'fsdp', 'tp') mesh) and samples with model/generate.py in static batches: `batch_size`
-rows (the last batch padded by repeating a row), one prompt width (the longest prompt of the
-selected users, rounded up to 16), `max_new_tokens`, so nothing recompiles. Batch b samples with
-fold_in(key(seed), b). A batch holds first the next attempt of every user whose last attempt
-failed, then new users, so batches stay full and each user gets only the attempts it needs.
+Sampling: `sample_fn(prompts, key) -> (texts, lengths)`. The teacher stage
+(gr2jax/train/teacher_stage.py, its `model_sampler`) loads the teacher with load.load_model (a
+gr2jax checkpoint or any local HF Qwen3 directory; bf16 on accelerators), shards its params over the
+mesh (model/sharding.py specs on train/mesh.py's ('data', 'fsdp', 'tp') mesh) and samples with
+model/generate.py in static batches: `batch_size` rows (the last batch padded by repeating a row),
+one prompt width (the longest prompt of the selected users, rounded up to 16), `max_new_tokens`, so
+nothing recompiles. Batch b samples with fold_in(key(seed), b). A batch holds first the next attempt
+of every user whose last attempt failed, then new users, so batches stay full and each user gets
+only the attempts it needs.
 
 Files under `out_dir` (default W/teacher):
   attempts/NNNNNN.jsonl  batch NNNNNN: one row per attempt {"user", "attempt" (1-based), "kind",
@@ -60,27 +62,21 @@ and writes the one output.
 
 import collections
 import concurrent.futures
-import contextlib
 import dataclasses
 import hashlib
 import json
 import os
 import re
-import secrets
 import time
-import types
 from collections.abc import Callable, Sequence
 
 import jax
 import numpy as np
 
-from gr2jax import checkpoint
-from gr2jax import rerank as rerank_lib
-from gr2jax.data import answer, pipeline, prompts, rqvae
-from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax import files
+from gr2jax.data import answer, prompts
 from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.progress import progress
-from gr2jax.workdir import lock_workdir
 
 PROMPT_FORMATS = ("chat", "data")
 PARAM_DTYPES = ("auto", "float32", "bfloat16")
@@ -98,7 +94,7 @@ SampleFn = Callable[[Sequence[np.ndarray], jax.Array], tuple[list[str], np.ndarr
 @dataclasses.dataclass(frozen=True)
 class TeacherSpec:
   """The teacher stage's settings: recipe.teacher_spec builds it from the recipe's `teacher` block
-  (experiments/configs/recipe.py sets and comments every value; no defaults here).
+  (gr2jax/recipes.py sets and comments every value; no defaults here).
 
   Attributes:
     hf_dir: the teacher model: a local HF Qwen3 directory or a gr2jax checkpoint ('' only with
@@ -200,7 +196,7 @@ def judge(text: str, labels: Sequence[str], target_position: int, prompt_format:
   if prompt_format == "chat":
     reasoning = _json_reasoning(text)
   else:
-    reasoning = rerank_lib.reasoning_text(text) if prompts.THINK_START in text else None
+    reasoning = answer.reasoning_text(text) if prompts.THINK_START in text else None
   if reasoning is None:
     return Attempt("no_reasoning", result.ranking, None)
   kind = "accepted" if int(result.ranking[0]) == target_position else "wrong_top1"
@@ -245,21 +241,16 @@ def encode_prompts(examples: Sequence[RerankExample], catalog: Catalog, sids: np
   return [np.asarray(i, np.int32) for i in ids]
 
 
-def _file_sha256(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def model_digest(path: str) -> str:
   """sha256 over (relative path, content digest) of every file under a model directory (files
   hashed in parallel threads: a 64 GB checkpoint is read once at disk speed)."""
-  files = sorted(os.path.relpath(os.path.join(root, name), path)
-                 for root, _, names in os.walk(path) for name in names)
-  if not files:
+  rels = sorted(os.path.relpath(os.path.join(root, name), path)
+                for root, _, names in os.walk(path) for name in names)
+  if not rels:
     raise FileNotFoundError(f"teacher.hf_dir={path!r} holds no files")
-  with concurrent.futures.ThreadPoolExecutor(min(16, len(files))) as pool:
-    digests = list(pool.map(lambda rel: _file_sha256(os.path.join(path, rel)), files))
-  return hashlib.sha256(json.dumps(list(zip(files, digests))).encode()).hexdigest()
+  with concurrent.futures.ThreadPoolExecutor(min(16, len(rels))) as pool:
+    digests = list(pool.map(lambda rel: files.file_sha256(os.path.join(path, rel)), rels))
+  return hashlib.sha256(json.dumps(list(zip(rels, digests, strict=True))).encode()).hexdigest()
 
 
 def teacher_digest(spec: TeacherSpec, model: str, data_config) -> str:
@@ -269,77 +260,7 @@ def teacher_digest(spec: TeacherSpec, model: str, data_config) -> str:
                                             "max_new_tokens", "param_dtype", "seed")}
   tok = (model_digest(spec.tokenizer_dir) if spec.tokenizer_dir else "")
   data = data_config.to_dict() if hasattr(data_config, "to_dict") else data_config
-  text = json.dumps([model, tok, settings, data], sort_keys=True, default=str)
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def _model_dtype(spec: TeacherSpec) -> str | None:
-  """The params' dtype: bf16 on accelerators for 'auto'; None keeps the checkpoint's."""
-  if spec.param_dtype == "auto":
-    return None if jax.default_backend() == "cpu" else "bfloat16"
-  return spec.param_dtype
-
-
-def load_teacher(spec: TeacherSpec, mesh) -> tuple:
-  """(ModelConfig, params sharded over `mesh`) of spec.hf_dir (a gr2jax checkpoint or an HF
-  Qwen3 directory), in the dtype of `_model_dtype` (activations and KV cache too)."""
-  from gr2jax.hf import weights as hf_weights
-  from gr2jax.model import sharding as model_sharding
-
-  dtype = _model_dtype(spec)
-  is_gr2jax = os.path.isfile(os.path.join(spec.hf_dir, checkpoint.CONFIG_FILE))
-  config = (checkpoint.load_config(spec.hf_dir) if is_gr2jax
-            else hf_weights.read_config(spec.hf_dir, dtype))
-  config, params = checkpoint.load_model(spec.hf_dir, model_sharding.param_shardings(config, mesh),
-                                         None if is_gr2jax else dtype)
-  if dtype is not None:
-    params = jax.tree.map(lambda x: x.astype(dtype), params)
-    config = dataclasses.replace(config, param_dtype=dtype, compute_dtype=dtype)
-  return config, params
-
-
-def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, prompt_len: int,
-                  max_new_tokens: int, temperature: float, top_p: float) -> SampleFn:
-  """The default sample_fn: model/generate.py over static [batch_size, prompt_len] batches.
-
-  Rows past the given prompts repeat the last one (dropped from the result); each batch is placed
-  with the mesh's batch sharding (every process fills only its own rows) and the responses are
-  gathered to every process. Decoding stops at the model's eos ids and the tokenizer's end of turn.
-  """
-  from gr2jax.model import generate as generate_lib
-  from gr2jax.model import sharding as model_sharding
-  from gr2jax.train import evaluation, inputs
-  from gr2jax.train import mesh as mesh_lib
-
-  sampling = generate_lib.Sampling(temperature=temperature, top_p=top_p)
-  im_end = tokenizer.convert_tokens_to_ids(prompts.IM_END)
-  eos = tuple(sorted(set(config.eos_token_ids) | (
-    {int(im_end)} if im_end is not None and im_end != tokenizer.unk_token_id else set())))
-  sharding = mesh_lib.batch_sharding(mesh)
-
-  def sample(prompt_ids, key):
-    tokens, lengths = inputs.prompt_arrays([types.SimpleNamespace(prompt=p) for p in prompt_ids],
-                                           batch_size, prompt_len, config.pad_token_id)
-    batch = model_sharding.global_arrays({"tokens": tokens, "lengths": lengths}, sharding)
-    with jax.set_mesh(mesh):
-      out = generate_lib.generate(params, config, batch["tokens"], batch["lengths"],
-                                  max_new_tokens=max_new_tokens, key=key, sampling=sampling,
-                                  eos_token_ids=eos)
-    tokens, lengths = model_sharding.host_arrays((out.tokens, out.lengths))
-    n = len(prompt_ids)
-    return evaluation.response_texts(tokenizer, tokens[:n], lengths[:n]), lengths[:n]
-
-  return sample
-
-
-def _write_atomic(path: str, text: str) -> None:
-  """Writes `text` to `path` through a synced temp file and a rename (never a partial file)."""
-  tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  return files.json_digest([model, tok, settings, data])
 
 
 def _jsonl(rows: Sequence[dict]) -> str:
@@ -541,7 +462,7 @@ def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
                        "reasoning": verdict.reasoning, "response": text, "tokens": int(n),
                        "teacher": digest})
     if writer:
-      _write_atomic(os.path.join(out_dir, ATTEMPTS_DIR, f"{batch_index:06d}.jsonl"),
+      files.atomic_write(os.path.join(out_dir, ATTEMPTS_DIR, f"{batch_index:06d}.jsonl"),
                     _jsonl(new_rows))
     rows += new_rows
     batch_index += 1
@@ -557,72 +478,7 @@ def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
   summary |= {"teacher": digest, "spec": dataclasses.asdict(spec),
               "traces": os.path.join(out_dir, TRACES_FILE)}
   if writer:
-    _write_atomic(os.path.join(out_dir, TRACES_FILE), _jsonl(traces))
-    summary["traces_sha256"] = _file_sha256(os.path.join(out_dir, TRACES_FILE))
-    _write_atomic(os.path.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
+    files.atomic_write(os.path.join(out_dir, TRACES_FILE), _jsonl(traces))
+    summary["traces_sha256"] = files.file_sha256(os.path.join(out_dir, TRACES_FILE))
+    files.atomic_write(os.path.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
   return summary
-
-
-def _tokenizer_dir(spec: TeacherSpec, build_tokenizer: str) -> str:
-  if spec.tokenizer_dir:
-    return spec.tokenizer_dir
-  if spec.hf_dir and any(os.path.isfile(os.path.join(spec.hf_dir, f))
-                         for f in ("tokenizer.json", "tokenizer_config.json")):
-    return spec.hf_dir
-  return build_tokenizer
-
-
-def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | None = None
-        ) -> dict:
-  """The teacher stage: traces for the data build of `data_config` in `workdir` (module doc).
-
-  Args:
-    spec: the teacher's settings.
-    data_config: the data build's config (experiments/configs/data.py; built here if needed).
-    workdir: the run's workdir (the data build's).
-    sample_fn: generation; None loads spec.hf_dir and samples with `model_sampler`. A stand-in
-      (tests) gets the same prompts and its texts go through the same parsing and files.
-
-  Returns:
-    The summary dict (module docstring), also written to <out_dir>/summary.json.
-
-  Raises:
-    gr2jax.workdir.InUseError: another live run writes the same output directory.
-    ValueError: the output holds rows of another teacher digest.
-  """
-  if not spec.hf_dir and sample_fn is None:
-    raise ValueError("the teacher stage needs --config.teacher.hf_dir=<HF Qwen3 dir or gr2jax "
-                     "checkpoint>")
-  if spec.hf_dir and not os.path.isdir(spec.hf_dir):
-    raise FileNotFoundError(f"teacher.hf_dir={spec.hf_dir!r} is not a directory")
-  out_dir = spec.out_dir or os.path.join(workdir, "teacher")
-  lock = lock_workdir(out_dir) if jax.process_index() == 0 else contextlib.nullcontext()
-  with lock:
-    summary = pipeline.run(data_config, workdir)
-    catalog, examples = pipeline.training_lists(data_config, workdir)
-    sids = rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
-    tokenizer = tokenizer_lib.load_tokenizer(_tokenizer_dir(spec, summary["paths"]["tokenizer"]))
-    prompt_config = pipeline.prompt_config(data_config)
-    chosen = [examples[i] for i in select_users(len(examples), spec.num_users, spec.seed)]
-    prompt_ids = encode_prompts(chosen, catalog, sids, prompt_config, tokenizer, spec.prompt,
-                                data_config.max_history)
-    labels = [prompts.candidate_labels(e, sids, prompt_config) for e in chosen]
-    digest = teacher_digest(spec, model_digest(spec.hf_dir) if spec.hf_dir else "",
-                            data_config)
-    if sample_fn is None:
-      from gr2jax.train import inputs
-      from gr2jax.train import mesh as mesh_lib
-
-      mesh = mesh_lib.make_mesh(*spec.mesh)
-      if spec.batch_size % mesh_lib.batch_size_multiple(mesh):
-        raise ValueError(f"teacher.batch_size={spec.batch_size} is not a multiple of the mesh's "
-                         f"batch shards ({mesh_lib.batch_size_multiple(mesh)})")
-      config, params = load_teacher(spec, mesh)
-      sample_fn = model_sampler(params, config, tokenizer, mesh, batch_size=spec.batch_size,
-                                prompt_len=inputs.round_up(max(len(p) for p in prompt_ids)),
-                                max_new_tokens=spec.max_new_tokens,
-                                temperature=spec.temperature, top_p=spec.top_p)
-    return generate_traces(sample_fn, prompt_ids, labels,
-                           np.asarray([e.user for e in chosen], np.int64),
-                           np.asarray([e.target_position for e in chosen]), spec, out_dir,
-                           digest, tokenizer)

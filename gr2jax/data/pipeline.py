@@ -17,19 +17,16 @@ output without a record is logged and rebuilt.
 """
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
 import pickle
-import re
-import secrets
 import shutil
 import time
 
 import numpy as np
 
-from gr2jax import metrics
+from gr2jax import files, metrics
 from gr2jax.data import (
   candidates,
   embeddings,
@@ -60,27 +57,15 @@ log = logging.getLogger(__name__)
 
 def _key(*parts) -> str:
   """A short stable hash of JSON-able parts (config values, parent keys, file digests)."""
-  text = json.dumps(parts, sort_keys=True, default=str)
-  return hashlib.sha256(text.encode()).hexdigest()[:16]
+  return files.json_digest(list(parts))
 
 
 def _code(*modules) -> str:
   """Digest of the modules' source files: a code change invalidates the steps that use them."""
-  return _key(*(_file_digest(m.__file__) for m in modules))
-
-
-def _file_digest(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()
+  return _key(*(files.file_sha256(m.__file__) for m in modules))
 
 
 COMPLETE_SUFFIX = ".complete.json"
-_TEMP = re.compile(r".+\.tmp-\d+-[0-9a-f]{8}")
-
-
-def _temp_name(path: str) -> str:
-  """A temp path next to `path`, unique to this process and call."""
-  return f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def _inventory(path: str) -> dict[str, int]:
@@ -88,8 +73,8 @@ def _inventory(path: str) -> dict[str, int]:
   if os.path.isfile(path):
     return {"": os.path.getsize(path)}
   out = {}
-  for root, _, files in os.walk(path):
-    for name in files:
+  for root, _, names in os.walk(path):
+    for name in names:
       full = os.path.join(root, name)
       out[os.path.relpath(full, path)] = os.path.getsize(full)
   return out
@@ -97,10 +82,7 @@ def _inventory(path: str) -> dict[str, int]:
 
 def _mark_complete(path: str) -> None:
   """Writes `path`.complete.json, the completion record of a finished output (atomically)."""
-  tmp = _temp_name(path + COMPLETE_SUFFIX)
-  with open(tmp, "w") as f:
-    json.dump({"files": _inventory(path)}, f, indent=0)
-  os.replace(tmp, path + COMPLETE_SUFFIX)
+  files.atomic_write(path + COMPLETE_SUFFIX, json.dumps({"files": _inventory(path)}, indent=0))
 
 
 def _incomplete(path: str) -> str | None:
@@ -109,10 +91,10 @@ def _incomplete(path: str) -> str | None:
     return "missing"
   try:
     with open(path + COMPLETE_SUFFIX) as f:
-      files = json.load(f)["files"]
+      recorded = json.load(f)["files"]
   except (OSError, ValueError, KeyError, TypeError):
     return f"no valid completion record {os.path.basename(path)}{COMPLETE_SUFFIX}"
-  for rel, size in files.items():
+  for rel, size in recorded.items():
     full = os.path.join(path, rel) if rel else path
     if not os.path.isfile(full):
       return f"{full} is missing"
@@ -133,7 +115,7 @@ def _remove_stale_temps(*directories: str) -> None:
   """Removes `*.tmp-<pid>-<hex>` outputs of an earlier, killed run (call with the lock held)."""
   for directory in directories:
     for name in os.listdir(directory):
-      if _TEMP.fullmatch(name):
+      if files.TEMP_PATTERN.fullmatch(name):
         log.warning("removing %s left by an interrupted run", os.path.join(directory, name))
         _remove(os.path.join(directory, name))
 
@@ -171,10 +153,7 @@ class _Steps:
         hit = False
     if not hit:
       out = fn()
-      tmp = _temp_name(path)
-      with open(tmp, "wb") as f:
-        pickle.dump(out, f, protocol=pickle.HIGHEST_PROTOCOL)
-      os.replace(tmp, path)
+      files.atomic_write(path, pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
       _mark_complete(path)
     self._done(name, start, hit)
     return out
@@ -185,7 +164,7 @@ class _Steps:
     start = time.perf_counter()
     hit = self._reusable(name, path)
     if not hit:
-      tmp = _temp_name(path)
+      tmp = files.temp_name(path)
       try:
         fn(tmp)
         os.replace(tmp, path)
@@ -283,7 +262,7 @@ def _tokenizer_key(config, examples_key: str, traces_digest: str, sids_key: str)
   base = config.tokenizer_base
   if base:
     return _key(sids_key, config.num_candidates, _code(prompts, tokenizer),
-                _file_digest(os.path.join(base, "tokenizer.json")))
+                files.file_sha256(os.path.join(base, "tokenizer.json")))
   return _key(examples_key, traces_digest, sids_key, config.prompt.to_dict(),
               _code(prompts, tokenizer), config.tokenizer_vocab_size, config.tokenizer_sample,
               config.seed)
@@ -375,7 +354,7 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
     (sids, stats, cache key); stats = rqvae.code_stats (+ RQ-VAE losses when trained).
   """
   if config.sids_file:
-    key = _key(_file_digest(config.sids_file), _code(rqvae))
+    key = _key(files.file_sha256(config.sids_file), _code(rqvae))
 
     def load():
       sids = rqvae.load_sids(config.sids_file, catalog.num_items)
@@ -383,7 +362,7 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
 
     return *steps.value("sids", key, load), key
   if config.item_embeddings:
-    emb_key = _key(_file_digest(config.item_embeddings), _code(embeddings))
+    emb_key = _key(files.file_sha256(config.item_embeddings), _code(embeddings))
     item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
       config.item_embeddings, catalog.num_items))
   else:
@@ -445,7 +424,7 @@ def _raw(steps: _Steps, config) -> tuple:
   """(catalog, sequences, raw key): the raw files, loaded once per content (a cached step)."""
   items_path = _catalog_path(config)
   sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
-  raw_key = _key(_file_digest(items_path), _file_digest(sequences_path), _code(raw))
+  raw_key = _key(files.file_sha256(items_path), files.file_sha256(sequences_path), _code(raw))
 
   def load_raw():
     catalog = raw.load_catalog(items_path)
@@ -494,7 +473,7 @@ def _run(config, workdir: str) -> dict:
   by_split, example_stats, examples_key = _examples(steps, config, catalog, sequences, raw_key)
   reasonings, traces_digest, traces_provenance = {}, "", None
   if config.teacher_traces:
-    traces_digest = _file_digest(config.teacher_traces)
+    traces_digest = files.file_sha256(config.teacher_traces)
     traces, trace_stats = teacher.load_traces(config.teacher_traces, by_split["train"],
                                               rejection=config.rejection)
     by_split["train"] = [t.example for t in traces]
@@ -552,9 +531,7 @@ def _run(config, workdir: str) -> dict:
               "sids": os.path.join(sids_dir, "sids.npy")},
   }
   summary_file = os.path.join(workdir, "summary.json")
-  tmp = _temp_name(summary_file)
-  with open(tmp, "w") as f:
-    json.dump(summary, f, indent=1, default=lambda x: np.asarray(x).tolist())
-  os.replace(tmp, summary_file)
+  files.atomic_write(summary_file, json.dumps(summary, indent=1,
+                                             default=lambda x: np.asarray(x).tolist()))
   print(format_summary(summary), flush=True)
   return summary

@@ -1,7 +1,7 @@
 """Plain records passed between the data modules (see WORKSPACE.md, "Data records").
 
-Items are indexed 0..num_items-1 in the order of `items.jsonl.gz`; users 0..num_users-1 in the order of
-`sequences.txt.gz`. Everything here is plain numpy/str so records pickle and hash cheaply.
+Items are indexed 0..num_items-1 in the order of `items.jsonl.gz`; users 0..num_users-1 in the
+order of `sequences.txt.gz`. Everything here is plain numpy/str so records pickle and hash cheaply.
 """
 
 import dataclasses
@@ -53,7 +53,8 @@ class Citation:
 
 @dataclasses.dataclass(frozen=True)
 class RerankExample:
-  """One re-ranking example: a user's history, the candidate list D and (for training) a teacher trace.
+  """One re-ranking example: a user's history, the candidate list D and (for training) a teacher
+  trace.
 
   Attributes:
     user: user index.

@@ -6,11 +6,10 @@ so neither writing nor reading needs TensorFlow (research/env_feasibility.md §2
 `decode_record`. Splits: train, validation, test and test_1615 (the seeded 1,615-user subset).
 """
 
+import os
 from collections.abc import Iterable, Mapping
 
 import grain
-import os
-
 import numpy as np
 import tensorflow_datasets as tfds
 

@@ -1,5 +1,5 @@
 """A local HF Qwen3 directory -> a gr2jax (orbax) checkpoint (weights_conversion/convert_hf.py
-is its command line; the HF recipes' `convert` step, gr2jax/reproduce.py, calls `convert`).
+is its command line; the HF recipes' `convert` step, gr2jax/apps/chain.py, calls `convert`).
 
 Reads DIR/config.json (`ModelConfig.from_hf_dict`: unsupported fields are an error naming them)
 and the weights: `model.safetensors.index.json` + shards, a single `model.safetensors`, or
@@ -8,9 +8,9 @@ and the weights: `model.safetensors.index.json` + shards, a single `model.safete
 first (every HF tensor used exactly once, every param filled once with the right shape); then each
 stacked param leaf is filled tensor by tensor from the memory-mapped shards, written to orbax and
 dropped before the next, so peak memory is about 3x the largest leaf, well under the checkpoint
-size for real models. Writes OUT/gr2jax_config.json, OUT/params/ (orbax, see gr2jax/checkpoint.py)
+size for real models. Writes OUT/gr2jax_config.json, OUT/params/ (orbax, see gr2jax/exports.py)
 and copies the tokenizer files it finds. Everything is written to a temp directory next to OUT and
-renamed at the end (`checkpoint.atomic_directory`: OUT locked while writing, temp directories of an
+renamed at the end (`exports.atomic_directory`: OUT locked while writing, temp directories of an
 interrupted earlier run removed, SIGTERM / SIGINT clean up): on any error nothing is left at OUT.
 
 --add_tokens=FILE (one token per line) sets embedding (and untied LM head) rows for new tokens.
@@ -38,7 +38,7 @@ import shutil
 
 import numpy as np
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.hf import weights as hf_weights
 from gr2jax.model.config import ModelConfig
 
@@ -68,7 +68,7 @@ def load_hf(hf_dir: str, param_dtype: str | None = None) -> tuple[ModelConfig, d
   """
   config = hf_weights.read_config(hf_dir, param_dtype)
   with hf_weights.HFWeights(hf_dir) as weights:
-    return config, checkpoint.unflatten(hf_weights.iter_leaves(config, weights))
+    return config, exports.unflatten(hf_weights.iter_leaves(config, weights))
 
 
 def read_token_file(path: str) -> list[str]:
@@ -244,7 +244,7 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
                                                             max(ids.values()) + 1))
         with open(os.path.join(tmp, ADDED_IDS_FILE), "w") as f:
           json.dump(ids, f, indent=2, ensure_ascii=False)
-      checkpoint.write_checkpoint(tmp, config, leaves)
+      exports.write_checkpoint(tmp, config, leaves)
     source = tokenizer_dir or hf_dir
     for name in TOKENIZER_FILES:
       if name == TOKENIZER_JSON and tokenizer is not None:
@@ -253,5 +253,5 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
         shutil.copy2(os.path.join(source, name), tmp)
     written["config"] = config
 
-  checkpoint.atomic_directory(out_dir, write, overwrite=False)
+  exports.atomic_directory(out_dir, write, overwrite=False)
   return written["config"]

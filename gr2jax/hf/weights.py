@@ -3,7 +3,7 @@ and the param leaves built from it one at a time (through gr2jax/hf/table.py).
 
 Formats: `model.safetensors.index.json` + shards, a single `model.safetensors`, `*.safetensors`,
 or `pytorch_model*.bin` (torch.load with weights_only=True and mmap=True; torch is imported only
-then). Used by `gr2jax.checkpoint.load_model` (in-memory conversion) and by
+then). Used by `gr2jax.load.load_model` (in-memory conversion) and by
 weights_conversion/convert_hf.py (streaming conversion to an orbax checkpoint).
 """
 

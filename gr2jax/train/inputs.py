@@ -75,13 +75,6 @@ def load_split(tfds_dir: str, split: str, tokenizer, *, limit: int = 0) -> Split
                    teacher_top1=np.asarray(teacher, np.int32))
 
 
-LENGTH_MULTIPLE = 16  # every static prompt / response width is rounded up to this
-
-
-def round_up(x: int, multiple: int = LENGTH_MULTIPLE) -> int:
-  return -(-x // multiple) * multiple
-
-
 def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int):
   """Right-padded prompts: (prompt_tokens [B, P] int32, prompt_lengths [B] int32); rows past
   len(examples) repeat the last prompt (their results are dropped by example_mask)."""

@@ -3,14 +3,14 @@
 Layout under the run's workdir:
   workdir/data-.../, tokenizer-.../, tfds-.../   the data build (cached, shared by stages)
   workdir/<stage>/checkpoints/<step>/             orbax run checkpoints (state + iterator)
-  workdir/<stage>/export/                         final params, gr2jax/checkpoint.py format
+  workdir/<stage>/export/                         final params, gr2jax/exports.py format
   workdir/<stage>/logs/                           metrics.jsonl, TensorBoard events, config.txt
   workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
 
 The config is validated first (config_checks.py); the stage directory is locked for the whole run
 (a second run of the stage gets `InUseError`). A stage starts from its own newest readable
 checkpoint, else from `config.init` (a preset or the previous stage's export); a checkpoint written
-with other run-altering settings is refused (checkpoints.py), and `train.restart=True` moves the
+with other run-altering settings is refused (run_checkpoints.py), and `train.restart=True` moves the
 previous run aside first. An AR stage refuses a diffusion init. A non-finite loss, or a non-finite
 state about to be saved or exported, stops the run with an error; every checkpoint on disk is
 finite (the last finite state is kept). SIGTERM / SIGINT save a checkpoint, then exit. A rerun of
@@ -28,9 +28,9 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from gr2jax import checkpoint as model_checkpoint
-from gr2jax import recipe
+from gr2jax import exports, load
 from gr2jax import workdir as workdir_lib
+from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.prompts import MASK_TOKEN
@@ -39,7 +39,7 @@ from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
-from gr2jax.train import checkpoints, config_checks, evaluation, inputs, optim
+from gr2jax.train import config_checks, evaluation, inputs, optim, run_checkpoints
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
@@ -112,13 +112,13 @@ def _load_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
     name = init.split(":", 1)[1]
     if not hasattr(ModelConfig, name):
       raise ValueError(f"init={init!r}: no ModelConfig preset {name!r}")
-    vocab = inputs.round_up(len(tokenizer), 128)
+    vocab = lengths_lib.round_up(len(tokenizer), 128)
     eos = tuple(tokenizer.convert_tokens_to_ids([t]) [0] for t in ("<|im_end|>", "<|endoftext|>"))
     config = getattr(ModelConfig, name)(vocab_size=vocab, eos_token_ids=eos,
                                         pad_token_id=int(tokenizer.pad_token_id))
     return config, params_lib.init_params(config, jax.random.key(stage_cfg.seed))
   _check_init_dir(init)
-  return model_checkpoint.load_model(init)
+  return load.load_model(init)
 
 
 def _check_init_dir(init: str) -> None:
@@ -134,11 +134,11 @@ def init_digest(init: str) -> str:
   if init.startswith("preset:"):
     return init
   _check_init_dir(init)
-  return model_checkpoint.content_digest(init)
+  return exports.content_digest(init)
 
 
 def load_context(config, workdir: str, model_config: ModelConfig | None = None) -> Context:
-  """The data build (cached), tokenizer, splits, static lengths (recipe.lengths) and mesh of a
+  """The data build (cached), tokenizer, splits, static lengths (data/lengths.py) and mesh of a
   run."""
   summary = pipeline.run(config.data, workdir)
   paths = summary["paths"]
@@ -146,9 +146,9 @@ def load_context(config, workdir: str, model_config: ModelConfig | None = None) 
   train = inputs.load_split(paths["tfds"], "train", tokenizer, limit=config.train.limit)
   eval_data = inputs.load_split(paths["tfds"], config.eval.split, tokenizer,
                                 limit=config.eval.limit)
-  p, r = recipe.lengths(summary)
+  p, r = lengths_lib.static_lengths(summary)
   mesh = mesh_lib.make_mesh(**config.mesh)
-  data_build = model_checkpoint.data_build_record(tokenizer, pipeline.prompt_config(config.data))
+  data_build = exports.data_build_record(tokenizer, pipeline.prompt_config(config.data))
   return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
                  data_build)
 
@@ -189,8 +189,8 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
   Raises:
     ValueError: a bad size or rate (config_checks.py), an AR stage given a diffusion init.
     gr2jax.workdir.InUseError: another live run holds the stage directory.
-    checkpoints.RunChangedError: the checkpoints were written with other settings.
-    checkpoints.UnreadableCheckpointsError: checkpoints exist but none restores.
+    run_checkpoints.RunChangedError: the checkpoints were written with other settings.
+    run_checkpoints.UnreadableCheckpointsError: checkpoints exist but none restores.
     FloatingPointError: a non-finite loss or state (the last finite checkpoint is kept).
   """
   config_checks.check_stage_config(config)
@@ -206,11 +206,11 @@ def finished_result(stage_dir: str, record: dict) -> dict | None:
   """The final evaluation of a finished run of `record` in `stage_dir` (its export records the
   same run, and eval_final.json, written after that export, its last step), else None."""
   export, final = os.path.join(stage_dir, "export"), os.path.join(stage_dir, "eval_final.json")
-  written = os.path.join(export, model_checkpoint.METADATA_FILE)
+  written = os.path.join(export, exports.METADATA_FILE)
   if not (os.path.isfile(written) and os.path.isfile(final)
           and os.stat(final).st_mtime_ns >= os.stat(written).st_mtime_ns):
     return None
-  metadata = model_checkpoint.load_metadata(export)
+  metadata = exports.load_metadata(export)
   with open(final) as f:
     result = json.load(f)
   steps = record["config"]["train"]["steps"]
@@ -240,7 +240,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   if ctx.data_build is None:
     raise ValueError("loop.train: ctx.data_build is None (loop.load_context records the data "
                      "build; a hand-made Context must set it)")
-  record = checkpoints.run_record(config, data_build=ctx.data_build,
+  record = run_checkpoints.run_record(config, data_build=ctx.data_build,
                                   init_sha256=init_digest(config.init),
                                   lengths=(ctx.prompt_len, ctx.response_len))
   finished = finished_result(stage_dir, record)
@@ -249,7 +249,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
           f"({os.path.join(stage_dir, 'export')}); nothing to do", flush=True)
     return finished
   if tcfg.restart:
-    moved = checkpoints.move_run_aside(stage_dir)
+    moved = run_checkpoints.move_run_aside(stage_dir)
     if moved:
       print(f"[{stage.name}] train.restart: moved the previous run's files to {moved}",
             flush=True)
@@ -268,13 +268,13 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   shardings = state_lib.state_shardings(model_config, abstract, ctx.mesh)
   abstract = jax.tree.map(lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
                           abstract, shardings)
-  manager = checkpoints.make_manager(os.path.join(stage_dir, "checkpoints"), keep=tcfg.keep,
+  manager = run_checkpoints.make_manager(os.path.join(stage_dir, "checkpoints"), keep=tcfg.keep,
                                      async_save=tcfg.async_save)
   iterator = inputs.BatchIterator(
     ctx.train, batch_size=tcfg.batch_size, seed=tcfg.seed, prompt_len=ctx.prompt_len,
     response_len=ctx.response_len, pad_id=model_config.pad_token_id,
     lambda_r=config.data.lambda_r, lambda_o=config.data.lambda_o)
-  restored = checkpoints.restore_latest(manager, abstract, record)
+  restored = run_checkpoints.restore_latest(manager, abstract, record)
   if restored is None:
     params = jax.tree.map(lambda x, sh: jax.device_put(x.astype(sh.dtype), sh.sharding),
                           init_params, abstract.params)
@@ -300,7 +300,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   start_step = int(jax.device_get(state.step))
   bar = progress(tcfg.steps, initial=start_step, desc=stage.name)
   tokens_seen, t_start = 0, time.perf_counter()
-  with checkpoints.StopFlag() as stop:
+  with run_checkpoints.StopFlag() as stop:
     while int(jax.device_get(state.step)) < tcfg.steps and not stop:
       step_now = int(jax.device_get(state.step))
       batch = next(iterator)
@@ -328,10 +328,10 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
       bar.update(1)
       done = step_now + 1
       if stop or done % tcfg.save_every == 0 or done == tcfg.steps:
-        if not checkpoints.all_finite(state):
+        if not run_checkpoints.all_finite(state):
           _stop_non_finite(stage, manager, f"non-finite params / optimizer state after step "
                                            f"{done}, not saved")
-        checkpoints.save(manager, state, iterator.get_state(), record)
+        run_checkpoints.save(manager, state, iterator.get_state(), record)
       if tcfg.eval_every and done % tcfg.eval_every == 0 and done < tcfg.steps:
         result = run_evaluation(ctx, state.params, done, str(done), stage_dir)
         writer.write(done, {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
@@ -340,7 +340,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   if stop:
     raise SystemExit(f"[{stage.name}] stopped by signal {stop.signum} at step "
                      f"{int(jax.device_get(state.step))}; checkpoint saved, rerun to resume")
-  if not checkpoints.all_finite(state):
+  if not run_checkpoints.all_finite(state):
     _stop_non_finite(stage, manager, "non-finite params / optimizer state at the export")
   export = os.path.join(stage_dir, "export")
   params = model_sharding.host_arrays(state.params)  # a collective: every process gathers
@@ -348,7 +348,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   if jax.process_index() == 0:
     metadata = {"stage": stage.name, "kind": "diffusion" if model_config.mask_token_id is not None
                 else "ar", "step": final_step, "data_build": ctx.data_build, "run": record}
-    model_checkpoint.save(export, dataclasses.replace(model_config, remat="none",
+    exports.save(export, dataclasses.replace(model_config, remat="none",
                                                       attention_chunk_bytes=0), params,
                           metadata=metadata)
   del params

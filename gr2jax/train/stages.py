@@ -13,7 +13,7 @@ decode spec (train/policy.py `decode_spec`, `make_policy`) and share one prepare
 
 import functools
 
-from gr2jax import checkpoint
+from gr2jax import load
 from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import policy as policy_lib
@@ -63,7 +63,7 @@ def _opd_loss(ctx: Context):
 
 def _opd_prepare(ctx: Context):
   dtype = opd.teacher_dtype(ctx.config.opd.teacher_dtype)  # checked before loading
-  teacher_config, teacher_params = checkpoint.load_model(ctx.config.opd.teacher)
+  teacher_config, teacher_params = load.load_model(ctx.config.opd.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
                         mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)
   return functools.partial(rollouts.prepare, policy=_policy(ctx),

@@ -21,16 +21,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
   sys.path.insert(0, REPO)
 
+from gr2jax import (  # noqa: E402
+  files,
+  recipes,  # noqa: E402
+  workdir,
+)
 from gr2jax import recipe as recipe_lib  # noqa: E402
-from gr2jax import reproduce, workdir  # noqa: E402
+from gr2jax.apps import chain  # noqa: E402
 from gr2jax.data import llm_teacher, pipeline, prompts, rqvae, teacher  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.train import teacher_stage  # noqa: E402
 from tests.data.test_pipeline import _config, _write_dataset  # noqa: E402
 
-sys.path.insert(0, os.path.join(REPO, "experiments", "configs"))
-import recipe as recipes  # noqa: E402  (experiments/configs/recipe.py)
-
-TINY = recipe_lib.teacher_spec(recipe_lib.from_config(recipes.get_recipe("teacher")))
+TINY = recipe_lib.teacher_spec(recipe_lib.from_config(recipes.config("", "teacher")))
 
 
 def _spec(**fields) -> llm_teacher.TeacherSpec:
@@ -155,7 +158,7 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
             u[3]: [lambda t: _answer(_duplicate(t)), ok]}
   scripted = Scripted(chosen, ids, script)
   assert len(scripted.by_prompt) == len(chosen)  # the stand-in tells the users apart
-  summary = llm_teacher.run(spec, config, work, sample_fn=scripted)
+  summary = teacher_stage.run(spec, config, work, sample_fn=scripted)
 
   # retries first, then new users; every batch full but the last
   assert scripted.batches == [[u[0], u[1]], [u[1], u[2]], [u[2], u[3]], [u[2], u[3]]]
@@ -181,16 +184,16 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert summary["first_attempt_top1_hit"] == pytest.approx(
     np.mean([1] + [by_user[x].target_position == 0 for x in u[1:]]))
   assert json.loads((out / "summary.json").read_text())["traces_sha256"] == \
-    llm_teacher._file_sha256(str(out / "traces.jsonl"))
+    files.file_sha256(str(out / "traces.jsonl"))
 
   # a rerun of the same command has nothing left to sample
   def never(prompt_ids, key):
     raise AssertionError("a finished run sampled again")
 
-  assert llm_teacher.run(spec, config, work, sample_fn=never)["accepted"] == 3
+  assert teacher_stage.run(spec, config, work, sample_fn=never)["accepted"] == 3
   # another setting on the same output is refused
   with pytest.raises(ValueError, match="written by teacher"):
-    llm_teacher.run(_spec(**{**spec.__dict__, "temperature": 0.5}), config,
+    teacher_stage.run(_spec(**{**spec.__dict__, "temperature": 0.5}), config,
                     work, sample_fn=never)
 
   # the loader reads the output, and the data build trains on exactly the traced users
@@ -203,7 +206,7 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   built = pipeline.run(traced, str(tmp_path / "student"))
   assert built["splits"]["train"] == 3  # only the LLM-traced users, not the rule teacher's
   assert built["teacher_traces"] == {"file": str(out / "traces.jsonl"),
-                                     "sha256": llm_teacher._file_sha256(traced.teacher_traces),
+                                     "sha256": files.file_sha256(traced.teacher_traces),
                                      "teachers": [digest]}
   from gr2jax.data import tfds_builder
 
@@ -211,7 +214,7 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert sorted(r["user"] for r in records) == [r["user"] for r in expected]
   record = next(r for r in records if r["user"] == expected[0]["user"])
   assert record["reasoning"] == prompts.think_block(expected[0]["reasoning"])
-  provenance = reproduce.provenance(built)
+  provenance = chain.provenance(built)
   assert provenance["teacher_traces_sha256"] == built["teacher_traces"]["sha256"][:16]
   assert provenance["teacher_digests"] == digest
 
@@ -224,7 +227,7 @@ def test_two_runs_on_one_output_are_refused(build, tmp_path):
   holder = _holder(str(out))
   try:
     with pytest.raises(workdir.InUseError, match=f"in use by pid {holder.pid}"):
-      llm_teacher.run(_spec(prompt="data", out_dir=str(out)), config, work,
+      teacher_stage.run(_spec(prompt="data", out_dir=str(out)), config, work,
                       sample_fn=lambda p, k: ([], np.zeros(0)))
   finally:
     holder.kill()
@@ -241,7 +244,7 @@ def test_real_path_on_a_random_qwen3_in_the_hf_layout(build, tmp_path):
   spec = _spec(hf_dir=hf_dir, prompt="chat", attempts=2, batch_size=4,
                  num_users=5, max_new_tokens=12, temperature=1.0, top_p=0.9,
                  mesh=(1, 4, 2), out_dir=str(tmp_path / "teacher"))
-  summary = llm_teacher.run(spec, config, work)
+  summary = teacher_stage.run(spec, config, work)
   rows = [json.loads(line) for f in sorted(os.listdir(tmp_path / "teacher" / "attempts"))
           for line in open(tmp_path / "teacher" / "attempts" / f)]
   # 4 users, their retries, then the fifth user and its retry (one row each, padded to 4)
@@ -280,7 +283,7 @@ def _kill_target(out_dir, work, data_dir):
   config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
   spec = _spec(**KILL_SPEC, out_dir=out_dir)
   chosen, ids, _ = _users(config, work, spec)
-  llm_teacher.run(spec, config, work, sample_fn=Scripted(chosen, ids, _script_for(chosen),
+  teacher_stage.run(spec, config, work, sample_fn=Scripted(chosen, ids, _script_for(chosen),
                                                          delay=0.3))
 
 
@@ -308,7 +311,7 @@ def test_sigkill_mid_run_then_rerun_loses_and_duplicates_no_user(build, tmp_path
 
   spec = _spec(**KILL_SPEC, out_dir=str(out))
   chosen, ids, _ = _users(config, work, spec)
-  summary = llm_teacher.run(spec, config, work, sample_fn=Scripted(chosen, ids,
+  summary = teacher_stage.run(spec, config, work, sample_fn=Scripted(chosen, ids,
                                                                    _script_for(chosen)))
   rows = [json.loads(line) for f in sorted(os.listdir(out / "attempts"))
           for line in open(out / "attempts" / f)]
@@ -339,7 +342,7 @@ def _multihost_worker(process_id, num_processes, port, hf_dir, work, out_dir, da
     jax.distributed.initialize(f"localhost:{port}", num_processes, process_id)
   config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
   spec = _spec(**MULTI_SPEC, hf_dir=hf_dir, out_dir=out_dir)
-  summary = llm_teacher.run(spec, config, work)
+  summary = teacher_stage.run(spec, config, work)
   with open(os.path.join(os.path.dirname(out_dir), f"summary_{process_id}.json"), "w") as f:
     json.dump({k: v for k, v in summary.items() if k not in ("spec", "traces_sha256")}, f)
   if num_processes > 1:

@@ -11,8 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from experiments.configs import data as data_config
-from gr2jax import workdir
+from gr2jax import recipes, workdir
 from gr2jax.data import answer, batches, pipeline, rqvae, tfds_builder, tokenizer
 
 NUM_ITEMS, NUM_USERS = 300, 160
@@ -41,7 +40,7 @@ def _write_dataset(path):
 
 
 def _config(data_dir, sids_file=""):
-  config = data_config.get_data_config()
+  config = recipes.data_config()
   config.data_dir = str(data_dir)
   config.sids_file = str(sids_file)
   config.eval_subset_size = 40

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from experiments import cft_scale
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 
@@ -36,8 +36,8 @@ def _workdir(root, name: str, config: ModelConfig, valid: tuple[float, float],
               open(os.path.join(w, stage, "eval_final.json"), "w"))
     json.dump({"digest": "x", "seconds": 60.0}, open(os.path.join(w, stage, "done.json"), "w"))
   os.makedirs(os.path.join(w, "cft", "export"))
-  json.dump(checkpoint.config_to_dict(config),
-            open(os.path.join(w, "cft", "export", checkpoint.CONFIG_FILE), "w"))
+  json.dump(exports.config_to_dict(config),
+            open(os.path.join(w, "cft", "export", exports.CONFIG_FILE), "w"))
   json.dump([{"tau": 0.9, "valid_rate": valid[1], "duplicate": 3, "out_of_set": 1, "R1": 0.39,
               "nfe_per_token": 0.4, "seconds": 5.0}], open(os.path.join(w, "tau09.json"), "w"))
   return w

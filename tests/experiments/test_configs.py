@@ -1,4 +1,4 @@
-"""Every config file is a view of every recipe (experiments/configs/recipe.py) and resolves; the
+"""Every config file is a view of every recipe (gr2jax/recipes.py) and resolves; the
 qwen3_8b stages build their model, optimiser state and shardings abstractly (no parameter
 allocated)."""
 
@@ -12,6 +12,7 @@ import pytest
 
 from experiments import run
 from gr2jax import recipe as recipe_lib
+from gr2jax import recipes
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
 from gr2jax.train import mesh as mesh_lib
@@ -19,11 +20,9 @@ from gr2jax.train import optim
 from gr2jax.train import state as state_lib
 
 CONFIG_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs")
-sys.path.insert(0, CONFIG_DIR)
-import recipe as recipes  # noqa: E402  (experiments/configs/recipe.py)
+sys.path.insert(0, CONFIG_DIR)  # the config files, imported by name
 
-NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(CONFIG_DIR, "*.py"))
-               if os.path.basename(p) != "recipe.py")
+NAMES = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(CONFIG_DIR, "*.py")))
 VARIANTS = ["", "smoke", *recipes.RECIPES, "qwen3_0_6b,smoke"]
 
 

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.hf import table as hf_table
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
@@ -29,7 +29,7 @@ def test_table_round_trip(tied):
   shapes = {n: t.shape for n, t in tensors.items()}
   leaves = hf_table.load_leaves(shapes, tensors.__getitem__, params_lib.abstract_params(config),
                                 np.float32)
-  jax.tree.map(np.testing.assert_array_equal, checkpoint.unflatten(leaves), params)
+  jax.tree.map(np.testing.assert_array_equal, exports.unflatten(leaves), params)
 
 
 def test_expected_hf_shapes_match_transformers(tmp_path):

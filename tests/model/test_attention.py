@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.diffusion import decode, layout, replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model import attention, masks, qwen3
@@ -190,9 +190,9 @@ def test_resolve_impl_and_config():
                                 np.concatenate([np.ones((3, 2), bool), np.tri(3, dtype=bool)], 1))
   assert attention.block_pattern(2, 3).mask().all()
   config = ModelConfig.tiny(attention_impl="splash")
-  assert checkpoint.config_from_dict(checkpoint.config_to_dict(config)) == config
-  old = {k: v for k, v in checkpoint.config_to_dict(config).items() if k != "attention_impl"}
-  assert checkpoint.config_from_dict(old).attention_impl == "reference"  # older checkpoints
+  assert exports.config_from_dict(exports.config_to_dict(config)) == config
+  old = {k: v for k, v in exports.config_to_dict(config).items() if k != "attention_impl"}
+  assert exports.config_from_dict(old).attention_impl == "reference"  # older checkpoints
 
 
 def test_splash_runs_per_batch_shard():

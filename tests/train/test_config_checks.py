@@ -6,9 +6,8 @@ import types
 
 import pytest
 
-from gr2jax import recipe
+from gr2jax import recipe, recipes
 from gr2jax.train.config_checks import check_stage_config
-from tests.train.toy import get_recipe
 
 STAGE_CONFIGS = [(n, v) for n in ("sft", "ar_rl", "cft", "opd", "rl")
                  for v in ("", "smoke", "qwen3_8b", "qwen3_0_6b")]
@@ -16,7 +15,7 @@ STAGE_CONFIGS = [(n, v) for n in ("sft", "ar_rl", "cft", "opd", "rl")
 
 @pytest.mark.parametrize("name,variant", STAGE_CONFIGS + [("eval", "")])
 def test_shipped_recipes_pass(name, variant):
-  recipe.from_config(get_recipe(name, variant))
+  recipe.from_config(recipes.config(variant, name))
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -47,7 +46,7 @@ def test_shipped_recipes_pass(name, variant):
   ("decode.max_steps_per_block", 0, r"DecodeSpec.max_steps_per_block=0"),
 ])
 def test_bad_field_is_named(field, value, message):
-  config = get_recipe("table2")
+  config = recipes.config("", "table2")
   *path, name = field.split(".")
   target = config
   for part in path:
@@ -76,6 +75,6 @@ def test_a_config_without_a_section_is_checked_for_what_it_has():
 
 @pytest.mark.parametrize("variant", ["", "smoke"])
 def test_table2_stage_views_pass(variant):
-  r = recipe.from_config(get_recipe("table2", variant))
+  r = recipe.from_config(recipes.config(variant, "table2"))
   for name in recipe.TRAIN_STAGES:
     check_stage_config(recipe.stage_config(r, name, "/tmp/workdir"))

@@ -18,8 +18,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-from gr2jax import checkpoint as model_checkpoint
-from gr2jax.train import checkpoints, loop, optim, stages
+from gr2jax import exports, load
+from gr2jax.train import loop, optim, run_checkpoints, stages
 from gr2jax.train import state as state_lib
 from gr2jax.workdir import InUseError
 from tests.train.toy import toy_config, toy_context, toy_tokenizer
@@ -48,7 +48,7 @@ def _toy_run(workdir, tok_dir, steps=STEPS):
 
 
 def _exported(workdir):
-  return model_checkpoint.restore(os.path.join(workdir, "sft", "export"))[1]
+  return exports.restore(os.path.join(workdir, "sft", "export"))[1]
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +108,7 @@ def _truncate_state(ckpt_dir, step):
 def test_broken_latest_checkpoint_is_moved_aside_and_the_run_saves_it_again(
     tmp_path, uninterrupted, tok, capsys):
   """Class 3: the run falls back to step 6, trains to 8 and saves step 8 again (no
-  StepAlreadyExistsError); the broken step 8 is kept under checkpoints.broken/; the export
+  StepAlreadyExistsError); the broken step 8 is kept under run_checkpoints.broken/; the export
   equals the uninterrupted run's."""
   workdir = str(tmp_path)
   ckpt_dir = _copy_run(uninterrupted, workdir)
@@ -129,7 +129,7 @@ def test_no_readable_checkpoint_is_an_error_that_deletes_nothing(tmp_path, unint
   for step in (2, 4, 6, 8):
     shutil.rmtree(os.path.join(ckpt_dir, str(step), "run"))  # a state restore fails slowly
   config = toy_config(steps=STEPS, save_every=2)
-  with pytest.raises(checkpoints.UnreadableCheckpointsError,
+  with pytest.raises(run_checkpoints.UnreadableCheckpointsError,
                      match="no checkpoint restores .*step 8: its run record.*Nothing was deleted"):
     loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
   assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
@@ -157,7 +157,7 @@ def test_resume_refuses_a_changed_run(tmp_path, uninterrupted, tok, change, name
   ckpt_dir = _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
   config_txt = open(os.path.join(workdir, "sft", "logs", "config.txt")).read()
   config = _edit(toy_config(steps=STEPS, save_every=2), **change)
-  with pytest.raises(checkpoints.RunChangedError, match=re.escape(named)) as e:
+  with pytest.raises(run_checkpoints.RunChangedError, match=re.escape(named)) as e:
     loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
   assert ".train.restart=True" in str(e.value)
   assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
@@ -174,7 +174,7 @@ def test_resume_refuses_another_init(tmp_path, uninterrupted, tok):
   workdir = str(tmp_path)
   _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
   config = _other_init(uninterrupted)
-  with pytest.raises(checkpoints.RunChangedError, match="init: 'preset:tiny' .* -> '/"):
+  with pytest.raises(run_checkpoints.RunChangedError, match="init: 'preset:tiny' .* -> '/"):
     loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
 
 
@@ -191,7 +191,7 @@ def test_restart_moves_the_previous_run_aside(tmp_path, uninterrupted, tok, caps
   assert sorted(os.listdir(os.path.join(workdir, "sft", moved[0], "checkpoints"))) == \
     ["2", "4", "6", "8"]
   assert sorted(os.listdir(ckpt_dir)) == ["2"]
-  assert model_checkpoint.load_metadata(os.path.join(workdir, "sft", "export"))["run"][
+  assert exports.load_metadata(os.path.join(workdir, "sft", "export"))["run"][
     "config"]["init"] == config.init
 
 
@@ -251,7 +251,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, t
   ctx = toy_context(config, tok, workdir)
   with pytest.raises(FloatingPointError, match="non-finite .* last finite checkpoint"):
     loop.train(config, workdir, stages.STAGES["sft"], ctx)
-  manager = checkpoints.make_manager(os.path.join(workdir, "sft", "checkpoints"), keep=5)
+  manager = run_checkpoints.make_manager(os.path.join(workdir, "sft", "checkpoints"), keep=5)
   kept = manager.all_steps()
   assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))
   model_config, params = loop.model_from_init("preset:tiny", tok, config.train)
@@ -259,7 +259,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, t
   abstract = state_lib.abstract_state(jax.eval_shape(lambda: params), optimizer)
   restored = manager.restore(max(kept), args=ocp.args.Composite(
     state=ocp.args.StandardRestore(abstract)))["state"]
-  assert checkpoints.all_finite(restored)
+  assert run_checkpoints.all_finite(restored)
   del model_config
 
 
@@ -280,10 +280,10 @@ def test_ar_stage_refuses_a_diffusion_init(tmp_path, uninterrupted, tok):
   from gr2jax.diffusion import convert
 
   workdir = str(tmp_path)
-  model_config, params = model_checkpoint.load_model(os.path.join(uninterrupted, "sft",
+  model_config, params = load.load_model(os.path.join(uninterrupted, "sft",
                                                                   "export"))
   diffusion = os.path.join(workdir, "diffusion")
-  model_checkpoint.save(diffusion, convert.to_diffusion(
+  exports.save(diffusion, convert.to_diffusion(
     model_config, 4, int(tok.convert_tokens_to_ids(MASK_TOKEN))), params)
   config = toy_config(steps=2)
   config.init = diffusion
@@ -300,20 +300,20 @@ def test_export_records_stage_kind_and_data_build(uninterrupted, tok):
   from tests.train.toy import PROMPT
 
   export = os.path.join(uninterrupted, "sft", "export")
-  metadata = model_checkpoint.load_metadata(export)
+  metadata = exports.load_metadata(export)
   assert metadata["stage"] == "sft" and metadata["kind"] == "ar" and metadata["step"] == STEPS
-  assert metadata["data_build"] == model_checkpoint.data_build_record(tok, PROMPT)
+  assert metadata["data_build"] == exports.data_build_record(tok, PROMPT)
   lr = toy_config(steps=STEPS).optimizer.learning_rate  # the tiny recipe's SFT lr
   assert metadata["run"]["config"]["optimizer"]["learning_rate"] == lr == 2e-3
-  model_checkpoint.check_data_build(export, model_checkpoint.data_build_record(tok, PROMPT))
-  other = model_checkpoint.data_build_record(tok, dataclasses.replace(PROMPT, evidence="raw"))
+  exports.check_data_build(export, exports.data_build_record(tok, PROMPT))
+  other = exports.data_build_record(tok, dataclasses.replace(PROMPT, evidence="raw"))
   with pytest.raises(ValueError, match="another data build .*prompt.evidence 'flags' vs 'raw'"):
-    model_checkpoint.check_data_build(export, other)
-  other = dict(model_checkpoint.data_build_record(tok, PROMPT), tokenizer_sha256="0" * 64,
+    exports.check_data_build(export, other)
+  other = dict(exports.data_build_record(tok, PROMPT), tokenizer_sha256="0" * 64,
                vocab=7)
   with pytest.raises(ValueError, match=r"tokenizer [0-9a-f]{16} \(vocab \d+\) vs 0{16} "
                                        r"\(vocab 7\)"):
-    model_checkpoint.check_data_build(export, other)
+    exports.check_data_build(export, other)
 
 
 def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
@@ -370,7 +370,7 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
       config[k] = ConfigDict(v)
     results[stage] = loop.train(config, workdir, stages.STAGES[stage],
                                 toy_context(config, tok, workdir))
-    exported = model_checkpoint.load_config(os.path.join(workdir, stage, "export"))
+    exported = exports.load_config(os.path.join(workdir, stage, "export"))
     assert exported.block_size == 4 and exported.mask_token_id is not None
   for stage, result in results.items():
     assert result["num"] == 8 and result["mean_nfe"] > 0, stage

@@ -7,10 +7,11 @@ as a script) sets 2 host devices, joins a localhost coordinator with `jax.distri
 (2 micro-batches) the loop runs. Batches are global arrays built from the same host data in every
 process (model/sharding.py `global_arrays`, as loop.train places them: each process fills only its
 own shards); params are read back with `host_arrays` (a gather, as the loop's export does). Both
-processes then write one orbax run checkpoint into the same directory (gr2jax/train/checkpoints.py)
-and restore it; each checks its restored shards against its live state, and one more step from the
-restored state must equal the step from the live one. The test compares the workers' losses and
-params with one process running the same steps on a 4-device mesh of the same shape.
+processes then write one orbax run checkpoint into the same directory
+(gr2jax/train/run_checkpoints.py) and restore it; each checks its restored shards against its
+live state, and one more step from the restored state must equal the step from the live one.
+The test compares the workers' losses and params with one process running the same steps on a
+4-device mesh of the same shape.
 """
 
 import functools
@@ -75,8 +76,8 @@ def _run(mesh, ckpt_dir=None):
 
   from gr2jax.model import params as params_lib
   from gr2jax.model.sharding import global_arrays, host_arrays
-  from gr2jax.train import checkpoints, sft
   from gr2jax.train import mesh as mesh_lib
+  from gr2jax.train import run_checkpoints, sft
   from gr2jax.train import state as state_lib
   from gr2jax.train import step as step_lib
 
@@ -101,12 +102,12 @@ def _run(mesh, ckpt_dir=None):
       state, metrics = step(state, to_global(b))
     losses.append(float(metrics["loss"]))
   if ckpt_dir is not None:
-    manager = checkpoints.make_manager(ckpt_dir, keep=2)
+    manager = run_checkpoints.make_manager(ckpt_dir, keep=2)
     record = {"config": {"train": {"steps": STEPS}}}  # the loop's run record (its shape)
-    checkpoints.save(manager, state, {"epoch": 0, "index": STEPS}, record)
+    run_checkpoints.save(manager, state, {"epoch": 0, "index": STEPS}, record)
     manager.wait_until_finished()
-    fresh = checkpoints.make_manager(ckpt_dir, keep=2)  # as a rerun of the job would
-    restored, data_state, at = checkpoints.restore_latest(fresh, abstract, record)
+    fresh = run_checkpoints.make_manager(ckpt_dir, keep=2)  # as a rerun of the job would
+    restored, data_state, at = run_checkpoints.restore_latest(fresh, abstract, record)
     same = jax.tree.map(lambda a, b: all(np.array_equal(x.data, y.data) for x, y in zip(
       a.addressable_shards, b.addressable_shards, strict=True)), restored, state)
     checks = {"restored_step": at, "data_state": data_state,

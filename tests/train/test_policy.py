@@ -5,7 +5,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax import recipe
+from gr2jax import recipe, recipes
 from gr2jax.model import generate
 from gr2jax.train.policy import (
   ARPolicy,
@@ -15,7 +15,6 @@ from gr2jax.train.policy import (
   decode_spec,
   make_policy,
 )
-from tests.train.toy import get_recipe
 from tests.train.toy_policy import AR, DIFFUSION
 
 
@@ -37,7 +36,7 @@ def test_bad_fields_are_named(field, value):
 def test_decode_spec_reads_each_stage_view():
   """Every stage view of a recipe gives back the recipe's decode spec (an AR stage at B = 1)."""
   for variant in ("", "smoke"):
-    r = recipe.from_config(get_recipe("table2", variant))
+    r = recipe.from_config(recipes.config(variant, "table2"))
     for name in recipe.DIFFUSION_STAGES:
       assert decode_spec(recipe.stage_config(r, name, "w")) == r.decode
     for name in ("sft", "ar_rl"):

@@ -1,19 +1,14 @@
 """A toy run context for the training tests: toy records, a toy tokenizer, short prompts."""
 
-import os
-import sys
 
 import numpy as np
 
-from gr2jax import checkpoint as model_checkpoint
-from gr2jax import recipe
+from gr2jax import exports, recipe, recipes
 from gr2jax.data import batches, prompts, tokenizer
+from gr2jax.data import lengths as lengths_lib
 from gr2jax.train import inputs, loop
 from gr2jax.train import mesh as mesh_lib
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
-from recipe import get_recipe  # noqa: E402  (experiments/configs/recipe.py)
 
 PROMPT = prompts.PromptConfig(answer_format="slot", evidence="flags", fields=("brand",),
                               history_items=0, max_citations=1)
@@ -43,7 +38,7 @@ def toy_tokenizer(out_dir: str):
 
 def toy_config(stage="sft", **train):
   """The tiny recipe's view of `stage` (unlocked: tests swap blocks), with toy step counts."""
-  config = recipe.stage_config(recipe.from_config(get_recipe(stage)), stage, "workdir")
+  config = recipe.stage_config(recipe.from_config(recipes.config("", stage)), stage, "workdir")
   config.unlock()
   config.init = "preset:tiny"  # a fresh toy model unless the test names an export
   config.model.attention_chunk_bytes = 8 << 20
@@ -55,10 +50,10 @@ def toy_config(stage="sft", **train):
 
 
 def toy_lengths(splits) -> tuple[int, int]:
-  """(P, R) of toy splits, as recipe.lengths computes them from a data build's summary."""
+  """(P, R) of toy splits, as data/lengths.py computes them from a data build's summary."""
   p = max(len(e.prompt) for s in splits for e in s.encoded)
   r = max(len(e.reasoning) + len(e.answer) for s in splits for e in s.encoded)
-  return inputs.round_up(p), inputs.round_up(max(r, 1))
+  return lengths_lib.round_up(p), lengths_lib.round_up(max(r, 1))
 
 
 def toy_context(config, tok, workdir, mesh=None) -> loop.Context:
@@ -68,4 +63,4 @@ def toy_context(config, tok, workdir, mesh=None) -> loop.Context:
   mesh = mesh_lib.make_mesh(fsdp=1, devices=[__import__("jax").devices()[0]]) if mesh is None \
     else mesh
   return loop.Context(config, None, tok, train, evaluation, p, r, mesh, workdir,
-                      model_checkpoint.data_build_record(tok, PROMPT))
+                      exports.data_build_record(tok, PROMPT))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer, models
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from tests.weights_conversion.conftest import leftovers, run_main
@@ -21,7 +21,7 @@ CONFIG = ModelConfig.tiny(vocab_size=64, eos_token_ids=(2,))
 
 def _ar_checkpoint(directory, vocab, added=None):
   """A tiny AR checkpoint with a word-level tokenizer.json over `vocab` (+ added_token_ids.json)."""
-  checkpoint.save(directory, CONFIG, init_params(CONFIG, jax.random.key(0)))
+  exports.save(directory, CONFIG, init_params(CONFIG, jax.random.key(0)))
   Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token=vocab[0])).save(
     os.path.join(directory, "tokenizer.json")
   )
@@ -53,9 +53,9 @@ def test_tensors_byte_identical_and_only_config_changes(ar_ckpt, tmp_path):
   assert filecmp.cmp(
     os.path.join(ar_ckpt, "tokenizer.json"), os.path.join(out, "tokenizer.json"), shallow=False
   )
-  config, params = checkpoint.restore(out)
+  config, params = exports.restore(out)
   assert config == dataclasses.replace(CONFIG, block_size=32, mask_token_id=3)
-  _, ar_params = checkpoint.restore(ar_ckpt)
+  _, ar_params = exports.restore(ar_ckpt)
   for x, y in zip(jax.tree.leaves(ar_params), jax.tree.leaves(params), strict=True):
     assert x.dtype == y.dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
   assert leftovers(out) == ["diff"]
@@ -82,7 +82,7 @@ def test_bad_input(ar_ckpt, tmp_path):
     )
   with pytest.raises(ValueError, match="block_size=0"):
     ar_to_diffusion.convert(ar_ckpt, str(tmp_path / "o"), block_size=0)
-  with pytest.raises(checkpoint.CheckpointError, match="not a gr2jax checkpoint"):
+  with pytest.raises(exports.CheckpointError, match="not a gr2jax checkpoint"):
     ar_to_diffusion.convert(str(tmp_path), str(tmp_path / "o"), block_size=4)
   os.makedirs(tmp_path / "exists")
   with pytest.raises(FileExistsError):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.hf import safetensors_io
 from gr2jax.hf import table as hf_table
 from gr2jax.hf import weights as hf_weights
@@ -45,7 +45,7 @@ def test_convert_main_writes_checkpoint(hf_untied, tmp_path):
   assert sorted(os.listdir(out)) == ["generation_config.json", "gr2jax_config.json",
                                      "gr2jax_metadata.json", "params", "tokenizer_config.json"]
   assert leftovers(out) == ["ckpt"]
-  config, params = checkpoint.restore(out)
+  config, params = exports.restore(out)
   assert config == ModelConfig.from_hf_dir(hf_dir)
   _assert_matches_hf(jax.tree.map(np.asarray, params), model)
   with pytest.raises(FileExistsError, match="already exists"):
@@ -82,7 +82,7 @@ def test_add_tokens(hf_untied, tmp_path):
   token_file.write_text("<|mask|>\n<a_1>\n<b_2>\n")
   out = str(tmp_path / "ckpt")
   run_main(convert_hf, hf_dir=hf_dir, out_dir=out, add_tokens=str(token_file))
-  config, params = checkpoint.restore(out)
+  config, params = exports.restore(out)
   v = model.config.vocab_size
   assert config.vocab_size == v + 3
   with open(os.path.join(out, convert_hf.ADDED_IDS_FILE)) as f:
@@ -128,7 +128,7 @@ def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
   out = str(tmp_path / "ckpt")
   run_main(convert_hf, hf_dir=hf_dir, out_dir=out, add_tokens=str(token_file),
            tokenizer_dir=tok_dir)
-  config, params = checkpoint.restore(out)
+  config, params = exports.restore(out)
   assert config.vocab_size == 100
   ids, copied = _ids(out)
   assert ids == copied == {t: 90 + i for i, t in enumerate(new)}
@@ -299,4 +299,4 @@ def test_peak_rss_on_multi_gb_checkpoint(tmp_path):
   peak = int(result.stdout.split("VmHWM:")[1].split()[0]) * 1024
   print(f"checkpoint {size / 1e9:.2f} GB, peak RSS {peak / 1e9:.2f} GB = {peak / size:.2f}x")
   assert peak <= 1.3 * size
-  assert checkpoint.load_config(str(out)) == config
+  assert exports.load_config(str(out)) == config

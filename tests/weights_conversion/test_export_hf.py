@@ -9,7 +9,7 @@ import pytest
 import torch
 import transformers
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 from tests.weights_conversion.conftest import leftovers, run_main
@@ -37,7 +37,7 @@ def test_export_tied_and_grown_vocab(dtype, tmp_path):
                             tie_word_embeddings=True, param_dtype=dtype, eos_token_ids=(3,))
   params = params_lib.init_params(config, jax.random.key(1))
   ckpt, out = str(tmp_path / "ckpt"), str(tmp_path / "hf_out")
-  checkpoint.save(ckpt, config, params)
+  exports.save(ckpt, config, params)
   export_hf.export(ckpt, out)
   with open(os.path.join(out, "config.json")) as f:
     assert json.load(f)["dtype"] == dtype
@@ -54,6 +54,6 @@ def test_export_tied_and_grown_vocab(dtype, tmp_path):
 
 def test_export_of_damaged_checkpoint_leaves_nothing(tmp_path):
   out = str(tmp_path / "hf_out")
-  with pytest.raises(checkpoint.CheckpointError, match="not a gr2jax checkpoint"):
+  with pytest.raises(exports.CheckpointError, match="not a gr2jax checkpoint"):
     export_hf.export(str(tmp_path), out)
   assert leftovers(out) == []

@@ -15,7 +15,7 @@ import pytest
 import torch
 import transformers
 
-from gr2jax import checkpoint
+from gr2jax import load
 from gr2jax.model import generate, qwen3
 from tests.weights_conversion.conftest import run_main, save_hf
 from weights_conversion import convert_hf, export_hf
@@ -57,7 +57,7 @@ def converted(request, tmp_path_factory):
     model = transformers.Qwen3ForCausalLM.from_pretrained(hf_dir).eval()
     assert model.config.rope_parameters["rope_theta"] == theta
   run_main(convert_hf, hf_dir=hf_dir, out_dir=ckpt)
-  config, params = checkpoint.load_model(ckpt)
+  config, params = load.load_model(ckpt)
   return model, hf_dir, ckpt, config, params
 
 
@@ -93,7 +93,7 @@ def test_ragged_batch_matches_one_by_one(converted):
 
 def test_load_model_on_hf_dir_equals_converted(converted):
   _, hf_dir, _, config, params = converted
-  config2, params2 = checkpoint.load_model(hf_dir)
+  config2, params2 = load.load_model(hf_dir)
   assert config2 == config
   jax.tree.map(np.testing.assert_array_equal, params2, params)
 

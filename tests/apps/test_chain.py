@@ -4,7 +4,7 @@ conversion with the project's tokens, the data build with the paper's prompt, SF
 CFT -> OPD -> RL, every Table 2 row, Table 3, Table 4 and Figure 6 -- with two steps per stage,
 the first 600 users' data build, 3 history items shown (the paper's 20 make 1,600-token prompts
 with this tiny tokenizer) and 16 evaluated users (the smoke's rollout sizes and Figure 6 sweep:
-experiments/configs/recipe.py `_smoke`); then a single stage checks or runs its upstream."""
+gr2jax/recipes.py `_smoke`); then a single stage checks or runs its upstream."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Re-ranking as a tool (gr2jax/rerank.py): good requests answered, bad ones named per-request
+"""Re-ranking as a tool (gr2jax/apps/rerank.py): good requests answered, bad ones named per-request
 errors that never stop the batch; the evidence matches the data build's; the reader survives
 random garbage."""
 
@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 
 import gr2jax
-from gr2jax import rerank
+from gr2jax import reranker as reranker_lib
+from gr2jax.apps import rerank
 from gr2jax.data import evidence as evidence_lib
 from gr2jax.data import prompts
+from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
@@ -49,9 +51,9 @@ def _model(tok, diffusion: bool):
 
 def _reranker(tok, diffusion=False, prompt=PROMPT, sids=None):
   config, params = _model(tok, diffusion)
-  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids() if sids is None else sids)
-  return rerank.Reranker(params, config, tok, catalogue, prompt, THRESHOLDS, 0.8, 20, 20, 10,
-                         max_new_tokens=16)
+  catalogue = requests_lib.Catalogue.make(toy_catalog(), toy_sids() if sids is None else sids)
+  rendering = requests_lib.Rendering(catalogue, prompt, THRESHOLDS, 0.8, 20, 20, 10)
+  return reranker_lib.Reranker(params, config, tok, rendering, max_new_tokens=16)
 
 
 def _good(i):
@@ -83,7 +85,7 @@ def test_mixed_requests_good_answered_bad_named(tok, diffusion):
   # candidates by ASIN work as well, and come back as given
   asin = _good(99) | {"candidates": [f"B{i:09d}" for i in _good(99)["candidates"]]}
   lines.append(json.dumps(asin))
-  rows = rerank.rerank_lines(lines, reranker, batch_size=4)
+  rows = reranker_lib.rerank_lines(lines, reranker, batch_size=4)
   assert len(rows) == 2 * len(BAD) + 1  # blank lines skipped, nothing dropped
   good = [r for r in rows if "error" not in r]
   bad = [r for r in rows if "error" in r]
@@ -103,10 +105,10 @@ def test_mixed_requests_good_answered_bad_named(tok, diffusion):
 
 def test_evidence_is_the_data_builds():
   """to_examples' buckets = evidence.compute + bucketize on the right-aligned last 20 items."""
-  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids())
-  reranker = rerank.Reranker(None, None, None, catalogue, PROMPT, THRESHOLDS, 0.8, 20, 3, 10, 16)
-  request = rerank.parse_request(json.dumps(_good(1)), 1, catalogue, 10, False)
-  [example] = rerank.to_examples([request], reranker)
+  catalogue = requests_lib.Catalogue.make(toy_catalog(), toy_sids())
+  rendering = requests_lib.Rendering(catalogue, PROMPT, THRESHOLDS, 0.8, 20, 3, 10)
+  request = requests_lib.parse_request(json.dumps(_good(1)), 1, catalogue, 10, False)
+  [example] = requests_lib.to_examples([request], rendering)
   hist = np.asarray(_good(1)["history"][-3:], np.int32)[None]
   ev = evidence_lib.compute(catalogue.features, hist, request.candidates[None], 0.8, 20)
   np.testing.assert_array_equal(example.evidence,
@@ -124,19 +126,20 @@ def test_exact_thresholds_undo_the_summary_rounding():
   buckets = evidence_lib.bucketize(levels, exact)
   rounded = exact.round(6)
   assert (evidence_lib.bucketize(levels, rounded) != buckets).any()
-  recovered = rerank.exact_thresholds(rounded, levels, buckets)
+  recovered = requests_lib.exact_thresholds(rounded, levels, buckets)
   np.testing.assert_array_equal(evidence_lib.bucketize(levels, recovered), buckets)
 
 
 def test_answer_row_valid_answer_and_reasoning():
-  request = rerank.Request(1, "x", np.arange(3), np.arange(10), tuple(f"i{k}" for k in range(10)))
+  request = requests_lib.Request(1, "x", np.arange(3), np.arange(10),
+                                 tuple(f"i{k}" for k in range(10)))
   labels = tuple(prompts.slot_token(s) for s in range(10))
   ranking = np.asarray([3, 1, 0, 2, 4, 5, 6, 7, 8, 9])
   text = prompts.think_block("<slot_3><brand_2>") + prompts.render_answer(ranking, labels)
-  row = rerank.answer_row(request, text, labels)
+  row = requests_lib.answer_row(request, text, labels)
   assert row["kind"] == "valid" and not row["fallback"]
   assert row["ranking"][:2] == ["i3", "i1"] and row["reasoning"] == "<slot_3><brand_2>"
-  row = rerank.answer_row(request, "<think>\nhalf", labels)
+  row = requests_lib.answer_row(request, "<think>\nhalf", labels)
   assert row["fallback"] and row["ranking_slots"] == list(range(10))
   assert row["reasoning"] == "half"
 
@@ -146,20 +149,20 @@ def test_sid_prompt_needs_sids_of_the_build():
   catalogue is matched to the build's SIDs by ASIN."""
   build = toy_catalog()
   user = dataclasses.replace(build, asins=build.asins[:30] + tuple(f"NEW{i}" for i in range(10)))
-  catalogue = rerank.Catalogue.make(user, toy_sids(), build)
+  catalogue = requests_lib.Catalogue.make(user, toy_sids(), build)
   np.testing.assert_array_equal(catalogue.sids[:30], toy_sids()[:30])
   assert (catalogue.sids[30:] == -1).all()
   line = json.dumps({"id": 0, "history": [1], "candidates": list(range(25, 35))})
-  [row] = rerank.read_requests([line], catalogue, 10, needs_sids=True)
+  [row] = requests_lib.read_requests([line], catalogue, 10, needs_sids=True)
   assert row["error"]["kind"] == "no_semantic_id"
-  [ok] = rerank.read_requests([line], catalogue, 10, needs_sids=False)
-  assert isinstance(ok, rerank.Request)
+  [ok] = requests_lib.read_requests([line], catalogue, 10, needs_sids=False)
+  assert isinstance(ok, requests_lib.Request)
 
 
 def test_fuzz_reader_never_raises():
   """Random garbage lines (bytes, JSON of random shapes, deep nesting) give a Request or a named
   error row, never an exception."""
-  catalogue = rerank.Catalogue.make(toy_catalog(), toy_sids())
+  catalogue = requests_lib.Catalogue.make(toy_catalog(), toy_sids())
   rng = np.random.default_rng(0)
   atoms = [None, True, -1, 0, 5, 39, 40, 2**70, 1.5, float("nan"), "", "B000000001", "x", [], {}]
 
@@ -181,10 +184,11 @@ def test_fuzz_reader_never_raises():
   lines += ["[" * 100000, '{"id": ' + "[" * 5000, "\x00", "{}", "null", '"str"']
   lines += [value() for _ in range(50)]  # already-decoded objects (the Python API)
   lines += [json.dumps(_good(i)) for i in range(5)]
-  rows = rerank.read_requests(lines, catalogue, 10, needs_sids=True)
+  rows = requests_lib.read_requests(lines, catalogue, 10, needs_sids=True)
   for row in rows:
-    assert isinstance(row, rerank.Request) or row["error"]["kind"] in rerank.ERROR_KINDS
-  assert all(isinstance(r, rerank.Request) for r in rows[-5:])
+    assert (isinstance(row, requests_lib.Request)
+            or row["error"]["kind"] in requests_lib.ERROR_KINDS)
+  assert all(isinstance(r, requests_lib.Request) for r in rows[-5:])
 
 
 def test_python_api_is_the_package_export(tmp_path, tok):
@@ -206,10 +210,9 @@ def _rerank_config(requests, out):
 
 
 def _run(block, workdir):
-  from gr2jax import recipe
-  from tests.train.toy import get_recipe
+  from gr2jax import recipe, recipes
 
-  return rerank.run(recipe.from_config(get_recipe("rerank")), block, workdir)
+  return rerank.run(recipe.from_config(recipes.config("", "rerank")), block, workdir)
 
 
 @pytest.fixture
@@ -217,7 +220,7 @@ def no_decoding(monkeypatch):
   """rerank.run must refuse a bad output path before it loads or decodes anything."""
   def fail(*args, **kwargs):
     raise AssertionError("rerank.run loaded the model before checking rerank.out")
-  monkeypatch.setattr(rerank, "load_reranker", fail)
+  monkeypatch.setattr(reranker_lib, "load_reranker", fail)
 
 
 def test_out_that_is_the_requests_file_is_refused(tmp_path, no_decoding):

@@ -20,13 +20,12 @@ GR2 after SFT and after SFT + RL, Diffusion naive (the AR GR2 converted, untrain
 + CFT + OPD, + CFT + OPD -> RL and the constrained-decoding ablation of the last. Each model row
 is evaluated by the one evaluation (train/evaluation.py) on every split of `table.splits` (the
 diffusion rows on `table.diffusion_splits`), cached by model digest. Writes
-<results>/table2.{md,csv,json} with the paper's numbers alongside and the step timings, then the
-recipe's `table.then` tables (gr2jax/tables.py).
+<results>/table2.{md,csv,json} with the paper's numbers alongside and the step timings
+(experiments/run.py then runs the recipe's `table.then` tables, gr2jax/apps/tables.py).
 """
 
 import csv
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -34,14 +33,13 @@ import time
 
 import jax
 
-from gr2jax import checkpoint as model_checkpoint
+from gr2jax import files, load
 from gr2jax import recipe as recipe_lib
-from gr2jax import tables
-from gr2jax.data import llm_teacher, pipeline
+from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.hf import convert as hf_convert
-from gr2jax.recipe import digest
-from gr2jax.train import evaluation, inputs, loop, stages
+from gr2jax.train import evaluation, inputs, loop, stages, teacher_stage
 
 PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), research/papers.md §2
   "floor": (0.2811, 0.5591, 0.4401), "teacher": None, "ar_sft": None,
@@ -83,12 +81,12 @@ def _teacher_inputs(recipe: recipe_lib.Recipe) -> dict:
 def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
   """{step: digest} for the recipe's chain (module docstring). done.json also records the data
   build's digest (`data`), the same for every step of a recipe."""
-  keys, upstream = {}, digest(recipe_lib.data_config(recipe).to_dict())
+  keys, upstream = {}, files.json_digest(recipe_lib.data_config(recipe).to_dict())
   for step in recipe_lib.chain(recipe):
     view = (_convert_inputs(recipe) if step == recipe_lib.CONVERT
             else _teacher_inputs(recipe) if step == recipe_lib.TEACHER
             else recipe_lib.stage_config(recipe, step, workdir).to_dict())
-    upstream = keys[step] = digest([upstream, view])
+    upstream = keys[step] = files.json_digest([upstream, view])
   return keys
 
 
@@ -118,7 +116,7 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
   steps = recipe_lib.chain(recipe)
   steps = steps[:steps.index(upto) + 1] if upto else steps
   keys, timings, contexts = step_digests(recipe, workdir), {}, {}
-  data_key = digest(recipe_lib.data_config(recipe).to_dict())  # the build every step reads
+  data_key = files.json_digest(recipe_lib.data_config(recipe).to_dict())  # every step's build
   for i, name in enumerate(steps):
     key = keys[name]
     stage_dir = recipe_lib.stage_dir(workdir, name)
@@ -141,7 +139,7 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
     if name == recipe_lib.CONVERT:
       _convert(recipe, workdir)
     elif name == recipe_lib.TEACHER:
-      llm_teacher.run(recipe_lib.teacher_spec(recipe),
+      teacher_stage.run(recipe_lib.teacher_spec(recipe),
                       recipe_lib.data_config(recipe, traces=False), workdir)
     else:
       config = recipe_lib.stage_config(recipe, name, workdir)
@@ -177,7 +175,7 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
   """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
   those of table.diffusion_splits; each cached by the model's done digest."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  p, r = recipe_lib.lengths(summary)
+  p, r = lengths_lib.static_lengths(summary)
   e, decode = recipe_lib.eval_config(recipe), recipe.decode
   out_dir = os.path.join(workdir, "table2")
   os.makedirs(out_dir, exist_ok=True)
@@ -189,12 +187,12 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
         continue
       export = recipe_lib.export(workdir, stage)
       done = _read_digest(os.path.join(recipe_lib.stage_dir(workdir, stage), "done.json"))
-      key = digest([done, name, split, e.to_dict(), decode.block_size])
+      key = files.json_digest([done, name, split, e.to_dict(), decode.block_size])
       cache = os.path.join(out_dir, f"{name}_{split}.json")
       if os.path.exists(cache) and json.load(open(cache)).get("key") == key:
         result = json.load(open(cache))
       else:
-        config, params = model_checkpoint.load_model(export)
+        config, params = load.load_model(export)
         if name == "naive":
           config, params = loop.model_from_init(export, tok, None, decode.block_size)
         result = evaluation.evaluate(
@@ -265,19 +263,15 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
   return md
 
 
-def _sha256(path: str) -> str:
-  with open(path, "rb") as f:
-    return hashlib.file_digest(f, "sha256").hexdigest()[:16]
-
-
 def provenance(summary: dict) -> dict:
   """Digests of what every number depends on: the tokenizer and the SIDs file the prompts were
   rendered with (pin it on another machine with --config.data.sids_file=<that file>) and, when
   the SFT data are LLM traces (data.teacher_traces), that file and the teachers that wrote it."""
   paths, sids = summary["paths"], summary["sids"]
   traces = summary.get("teacher_traces") or {}
-  return {"tokenizer_sha256": _sha256(os.path.join(paths["tokenizer"], "tokenizer.json")),
-          "sids_sha256": _sha256(paths["sids"]), "sids_file": paths["sids"],
+  tokenizer_json = os.path.join(paths["tokenizer"], "tokenizer.json")
+  return {"tokenizer_sha256": files.file_sha256(tokenizer_json)[:16],
+          "sids_sha256": files.file_sha256(paths["sids"])[:16], "sids_file": paths["sids"],
           "sids_collision_rate": sids["collision_rate"],
           "sids_max_collisions": sids["max_collisions"],
           "teacher_traces_sha256": traces.get("sha256", "")[:16] or "rule teacher",
@@ -286,8 +280,7 @@ def provenance(summary: dict) -> dict:
 
 
 def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
-  """Steps, rows, Table 2, then the recipe's `table.then` tables (module docstring); returns the
-  Table 2 markdown."""
+  """Steps, rows and Table 2 (module docstring); returns the Table 2 markdown."""
   start = time.perf_counter()
   timings = {}
   if recipe_lib.TEACHER in recipe_lib.chain(recipe):  # its traces are the data build's input
@@ -301,6 +294,4 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   results_dir = recipe.table.results_dir.format(workdir=workdir)
   md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary)}, results_dir)
   print(md, flush=True)
-  for name in recipe.table.then:
-    getattr(tables, f"run_{name}")(recipe_lib.tables_config(recipe, name, workdir), workdir)
   return md

@@ -1,4 +1,4 @@
-"""Table 3 / Figure 6 / Table 4 (gr2jax/tables.py): the reasoning checks on hand-written
+"""Table 3 / Figure 6 / Table 4 (gr2jax/apps/tables.py): the reasoning checks on hand-written
 responses, and every table and figure produced from tiny random AR and diffusion models."""
 
 import dataclasses
@@ -9,7 +9,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from gr2jax import tables
+from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids

@@ -39,14 +39,13 @@ import time
 import jax
 import numpy as np
 
-from gr2jax import checkpoint as model_checkpoint
-from gr2jax import recipe as recipe_lib
-from gr2jax import rerank as rerank_lib
+from gr2jax import files, load
 from gr2jax.data import answer, pipeline, prompts, tfds_builder
+from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
 from gr2jax.progress import progress
-from gr2jax.recipe import digest
 from gr2jax.train import evaluation, inputs
 
 
@@ -58,7 +57,7 @@ class Inputs:
     tokenizer: the build's tokenizer.
     data: the split, tokenized.
     records: the split's decoded TFDS records (history, candidates, evidence, labels), same order.
-    prompt_len, response_len: static P and R of the data build (recipe.lengths).
+    prompt_len, response_len: static P and R of the data build (data/lengths.py).
     prompt: the build's PromptConfig.
     catalog: the build's catalogue; sids: [I, L] its semantic IDs (None when not needed).
     tfds_dir: the build's TFDS directory.
@@ -83,21 +82,21 @@ def load_inputs(table, workdir: str) -> Inputs:
   data = inputs.load_split(paths["tfds"], table.split, tok, limit=table.eval.limit)
   source = tfds_builder.data_source(paths["tfds"], table.split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
-  p, r = recipe_lib.lengths(summary)
-  catalog, sids = rerank_lib.build_sids(summary)
+  p, r = lengths_lib.static_lengths(summary)
+  catalog, sids = requests_lib.build_sids(summary)
   return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids,
                 paths["tfds"])
 
 
 def model_key(export: str) -> str:
-  """What identifies a model export: its stage's done digest (reproduce.py), else its path and
+  """What identifies a model export: its stage's done digest (chain.py), else its path and
   the manifest's modification time."""
   done = os.path.join(os.path.dirname(os.path.abspath(export)), "done.json")
   if os.path.exists(done):
     return json.load(open(done))["digest"]
   manifest = os.path.join(export, "params", "manifest.json")
   stamp = os.stat(manifest).st_mtime_ns if os.path.exists(manifest) else 0
-  return digest([os.path.abspath(export), stamp])
+  return files.json_digest([os.path.abspath(export), stamp])
 
 
 def evaluate_cached(name: str, model: tuple, key: str, inp: Inputs, eval_cfg, tau: float,
@@ -118,7 +117,7 @@ def evaluate_cached(name: str, model: tuple, key: str, inp: Inputs, eval_cfg, ta
   """
   config, params = model
   tau = tau if config.mask_token_id is not None else 1.0
-  full_key = digest([key, len(inp.data), inp.prompt_len, inp.response_len, tau,
+  full_key = files.json_digest([key, len(inp.data), inp.prompt_len, inp.response_len, tau,
                      eval_cfg.batch_size, eval_cfg.max_steps_per_block])
   stem = os.path.join(out_dir, f"{name}_tau{tau:g}_{full_key}")
   if os.path.exists(stem + ".json") and os.path.exists(stem + ".jsonl"):
@@ -140,7 +139,7 @@ def load_models(table, workdir: str) -> dict:
   out = {}
   for name, path in (("ar", table.ar_ckpt), ("diffusion", table.diffusion_ckpt)):
     path = path.format(workdir=workdir)
-    config, params = model_checkpoint.load_model(path)
+    config, params = load.load_model(path)
     out[name] = (config, params, model_key(path))
   if out["diffusion"][0].mask_token_id is None:
     raise ValueError(f"{table.diffusion_ckpt}: not a diffusion model (no mask token)")
@@ -482,7 +481,7 @@ def reasoning_checks(response: str, record: dict, prompt: prompts.PromptConfig, 
      'lines', 'parsed' (the answer JSON parsed), 'valid'}.
   """
   labels = tuple(record["labels"])
-  text = rerank_lib.reasoning_text(response)
+  text = answer.reasoning_text(response)
   lines = [line.strip() for line in text.splitlines() if line.strip()]
   sid_mode = prompt.answer_format == "sid"
   if sid_mode:
@@ -541,7 +540,7 @@ def table4_row(name: str, rows: list[dict], inp: Inputs) -> dict:
   """The aggregate checks of one model's evaluation rows (in the split's order)."""
   checks = [reasoning_checks(r["response"], rec, inp.prompt, inp.catalog, inp.sids)
             for r, rec in zip(rows, inp.records, strict=True)]
-  texts = [rerank_lib.reasoning_text(r["response"]) for r in rows]
+  texts = [answer.reasoning_text(r["response"]) for r in rows]
   tokens = inp.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
   cited = [c for c in checks if c["citations"]]
   n_cit = sum(c["citations"] for c in checks)

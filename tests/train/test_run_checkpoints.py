@@ -1,6 +1,7 @@
-"""Run checkpoints (gr2jax/train/checkpoints.py): the run record and what a resume may change, the
-walk back past a broken step (moved aside, saved again), no silent restart when none restores,
-the finite check, restart moving a run aside. Each on a two-leaf state: no model compile."""
+"""Run checkpoints (gr2jax/train/run_checkpoints.py): the run record and what a resume may
+change, the walk back past a broken step (moved aside, saved again), no silent restart when none
+restores, the finite check, restart moving a run aside. Each on a two-leaf state: no model
+compile."""
 
 import glob
 import os
@@ -11,7 +12,7 @@ import ml_collections
 import optax
 import pytest
 
-from gr2jax.train import checkpoints
+from gr2jax.train import run_checkpoints
 from gr2jax.train import state as state_lib
 
 
@@ -28,7 +29,7 @@ def _config(**train):
 def _record(config, **kw):
   args = dict(data_build={"tokenizer_sha256": "ab", "vocab": 3, "prompt": {"style": "terse"}},
               init_sha256="preset:tiny", lengths=(64, 48)) | kw
-  return checkpoints.run_record(config, **args)
+  return run_checkpoints.run_record(config, **args)
 
 
 def _state(value: float = 1.0):
@@ -42,11 +43,11 @@ def _abstract(state):
 
 
 def _saved_run(directory, steps=(2, 4), record=None):
-  manager = checkpoints.make_manager(directory, keep=5, async_save=False)
+  manager = run_checkpoints.make_manager(directory, keep=5, async_save=False)
   record = _record(_config()) if record is None else record
   for step in steps:
     state = _state(float(step)).replace(step=jnp.asarray(step, jnp.int32))
-    checkpoints.save(manager, state, {"epoch": 0, "index": step}, record)
+    run_checkpoints.save(manager, state, {"epoch": 0, "index": step}, record)
   return manager, record
 
 
@@ -58,17 +59,17 @@ def _truncate(directory, step, item="state"):
 
 def test_record_changes_that_alter_the_run_are_named():
   saved = _record(_config())
-  assert checkpoints.changed_fields(saved, _record(_config())) == []
+  assert run_checkpoints.changed_fields(saved, _record(_config())) == []
   neutral = _config(steps=20, save_every=5, keep=1, micro_batches=4)
   neutral.eval.batch_size = 2
-  assert checkpoints.changed_fields(saved, _record(neutral)) == []
-  assert checkpoints.changed_fields(saved, _record(_config(), lengths=(64, 64))) == [
+  assert run_checkpoints.changed_fields(saved, _record(neutral)) == []
+  assert run_checkpoints.changed_fields(saved, _record(_config(), lengths=(64, 64))) == [
     ("lengths", [64, 48], [64, 64])]
   changed = _config(batch_size=4)
   changed.optimizer.clip_norm = 0.0
-  assert [f for f, _, _ in checkpoints.changed_fields(saved, _record(changed))] == [
+  assert [f for f, _, _ in run_checkpoints.changed_fields(saved, _record(changed))] == [
     "optimizer.clip_norm", "train.batch_size"]
-  assert [f for f, _, _ in checkpoints.changed_fields(
+  assert [f for f, _, _ in run_checkpoints.changed_fields(
     saved, _record(_config(), init_sha256="other"))] == ["init_sha256"]
   assert "train.restart" not in str(_record(_config(restart=True)))
 
@@ -76,17 +77,17 @@ def test_record_changes_that_alter_the_run_are_named():
 def test_total_steps_matters_only_under_a_decaying_schedule():
   longer = _config(steps=16)
   longer.optimizer.total_steps = 16
-  assert [f for f, _, _ in checkpoints.changed_fields(_record(_config()), _record(longer))] == [
+  assert [f for f, _, _ in run_checkpoints.changed_fields(_record(_config()), _record(longer))] == [
     "optimizer.total_steps"]
   constant, longer_constant = _config(), longer
   constant.optimizer.schedule = longer_constant.optimizer.schedule = "constant"
-  assert checkpoints.changed_fields(_record(constant), _record(longer_constant)) == []
+  assert run_checkpoints.changed_fields(_record(constant), _record(longer_constant)) == []
 
 
 def test_resume_below_the_saved_step_is_refused():
-  with pytest.raises(checkpoints.RunChangedError, match="train.steps: 3 is below the "
+  with pytest.raises(run_checkpoints.RunChangedError, match="train.steps: 3 is below the "
                                                         "checkpoint's step 4"):
-    checkpoints.check_resume(_record(_config()), _record(_config(steps=3)), 4, "D")
+    run_checkpoints.check_resume(_record(_config()), _record(_config(steps=3)), 4, "D")
 
 
 def test_broken_newest_step_is_moved_aside_and_saved_again(tmp_path, capsys):
@@ -95,21 +96,21 @@ def test_broken_newest_step_is_moved_aside_and_saved_again(tmp_path, capsys):
   directory = str(tmp_path / "checkpoints")
   manager, record = _saved_run(directory)
   _truncate(directory, 4)
-  fresh = checkpoints.make_manager(directory, keep=5, async_save=False)
-  state, data_state, step = checkpoints.restore_latest(fresh, _abstract(_state()), record)
+  fresh = run_checkpoints.make_manager(directory, keep=5, async_save=False)
+  state, data_state, step = run_checkpoints.restore_latest(fresh, _abstract(_state()), record)
   assert step == 2 and data_state["index"] == 2 and float(state.params["w"][0, 0]) == 2.0
   assert "step 4: its state does not restore" in capsys.readouterr().out
   assert fresh.all_steps() == [2] and os.listdir(directory + ".broken")[0].startswith("4-")
-  checkpoints.save(fresh, state.replace(step=jnp.asarray(4, jnp.int32)), data_state, record)
-  assert checkpoints.make_manager(directory, keep=5).all_steps() == [2, 4]
+  run_checkpoints.save(fresh, state.replace(step=jnp.asarray(4, jnp.int32)), data_state, record)
+  assert run_checkpoints.make_manager(directory, keep=5).all_steps() == [2, 4]
 
 
 def test_unreadable_run_record_is_a_broken_step(tmp_path):
   directory = str(tmp_path / "checkpoints")
   _, record = _saved_run(directory)
   _truncate(directory, 4, "run")
-  fresh = checkpoints.make_manager(directory, keep=5, async_save=False)
-  assert checkpoints.restore_latest(fresh, _abstract(_state()), record)[2] == 2
+  fresh = run_checkpoints.make_manager(directory, keep=5, async_save=False)
+  assert run_checkpoints.restore_latest(fresh, _abstract(_state()), record)[2] == 2
 
 
 def test_no_step_restores_is_an_error_and_nothing_is_deleted(tmp_path):
@@ -117,10 +118,10 @@ def test_no_step_restores_is_an_error_and_nothing_is_deleted(tmp_path):
   _, record = _saved_run(directory)
   _truncate(directory, 2)
   _truncate(directory, 4)
-  fresh = checkpoints.make_manager(directory, keep=5, async_save=False)
-  with pytest.raises(checkpoints.UnreadableCheckpointsError,
+  fresh = run_checkpoints.make_manager(directory, keep=5, async_save=False)
+  with pytest.raises(run_checkpoints.UnreadableCheckpointsError,
                      match="step 4: its state .*step 2: its state.*Nothing was deleted"):
-    checkpoints.restore_latest(fresh, _abstract(_state()), record)
+    run_checkpoints.restore_latest(fresh, _abstract(_state()), record)
   assert sorted(os.listdir(directory)) == ["2", "4"]
   assert not os.path.exists(directory + ".broken")
 
@@ -132,31 +133,31 @@ def test_a_changed_run_is_refused_not_skipped(tmp_path):
   _saved_run(directory)
   changed = _config()
   changed.optimizer.clip_norm = 0.0
-  fresh = checkpoints.make_manager(directory, keep=5, async_save=False)
-  with pytest.raises(checkpoints.RunChangedError, match=r"optimizer.clip_norm: 1.0 \(checkpoint\)"
-                                                        r" -> 0.0 \(this run\)"):
-    checkpoints.restore_latest(fresh, _abstract(_state()), _record(changed))
+  fresh = run_checkpoints.make_manager(directory, keep=5, async_save=False)
+  with pytest.raises(run_checkpoints.RunChangedError,
+                     match=r"optimizer.clip_norm: 1.0 \(checkpoint\) -> 0.0 \(this run\)"):
+    run_checkpoints.restore_latest(fresh, _abstract(_state()), _record(changed))
   assert sorted(os.listdir(directory)) == ["2", "4"]
 
 
 def test_all_finite_sees_params_and_optimizer_state():
   state = _state()
-  assert checkpoints.all_finite(state)
-  assert not checkpoints.all_finite(state.replace(params={"w": jnp.full((4, 2), jnp.nan),
+  assert run_checkpoints.all_finite(state)
+  assert not run_checkpoints.all_finite(state.replace(params={"w": jnp.full((4, 2), jnp.nan),
                                                           "norm": jnp.ones((2,))}))
   mu = jax.tree.map(lambda x: x.at[...].set(jnp.inf) if x.ndim else x, state.opt_state)
-  assert not checkpoints.all_finite(state.replace(opt_state=mu))
+  assert not run_checkpoints.all_finite(state.replace(opt_state=mu))
 
 
 def test_move_run_aside_keeps_the_previous_run(tmp_path):
   stage = str(tmp_path)
-  assert checkpoints.move_run_aside(stage) is None
+  assert run_checkpoints.move_run_aside(stage) is None
   os.makedirs(os.path.join(stage, "checkpoints", "2"))
   os.makedirs(os.path.join(stage, "logs"))
   os.makedirs(os.path.join(stage, "export"))
   for name in ("eval_final.json", ".lock"):
     open(os.path.join(stage, name), "w").close()
-  moved = checkpoints.move_run_aside(stage)
+  moved = run_checkpoints.move_run_aside(stage)
   assert sorted(os.listdir(moved)) == ["checkpoints", "eval_final.json", "export", "logs"]
   assert os.listdir(os.path.join(moved, "checkpoints")) == ["2"]
   assert sorted(os.listdir(stage)) == [".lock", os.path.basename(moved)]

@@ -1,4 +1,4 @@
-"""The recipes: every setting of a reproduction, in one place (gr2jax/recipe.py reads them).
+"""The named recipes: every setting of a reproduction, in one place (gr2jax/recipe.py types them).
 
 A recipe is one ConfigDict; each config file is a view of it that names the stage to run:
 
@@ -26,12 +26,88 @@ paper and not tuned: the 8B schedule and batches, learning rates raised as the m
 """
 
 import os
-import sys
 
 import ml_collections
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from data import get_data_config  # noqa: E402
+# The shipped raw data (data/amazon_beauty/ of the repository, next to the package).
+DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
+                        "amazon_beauty")
+
+
+def data_config() -> ml_collections.ConfigDict:
+  """The data build's settings (tiny CPU defaults; the qwen3 recipes change the prompt)."""
+  c = ml_collections.ConfigDict()
+  c.data_dir = DATA_DIR  # items.jsonl.gz + sequences.txt.gz (the shipped Amazon Beauty copy)
+  c.users = 0  # build on the first N users of sequences.txt only (0 = all 22,363; CI's
+  #               HF-layout run: eval_subset_size must then be <= N)
+  c.seed = 0  # seeds negatives, tie-breaking, embeddings, RQ-VAE and the BPE corpus sample
+  c.max_history = 20  # history items kept per example (TIGER: 20)
+  c.eval_subset_size = 1615  # Diffusion-GR2's test subset (split.eval_subset, seed 0)
+
+  c.retriever = ml_collections.ConfigDict()
+  c.retriever.window = 5  # max gap of a counted transition
+  c.retriever.reverse = 0.3  # weight of backward transitions
+  c.retriever.history = 20  # history items that score a user
+  c.retriever.decay = 0.7  # recency decay per history step
+
+  c.num_candidates = 10  # N, the length of D (target + N-1 negatives)
+  c.negative_pool = "catalogue"  # 'catalogue' (all unseen items) or 'topk' (retriever top-K)
+  c.pool_size = 3000  # K for negative_pool='topk'
+  c.accept_position_leak = False  # True builds even with a late-position target spike
+
+  c.all_training_targets = False  # True: one training example per training target, not per user
+  #                                 (57k lists with rejection; tiny: R@1 on a par, slower build)
+  c.evidence_decay = 0.8  # recency decay of the brand/leaf/path match levels
+  c.evidence_window = 20  # history items the evidence looks at
+
+  c.rejection = True  # keep only training examples whose teacher top-1 is the target (GR2);
+  #                     False keeps all (tiny, terse prompt: R@1 floor +.000 off vs +.03 on;
+  #                     docs/calibration_tiny_prompt.md)
+  c.learned_headroom = True  # also fit a GBDT on validation lists: the headroom over the teacher
+  #                             (headroom.py; printed for test and the 1,615 subset; 20-30 s on
+  #                             2 busy cores, paid once per examples build since that is cached)
+  c.teacher_traces = ""  # JSONL of LLM traces {"user", "reasoning", "ranking"}; '' = rule teacher
+
+  c.embedding_dim = 256  # TF-IDF + SVD item embedding size
+  c.item_embeddings = ""  # FILE.npy [12101, d] precomputed (e.g. Sentence-T5); '' = TF-IDF
+
+  c.sids_file = ""  # FILE.npy int32 [12101, 4] precomputed SIDs (rqvae.save_sids); '' = train
+  c.rqvae = ml_collections.ConfigDict()
+  c.rqvae.latent_dim = 32  # code dimension (TIGER: 32)
+  c.rqvae.num_levels = 3  # residual levels before the collision token
+  c.rqvae.codebook_size = 256  # codes per level
+  c.rqvae.beta = 0.25  # commitment weight
+  c.rqvae.epochs = 100  # passes over the items (with Adam 3e-3: 12,101 unique SIDs, 1-2 min)
+  c.rqvae.batch_size = 1024  # items per step
+  c.rqvae.learning_rate = 3e-3  # Adam learning rate (TIGER's Adagrad 0.4 diverges on this budget)
+  c.rqvae.kmeans_iters = 25  # Lloyd iterations of the k-means codebook initialisation
+  c.rqvae.reset_every = 20  # epochs between dead-code resets (0 disables them)
+
+  # Tiny default measured in docs/calibration_tiny_prompt.md: a terse prompt of slot + evidence
+  # flags only (57 prompt / 29-35 response tokens) is what a from-scratch tiny model learns to
+  # use in a CPU budget. The 8B/paper prompt: style 'chat', answer_format 'sid', evidence 'raw',
+  # fields ('sid', 'brand', 'leaf', 'title'), history_items 20, max_citations 3.
+  c.prompt = ml_collections.ConfigDict()
+  c.prompt.style = "terse"  # 'terse' (tiny: chat markup + one line per item, no system turn,
+  #                           headers or instruction; citations = slot + evidence token) or 'chat'
+  c.prompt.answer_format = "slot"  # 'slot' (tiny) or 'sid' (8B; the paper's)
+  c.prompt.evidence = "flags"  # 'flags' (tiny: per-candidate match buckets) or 'raw' (8B)
+  c.prompt.fields = ()  # item fields shown (tiny: none, the flags carry the evidence); 8B: all 4
+  c.prompt.title_words = 6  # title truncation (words) when 'title' is shown
+  c.prompt.history_items = 0  # history items shown (tiny: none, flags summarise 20); 8B: 20
+  c.prompt.max_citations = 2  # teacher citations rendered in the reasoning (8B: 3+)
+
+  c.tokenizer_base = ""  # the HF tokenizer the build extends; set from the recipe's hf_dir
+  #                         (--config.hf_dir), never here ('' = train the tiny BPE below)
+  c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
+  c.tokenizer_sample = 4000  # train examples (4 prompt variants) in the BPE corpus / length stats
+
+  c.length_buckets = (96, 128, 192, 256, 320, 384, 448, 512)  # static sequence lengths of
+  #                                 training batches (tiny default: <= 92 tokens -> 96)
+  c.lambda_r = 0.5  # SFT loss weight of reasoning tokens (GR2: lambda_r < lambda_o)
+  c.lambda_o = 1.0  # SFT loss weight of answer tokens
+  return c
+
 
 STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
 HF_SCALES = {  # name: (learning-rate factor over 8B, micro-batch divisor vs 8B): scaled choices
@@ -93,7 +169,7 @@ def _tiny() -> ml_collections.ConfigDict:
   c.hf_dir = ""  # a local HF Qwen3 directory to start from ('' = model.preset from scratch)
   c.upstream = "check"  # a stage whose upstream stages are not done: 'check' names them and the
   #                       commands that make them, 'run' runs them first
-  c.data = get_data_config()  # the data build every stage trains and evaluates on
+  c.data = data_config()  # the data build every stage trains and evaluates on
   c.model = ml_collections.ConfigDict()
   c.model.preset = "tiny"  # gr2jax ModelConfig preset sized to the tokenizer ('' = hf_dir)
   c.model.remat = "none"  # 'none' | 'full' (recompute each layer in the backward pass)
@@ -253,12 +329,32 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
     c.stages[name][block].group_size = group_size
 
 
-def get_recipe(stage: str, variant: str = "") -> ml_collections.ConfigDict:
-  """The recipe `variant` (`RECIPE[,smoke]`, '' = tiny) as the config of `stage`.
+def _evaluate_block() -> ml_collections.ConfigDict:
+  """`--config=eval.py`'s block: which checkpoint to evaluate (experiments/configs/eval.py)."""
+  e = ml_collections.ConfigDict()
+  e.ckpt = ""  # the checkpoint to evaluate (a gr2jax export or an HF directory)
+  e.out_dir = ""  # where results go ('' = next to the checkpoint)
+  e.convert = False  # convert an AR checkpoint to block diffusion (B = decode.block_size)
+  return e
 
-  Args:
-    stage: what experiments/run.py runs (its STAGES key).
-    variant: the recipe name, optionally followed by ',smoke'.
+
+def _rerank_block() -> ml_collections.ConfigDict:
+  """`--config=rerank.py`'s block: the offline re-ranking tool (gr2jax/apps/rerank.py)."""
+  r = ml_collections.ConfigDict()
+  r.ckpt = os.path.join("{workdir}", "rl", "export")  # the model export (AR or diffusion)
+  r.requests = ""  # JSONL of requests (required)
+  r.out = ""  # output JSONL ('' = <requests>.ranked.jsonl)
+  r.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
+  r.batch_size = 64  # decode batch size (one compiled shape)
+  r.max_new_tokens = 0  # response cap (0 = the build's response length R)
+  return r
+
+
+_BLOCKS = {"eval": ("evaluate", _evaluate_block), "rerank": ("rerank", _rerank_block)}
+
+
+def parse_variant(variant: str) -> tuple[str, bool]:
+  """(recipe name, smoke) of a variant `RECIPE[,smoke]` ('' = tiny; 'smoke' = tiny,smoke).
 
   Raises:
     ValueError: an unknown recipe name.
@@ -269,10 +365,46 @@ def get_recipe(stage: str, variant: str = "") -> ml_collections.ConfigDict:
   if len(names) != 1 or names[0] not in RECIPES:
     raise ValueError(f"unknown variant {variant!r}; expected RECIPE[,smoke] with RECIPE in "
                      f"{RECIPES}, or 'smoke'")
+  return names[0], smoke
+
+
+def config(variant: str = "", stage: str = "table2") -> ml_collections.ConfigDict:
+  """The recipe `variant` (`RECIPE[,smoke]`, '' = tiny) as the ConfigDict of `stage`.
+
+  What every experiments/configs/<stage>.py returns; the command line overrides its fields.
+
+  Args:
+    variant: the recipe name, optionally followed by ',smoke'.
+    stage: what experiments/run.py runs (its STAGES key); eval and rerank add their block.
+
+  Raises:
+    ValueError: an unknown recipe name.
+  """
+  name, smoke = parse_variant(variant)
   c = _tiny()
-  if names[0] != "tiny":
-    _qwen3(c, names[0])
+  if name != "tiny":
+    _qwen3(c, name)
   if smoke:
     _smoke(c)
   c.stage = stage  # experiments/run.py STAGES key: what this config runs
+  if stage in _BLOCKS:
+    field, block = _BLOCKS[stage]
+    c[field] = block()
   return c
+
+
+def get(variant: str = "tiny", *, hf_dir: str = ""):
+  """The typed recipe (gr2jax.recipe.Recipe) of `variant`, for use from Python.
+
+    recipe = gr2jax.recipes.get("tiny")
+    recipe = gr2jax.recipes.get("qwen3_8b", hf_dir="/models/Qwen3-8B")
+
+  Args:
+    variant: `RECIPE[,smoke]`.
+    hf_dir: the local HF Qwen3 directory of a qwen3_* recipe.
+  """
+  from gr2jax import recipe
+
+  c = config(variant)
+  c.hf_dir = hf_dir
+  return recipe.from_config(c)

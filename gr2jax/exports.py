@@ -1,4 +1,4 @@
-"""Save / restore (config, params) with orbax, and `load_model` for orbax or HF directories.
+"""The export format: save / restore (config, params) + metadata as a gr2jax directory (orbax).
 
 A gr2jax checkpoint directory holds:
   gr2jax_config.json       the ModelConfig fields (plus "format": "gr2jax")
@@ -48,7 +48,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gr2jax import workdir
-from gr2jax.hf import weights as hf_weights
 from gr2jax.model.config import ModelConfig
 
 CONFIG_FILE = "gr2jax_config.json"
@@ -361,7 +360,7 @@ def load_config(path: str) -> ModelConfig:
   return config_from_dict(d, source=file)
 
 
-def _sharding_at(shardings: Any, path: tuple[str, ...], where: str):
+def sharding_at(shardings: Any, path: tuple[str, ...], where: str):
   """The sharding for param `path` in a shardings pytree (CheckpointError if absent)."""
   try:
     return functools.reduce(lambda node, key: node[key], path, shardings)
@@ -409,7 +408,7 @@ def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
   with ocp.StandardCheckpointer() as checkpointer:
     for p, shape, dtype in manifest:
       leaf_dir = _leaf_dir(params_dir, p)
-      sharding = _sharding_at(shardings, p, params_dir)
+      sharding = sharding_at(shardings, p, params_dir)
       try:
         target = {_LEAF_KEY: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)}
         leaf = checkpointer.restore(leaf_dir, target)[_LEAF_KEY]
@@ -422,48 +421,3 @@ def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
       leaves.append((p, leaf))
   params = unflatten(leaves)
   return config, params
-
-
-def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
-               ) -> tuple[ModelConfig, Any]:
-  """Loads (config, params) from a gr2jax checkpoint or a local HF Qwen3 directory.
-
-  An HF directory (config.json + safetensors or pytorch_model*.bin) is converted in memory with
-  the table of gr2jax/hf/table.py (the one weights_conversion/convert_hf.py streams to disk).
-
-  Args:
-    path: a gr2jax checkpoint directory or an HF model directory.
-    shardings: optional pytree of shardings for the params (see `restore`).
-    param_dtype: HF directories only: 'float32' or 'bfloat16' (default: the checkpoint's dtype).
-
-  Returns:
-    (config, params) with params a pytree of jax Arrays.
-
-  Raises:
-    CheckpointError: `path` is neither kind of directory, or the checkpoint is damaged (for an
-      HF directory: a bad config.json, missing, unmapped or wrongly shaped tensors, a truncated
-      or unreadable weight file); the message names the path and the file or tensor.
-    TypeError: `path` is not a string or os.PathLike.
-  """
-  if not isinstance(path, (str, os.PathLike)):
-    raise TypeError(f"load_model: path must be a directory path, got {type(path).__name__}")
-  path = os.fspath(path)
-  if os.path.isfile(os.path.join(path, CONFIG_FILE)):
-    if param_dtype is not None:
-      raise CheckpointError(f"{path}: param_dtype applies to HF directories only")
-    return restore(path, shardings)
-  if os.path.isfile(os.path.join(path, "config.json")):
-    try:
-      config = hf_weights.read_config(path, param_dtype)
-      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-      with hf_weights.HFWeights(path) as weights:  # one host leaf at a time
-        leaves = [(p, jax.device_put(leaf, device if shardings is None
-                                     else _sharding_at(shardings, p, path)))
-                  for p, leaf in hf_weights.iter_leaves(config, weights)]
-    except CheckpointError:
-      raise
-    except (OSError, ValueError) as e:  # missing shards, bad JSON, table / safetensors errors
-      raise CheckpointError(f"{path}: cannot load HF directory: {e}") from e
-    return config, unflatten(leaves)
-  raise CheckpointError(f"{path}: neither a gr2jax checkpoint ({CONFIG_FILE}) nor an HF "
-                        "directory (config.json)")

@@ -14,7 +14,7 @@ restores, the broken newer steps are moved aside to `checkpoints.broken/` so the
 those steps again. When steps exist but none restores, nothing is deleted or overwritten: it is
 an `UnreadableCheckpointsError` naming each step's error. `move_run_aside` (train.restart) parks
 the checkpoints, logs, export and evaluation files of a previous run instead of deleting them.
-The stage's final params are also exported in gr2jax/checkpoint.py's format, the hand-over format
+The stage's final params are also exported in gr2jax/exports.py's format, the hand-over format
 to the next stage and load_model.
 """
 

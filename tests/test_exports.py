@@ -1,4 +1,4 @@
-"""gr2jax/checkpoint.py: round trip, sharded restore, atomic writes, damaged checkpoints."""
+"""gr2jax/exports.py: round trip, sharded restore, atomic writes, damaged checkpoints."""
 
 import json
 import os
@@ -13,7 +13,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax import checkpoint, workdir
+from gr2jax import exports, load, workdir
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 
@@ -29,7 +29,7 @@ def params():
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, params):
   path = str(tmp_path_factory.mktemp("ckpt") / "model")
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
   return path
 
 
@@ -38,16 +38,16 @@ def _assert_equal(a, b):
 
 
 def test_config_dict_round_trip():
-  d = json.loads(json.dumps(checkpoint.config_to_dict(CONFIG)))
-  assert checkpoint.config_from_dict(d) == CONFIG
-  with pytest.raises(checkpoint.CheckpointError, match=r"unknown ModelConfig field\(s\) \['foo'\]"):
-    checkpoint.config_from_dict({**d, "foo": 1}, source="x.json")
-  with pytest.raises(checkpoint.CheckpointError, match="not a gr2jax config"):
-    checkpoint.config_from_dict(CONFIG.to_hf_dict())
+  d = json.loads(json.dumps(exports.config_to_dict(CONFIG)))
+  assert exports.config_from_dict(d) == CONFIG
+  with pytest.raises(exports.CheckpointError, match=r"unknown ModelConfig field\(s\) \['foo'\]"):
+    exports.config_from_dict({**d, "foo": 1}, source="x.json")
+  with pytest.raises(exports.CheckpointError, match="not a gr2jax config"):
+    exports.config_from_dict(CONFIG.to_hf_dict())
 
 
 def test_save_restore_round_trip(saved, params):
-  config, restored = checkpoint.load_model(saved)
+  config, restored = load.load_model(saved)
   assert config == CONFIG
   _assert_equal(restored, params)
   assert all(isinstance(x, jax.Array) for x in jax.tree.leaves(restored))
@@ -58,20 +58,20 @@ def test_metadata_records_the_params_digest_and_older_dirs_still_load(tmp_path, 
   """Exports record what they are (gr2jax_metadata.json, issue 16); a directory written before
   the file existed loads as before and has an empty record."""
   path = str(tmp_path / "model")
-  checkpoint.save(path, CONFIG, params, metadata={"stage": "cft", "kind": "diffusion"})
-  metadata = checkpoint.load_metadata(path)
+  exports.save(path, CONFIG, params, metadata={"stage": "cft", "kind": "diffusion"})
+  metadata = exports.load_metadata(path)
   assert metadata["stage"] == "cft" and metadata["kind"] == "diffusion"
-  assert metadata["params_sha256"] == checkpoint.load_metadata(saved)["params_sha256"]
-  assert checkpoint.content_digest(path) == metadata["params_sha256"]
+  assert metadata["params_sha256"] == exports.load_metadata(saved)["params_sha256"]
+  assert exports.content_digest(path) == metadata["params_sha256"]
   changed = jax.tree.map(lambda x: x, params) | {"final_norm": params["final_norm"] * 2}
   other = str(tmp_path / "other")
-  checkpoint.save(other, CONFIG, changed)
-  assert checkpoint.content_digest(other) != checkpoint.content_digest(path)
-  os.remove(os.path.join(path, checkpoint.METADATA_FILE))  # an older directory
-  assert checkpoint.load_metadata(path) == {}
-  _assert_equal(checkpoint.load_model(path)[1], params)
-  assert len(checkpoint.content_digest(path)) == 64
-  checkpoint.check_data_build(path, {"tokenizer_sha256": "x", "vocab": 1, "prompt": {}})
+  exports.save(other, CONFIG, changed)
+  assert exports.content_digest(other) != exports.content_digest(path)
+  os.remove(os.path.join(path, exports.METADATA_FILE))  # an older directory
+  assert exports.load_metadata(path) == {}
+  _assert_equal(load.load_model(path)[1], params)
+  assert len(exports.content_digest(path)) == 64
+  exports.check_data_build(path, {"tokenizer_sha256": "x", "vocab": 1, "prompt": {}})
 
 
 def test_restore_into_shardings(saved, params):
@@ -79,16 +79,16 @@ def test_restore_into_shardings(saved, params):
   spec = jax.sharding.PartitionSpec
   shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, spec()), params)
   shardings["layers"]["q"] = jax.sharding.NamedSharding(mesh, spec(None, "fsdp", "tp", None))
-  _, restored = checkpoint.restore(saved, shardings)
+  _, restored = exports.restore(saved, shardings)
   assert restored["layers"]["q"].sharding == shardings["layers"]["q"]
   _assert_equal(restored, params)
-  with pytest.raises(checkpoint.CheckpointError, match="shardings tree does not match"):
-    checkpoint.restore(saved, {"embed": shardings["embed"]})
+  with pytest.raises(exports.CheckpointError, match="shardings tree does not match"):
+    exports.restore(saved, {"embed": shardings["embed"]})
 
 
 def test_overwrite_is_atomic(tmp_path, params):
   path = str(tmp_path / "model")
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
 
   def failing_write(tmp):
     with open(os.path.join(tmp, "partial"), "w") as f:
@@ -96,15 +96,15 @@ def test_overwrite_is_atomic(tmp_path, params):
     raise RuntimeError("disk full")
 
   with pytest.raises(RuntimeError, match="disk full"):
-    checkpoint.atomic_directory(path, failing_write, overwrite=True)
+    exports.atomic_directory(path, failing_write, overwrite=True)
   assert os.listdir(tmp_path) == ["model"]  # the old checkpoint survives, no temp dirs left
-  _assert_equal(checkpoint.restore(path)[1], params)
+  _assert_equal(exports.restore(path)[1], params)
   with pytest.raises(FileExistsError):
-    checkpoint.save(path, CONFIG, params, overwrite=False)
+    exports.save(path, CONFIG, params, overwrite=False)
   new = jax.tree.map(lambda x: x + 1, params)
-  checkpoint.save(path, CONFIG, new)
+  exports.save(path, CONFIG, new)
   assert os.listdir(tmp_path) == ["model"]
-  _assert_equal(checkpoint.restore(path)[1], new)
+  _assert_equal(exports.restore(path)[1], new)
 
 
 def _truncate_data(path):
@@ -116,28 +116,28 @@ def _truncate_data(path):
 
 
 @pytest.mark.parametrize("damage,message", [
-  (lambda p: os.remove(os.path.join(p, checkpoint.CONFIG_FILE)), "not a gr2jax checkpoint"),
-  (lambda p: open(os.path.join(p, checkpoint.CONFIG_FILE), "w").write("{"), "invalid JSON"),
-  (lambda p: shutil.rmtree(os.path.join(p, checkpoint.PARAMS_DIR)), "incomplete checkpoint"),
-  (lambda p: os.remove(os.path.join(p, checkpoint.PARAMS_DIR, checkpoint.MANIFEST_FILE)),
+  (lambda p: os.remove(os.path.join(p, exports.CONFIG_FILE)), "not a gr2jax checkpoint"),
+  (lambda p: open(os.path.join(p, exports.CONFIG_FILE), "w").write("{"), "invalid JSON"),
+  (lambda p: shutil.rmtree(os.path.join(p, exports.PARAMS_DIR)), "incomplete checkpoint"),
+  (lambda p: os.remove(os.path.join(p, exports.PARAMS_DIR, exports.MANIFEST_FILE)),
    "incomplete checkpoint"),
-  (lambda p: open(os.path.join(p, checkpoint.PARAMS_DIR, checkpoint.MANIFEST_FILE), "w").write(
+  (lambda p: open(os.path.join(p, exports.PARAMS_DIR, exports.MANIFEST_FILE), "w").write(
     "[{}]"), "invalid manifest"),
-  (lambda p: shutil.rmtree(os.path.join(p, checkpoint.PARAMS_DIR, "layers.q")),
+  (lambda p: shutil.rmtree(os.path.join(p, exports.PARAMS_DIR, "layers.q")),
    "layers.q: cannot restore param layers.q"),
   (_truncate_data, "cannot restore param"),
 ])
 def test_damaged_checkpoint_is_a_clear_error(tmp_path, params, damage, message):
   path = str(tmp_path / "model")
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
   damage(path)
-  with pytest.raises(checkpoint.CheckpointError, match=message):
-    checkpoint.restore(path)
+  with pytest.raises(exports.CheckpointError, match=message):
+    exports.restore(path)
 
 
 def test_load_model_rejects_unknown_directories(tmp_path):
-  with pytest.raises(checkpoint.CheckpointError, match="neither a gr2jax checkpoint"):
-    checkpoint.load_model(str(tmp_path))
+  with pytest.raises(exports.CheckpointError, match="neither a gr2jax checkpoint"):
+    load.load_model(str(tmp_path))
 
 
 def test_load_model_hf_dir_into_shardings(tmp_path):
@@ -146,16 +146,16 @@ def test_load_model_hf_dir_into_shardings(tmp_path):
   model = save_hf(str(tmp_path), seed=5)
   mesh = jax.make_mesh((4, 2), ("fsdp", "tp"))
   spec = jax.sharding.PartitionSpec
-  config, params = checkpoint.load_model(str(tmp_path))
+  config, params = load.load_model(str(tmp_path))
   shardings = jax.tree.map(lambda _: jax.sharding.NamedSharding(mesh, spec()), params)
   shardings["layers"]["q"] = jax.sharding.NamedSharding(mesh, spec(None, "fsdp", "tp", None))
-  _, sharded = checkpoint.load_model(str(tmp_path), shardings)
+  _, sharded = load.load_model(str(tmp_path), shardings)
   assert sharded["layers"]["q"].sharding == shardings["layers"]["q"]
   _assert_equal(sharded, params)
   np.testing.assert_array_equal(params["embed"], model.model.embed_tokens.weight.detach().numpy())
   del shardings["lm_head"]
-  with pytest.raises(checkpoint.CheckpointError, match="no entry for lm_head"):
-    checkpoint.load_model(str(tmp_path), shardings)
+  with pytest.raises(exports.CheckpointError, match="no entry for lm_head"):
+    load.load_model(str(tmp_path), shardings)
 
 
 def _siblings(path):
@@ -166,7 +166,7 @@ def _siblings(path):
 def test_directories_get_umask_permissions(tmp_path, params):
   """Issue #11 class 6: tempfile.mkdtemp made every checkpoint 0700."""
   path = str(tmp_path / "model")
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
   umask = os.umask(0)
   os.umask(umask)
   assert os.stat(path).st_mode & 0o777 == 0o777 & ~umask
@@ -188,14 +188,14 @@ def test_sigterm_and_sigint_clean_up(tmp_path, signum, exc):
     time.sleep(5)  # the handler raises in this thread at once
 
   with pytest.raises(exc):
-    checkpoint.atomic_directory(path, write, overwrite=False)
+    exports.atomic_directory(path, write, overwrite=False)
   assert os.listdir(tmp_path) == []
   assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the default is restored
 
 
 def test_stale_siblings_are_removed_and_a_parked_checkpoint_restored(tmp_path, params):
   path = str(tmp_path / "model")
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
   # A writer killed mid-swap: the previous checkpoint parked in .old-*, the new one in .tmp-*.
   parked = tmp_path / ".model.old-4242-0badc0de"
   parked.mkdir()
@@ -205,9 +205,9 @@ def test_stale_siblings_are_removed_and_a_parked_checkpoint_restored(tmp_path, p
   other = tmp_path / ".model.tmp-1-abc.keep"  # not a temp name of this target: left alone
   other.mkdir()
   with pytest.raises(FileExistsError):
-    checkpoint.atomic_directory(path, lambda tmp: None, overwrite=False)
+    exports.atomic_directory(path, lambda tmp: None, overwrite=False)
   assert _siblings(path) == [other.name]
-  _assert_equal(checkpoint.restore(path)[1], params)
+  _assert_equal(exports.restore(path)[1], params)
 
 
 def _slow_writer(path: str) -> subprocess.Popen:
@@ -216,12 +216,12 @@ def _slow_writer(path: str) -> subprocess.Popen:
   code = textwrap.dedent(f"""
     import os, sys, time
     sys.path.insert(0, {root!r})
-    from gr2jax import checkpoint
+    from gr2jax import exports
     def write(tmp):
       open(os.path.join(tmp, "partial"), "w").write("x" * 1000)
       print("writing", flush=True)
       time.sleep(120)
-    checkpoint.atomic_directory({path!r}, write, overwrite=True)
+    exports.atomic_directory({path!r}, write, overwrite=True)
   """)
   proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
   assert proc.stdout.readline().strip() == "writing"
@@ -234,7 +234,7 @@ def test_killed_writers(tmp_path, params):
   proc = _slow_writer(path)
   try:
     with pytest.raises(workdir.InUseError, match=f"in use by pid {proc.pid}"):
-      checkpoint.save(path, CONFIG, params)
+      exports.save(path, CONFIG, params)
     proc.terminate()
     assert proc.wait(timeout=30) == 128 + signal.SIGTERM
     assert os.listdir(tmp_path) == []
@@ -243,6 +243,6 @@ def test_killed_writers(tmp_path, params):
     proc.kill()
     proc.wait()
   assert [e.split("-")[0] for e in _siblings(path)] == [".model.lock", ".model.tmp"]
-  checkpoint.save(path, CONFIG, params)
+  exports.save(path, CONFIG, params)
   assert os.listdir(tmp_path) == ["model"]
-  _assert_equal(checkpoint.restore(path)[1], params)
+  _assert_equal(exports.restore(path)[1], params)

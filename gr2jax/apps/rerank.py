@@ -1,0 +1,134 @@
+"""Re-ranking as a tool: JSONL requests in, the trained model's rankings and reasoning out.
+
+  python experiments/run.py --config=rerank.py --workdir=W --config.rerank.ckpt=W/rl/export \
+      --config.rerank.requests=req.jsonl --config.rerank.out=out.jsonl
+
+  rows = gr2jax.rerank("req.jsonl", "W/rl/export", workdir="W", data_config=...)  # in Python
+
+Request and row formats: gr2jax/data/requests.py. Requests are decoded in batches by the
+model's own decoder (gr2jax/reranker.py); a bad request is an error row and never stops the
+batch. Output rows keep the input order, one per non-blank line.
+"""
+
+import json
+import os
+import sys
+import types
+from collections.abc import Iterable
+
+from gr2jax import files
+from gr2jax import reranker as reranker_lib
+from gr2jax.data import requests as requests_lib
+
+
+def _lines_of(requests) -> Iterable:
+  if isinstance(requests, str | os.PathLike):
+    with open(requests, encoding="utf-8", errors="replace") as f:
+      return f.read().splitlines()
+  return requests
+
+
+def rerank(requests, model, *, workdir: str | None = None, data_config=None, items: str = "",
+           batch_size: int = 64, tau: float = 1.0, max_steps_per_block: int = 64,
+           max_new_tokens: int = 0) -> list[dict]:
+  """Re-ranks requests with a trained model (module docstring for formats).
+
+  Args:
+    requests: a JSONL path, or an iterable of JSONL lines / request dicts.
+    model: a reranker.Reranker, or a checkpoint path (then `workdir` names its data build).
+    workdir: the data build's workdir (with a checkpoint path).
+    data_config: the data build's config (with a checkpoint path; gr2jax.recipe.data_config of
+      the model's recipe).
+    items: a user-supplied items.jsonl ('' = the build's catalogue).
+    batch_size: decode batch size.
+    tau: diffusion commit threshold (ignored for AR models).
+    max_steps_per_block: diffusion denoising-step cap per block.
+    max_new_tokens: response cap (0 = the build's longest training response).
+
+  Returns:
+    One row per non-blank request line, in order: an answer or a named error.
+  """
+  if not isinstance(model, reranker_lib.Reranker):
+    if workdir is None or data_config is None:
+      raise ValueError("rerank(requests, <checkpoint path>) needs workdir= and data_config= "
+                       "(the data build the model was trained on: "
+                       "gr2jax.recipe.data_config(recipe))")
+    model = reranker_lib.load_reranker(str(model), data_config, workdir, items=items,
+                          max_new_tokens=max_new_tokens)
+  return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size, tau=tau,
+                      max_steps_per_block=max_steps_per_block)
+
+
+def summarize(rows: list[dict]) -> dict:
+  """Counts of answered / fallback / error rows and errors per kind."""
+  errors = [r["error"]["kind"] for r in rows if "error" in r]
+  answered = [r for r in rows if "error" not in r]
+  return {"requests": len(rows), "answered": len(answered),
+          "fallback": sum(r["fallback"] for r in answered), "errors": len(errors),
+          "error_kinds": {k: errors.count(k) for k in requests_lib.ERROR_KINDS if k in errors}}
+
+
+def check_out_path(out: str, requests: str) -> None:
+  """Refuses an output path before anything is decoded: the requests file itself, a directory,
+  or a path whose nearest existing parent directory is not writable.
+
+  Raises:
+    ValueError: names rerank.out and the reason.
+  """
+  if os.path.exists(out) and os.path.exists(requests) and os.path.samefile(out, requests):
+    raise ValueError(f"rerank.out={out!r} is the requests file; writing it would overwrite "
+                     "the requests (name another file)")
+  if os.path.isdir(out):
+    raise ValueError(f"rerank.out={out!r} is a directory; name a JSONL file")
+  parent = os.path.dirname(os.path.abspath(out))
+  while not os.path.exists(parent):
+    parent = os.path.dirname(parent)
+  if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+    raise ValueError(f"rerank.out={out!r}: cannot write under {parent!r}")
+
+
+def write_rows(rows: list[dict], path: str) -> None:
+  """Writes the rows as JSONL to `path` atomically (files.atomic_write)."""
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  files.atomic_write(path, "".join(json.dumps(row, default=str) + "\n" for row in rows))
+
+
+def run(recipe, c, workdir: str) -> dict:
+  """`--config=rerank.py`: reads c.requests, writes c.out, with the recipe's data build and
+  decode spec (gr2jax/recipe.py).
+
+  Args:
+    recipe: the gr2jax.recipe.Recipe the model was trained with.
+    c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens).
+    workdir: the workdir of the recipe's data build.
+  """
+  from gr2jax import recipe as recipe_lib
+  from gr2jax.train import config_checks
+
+  if not c.requests:
+    raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")
+  config_checks.check_stage_config(types.SimpleNamespace(rerank=c))  # sizes, named
+  out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
+  check_out_path(out, c.requests)
+  reranker = reranker_lib.load_reranker(
+    c.ckpt.format(workdir=workdir), recipe_lib.data_config(recipe), workdir, items=c.items_file,
+    max_new_tokens=c.max_new_tokens)
+  rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size,
+                                   tau=recipe.decode.eval_tau,
+                                   max_steps_per_block=recipe.decode.max_steps_per_block)
+  write_rows(rows, out)
+  summary = summarize(rows) | {"out": out}
+  print(json.dumps(summary), flush=True)
+  return summary
+
+
+class _CallableModule(types.ModuleType):
+  """`gr2jax.rerank(...)` calls `rerank` above: the package exports this module under its own
+  name (so `from gr2jax import rerank` is the same object whatever was imported first) and the
+  module calls through to its function."""
+
+  def __call__(self, *args, **kwargs):
+    return rerank(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

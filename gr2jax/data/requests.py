@@ -1,0 +1,341 @@
+"""Re-ranking requests: read and check them against a catalogue, render them as the data build
+rendered its training examples, and turn a model's response into the answer row.
+
+A request is one JSON object, `{"id": ..., "history": [item, ...] (oldest first),
+"candidates": [item, ...] (D's order)}`; an item is its index in the catalogue (the line order of
+`items.jsonl(.gz)`) or its ASIN. The catalogue is the data build's or a user-supplied
+`items.jsonl` (same format, gr2jax/data/raw.py); when the prompt shows semantic IDs, every item
+needs one of the data build's (matched by ASIN).
+
+A request is rendered exactly as the model saw its training data (`Rendering`): the data build's
+prompt config, and the per-candidate evidence buckets of gr2jax/data/evidence.py with the
+thresholds the build fit on its training lists over the last `max_history` items. The summary
+keeps those thresholds rounded to 6 decimals and levels often sit exactly on one, so
+`build_thresholds` recovers the exact ones from the build's own records (`exact_thresholds`).
+
+Rows: an answer `{"line", "id", "ranking": [items best first, as given], "ranking_slots",
+"reasoning", "kind": answer validity, "fallback": bool, "response"}` (an invalid answer falls back
+to D's order), or an error `{"line", "id", "error": {"kind": ERROR_KINDS, "message"}}`.
+"""
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Iterable
+
+import numpy as np
+
+from gr2jax.data import answer, pipeline, prompts, raw, rqvae, tfds_builder
+from gr2jax.data import evidence as evidence_lib
+from gr2jax.data.records import Catalog, RerankExample
+from gr2jax.data.split import PAD
+
+ERROR_KINDS = ("malformed_json", "not_an_object", "missing_field", "bad_field", "unknown_item",
+               "no_semantic_id", "wrong_candidate_count", "duplicate_candidates")
+REQUIRED_FIELDS = ("id", "history", "candidates")
+
+
+class RequestError(ValueError):
+  """A bad request; `kind` is one of ERROR_KINDS."""
+
+  def __init__(self, kind: str, message: str):
+    super().__init__(message)
+    self.kind = kind
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalogue:
+  """The items requests may name.
+
+  Attributes:
+    catalog: item metadata (the evidence reads brands and category paths).
+    sids: [I, L] int32 semantic IDs of the data build, -1 rows for items it does not have.
+    asin_index: ASIN -> item index.
+    features: the interned brand / category ids the evidence compares (evidence.item_features).
+  """
+
+  catalog: Catalog
+  sids: np.ndarray
+  asin_index: dict
+  features: evidence_lib.ItemFeatures
+
+  @classmethod
+  def make(cls, catalog: Catalog, sids: np.ndarray, sid_catalog: Catalog | None = None):
+    """The catalogue of `catalog`; `sids` belong to `sid_catalog` (default: `catalog` itself)
+    and are matched to `catalog`'s items by ASIN."""
+    if sid_catalog is not None and sid_catalog.asins != catalog.asins:
+      build = {a: i for i, a in enumerate(sid_catalog.asins)}
+      rows = np.asarray([build.get(a, -1) for a in catalog.asins])
+      sids = np.where(rows[:, None] >= 0, sids[np.maximum(rows, 0)], -1).astype(np.int32)
+    return cls(catalog, np.asarray(sids, np.int32), {a: i for i, a in enumerate(catalog.asins)},
+               evidence_lib.item_features(catalog))
+
+  def resolve(self, value, field: str, needs_sids: bool) -> int:
+    """The item index of a request's item id (an index or an ASIN).
+
+    Raises:
+      RequestError: unknown_item, bad_field (neither int nor str), no_semantic_id.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | str):
+      raise RequestError("bad_field", f"{field}: item ids are ints or ASIN strings, got {value!r}")
+    if isinstance(value, str):
+      if value not in self.asin_index:
+        raise RequestError("unknown_item", f"{field}: ASIN {value!r} is not in the catalogue")
+      item = self.asin_index[value]
+    else:
+      if not 0 <= value < self.catalog.num_items:
+        raise RequestError("unknown_item", f"{field}: item {value} is outside the catalogue's "
+                                           f"0..{self.catalog.num_items - 1}")
+      item = value
+    if needs_sids and self.sids[item, 0] < 0:
+      raise RequestError("no_semantic_id", f"{field}: item {value!r} has no semantic ID in the "
+                                           "data build the model was trained on")
+    return item
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+  """One readable request.
+
+  Attributes:
+    line: 1-based line number in the input.
+    id: the request's id, as given.
+    history: [h] int32 item indices, oldest first.
+    candidates: [N] int32 item indices in D's order.
+    candidate_ids: the candidates' ids as given (rankings are reported in these).
+  """
+
+  line: int
+  id: object
+  history: np.ndarray
+  candidates: np.ndarray
+  candidate_ids: tuple
+
+
+@dataclasses.dataclass(frozen=True)
+class Rendering:
+  """How the data build turns a request into a prompt.
+
+  Attributes:
+    catalogue: the items requests may name.
+    prompt: the data build's PromptConfig.
+    thresholds: [3, 3] evidence bucket thresholds fit by the data build (build_thresholds).
+    evidence_decay, evidence_window: the data build's evidence settings.
+    max_history: history items an example keeps (the evidence sees the last evidence_window).
+    num_candidates: N.
+  """
+
+  catalogue: Catalogue
+  prompt: prompts.PromptConfig
+  thresholds: np.ndarray
+  evidence_decay: float
+  evidence_window: int
+  max_history: int
+  num_candidates: int
+
+  @property
+  def needs_sids(self) -> bool:
+    """The prompt shows semantic IDs, so every item of a request needs one."""
+    return self.prompt.answer_format == "sid" or "sid" in self.prompt.fields
+
+
+def parse_request(line: str, lineno: int, catalogue: Catalogue, num_candidates: int,
+                  needs_sids: bool) -> Request:
+  """Reads and checks one JSONL request line.
+
+  Raises:
+    RequestError: with the kind of the first problem found.
+  """
+  try:
+    obj = json.loads(line)
+  except (json.JSONDecodeError, RecursionError) as e:
+    raise RequestError("malformed_json", f"not a JSON line: {e}") from None
+  if not isinstance(obj, dict):
+    raise RequestError("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
+  missing = [f for f in REQUIRED_FIELDS if f not in obj]
+  if missing:
+    raise RequestError("missing_field", f"missing field(s) {missing}")
+  if isinstance(obj["id"], dict | list):
+    raise RequestError("bad_field", f"id must be a string or number, got {obj['id']!r}")
+  for field in ("history", "candidates"):
+    if not isinstance(obj[field], list):
+      raise RequestError("bad_field", f"{field} must be a list of item ids, "
+                                      f"got {type(obj[field]).__name__}")
+  history = [catalogue.resolve(v, f"history[{i}]", needs_sids)
+             for i, v in enumerate(obj["history"])]
+  candidates = [catalogue.resolve(v, f"candidates[{i}]", needs_sids)
+                for i, v in enumerate(obj["candidates"])]
+  if len(candidates) != num_candidates:
+    raise RequestError("wrong_candidate_count", f"{len(candidates)} candidates; the model was "
+                                                f"trained on lists of {num_candidates}")
+  seen = {}
+  for i, item in enumerate(candidates):
+    if item in seen:
+      raise RequestError("duplicate_candidates", f"candidates[{i}] repeats candidates"
+                                                 f"[{seen[item]}] (item {item})")
+    seen[item] = i
+  return Request(lineno, obj["id"], np.asarray(history, np.int32),
+                 np.asarray(candidates, np.int32), tuple(obj["candidates"]))
+
+
+def _request_id(line: str):
+  """The id of an unreadable request when one can be read, else None."""
+  try:
+    obj = json.loads(line)
+  except (ValueError, RecursionError):
+    return None
+  value = obj.get("id") if isinstance(obj, dict) else None
+  return value if isinstance(value, str | int | float) else None
+
+
+def read_requests(lines: Iterable, catalogue: Catalogue, num_candidates: int,
+                  needs_sids: bool) -> list:
+  """Requests and error rows, in input order (blank lines skipped).
+
+  Args:
+    lines: JSONL lines (str) or already-decoded request dicts.
+    catalogue: the items requests may name.
+    num_candidates: N the model was trained with.
+    needs_sids: the prompt shows SIDs, so every item needs one.
+
+  Returns:
+    One Request or error row ({"line", "id", "error": {"kind", "message"}}) per non-blank line.
+  """
+  out = []
+  for lineno, line in enumerate(lines, start=1):
+    if not isinstance(line, str):
+      try:
+        line = json.dumps(line)
+      except (TypeError, ValueError) as e:
+        out.append(error_row(lineno, None, RequestError("malformed_json", str(e))))
+        continue
+    if not line.strip():
+      continue
+    try:
+      out.append(parse_request(line, lineno, catalogue, num_candidates, needs_sids))
+    except RequestError as e:
+      out.append(error_row(lineno, _request_id(line), e))
+  return out
+
+
+def error_row(lineno: int, request_id, error: RequestError) -> dict:
+  return {"line": lineno, "id": request_id, "error": {"kind": error.kind, "message": str(error)}}
+
+
+def evidence_levels(histories: list, candidates: np.ndarray, catalogue: Catalogue,
+                    max_history: int, decay: float, window: int) -> np.ndarray:
+  """[E, N, 3] evidence.compute levels of item histories (oldest first) against candidates,
+  with the histories cut to their last `max_history` items and right-aligned as in
+  data/examples.py (evidence.compute looks at the last `window` of them)."""
+  histories_arr = np.full((len(histories), max(max_history, 1)), PAD, np.int32)
+  for e, history in enumerate(histories):
+    h = np.asarray(history, np.int32)[-max_history:] if max_history else []
+    histories_arr[e, histories_arr.shape[1] - len(h):] = h
+  return evidence_lib.compute(catalogue.features, histories_arr, np.asarray(candidates, np.int32),
+                              decay, window).values
+
+
+def to_examples(requests: list[Request], rendering: Rendering) -> list[RerankExample]:
+  """RerankExamples of requests, with the evidence buckets the data build would compute."""
+  if not requests:
+    return []
+  candidates = np.stack([r.candidates for r in requests])
+  levels = evidence_levels([r.history for r in requests], candidates, rendering.catalogue,
+                           rendering.max_history, rendering.evidence_decay,
+                           rendering.evidence_window)
+  buckets = evidence_lib.bucketize(levels, rendering.thresholds)
+  width = rendering.max_history
+  return [RerankExample(user=-1, split="request",
+                        history=r.history[-width:] if width else r.history[:0],
+                        candidates=candidates[e], target_position=-1,
+                        retriever_scores=np.zeros(len(candidates[e]), np.float32),
+                        evidence=buckets[e]) for e, r in enumerate(requests)]
+
+
+def render(requests: list[Request], rendering: Rendering) -> list[prompts.RenderedExample]:
+  """The rendered prompts (and answer labels) of requests, as the data build renders them."""
+  sids = np.maximum(rendering.catalogue.sids, 0)
+  return [prompts.render_example(e, rendering.catalogue.catalog, sids, rendering.prompt)
+          for e in to_examples(requests, rendering)]
+
+
+def load_rendering(summary: dict, data_config, items: str = "") -> Rendering:
+  """The Rendering of a data build (its pipeline.run summary and config).
+
+  Args:
+    summary: the data build's summary.
+    data_config: its config (the prompt: pipeline.prompt_config).
+    items: a user-supplied items.jsonl ('' = the build's catalogue).
+  """
+  build_catalog, sids = build_sids(summary)
+  catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
+  cfg = summary["examples"]["config"]
+  thresholds = build_thresholds(summary, Catalogue.make(build_catalog, sids))
+  return Rendering(Catalogue.make(catalog, sids, build_catalog),
+                   pipeline.prompt_config(data_config), thresholds, cfg["evidence_decay"],
+                   cfg["evidence_window"], cfg["max_history"], cfg["num_candidates"])
+
+
+def answer_row(request: Request, response: str, labels: tuple[str, ...]) -> dict:
+  """The output row of an answered request (invalid answers fall back to D's order)."""
+  result = answer.parse_answer(response, labels)
+  slots = [int(s) for s in result.ranking]
+  return {"line": request.line, "id": request.id,
+          "ranking": [request.candidate_ids[s] for s in slots], "ranking_slots": slots,
+          "reasoning": answer.reasoning_text(response), "kind": result.kind,
+          "fallback": result.kind != "valid", "response": response}
+
+
+def build_sids(summary: dict) -> tuple[Catalog, np.ndarray]:
+  """The data build's catalogue and semantic IDs [I, L + 1], from the paths of its summary
+  (`pipeline.run(...)['paths']`: items.jsonl.gz and the sids.npy the prompts were rendered with).
+  """
+  catalog = raw.load_catalog(pathlib.Path(summary["paths"]["items"]))
+  return catalog, rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
+
+
+def exact_thresholds(rounded: np.ndarray, levels: np.ndarray, buckets: np.ndarray,
+                     unit: float = 1e-6) -> np.ndarray:
+  """The build's evidence thresholds, recovered from the rounded ones its summary keeps.
+
+  The summary rounds them to 6 decimals, and evidence levels often sit exactly on a threshold
+  (a quantile of repeated values such as 1/3), so the rounded value would move such levels up a
+  bucket. Within half a rounding unit of each rounded threshold, the build's own records say
+  which levels were above it: the exact threshold is the largest level there that was not.
+
+  Args:
+    rounded: [3, 3] thresholds from the summary.
+    levels: [M, 3] evidence levels of the build's records (evidence_levels).
+    buckets: [M, 3] the buckets the build gave them.
+    unit: the rounding unit.
+
+  Returns:
+    [3, 3] thresholds that give every one of the records its build bucket.
+  """
+  out = np.asarray(rounded, np.float64).copy()
+  for k in range(out.shape[0]):
+    v, b = levels[:, k], buckets[:, k]
+    for j in range(out.shape[1]):
+      near = (np.abs(v - out[k, j]) <= unit / 2) & (v > 0)
+      below = near & (b < j + 2)  # bucket = 1 + the number of thresholds a level exceeds
+      if below.any():
+        out[k, j] = v[below].max()
+      elif near.any():  # every level there was above: the lowest threshold the rounding allows
+        out[k, j] -= unit / 2
+  return out
+
+
+def build_thresholds(summary: dict, catalogue: Catalogue,
+                     limit: int = 5000) -> np.ndarray:
+  """The data build's exact evidence thresholds (exact_thresholds on its first `limit` training
+  records; the records' history and candidates are the build's own)."""
+  cfg = summary["examples"]["config"]
+  rounded = np.asarray([summary["examples"]["evidence_thresholds"][k]
+                        for k in evidence_lib.KINDS], np.float64)
+  source = tfds_builder.data_source(summary["paths"]["tfds"], "train")
+  records = [source[i] for i in range(min(limit, len(source)))]
+  levels = evidence_levels([r["history"] for r in records],
+                           np.stack([r["candidates"] for r in records]), catalogue,
+                           cfg["max_history"], cfg["evidence_decay"], cfg["evidence_window"])
+  buckets = np.stack([r["evidence"] for r in records])
+  return exact_thresholds(rounded, levels.reshape(-1, 3), buckets.reshape(-1, 3))

@@ -1,0 +1,60 @@
+"""`load_model`: (config, params) from a gr2jax export or a local HF Qwen3 directory.
+
+The one loader every command and the public API use: an export (gr2jax/exports.py) is restored,
+an HF directory is converted in memory with the table of gr2jax/hf/table.py (the one
+weights_conversion/convert_hf.py streams to disk).
+"""
+
+import os
+from typing import Any
+
+import jax
+
+from gr2jax import exports
+from gr2jax.hf import weights as hf_weights
+from gr2jax.model.config import ModelConfig
+
+
+def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
+               ) -> tuple[ModelConfig, Any]:
+  """Loads (config, params) from a gr2jax checkpoint or a local HF Qwen3 directory.
+
+  An HF directory (config.json + safetensors or pytorch_model*.bin) is converted in memory with
+  the table of gr2jax/hf/table.py (the one weights_conversion/convert_hf.py streams to disk).
+
+  Args:
+    path: a gr2jax checkpoint directory or an HF model directory.
+    shardings: optional pytree of shardings for the params (see `exports.restore`).
+    param_dtype: HF directories only: 'float32' or 'bfloat16' (default: the checkpoint's dtype).
+
+  Returns:
+    (config, params) with params a pytree of jax Arrays.
+
+  Raises:
+    exports.CheckpointError: `path` is neither kind of directory, or the model is damaged (for
+      an HF directory: a bad config.json, missing, unmapped or wrongly shaped tensors, a
+      truncated or unreadable weight file); the message names the path and the file or tensor.
+    TypeError: `path` is not a string or os.PathLike.
+  """
+  if not isinstance(path, (str, os.PathLike)):
+    raise TypeError(f"load_model: path must be a directory path, got {type(path).__name__}")
+  path = os.fspath(path)
+  if os.path.isfile(os.path.join(path, exports.CONFIG_FILE)):
+    if param_dtype is not None:
+      raise exports.CheckpointError(f"{path}: param_dtype applies to HF directories only")
+    return exports.restore(path, shardings)
+  if os.path.isfile(os.path.join(path, "config.json")):
+    try:
+      config = hf_weights.read_config(path, param_dtype)
+      device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+      with hf_weights.HFWeights(path) as weights:  # one host leaf at a time
+        leaves = [(p, jax.device_put(leaf, device if shardings is None
+                                     else exports.sharding_at(shardings, p, path)))
+                  for p, leaf in hf_weights.iter_leaves(config, weights)]
+    except exports.CheckpointError:
+      raise
+    except (OSError, ValueError) as e:  # missing shards, bad JSON, table / safetensors errors
+      raise exports.CheckpointError(f"{path}: cannot load HF directory: {e}") from e
+    return config, exports.unflatten(leaves)
+  raise exports.CheckpointError(f"{path}: neither a gr2jax checkpoint ({exports.CONFIG_FILE}) "
+                                "nor an HF directory (config.json)")
