@@ -31,6 +31,7 @@ from gr2jax import load  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
+from gr2jax.train import policy as policy_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
@@ -83,12 +84,12 @@ def main(argv):
     if given not in ([], ["given"]):
       raise app.UsageError(f"--specs: {spec!r} must be TAU:ORDER:B or TAU:ORDER:B:given")
     cfg = dataclasses.replace(config, block_size=int(block))
+    decode = policy_lib.DecodeSpec(block_size=int(block), eval_tau=float(tau), commit_order=order)
+    policy = policy_lib.make_policy(cfg, decode, response_len)
     jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.replace(':', '_')}.jsonl")
     start = time.perf_counter()
-    result = evaluation.evaluate(params, cfg, data, tok, batch_size=256, prompt_len=prompt_len,
-                                 max_new_tokens=response_len, tau=float(tau),
-                                 commit_order=order, given_reasoning=bool(given),
-                                 out_path=jsonl, desc=spec)
+    result = evaluation.evaluate(policy, params, data, tok, batch_size=256, prompt_len=prompt_len,
+                                 out_path=jsonl, desc=spec, given_reasoning=bool(given))
     decoded = [json.loads(line) for line in open(jsonl)]
     before, valid = answer_offsets(tok, decoded)
     counts = collections.Counter(result["counts"])

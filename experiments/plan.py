@@ -140,7 +140,7 @@ class Settings:
 
 @dataclasses.dataclass(frozen=True)
 class Shapes:
-  """The recipe's shapes (research/papers.md §1.4-§2; experiments/configs/*:qwen3_8b).
+  """The shapes a plan compiles: a recipe's (_from_recipe; gr2jax/recipes.py).
 
   Attributes:
     model: the AR model as trained (bf16, remat, chunk budget); diffusion stages add the block
@@ -150,7 +150,7 @@ class Shapes:
     max_steps_per_block: the decoder's cap (paper: 64); sets the replay's round count.
     sft_rows, cft_rows: sequences per step.
     ar_rl_prompts, opd_prompts, rl_prompts: prompts per step; each has *_group rollouts.
-    steps: optimiser steps per stage (comments in PRESETS).
+    steps: optimiser steps per stage.
     teacher_dtype: OPD's cached teacher log-probs (config opd.teacher_dtype).
     prepare_chunk: {stage: rows per rollout / prepare-forward call} (config train.prepare_chunk;
       0 = all rows at once).
@@ -210,45 +210,44 @@ def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
   return recipe_config(name, variant).stages[name]
 
 
-def _from_configs(variant: str, per_device_of: int = 1) -> dict:
-  """The Shapes fields the recipe sets: OPD's teacher dtype, the prepare chunks, the
-  micro-batches, the XLA flags. `per_device_of=8` keeps the per-device rows of configs written
-  for 8 devices on one device (prepare chunks / 8, micro-batches x 8)."""
-  configs = {name: stage_config(name, variant) for name in ("sft", "ar_rl", "cft", "opd", "rl")}
-  return dict(xla_flags=tuple(recipe_config("sft", variant).xla_flags),
-              teacher_dtype=configs["opd"].opd.teacher_dtype,
-              prepare_chunk={name: configs[name].train.prepare_chunk // per_device_of
-                             for name in ("ar_rl", "opd", "rl")},
-              micro_batches={name: c.train.micro_batches * per_device_of
-                             for name, c in configs.items()})
+def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Shapes:
+  """The Shapes of recipe `variant` (gr2jax/recipes.py: every row count, group size, step count,
+  the block size and step cap, OPD's teacher dtype, the prepare chunks, the micro-batches and
+  the XLA flags) for `model` at the paper's P and R (~2,200 prompt and ~256 response tokens: a
+  data build gives a run its own). `per_device_of=8` keeps the per-device rows of a recipe
+  written for 8 devices on one device (prepare chunks / 8, micro-batches x 8)."""
+  c = recipe_config("table2", variant)
+  st = c.stages
+  train = {name: st[name].train for name in ("sft", "ar_rl", "cft", "opd", "rl")}
+  return Shapes(
+    model=model, prompt_len=2200, response_len=256, block_size=c.decode.block_size,
+    max_steps_per_block=c.decode.max_steps_per_block, sft_rows=train["sft"].batch_size,
+    cft_rows=train["cft"].batch_size, ar_rl_prompts=train["ar_rl"].batch_size,
+    ar_rl_group=st.ar_rl.rl.group_size, opd_prompts=train["opd"].batch_size,
+    opd_group=st.opd.opd.group_size, rl_prompts=train["rl"].batch_size,
+    rl_group=st.rl.rl.group_size, steps={name: t.steps for name, t in train.items()},
+    teacher_dtype=st.opd.opd.teacher_dtype, xla_flags=tuple(c.xla_flags),
+    prepare_chunk={name: train[name].prepare_chunk // per_device_of
+                   for name in ("ar_rl", "opd", "rl")},
+    micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()})
 
 
 def _presets() -> dict:
   train = dict(param_dtype="bfloat16", compute_dtype="bfloat16", remat="full")
   return {
-    "qwen3_8b": Shapes(
-      model=ModelConfig.qwen3_8b(attention_chunk_bytes=1 << 30, **train),
-      prompt_len=2200, response_len=256, block_size=32, max_steps_per_block=64,
-      sft_rows=32, cft_rows=32, ar_rl_prompts=128, ar_rl_group=8, opd_prompts=128, opd_group=4,
-      rl_prompts=128, rl_group=8,
-      # sft.py:qwen3_8b (3 epochs of ~9.2k traces at 32); CFT the same 3 epochs; ar_rl: GR2 does
-      # not say, 600 like the diffusion RL; OPD: the paper's ~1.5k steps; RL: 600 steps.
-      steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600), **_from_configs("qwen3_8b")),
-    # No 0.6B recipe yet: Qwen3-0.6B dimensions with the 8B recipe's shapes, steps and batches,
-    # planned on one chip with the 8B configs' per-device rows (micro-batches x 8, rollout calls
-    # / 8: SFT / CFT 4 rows per micro-batch, AR RL 8, OPD / RL 2, rollout calls of 32 rows).
-    "qwen3_0_6b": Shapes(
-      model=ModelConfig.qwen3_0_6b(attention_chunk_bytes=1 << 30, **train),
-      prompt_len=2200, response_len=256, block_size=32, max_steps_per_block=64,
-      sft_rows=32, cft_rows=32, ar_rl_prompts=128, ar_rl_group=8, opd_prompts=128, opd_group=4,
-      rl_prompts=128, rl_group=8, steps=dict(sft=900, cft=900, ar_rl=600, opd=1500, rl=600),
-      **_from_configs("qwen3_8b", per_device_of=DEVICES_8B)),
-    "tiny": Shapes(
-      model=ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train),
-      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
-      sft_rows=16, cft_rows=16, ar_rl_prompts=2, ar_rl_group=8, opd_prompts=4, opd_group=4,
-      rl_prompts=2, rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10),
-      **_from_configs("")),
+    "qwen3_8b": _from_recipe("qwen3_8b", ModelConfig.qwen3_8b(attention_chunk_bytes=1 << 30,
+                                                              **train)),
+    # Qwen3-0.6B on one chip with the 8B recipe's shapes, steps and batches and its per-device
+    # rows (micro-batches x 8, rollout calls / 8: SFT / CFT 4 rows per micro-batch, AR RL 8,
+    # OPD / RL 2, rollout calls of 32 rows): the 8B plan's memory on one device.
+    "qwen3_0_6b": _from_recipe("qwen3_8b", ModelConfig.qwen3_0_6b(
+      attention_chunk_bytes=1 << 30, **train), per_device_of=DEVICES_8B),
+    # A compile-test shape (not a recipe): every program of the plan in seconds on CPU.
+    "tiny": dataclasses.replace(
+      _from_recipe("", ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train)),
+      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8, sft_rows=16,
+      cft_rows=16, ar_rl_prompts=2, ar_rl_group=8, opd_prompts=4, opd_group=4, rl_prompts=2,
+      rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10)),
   }
 
 
@@ -543,8 +542,9 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
   else:
     def fn(params, tokens, lengths, key):
       return diffusion_decode.block_diffusion_generate(
-        params, config, tokens, lengths, threshold=0.9, max_steps_per_block=s.max_steps_per_block,
-        max_new_tokens=r, temperature=1.0, key=key)
+        params, config, tokens, lengths, diffusion_decode.BlockDecoding(
+          threshold=0.9, max_steps_per_block=s.max_steps_per_block, max_new_tokens=r,
+          temperature=1.0), key=key)
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn).lower(_param_specs(config, mesh), tokens, lengths, key)

@@ -22,8 +22,12 @@ import os
 import sys
 import time
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# XLA's C++ INFO lines (e.g. the compile-only CUDA plugin's "Could not find cuda drivers") are
+# off unless asked for; set before JAX is imported.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
@@ -202,8 +206,16 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
   return out
 
 
+def quiet_libraries() -> None:
+  """Library INFO logs (absl, orbax: thousands of lines per run) off unless --verbosity or
+  --v was given; warnings and errors still show."""
+  if not (flags.FLAGS["verbosity"].present or flags.FLAGS["v"].present):
+    logging.set_verbosity(logging.WARNING)
+
+
 def main(argv):
   del argv
+  quiet_libraries()
   config = _CONFIG.value
   if config is None:
     raise app.UsageError("--config is required, e.g. --config=data.py (see experiments/configs/).")

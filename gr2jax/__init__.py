@@ -2,10 +2,16 @@
 
 The public API, importable from a notebook without loading JAX until first use:
 
-  config, params = gr2jax.load_model(path)          # orbax checkpoint or local HF Qwen3 dir
+  recipe = gr2jax.recipes.get("tiny")                # every setting of a run (gr2jax/recipes.py)
+  config, params = gr2jax.load_model(path)            # a gr2jax export or a local HF Qwen3 dir
   logits, cache = gr2jax.forward(params, config, tokens[B, T])   # fp32 [B, T, V]
-  out = gr2jax.generate(params, config, prompts[B, P], lengths[B], max_new_tokens=N)
-  rows = gr2jax.rerank("requests.jsonl", "W/rl/export", workdir="W")   # re-ranking as a tool
+  out = gr2jax.generate(params, config, prompts[B, P], lengths[B], max_new_tokens=N)   # AR
+  out = gr2jax.block_diffusion_generate(params, config, prompts, lengths,
+                                        gr2jax.BlockDecoding(threshold=0.9,
+                                                             max_steps_per_block=64,
+                                                             max_new_tokens=N))
+  policy = gr2jax.make_policy(config, recipe.decode, N)   # the model's own decoder at the spec
+  rows = gr2jax.rerank("requests.jsonl", "W/rl/export")   # re-ranking with a trained export
 
 See WORKSPACE.md for the module map and contracts.
 """
@@ -46,7 +52,13 @@ _EXPORTS = {
     "forward": "gr2jax.model.qwen3",
     "generate": "gr2jax.model.generate",
     "Sampling": "gr2jax.model.generate",
+    "block_diffusion_generate": "gr2jax.diffusion.decode",
+    "BlockDecoding": "gr2jax.diffusion.decode",
+    "Steering": "gr2jax.diffusion.decode",
+    "DecodeSpec": "gr2jax.train.policy",
+    "make_policy": "gr2jax.train.policy",
     "load_model": "gr2jax.load",
+    "recipes": "gr2jax.recipes",
     "rerank": "gr2jax.apps.rerank",
 }
 
@@ -58,8 +70,9 @@ def __getattr__(name: str):
   if name not in _EXPORTS:
     raise AttributeError(f"module 'gr2jax' has no attribute {name!r}")
   module = importlib.import_module(_EXPORTS[name])
-  # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/apps/rerank.py): exporting the
-  # module itself keeps `from gr2jax import rerank` the same object whatever was imported first.
+  # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/apps/rerank.py), and
+  # gr2jax.recipes a module: exporting the module itself keeps `from gr2jax import rerank` the
+  # same object whatever was imported first.
   value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
   globals()[name] = value
   return value

@@ -2,26 +2,25 @@
 
 A recipe is the data build (the prompt included), the model (a preset, or a local HF Qwen3
 directory whose `config.json` gives the dimensions), one decode spec (train/policy.DecodeSpec),
-the mesh, the evaluation settings and each stage's training settings. experiments/configs/
-recipe.py holds the values of the named recipes (`tiny`, `qwen3_0_6b` ... `qwen3_8b`) as one
+the mesh, the evaluation settings and each stage's training settings. gr2jax/recipes.py holds the
+values of the named recipes (`tiny`, `qwen3_0_6b` ... `qwen3_8b`) as one
 `ml_collections.ConfigDict` the command line overrides (`--config.stages.cft.train.steps=5`);
-`from_config` turns it into a `Recipe`, and everything a stage reads is derived from that here,
-once:
+`from_config` turns it into a `Recipe` (`recipes.get(name)` does both), and everything a stage
+reads is derived from that here, once:
 
   chain(recipe)              the steps in order: convert (HF recipes only), sft, ar_rl, cft,
                              opd, rl (the data build runs first, inside every step)
   stage_dir / export         <workdir>/<step>/, <workdir>/<step>/export
   stage_config(recipe, ...)  the ConfigDict the training loop reads for one stage: its init (the
                              previous step's export), the OPD teacher (the AR RL export), the
-                             decode fields (all from recipe.decode), the data build, mesh, eval
+                             decode spec (recipe.decode, whole), the data build, mesh, eval
   data_config(recipe)        the data build's config (with the HF tokenizer to extend, if any)
-  eval_config(recipe)        every evaluation's settings (tau, step cap: the decode spec's)
   tables_config(recipe, ...) what Table 3 / Table 4 / Figure 6 read (gr2jax/apps/tables.py)
 
 So two stages of one recipe cannot disagree on the data build, the prompt or the decode spec.
 The teacher traces are part of the data build (`data.teacher_traces`, a JSONL of LLM traces; the
 rule teacher when empty): an LLM-teacher step writes that file before the chain's data build.
-The library never reads experiments/: configs are built there and passed in.
+The library never reads experiments/: its config files are thin views of gr2jax/recipes.py.
 """
 
 import dataclasses
@@ -235,28 +234,18 @@ def teacher_spec(recipe: Recipe):
   return llm_teacher.TeacherSpec(**recipe.teacher.to_dict(), mesh=(m.data, m.fsdp, m.tp))
 
 
-def eval_config(recipe: Recipe) -> ml_collections.ConfigDict:
-  """The evaluation settings every evaluation of the recipe uses (tau and the step cap from the
-  decode spec)."""
-  e = _editable(recipe.eval)
-  e.tau = recipe.decode.eval_tau
-  e.max_steps_per_block = recipe.decode.max_steps_per_block
-  return e
-
-
 def stage_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
   """The config a training stage's loop reads (gr2jax/train/loop.py, stages.py), derived from
   the recipe: nothing in it is set anywhere else.
 
   Fields: stage, data, init, mesh, model (remat, attention_chunk_bytes, param_dtype), train,
-  optimizer, eval (split, limit, batch_size, tau, max_steps_per_block), the stage's own block
-  (rl / cft / opd; opd.teacher = the AR RL export), and for the diffusion stages block_size and
-  diffusion (rollout tau, temperature, max_steps_per_block, shrink); AR RL's rl.temperature is
-  the decode spec's.
+  optimizer, eval (split, limit, batch_size), decode (the recipe's DecodeSpec, whole), the
+  stage's own block (rl / cft / opd; opd.teacher = the AR RL export), and for the diffusion
+  stages replay_shrink.
   """
   if stage not in TRAIN_STAGES:
     raise ValueError(f"{stage!r} is not a training stage: {TRAIN_STAGES}")
-  s, d = recipe.stages[stage], recipe.decode
+  s = recipe.stages[stage]
   c = ml_collections.ConfigDict()
   c.stage = stage
   c.data = data_config(recipe)
@@ -267,19 +256,15 @@ def stage_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Con
     param_dtype=recipe.model.param_dtype))
   c.train = _editable(s.train)
   c.optimizer = _editable(s.optimizer)
-  c.eval = eval_config(recipe)
+  c.eval = _editable(recipe.eval)
+  c.decode = recipe.decode
   if stage in _STAGE_SETTINGS:
     block = _STAGE_SETTINGS[stage]
     c[block] = _editable(s[block])
-  if stage == "ar_rl":
-    c.rl.temperature = d.temperature
   if stage in _TEACHER_OF:
     c.opd.teacher = export(workdir, _TEACHER_OF[stage])
   if stage in DIFFUSION_STAGES:
-    c.block_size = d.block_size
-    c.diffusion = ml_collections.ConfigDict(dict(
-      tau=d.rollout_tau, temperature=d.temperature, max_steps_per_block=d.max_steps_per_block,
-      shrink=recipe.replay_shrink))
+    c.replay_shrink = recipe.replay_shrink
   c.lock()
   return c
 
@@ -291,7 +276,8 @@ def evaluation_config(recipe: Recipe) -> ml_collections.ConfigDict:
   c.stage = "eval"
   c.data = data_config(recipe)
   c.mesh = _editable(recipe.mesh)
-  c.eval = eval_config(recipe)
+  c.eval = _editable(recipe.eval)
+  c.decode = recipe.decode
   c.train = ml_collections.ConfigDict(dict(limit=0))
   c.lock()
   return c
@@ -305,7 +291,8 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Co
   c = ml_collections.ConfigDict()
   c.stage = stage
   c.data = data_config(recipe)
-  c.eval = eval_config(recipe)
+  c.eval = _editable(recipe.eval)
+  c.decode = recipe.decode
   c.split = t.split
   c.ar_ckpt = export(workdir, "ar_rl")
   c.diffusion_ckpt = export(workdir, "rl")

@@ -25,9 +25,12 @@ paper and not tuned: the 8B schedule and batches, learning rates raised as the m
 (x2 at 4B, x3 at 1.7B, x5 at 0.6B) and micro-batches halved per halving of the model below 4B.
 """
 
+import dataclasses
 import os
 
 import ml_collections
+
+from gr2jax.train import policy
 
 # The shipped raw data (data/amazon_beauty/ of the repository, next to the package).
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
@@ -175,12 +178,10 @@ def _tiny() -> ml_collections.ConfigDict:
   c.model.remat = "none"  # 'none' | 'full' (recompute each layer in the backward pass)
   c.model.attention_chunk_bytes = 8 << 20  # f32 attention scores per query chunk (8 MiB: CPU)
   c.model.param_dtype = ""  # '' keeps the checkpoint's dtype; 'bfloat16' (fp32 moments) / 'float32'
-  c.decode = ml_collections.ConfigDict()  # the one decode spec (train/policy.DecodeSpec)
-  c.decode.block_size = 32  # B of the diffusion stages (paper: 32); AR inits are converted
-  c.decode.eval_tau = 1.0  # commit threshold of every evaluation (quality mode; paper Table 2)
-  c.decode.rollout_tau = 0.9  # commit threshold of OPD / RL rollouts
-  c.decode.max_steps_per_block = 64  # denoising-step cap per block (paper: 64)
-  c.decode.temperature = 1.0  # rollout sampling temperature, AR and diffusion (log-probs too)
+  # the one decode spec: its fields, defaults (the paper's) and meaning are DecodeSpec's
+  # (gr2jax/train/policy.py): block_size, eval_tau, rollout_tau, max_steps_per_block,
+  # temperature, constrained, commit_order
+  c.decode = ml_collections.ConfigDict(dataclasses.asdict(policy.DecodeSpec()))
   c.replay_shrink = 1  # OPD / RL replay step shrinkage (1 = exact; k merges k steps per round)
   c.xla_flags = ()  # XLA flags every compile of the run needs ('--xla_<name>=<value>'):
   #                   experiments/run.py merges them into XLA_FLAGS before JAX starts its backend

@@ -1,19 +1,28 @@
-"""A trained re-ranker: the model, the data build it was trained on, and decoding requests.
+"""A trained re-ranker: the model's policy, the data build it was trained on, decoding requests.
 
-`load_reranker(export, workdir)` loads an export and the data build it records (tokenizer,
-catalogue, prompt, evidence thresholds: data/requests.py `Rendering`); `rerank_lines` answers
-JSONL lines or request dicts in input order, each an answer row or a named error row
-(data/requests.py). The offline tool (gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/)
-are both this object behind another front.
+`load_reranker(export)` loads an export and the data build and decode spec it records (the
+tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
+metadata written by gr2jax/train/loop.py); `rerank_lines` answers JSONL lines or request dicts in
+input order, each an answer row or a named error row (data/requests.py). Requests are decoded
+by the model's policy (gr2jax/train/policy.py: AR, or block diffusion at the spec's eval tau) in
+batches of one static shape [batch, P]: P is the data build's prompt width, so the offline tool
+(gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/) decode a request identically.
 """
 
 import dataclasses
+import os
 from collections.abc import Iterable
 
-from gr2jax.data import batches
+import ml_collections
+
+from gr2jax import exports, load
+from gr2jax.data import batches, pipeline
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
+from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.progress import progress
+from gr2jax.train import evaluation, inputs
+from gr2jax.train import policy as policy_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,67 +30,92 @@ class Reranker:
   """Everything decoding a request needs: the model and the data build it was trained on.
 
   Attributes:
-    params, model_config: the model (AR, or diffusion when model_config.mask_token_id is set).
+    params: the model's params.
+    policy: the model's policy (its config, the decode spec, the response cap R).
     tokenizer: the data build's tokenizer.
     rendering: how the data build renders a request (data/requests.py).
-    max_new_tokens: response cap.
+    prompt_len: P, the data build's static prompt width (a longer request prompt is rounded up
+      to data/lengths.LENGTH_MULTIPLE instead).
   """
 
   params: dict
-  model_config: object
+  policy: policy_lib.Policy
   tokenizer: object
   rendering: requests_lib.Rendering
-  max_new_tokens: int
+  prompt_len: int
 
 
-def load_reranker(ckpt: str, data_config, workdir: str, *, items: str = "",
+def _recorded(export: str, field: str, given):
+  """`given`, else what the export's metadata records under `field` (loop.export_metadata)."""
+  if given is not None:
+    return given
+  value = exports.load_metadata(export).get(field) if os.path.isdir(export) else None
+  if value is None:
+    raise ValueError(f"{export}: records no {field} (an export written before exports recorded "
+                     f"their recipe, or not a stage's export): pass {field}= (gr2jax.recipe."
+                     "data_config(recipe) / recipe.decode of the recipe it was trained with)")
+  return value
+
+
+def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
+                  decode: policy_lib.DecodeSpec | None = None, items: str = "",
                   max_new_tokens: int = 0) -> Reranker:
-  """The Reranker of a checkpoint and the data build (in `workdir`) it was trained on.
+  """The Reranker of an export and the data build it was trained on.
 
   Args:
-    ckpt: the model export (gr2jax checkpoint or HF directory).
-    data_config: the data build's config (`config.data`; the one the model was trained with).
-    workdir: the workdir of that data build (built here if missing; cached otherwise).
+    export: a stage's export (W/<stage>/export), or any gr2jax / HF model directory with
+      data_config and decode given.
+    workdir: the workdir of the data build (built there if missing, cached otherwise); default
+      the export's own workdir (W of W/<stage>/export).
+    data_config: the data build's config; default the one the export records.
+    decode: the decode spec; default the one the export records.
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     max_new_tokens: response cap; 0 = the build's R (data/lengths.py, as the training runs).
-  """
-  from gr2jax import exports, load
-  from gr2jax.data import pipeline
-  from gr2jax.data import tokenizer as tokenizer_lib
 
+  Raises:
+    ValueError: the export records no data build / decode spec and none is given; the data
+      build is not the export's (exports.check_data_build).
+  """
+  export = os.fspath(export)
+  data_config = _recorded(export, "data_config", data_config)
+  if not isinstance(data_config, ml_collections.ConfigDict):
+    data_config = ml_collections.ConfigDict(data_config)
+  decode = _recorded(export, "decode", decode)
+  if not isinstance(decode, policy_lib.DecodeSpec):
+    decode = policy_lib.DecodeSpec(**decode)
+  if workdir is None:
+    workdir = os.path.dirname(os.path.dirname(os.path.abspath(export)))
   summary = pipeline.run(data_config, workdir)
-  model_config, params = load.load_model(ckpt)
+  model_config, params = load.load_model(export)
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   rendering = requests_lib.load_rendering(summary, data_config, items)
-  exports.check_data_build(ckpt, exports.data_build_record(tok, rendering.prompt))
-  if not max_new_tokens:
-    max_new_tokens = lengths_lib.static_lengths(summary)[1]
-  return Reranker(params, model_config, tok, rendering, max_new_tokens)
+  exports.check_data_build(export, exports.data_build_record(tok, rendering.prompt))
+  p, r = lengths_lib.static_lengths(summary)
+  policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r)
+  return Reranker(params, policy, tok, rendering, p)
 
 
 def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *, batch_size: int,
-                    tau: float = 1.0, max_steps_per_block: int = 64,
                     desc: str = "rerank") -> list[dict]:
-  """Renders, decodes (batched, one static prompt width) and answers readable requests."""
-  from gr2jax.train import evaluation, inputs
-
+  """Renders, decodes (batches of min(batch_size, len(requests)) rows, the last padded; one
+  static prompt width) and answers readable requests."""
   if not requests:
     return []
   rendered = requests_lib.render(requests, reranker.rendering)
   encoded = batches.encode_examples(rendered, [0] * len(rendered), reranker.tokenizer)
-  prompt_len = lengths_lib.round_up(max(len(e.prompt) for e in encoded))
-  config = reranker.model_config
+  prompt_len = max(reranker.prompt_len,
+                   lengths_lib.round_up(max(len(e.prompt) for e in encoded)))
+  policy = reranker.policy
+  rows_per_batch = min(batch_size, len(encoded))
   rows = []
   bar = progress(len(requests), desc=desc, unit="request")
   for first in range(0, len(requests), batch_size):
     chunk = encoded[first:first + batch_size]
-    tokens, lengths = inputs.prompt_arrays(chunk, min(batch_size, len(encoded)), prompt_len,
-                                           config.pad_token_id)
-    out = evaluation.decode_batch(reranker.params, config, tokens, lengths,
-                                  max_new_tokens=reranker.max_new_tokens, tau=tau,
-                                  max_steps_per_block=max_steps_per_block)
-    texts = evaluation.response_texts(reranker.tokenizer, out["tokens"][:len(chunk)],
-                                      out["lengths"][:len(chunk)])
+    tokens, lengths = inputs.prompt_arrays(chunk, rows_per_batch, prompt_len,
+                                           policy.config.pad_token_id)
+    out = policy.decode(reranker.params, tokens, lengths)
+    texts = evaluation.response_texts(reranker.tokenizer, out.tokens[:len(chunk)],
+                                      out.lengths[:len(chunk)])
     for i, text in enumerate(texts):
       rows.append(requests_lib.answer_row(requests[first + i], text, rendered[first + i].labels))
     bar.update(len(chunk))
@@ -89,13 +123,11 @@ def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *,
   return rows
 
 
-def rerank_lines(lines: Iterable, reranker: Reranker, *, batch_size: int = 64, tau: float = 1.0,
-                 max_steps_per_block: int = 64) -> list[dict]:
-  """Every request line answered or an error row, in input order (module docstring)."""
+def rerank_lines(lines: Iterable, reranker: Reranker, *, batch_size: int = 64) -> list[dict]:
+  """Every request line answered or an error row, in input order (data/requests.py formats)."""
   rendering = reranker.rendering
   parsed = requests_lib.read_requests(lines, rendering.catalogue, rendering.num_candidates,
                                       rendering.needs_sids)
   good = [r for r in parsed if isinstance(r, requests_lib.Request)]
-  answered = iter(decode_requests(good, reranker, batch_size=batch_size, tau=tau,
-                                  max_steps_per_block=max_steps_per_block))
+  answered = iter(decode_requests(good, reranker, batch_size=batch_size))
   return [next(answered) if isinstance(r, requests_lib.Request) else r for r in parsed]

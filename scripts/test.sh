@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The default test run (README command 2): lint, then every test not marked slow.
+# The default test run (README command 2): the install with the compile-only GPU / TPU
+# compilers (the compile check needs them), lint, every test not marked slow, the Table 2 smoke.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+SETUP_AOT=1 bash scripts/setup.sh
 .venv/bin/ruff check gr2jax experiments weights_conversion tests
 .venv/bin/python -W error::DeprecationWarning -m pytest -q "$@"
 # The Table 2 smoke: every stage on a few hundred examples, every row produced (not the numbers).

@@ -8,9 +8,9 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from gr2jax import chunks
-from gr2jax.diffusion.decode import block_diffusion_generate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from tests.diffusion import helpers
 
 ROWS = {"x": np.arange(30, dtype=np.float32).reshape(10, 3), "n": np.arange(10, dtype=np.int32)}
 
@@ -72,9 +72,9 @@ def test_greedy_rollouts_in_chunks_equal_one_batch():
   rows = {"prompt_tokens": prompts, "prompt_lengths": np.array([6, 3, 5, 4, 6], np.int32)}
 
   def decode(chunk, key):
-    out = block_diffusion_generate(params, config, chunk["prompt_tokens"],
-                                   chunk["prompt_lengths"], threshold=0.5, max_steps_per_block=4,
-                                   max_new_tokens=8, temperature=0.0, key=key)
+    out = helpers.generate(params, config, chunk["prompt_tokens"], chunk["prompt_lengths"],
+                           threshold=0.5, max_steps_per_block=4, max_new_tokens=8,
+                           temperature=0.0, key=key)
     return out.tokens, out.commit_step, out.lengths, out.commit_logprob
 
   whole = chunks.map_row_chunks(decode, rows, 0, key=jax.random.key(2))

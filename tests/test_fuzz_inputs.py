@@ -21,13 +21,13 @@ import pytest
 
 from gr2jax import exports, load
 from gr2jax.data import answer
-from gr2jax.diffusion import decode
 from gr2jax.hf import safetensors_io
 from gr2jax.hf import table as hf_table
 from gr2jax.model import generate, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
+from tests.diffusion import helpers
 
 V, MASK = 32, 31
 CONFIG = ModelConfig.tiny(vocab_size=V, hidden_size=32, head_dim=8, intermediate_size=64,
@@ -173,7 +173,7 @@ def test_generate(params):
 
 def test_block_diffusion_generate(params):
   rng = np.random.default_rng(3)
-  names = ["prompt_tokens", "prompt_lengths", "threshold", "temperature", "block_size"]
+  names = ["prompt_tokens", "prompt_lengths", "threshold", "temperature", "max_steps_per_block"]
   for _ in range(20):
     bad = _target(rng, names)
     prompts, p1 = _int_arg(rng, names[0], (B, T), 0, V, bad == names[0])
@@ -181,10 +181,10 @@ def test_block_diffusion_generate(params):
     tau, p3 = _pick(rng, [0.9, 1.0, 0.3], [0.0, -0.1, 1.01, float("inf"), float("nan"), "0.9",
                                            None], names[2], bad == names[2])
     temp, p4 = _pick(rng, [0.0], [-1.0, float("nan"), float("inf")], names[3], bad == names[3])
-    block, p5 = _pick(rng, [None, 4], [2, 4.0, 0], names[4], bad == names[4])
-    out = _call(lambda: decode.block_diffusion_generate(  # noqa: B023
+    steps, p5 = _pick(rng, [4, 2], [0, 4.0, -1], names[4], bad == names[4])
+    out = _call(lambda: helpers.generate(  # noqa: B023
       params, CONFIG, prompts, lengths, threshold=tau, temperature=temp,  # noqa: B023
-      block_size=block, max_steps_per_block=4, max_new_tokens=4),  # noqa: B023
+      max_steps_per_block=steps, max_new_tokens=4),  # noqa: B023
       [p1, p2, p3, p4, p5])
     if out is not None:
       assert out.tokens.shape == out.commit_logprob.shape == (B, 4)

@@ -33,13 +33,15 @@ import time
 
 import jax
 
-from gr2jax import files, load
+from gr2jax import exports, files
 from gr2jax import recipe as recipe_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.diffusion import convert
 from gr2jax.hf import convert as hf_convert
 from gr2jax.train import evaluation, inputs, loop, stages, teacher_stage
+from gr2jax.train import policy as policy_lib
 
 PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), research/papers.md §2
   "floor": (0.2811, 0.5591, 0.4401), "teacher": None, "ar_sft": None,
@@ -47,11 +49,11 @@ PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), researc
   "cft": (0.2930, 0.5651, 0.4497), "opd": (0.2944, 0.5658, 0.4497),
   "rl": (0.2951, 0.5671, 0.4517), "constrained": None,
 }
-ROWS = (  # name, label, stage whose export is evaluated, decode with the answer constraint
-  ("ar_sft", "AR GR2 (SFT)", "sft", False), ("ar_gr2", "AR GR2 (SFT + RL)", "ar_rl", False),
-  ("naive", "Diffusion naive", "ar_rl", False), ("cft", "+ CFT", "cft", False),
-  ("opd", "+ CFT + OPD", "opd", False), ("rl", "+ CFT + OPD -> RL", "rl", False),
-  ("constrained", "+ CFT + OPD -> RL, constrained answers", "rl", True),
+ROWS = (  # name, label, stage whose export is evaluated (row_policy: how it decodes)
+  ("ar_sft", "AR GR2 (SFT)", "sft"), ("ar_gr2", "AR GR2 (SFT + RL)", "ar_rl"),
+  ("naive", "Diffusion naive", "ar_rl"), ("cft", "+ CFT", "cft"),
+  ("opd", "+ CFT + OPD", "opd"), ("rl", "+ CFT + OPD -> RL", "rl"),
+  ("constrained", "+ CFT + OPD -> RL, constrained answers", "rl"),
 )
 DIFFUSION_ROWS = ("naive", "cft", "opd", "rl", "constrained")  # decoded by block diffusion
 
@@ -171,37 +173,38 @@ def run_step(recipe: recipe_lib.Recipe, step: str, workdir: str, upstream: str =
   return run_chain(recipe, workdir, upto=step)[step]
 
 
+def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
+               response_len: int) -> tuple[str, policy_lib.Policy]:
+  """(export, policy) of a Table 2 model row: its stage's export under the recipe's decode
+  spec; the naive row converts the AR GR2 to block diffusion (weights unchanged), the
+  constrained row decodes with the answer constraint."""
+  stage = {row: stage for row, _, stage in ROWS}[name]
+  export = recipe_lib.export(workdir, stage)
+  config, spec = exports.load_config(export), recipe.decode
+  if name == "naive":
+    config = convert.to_diffusion(config, spec.block_size,
+                                  tokenizer_lib.mask_token_id(tokenizer))
+  if name == "constrained":
+    spec = dataclasses.replace(spec, constrained=True)
+  return export, policy_lib.make_policy(config, spec, response_len)
+
+
 def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> list[dict]:
   """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
-  those of table.diffusion_splits; each cached by the model's done digest."""
+  those of table.diffusion_splits; each through the workdir's evaluation cache (a stage's final
+  evaluation of the same split is reused)."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   p, r = lengths_lib.static_lengths(summary)
-  e, decode = recipe_lib.eval_config(recipe), recipe.decode
-  out_dir = os.path.join(workdir, "table2")
-  os.makedirs(out_dir, exist_ok=True)
   rows = []
   for split in recipe.table.splits:
-    data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=e.limit)
-    for name, label, stage, constrained in ROWS:
+    data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=recipe.eval.limit)
+    for name, label, _ in ROWS:
       if name in DIFFUSION_ROWS and split not in recipe.table.diffusion_splits:
         continue
-      export = recipe_lib.export(workdir, stage)
-      done = _read_digest(os.path.join(recipe_lib.stage_dir(workdir, stage), "done.json"))
-      key = files.json_digest([done, name, split, e.to_dict(), decode.block_size])
-      cache = os.path.join(out_dir, f"{name}_{split}.json")
-      if os.path.exists(cache) and json.load(open(cache)).get("key") == key:
-        result = json.load(open(cache))
-      else:
-        config, params = load.load_model(export)
-        if name == "naive":
-          config, params = loop.model_from_init(export, tok, None, decode.block_size)
-        result = evaluation.evaluate(
-          params, config, data, tok, batch_size=e.batch_size, prompt_len=p, max_new_tokens=r,
-          tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block,
-          out_path=os.path.join(out_dir, f"{name}_{split}.jsonl"), desc=f"{name} {split}",
-          constrained=constrained)
-        result["key"] = key
-        json.dump(result, open(cache, "w"), indent=1)
+      export, policy = row_policy(recipe, workdir, name, tok, r)
+      result, _ = evaluation.evaluate_export(
+        export, policy, data, tok, batch_size=recipe.eval.batch_size, prompt_len=p,
+        cache_dir=evaluation.cache_dir(workdir), name=f"{name}_{split}")
       print(evaluation.format_result(f"[table2] {label} / {split}", result), flush=True)
       rows.append({"row": name, "label": label, "split": split, **result})
   return rows

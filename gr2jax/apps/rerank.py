@@ -3,7 +3,7 @@
   python experiments/run.py --config=rerank.py --workdir=W --config.rerank.ckpt=W/rl/export \
       --config.rerank.requests=req.jsonl --config.rerank.out=out.jsonl
 
-  rows = gr2jax.rerank("req.jsonl", "W/rl/export", workdir="W", data_config=...)  # in Python
+  rows = gr2jax.rerank("req.jsonl", "W/rl/export")                    # the same in Python
 
 Request and row formats: gr2jax/data/requests.py. Requests are decoded in batches by the
 model's own decoder (gr2jax/reranker.py); a bad request is an error row and never stops the
@@ -28,35 +28,37 @@ def _lines_of(requests) -> Iterable:
   return requests
 
 
-def rerank(requests, model, *, workdir: str | None = None, data_config=None, items: str = "",
-           batch_size: int = 64, tau: float = 1.0, max_steps_per_block: int = 64,
-           max_new_tokens: int = 0) -> list[dict]:
-  """Re-ranks requests with a trained model (module docstring for formats).
+def rerank(requests, model, *, workdir: str | None = None, data_config=None, decode=None,
+           items: str = "", batch_size: int = 64, max_new_tokens: int = 0) -> list[dict]:
+  """Re-ranks requests with a trained model (gr2jax/data/requests.py for the formats).
+
+    rows = gr2jax.rerank("requests.jsonl", "W/rl/export")
 
   Args:
     requests: a JSONL path, or an iterable of JSONL lines / request dicts.
-    model: a reranker.Reranker, or a checkpoint path (then `workdir` names its data build).
-    workdir: the data build's workdir (with a checkpoint path).
-    data_config: the data build's config (with a checkpoint path; gr2jax.recipe.data_config of
-      the model's recipe).
+    model: a reranker.Reranker, or an export path (a stage's export records its data build and
+      decode spec; reranker.load_reranker).
+    workdir: the data build's workdir (default: the export's own workdir).
+    data_config: the data build's config (default: the export's record).
+    decode: the DecodeSpec (default: the export's record).
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     batch_size: decode batch size.
-    tau: diffusion commit threshold (ignored for AR models).
-    max_steps_per_block: diffusion denoising-step cap per block.
     max_new_tokens: response cap (0 = the build's longest training response).
 
   Returns:
     One row per non-blank request line, in order: an answer or a named error.
+
+  Raises:
+    TypeError: `requests` is a single request dict, or not a path or an iterable.
   """
+  if isinstance(requests, dict) or not isinstance(requests, str | os.PathLike | Iterable):
+    raise TypeError(f"rerank: requests must be a JSONL path or an iterable of JSONL lines / "
+                    f"request dicts, got {type(requests).__name__} (wrap one request in a list)")
   if not isinstance(model, reranker_lib.Reranker):
-    if workdir is None or data_config is None:
-      raise ValueError("rerank(requests, <checkpoint path>) needs workdir= and data_config= "
-                       "(the data build the model was trained on: "
-                       "gr2jax.recipe.data_config(recipe))")
-    model = reranker_lib.load_reranker(str(model), data_config, workdir, items=items,
-                          max_new_tokens=max_new_tokens)
-  return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size, tau=tau,
-                      max_steps_per_block=max_steps_per_block)
+    model = reranker_lib.load_reranker(
+      os.fspath(model), workdir=workdir, data_config=data_config, decode=decode, items=items,
+      max_new_tokens=max_new_tokens)
+  return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size)
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -111,11 +113,9 @@ def run(recipe, c, workdir: str) -> dict:
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
   check_out_path(out, c.requests)
   reranker = reranker_lib.load_reranker(
-    c.ckpt.format(workdir=workdir), recipe_lib.data_config(recipe), workdir, items=c.items_file,
-    max_new_tokens=c.max_new_tokens)
-  rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size,
-                                   tau=recipe.decode.eval_tau,
-                                   max_steps_per_block=recipe.decode.max_steps_per_block)
+    c.ckpt.format(workdir=workdir), workdir=workdir, data_config=recipe_lib.data_config(recipe),
+    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens)
+  rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size)
   write_rows(rows, out)
   summary = summarize(rows) | {"out": out}
   print(json.dumps(summary), flush=True)

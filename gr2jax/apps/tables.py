@@ -12,7 +12,7 @@ data build of W (the same `data` config as table2.py; reused from W's cache).
   tokens/s (batched, after the compiling batch) and the speed-up over AR in tokens/s; markdown +
   a PNG accuracy-speed frontier.
 - Figure 6: every example decoded alone (batch 1, warm jit, the honest-speed setting of
-  STYLE.md) by AR and by the diffusion model (evaluation.decode_batch), timed; examples are
+  STYLE.md) by AR and by the diffusion model (their policies' decode), timed; examples are
   binned by the diffusion output length and by the prompt length, and each bin reports the
   speed-up in time per output token (sum of AR time / AR tokens over sum of diffusion time /
   diffusion tokens) and in forwards per token. The tiny default's terse prompt (57 tokens) and
@@ -36,10 +36,9 @@ import os
 import re
 import time
 
-import jax
 import numpy as np
 
-from gr2jax import files, load
+from gr2jax import load
 from gr2jax.data import answer, pipeline, prompts, tfds_builder
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
@@ -47,6 +46,7 @@ from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
 from gr2jax.progress import progress
 from gr2jax.train import evaluation, inputs
+from gr2jax.train import policy as policy_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,62 +88,56 @@ def load_inputs(table, workdir: str) -> Inputs:
                 paths["tfds"])
 
 
-def model_key(export: str) -> str:
-  """What identifies a model export: its stage's done digest (chain.py), else its path and
-  the manifest's modification time."""
-  done = os.path.join(os.path.dirname(os.path.abspath(export)), "done.json")
-  if os.path.exists(done):
-    return json.load(open(done))["digest"]
-  manifest = os.path.join(export, "params", "manifest.json")
-  stamp = os.stat(manifest).st_mtime_ns if os.path.exists(manifest) else 0
-  return files.json_digest([os.path.abspath(export), stamp])
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A loaded export: its identity in the evaluation cache (evaluation.export_id), config and
+  params."""
+
+  id: str
+  config: object
+  params: dict
 
 
-def evaluate_cached(name: str, model: tuple, key: str, inp: Inputs, eval_cfg, tau: float,
-                    out_dir: str) -> tuple[dict, list[dict]]:
-  """The one evaluation of a model at tau, cached in out_dir by (key, tau, eval settings).
-
-  Args:
-    name: row name (file stem).
-    model: (config, params).
-    key: the model's identity (model_key).
-    inp: the split.
-    eval_cfg: batch_size, max_steps_per_block.
-    tau: diffusion commit threshold (ignored for AR).
-    out_dir: cache directory.
-
-  Returns:
-    (evaluation result, per-example rows of its JSONL).
-  """
-  config, params = model
-  tau = tau if config.mask_token_id is not None else 1.0
-  full_key = files.json_digest([key, len(inp.data), inp.prompt_len, inp.response_len, tau,
-                     eval_cfg.batch_size, eval_cfg.max_steps_per_block])
-  stem = os.path.join(out_dir, f"{name}_tau{tau:g}_{full_key}")
-  if os.path.exists(stem + ".json") and os.path.exists(stem + ".jsonl"):
-    result = json.load(open(stem + ".json"))
-  else:
-    result = evaluation.evaluate(
-      params, config, inp.data, inp.tokenizer, batch_size=eval_cfg.batch_size,
-      prompt_len=inp.prompt_len, max_new_tokens=inp.response_len, tau=tau,
-      max_steps_per_block=eval_cfg.max_steps_per_block, out_path=stem + ".jsonl",
-      desc=f"{name} tau={tau:g}")
-    with open(stem + ".json", "w") as f:
-      json.dump(result, f, indent=1)
-  rows = [json.loads(line) for line in open(stem + ".jsonl")]
-  return result, rows
-
-
-def load_models(table, workdir: str) -> dict:
-  """{'ar': (config, params, key), 'diffusion': (...)} from table.ar_ckpt / diffusion_ckpt."""
+def load_models(table, workdir: str) -> dict[str, Model]:
+  """{'ar': Model, 'diffusion': Model} of table.ar_ckpt / table.diffusion_ckpt."""
   out = {}
   for name, path in (("ar", table.ar_ckpt), ("diffusion", table.diffusion_ckpt)):
     path = path.format(workdir=workdir)
     config, params = load.load_model(path)
-    out[name] = (config, params, model_key(path))
-  if out["diffusion"][0].mask_token_id is None:
+    out[name] = Model(evaluation.export_id(path), config, params)
+  if out["diffusion"].config.mask_token_id is None:
     raise ValueError(f"{table.diffusion_ckpt}: not a diffusion model (no mask token)")
   return out
+
+
+def policy_at(model: Model, table, inp: Inputs, tau: float | None = None,
+              forced_length: int = 0) -> policy_lib.Policy:
+  """The model's policy at the recipe's decode spec, at commit threshold `tau` (None = the
+  spec's eval tau; AR models ignore it); forced_length > 0 decodes exactly that many tokens
+  (the stop tokens disabled), else up to the split's R."""
+  spec = table.decode if tau is None else dataclasses.replace(table.decode, eval_tau=tau)
+  config = (dataclasses.replace(model.config, eos_token_ids=()) if forced_length
+            else model.config)
+  return policy_lib.make_policy(config, spec, forced_length or inp.response_len)
+
+
+def evaluate_at(name: str, model: Model, table, inp: Inputs, workdir: str,
+                tau: float | None = None) -> tuple[dict, list[dict]]:
+  """The one evaluation of a model at tau (policy_at), through the workdir's evaluation cache
+  (evaluation.evaluate_cached): the final evaluation of the stage that wrote the export, a
+  Table 2 row or another table's run of the same settings is reused."""
+  policy = policy_at(model, table, inp, tau)
+  batch_size = table.eval.batch_size
+  key = evaluation.cache_key(model.id, policy, inp.data, batch_size=batch_size,
+                             prompt_len=inp.prompt_len)
+  tau_name = f"tau{policy.spec.eval_tau:g}" if model.config.mask_token_id is not None else "ar"
+
+  def run(out_path):
+    return evaluation.evaluate(policy, model.params, inp.data, inp.tokenizer,
+                               batch_size=batch_size, prompt_len=inp.prompt_len,
+                               out_path=out_path, desc=f"{name} {tau_name}")
+
+  return evaluation.evaluate_cached(evaluation.cache_dir(workdir), f"{name}_{tau_name}", key, run)
 
 
 # ------------------------------------------------------------------------------------ Table 3
@@ -156,26 +150,23 @@ PAPER_TABLE3 = {  # Diffusion-GR2's frontier (Qwen3-8B, one H100): R@1, tok/s, s
 }
 
 
-def table3_rows(models: dict, inp: Inputs, taus, eval_cfg, out_dir: str,
-                speed_examples: int = 0) -> list[dict]:
-  """AR and the diffusion model at every tau.
+def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
+  """AR and the diffusion model at every tau of table.taus.
 
   speedup = batched tokens/s (the evaluation's, after its compiling batch) over AR's;
-  b1_tokens_per_s = the median over the first `speed_examples` examples of output tokens / s,
-  each decoded alone (timed_decodes: the paper's throughput protocol as research/papers.md
-  infers it, batch 1; our timing includes the prefill), b1_speedup = that over AR's.
+  b1_tokens_per_s = the median over the first `table.speed_examples` examples of output tokens /
+  s, each decoded alone (timed_decodes: the paper's throughput protocol as we read it, batch 1;
+  our timing includes the prefill), b1_speedup = that over AR's.
   """
-  ar, diff = models["ar"], models["diffusion"]
-  runs = [("AR GR2", None, ar, "ar")] + [("Diffusion-GR2", tau, diff, "diffusion")
-                                          for tau in taus]
+  runs = [("AR GR2", None, "ar")] + [("Diffusion-GR2", tau, "diffusion") for tau in table.taus]
   rows = []
-  for label, tau, model, name in runs:
-    result, _ = evaluate_cached(name, model[:2], model[2], inp, eval_cfg,
-                                1.0 if tau is None else tau, out_dir)
+  for label, tau, name in runs:
+    model = models[name]
+    result, _ = evaluate_at(name, model, table, inp, workdir, tau)
     row = {"row": label, "tau": tau, **result}
-    if speed_examples:
-      t = timed_decodes(model[1], model[0], inp, speed_examples, 1.0 if tau is None else tau,
-                        eval_cfg.max_steps_per_block, f"table3 {name} batch 1")
+    if table.speed_examples:
+      t = timed_decodes(policy_at(model, table, inp, tau), model.params, inp,
+                        table.speed_examples, f"table3 {name} batch 1")
       row["b1_tokens_per_s"] = float(np.median(t["output_len"] / t["seconds"]))
     paper = PAPER_TABLE3.get(tau)
     row["paper"] = (f"{paper[0]:.4f} / {paper[1]} tok/s / {paper[2]:g}x" if paper else None)
@@ -277,10 +268,7 @@ def add_emulated_speedup(results: str, summary: dict) -> str:
 
 def run_table3(table, workdir: str) -> str:
   inp = load_inputs(table, workdir)
-  out_dir = os.path.join(workdir, "tables")
-  os.makedirs(out_dir, exist_ok=True)
-  rows = table3_rows(load_models(table, workdir), inp, table.taus, table.eval, out_dir,
-                     table.speed_examples)
+  rows = table3_rows(load_models(table, workdir), inp, table, workdir)
   header = (f"Table 3 on {table.split} (n={len(inp.data)}); speedup = tokens/s over AR's "
             f"(batched decode of batch {table.eval.batch_size}, after the compiling batch); "
             f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
@@ -293,30 +281,21 @@ def run_table3(table, workdir: str) -> str:
 # ------------------------------------------------------------------------------------ Figure 6
 
 
-def timed_decodes(params, config, inp: Inputs, limit: int, tau: float,
-                  max_steps_per_block: int, desc: str, forced_length: int = 0) -> dict:
-  """Every example (the first `limit`) decoded alone after a warm-up decode, timed.
-
-  Args:
-    forced_length: > 0 disables the stop tokens and decodes exactly this many tokens per row;
-      0 decodes up to the split's response length R, stopping at the end of turn.
+def timed_decodes(policy: policy_lib.Policy, params, inp: Inputs, limit: int,
+                  desc: str) -> dict:
+  """Every example (the first `limit`) decoded alone by the policy after a warm-up decode, timed.
 
   Returns:
     {'prompt_len', 'output_len', 'seconds', 'forwards'}: [E] arrays.
   """
   encoded = inp.data.encoded[:limit] if limit else inp.data.encoded
   out = {k: [] for k in ("prompt_len", "output_len", "seconds", "forwards")}
-  if forced_length:
-    config = dataclasses.replace(config, eos_token_ids=())
-  max_new_tokens = forced_length or inp.response_len
 
   def decode(example):
-    tokens, lengths = inputs.prompt_arrays([example], 1, inp.prompt_len, config.pad_token_id)
+    tokens, lengths = inputs.prompt_arrays([example], 1, inp.prompt_len,
+                                           policy.config.pad_token_id)
     t0 = time.perf_counter()
-    res = evaluation.decode_batch(params, config, tokens, lengths,
-                                  max_new_tokens=max_new_tokens, tau=tau,
-                                  max_steps_per_block=max_steps_per_block)
-    jax.block_until_ready(res["tokens"])
+    res = policy.decode(params, tokens, lengths)
     return res, time.perf_counter() - t0
 
   decode(encoded[0])  # compile
@@ -324,9 +303,9 @@ def timed_decodes(params, config, inp: Inputs, limit: int, tau: float,
   for example in encoded:
     res, seconds = decode(example)
     out["prompt_len"].append(len(example.prompt))
-    out["output_len"].append(int(res["lengths"][0]))
+    out["output_len"].append(int(res.lengths[0]))
     out["seconds"].append(seconds)
-    out["forwards"].append(int(res["nfe"][0]))
+    out["forwards"].append(int(res.nfe[0]))
     bar.update(1)
   bar.close()
   return {k: np.asarray(v) for k, v in out.items()}
@@ -367,25 +346,27 @@ def speedup_bins(ar: dict, diff: dict, by: np.ndarray, num_bins: int) -> list[di
   return out
 
 
-def fig6(models: dict, inp: Inputs, limit: int, tau: float, max_steps_per_block: int,
-         num_bins: int, output_lengths=(), sweep_examples: int = 0) -> dict:
+def fig6(models: dict, inp: Inputs, table) -> dict:
   """Figure 6 data (module docstring): speed-up bins by the natural diffusion output length and
-  by prompt length, and the forced output-length sweep."""
+  by prompt length, and the forced output-length sweep (table.fig6: tau, limit, num_bins,
+  output_lengths, sweep_examples)."""
+  f = table.fig6
   ar, diff = models["ar"], models["diffusion"]
-  a = timed_decodes(ar[1], ar[0], inp, limit, tau, max_steps_per_block, "fig6 AR")
-  d = timed_decodes(diff[1], diff[0], inp, limit, tau, max_steps_per_block, "fig6 diffusion")
+  a = timed_decodes(policy_at(ar, table, inp, f.tau), ar.params, inp, f.limit, "fig6 AR")
+  d = timed_decodes(policy_at(diff, table, inp, f.tau), diff.params, inp, f.limit,
+                    "fig6 diffusion")
   overall = speedup_bins(a, d, np.zeros_like(d["output_len"]), 1)[0]
   sweep = []
-  for length in output_lengths:
-    runs = [timed_decodes(m[1], m[0], inp, sweep_examples, tau, max_steps_per_block,
-                          f"fig6 {name} forced {length}", forced_length=length)
+  for length in f.output_lengths:
+    runs = [timed_decodes(policy_at(m, table, inp, f.tau, forced_length=length), m.params, inp,
+                          f.sweep_examples, f"fig6 {name} forced {length}")
             for name, m in (("AR", ar), ("diffusion", diff))]
     sweep.append(speedup_bins(*runs, runs[1]["output_len"], 1)[0])
   drop = ("lo", "hi")
-  return {"tau": tau, "num": len(a["seconds"]),
+  return {"tau": f.tau, "num": len(a["seconds"]),
           "overall": {k: v for k, v in overall.items() if k not in (*drop, "mean")},
-          "by_output_length": speedup_bins(a, d, d["output_len"], num_bins),
-          "by_prompt_length": speedup_bins(a, d, d["prompt_len"], num_bins),
+          "by_output_length": speedup_bins(a, d, d["output_len"], f.num_bins),
+          "by_prompt_length": speedup_bins(a, d, d["prompt_len"], f.num_bins),
           "by_forced_output_length": [{k: v for k, v in b.items() if k not in drop}
                                       for b in sweep]}
 
@@ -421,9 +402,7 @@ def fig6_png(data: dict, path: str) -> None:
 
 def run_fig6(table, workdir: str) -> dict:
   inp = load_inputs(table, workdir)
-  data = fig6(load_models(table, workdir), inp, table.fig6.limit, table.fig6.tau,
-              table.eval.max_steps_per_block, table.fig6.num_bins, table.fig6.output_lengths,
-              table.fig6.sweep_examples)
+  data = fig6(load_models(table, workdir), inp, table)
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
   json.dump(data, open(os.path.join(results, "fig6.json"), "w"), indent=1)
@@ -569,14 +548,10 @@ def teacher_row(inp: Inputs, records: list[dict]) -> dict:
 
 def run_table4(table, workdir: str) -> str:
   inp = load_inputs(table, workdir)
-  out_dir = os.path.join(workdir, "tables")
-  os.makedirs(out_dir, exist_ok=True)
   models = load_models(table, workdir)
   rows = []
-  for name, label, tau in (("ar", "AR GR2", 1.0),
-                           ("diffusion", "Diffusion-GR2", table.eval.tau)):
-    config, params, key = models[name]
-    _, eval_rows = evaluate_cached(name, (config, params), key, inp, table.eval, tau, out_dir)
+  for name, label in (("ar", "AR GR2"), ("diffusion", "Diffusion-GR2")):
+    _, eval_rows = evaluate_at(name, models[name], table, inp, workdir)
     rows.append(table4_row(label, eval_rows, inp))
   source = tfds_builder.data_source(inp.tfds_dir, "train")
   rows.append(teacher_row(inp, [tfds_builder.decode_record(source[i])
@@ -584,7 +559,7 @@ def run_table4(table, workdir: str) -> str:
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
   md = (f"Table 4, the checkable part, on {table.split} (n={len(inp.data)}; diffusion "
-        f"tau={table.eval.tau:g}). identifier_correct: every label in the reasoning is in D "
+        f"tau={table.decode.eval_tau:g}). identifier_correct: every label in the reasoning is in D "
         "(slots) or H u D (SIDs) and no line cites a history item as the candidate; "
         "grounded: the cited attribute is the candidate's and a history item shares it.\n\n"
         + markdown(rows, TABLE4_COLUMNS, first=("row", "num")))

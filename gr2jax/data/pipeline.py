@@ -387,6 +387,9 @@ def _save_sids(out: str, sids: np.ndarray) -> None:
   rqvae.save_sids(os.path.join(out, "sids.npy"), sids)
 
 
+_SHOWN: set[str] = set()  # the builds whose summary this process printed
+
+
 def run(config, workdir: str) -> dict:
   """Builds (or loads from cache) every data artefact into `workdir`.
 
@@ -533,5 +536,7 @@ def _run(config, workdir: str) -> dict:
   summary_file = os.path.join(workdir, "summary.json")
   files.atomic_write(summary_file, json.dumps(summary, indent=1,
                                              default=lambda x: np.asarray(x).tolist()))
-  print(format_summary(summary), flush=True)
+  if tfds_dir not in _SHOWN:  # once per build and process: every stage reads the build
+    _SHOWN.add(tfds_dir)
+    print(format_summary(summary), flush=True)
   return summary

@@ -116,3 +116,15 @@ def extend_tokenizer(base_dir: str, out_dir: str, *, codes_per_level: tuple[int,
 def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   """Loads a saved tokenizer directory (local only)."""
   return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def mask_token_id(tokenizer) -> int:
+  """The id of the tokenizer's <|mask|> token (the block-diffusion mask).
+
+  Raises:
+    ValueError: the tokenizer has no <|mask|> token.
+  """
+  mask_id = tokenizer.convert_tokens_to_ids(prompts.MASK_TOKEN)
+  if mask_id is None or mask_id == tokenizer.unk_token_id:
+    raise ValueError(f"the tokenizer has no {prompts.MASK_TOKEN} token to convert to diffusion")
+  return int(mask_id)

@@ -40,6 +40,7 @@ forward + proposal (query plan, row writes, commit selection, prefill amortised)
 iteration; removing each piece in turn measured within noise.
 """
 
+import dataclasses
 import functools
 from typing import NamedTuple
 
@@ -244,41 +245,39 @@ def _bucket_sizes(block_size: int, head_buckets: int) -> tuple[int, ...]:
   return tuple(sorted(sizes))
 
 
-@functools.partial(
-  jax.jit,
-  static_argnames=(
-    "config",
-    "block_size",
-    "max_new_tokens",
-    "temperature",
-    "cache_size",
-    "head_buckets",
-    "commit_order",
-  ),
-)
-def _generate(
-  params,
-  config,
-  prompt_tokens,
-  prompt_lengths,
-  threshold,
-  max_steps_per_block,
-  stop_ids,
-  key,
-  constraint,
-  schedule,
-  prefilled,
-  prefix,
-  *,
-  block_size,
-  max_new_tokens,
-  temperature,
-  cache_size,
-  head_buckets,
-  commit_order,
-):
+class _Static(NamedTuple):
+  """The static settings of `_generate` (hashable: one compile per value)."""
+
+  max_new_tokens: int
+  temperature: float
+  cache_size: int
+  head_buckets: int
+  commit_order: str
+
+
+class _Traced(NamedTuple):
+  """The traced inputs of `_generate` besides the prompts (None = not given)."""
+
+  threshold: jax.Array  # [] f32
+  max_steps_per_block: jax.Array  # [] int32
+  stop_ids: jax.Array  # [S] int32
+  key: jax.Array
+  constraint: constrain.AnswerConstraint | None
+  schedule: jax.Array | None
+  prefilled: tuple[KVCache, jax.Array] | None
+  prefix: tuple[jax.Array, jax.Array] | None
+
+
+@functools.partial(jax.jit, static_argnames=("config", "static"))
+def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
+              static: _Static):
+  threshold, max_steps_per_block, stop_ids, key = traced[:4]
+  constraint, schedule, prefilled, prefix = traced[4:]
+  max_new_tokens, temperature = static.max_new_tokens, static.temperature
+  cache_size, head_buckets, commit_order = (static.cache_size, static.head_buckets,
+                                            static.commit_order)
   b, p = prompt_tokens.shape
-  t = block_size
+  t = config.block_size
   num_blocks = -(-max_new_tokens // t)
   r = num_blocks * t
   mask_id = config.mask_token_id
@@ -403,30 +402,73 @@ def _generate(
   )
 
 
-def block_diffusion_generate(
-  params: dict,
-  config: ModelConfig,
-  prompt_tokens: jax.Array,
-  prompt_lengths: jax.Array,
-  *,
-  threshold: float,
-  max_steps_per_block: int,
-  max_new_tokens: int,
-  block_size: int | None = None,
-  temperature: float = 0.0,
-  key: jax.Array | None = None,
-  stop_token_ids: tuple[int, ...] | None = None,
-  constraint: constrain.AnswerConstraint | None = None,
-  cache_size: int | None = None,
-  head_buckets: int = 1,
-  commit_order: str = "confidence",
-  schedule: jax.Array | None = None,
-  prefilled: tuple[KVCache, jax.Array] | None = None,
-  response_prefix: tuple[jax.Array, jax.Array] | None = None,
-) -> DiffusionOutput:
+@dataclasses.dataclass(frozen=True)
+class BlockDecoding:
+  """How one block-diffusion decode runs (gr2jax/train/policy.py builds it from a DecodeSpec).
+
+  Attributes:
+    threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
+      strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
+    max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
+    max_new_tokens: response length cap.
+    temperature: 0 = greedy, else sampling with the decode's key.
+    commit_order: 'confidence' (the paper's rule) or 'left_to_right' (commit.select).
+    head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
+      at all B queries every step.
+    cache_size: KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum).
+    stop_token_ids: ids that end a row (never the mask token); None = config.eos_token_ids.
+  """
+
+  threshold: float
+  max_steps_per_block: int
+  max_new_tokens: int
+  temperature: float = 0.0
+  commit_order: str = "confidence"
+  head_buckets: int = 1
+  cache_size: int | None = None
+  stop_token_ids: tuple[int, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Steering:
+  """Optional per-row inputs that steer a decode (the default steers nothing).
+
+  Attributes:
+    constraint: a constrain.AnswerConstraint (the constrained-answers ablation).
+    response_prefix: (tokens [B, F] int, lengths [B] int in 0..F): the first lengths[b]
+      response tokens of row b are given (teacher forcing, e.g. the reasoning): written into
+      their blocks as committed tokens (commit_step SEED_STEP), never proposed; the decoder
+      writes the rest. Tokens and lengths include them.
+    schedule: [B, S] int >= 0, the commits of each of a row's denoising steps (indexed by the
+      row's denoising steps so far, across blocks; steps past S and the capped step commit every
+      open position): replaces the threshold rule, e.g. to replay a trained model's recorded
+      schedule (`schedule_from_trace`) on other weights.
+    prefilled: (cache, logits [B, V] f32) of an earlier prefill of these prompts
+      (`qwen3.ragged_prefill` into a cache of decoding.cache_size slots): the prefill is
+      skipped, so a timing covers the decode alone (the loop starts from a copy of the cache).
+  """
+
+  constraint: constrain.AnswerConstraint | None = None
+  response_prefix: tuple[jax.Array, jax.Array] | None = None
+  schedule: jax.Array | None = None
+  prefilled: tuple[KVCache, jax.Array] | None = None
+
+  @property
+  def empty(self) -> bool:
+    """True when nothing is given (every field None)."""
+    return all(getattr(self, f.name) is None for f in dataclasses.fields(self))
+
+
+NO_STEERING = Steering()
+
+
+def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
+                             prompt_lengths: jax.Array | None, decoding: BlockDecoding, *,
+                             key: jax.Array | None = None,
+                             steering: Steering = NO_STEERING) -> DiffusionOutput:
   """Block-diffusion generation (see the module docstring for the algorithm and the trace).
 
-  Every argument is checked before anything is traced (README "What bad input gets").
+  Every argument is checked before anything is traced (docs/bad_input.md).
 
   Args:
     params: the param pytree.
@@ -434,43 +476,25 @@ def block_diffusion_generate(
       decoding).
     prompt_tokens: [B, P] int right-padded prompts, ids in [0, V).
     prompt_lengths: [B] int real prompt lengths, each in 1..P (None: P for every row).
-    threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
-      strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
-    max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
-    max_new_tokens: response length cap.
-    block_size: optional; must equal config.block_size (the block size comes from the model
-      config; a conflicting value is an error).
-    temperature: 0 = greedy, else sampling with `key`.
-    key: PRNG key (required when temperature > 0).
-    stop_token_ids: ids that end a row (never the mask token); default config.eos_token_ids.
-    constraint: optional gr2jax.diffusion.constrain.AnswerConstraint (off by default).
-    cache_size: KV slots per row; default P + ceil(max_new_tokens / B) * B (the minimum).
-    head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
-      at all B queries every step.
-    commit_order: 'confidence' (the paper's rule) or 'left_to_right' (commit.select).
-    schedule: optional [B, S] int >= 0, the commits of each of a row's denoising steps (indexed
-      by the row's denoising steps so far, across blocks; steps past S and the capped step
-      commit every open position): replaces the threshold rule, e.g. to replay a trained
-      model's recorded schedule (`schedule_from_trace`) on other weights.
-    prefilled: optional (cache, logits [B, V] f32) of an earlier prefill of these prompts
-      (`qwen3.ragged_prefill` into a cache of cache_size slots): the prefill is skipped, so a
-      timing covers the decode alone (the loop starts from a copy of the cache).
-    response_prefix: optional (tokens [B, F] int, lengths [B] int in 0..F): the first lengths[b]
-      response tokens of row b are given (teacher forcing, e.g. the reasoning): written into
-      their blocks as committed tokens (commit_step SEED_STEP), never proposed; the decoder
-      writes the rest. Tokens and lengths include them.
+    decoding: the decode's settings (BlockDecoding).
+    key: PRNG key (required when decoding.temperature > 0).
+    steering: optional per-row inputs (Steering).
 
   Returns:
     DiffusionOutput.
 
   Raises:
     TypeError / ValueError naming the argument: prompts or lengths (validate.prompts), tau
-      outside (0, 1] or not finite, a negative or non-finite temperature, a block_size other
-      than config.block_size, a missing or out-of-vocab mask token, a stop id that is the mask
-      token or outside the vocab, non-int or < 1 sizes, a key that is not a PRNG key.
+      outside (0, 1] or not finite, a negative or non-finite temperature, a missing or
+      out-of-vocab mask token, a stop id that is the mask token or outside the vocab, non-int or
+      < 1 sizes, a key that is not a PRNG key, malformed steering inputs.
   """
   where = "block_diffusion_generate"
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
+  if not isinstance(decoding, BlockDecoding):
+    raise TypeError(f"{where}: decoding must be a BlockDecoding, got {type(decoding).__name__}")
+  if not isinstance(steering, Steering):
+    raise TypeError(f"{where}: steering must be a Steering, got {type(steering).__name__}")
   if config.mask_token_id is None:
     raise ValueError(
       f"{where}: config.mask_token_id is None (convert the checkpoint with "
@@ -479,25 +503,22 @@ def block_diffusion_generate(
   if not 0 <= config.mask_token_id < config.vocab_size:
     raise ValueError(f"{where}: config.mask_token_id={config.mask_token_id} is outside the vocab "
                      f"[0, {config.vocab_size - 1}]")
-  if block_size is not None and validate.integer(where, "block_size", block_size) != (
-      config.block_size):
-    raise ValueError(f"{where}: block_size={block_size} conflicts with config.block_size="
-                     f"{config.block_size} (the block size comes from the model config)")
   block_size = config.block_size
-  tau = validate.real(where, "threshold", threshold)
+  tau = validate.real(where, "threshold", decoding.threshold)
   if not 0 < tau <= 1:
-    raise ValueError(f"{where}: threshold={threshold} must be in (0, 1] (tau <= 0 would commit "
-                     "whole blocks at once; 1.0 = one token per step)")
-  temperature = validate.real(where, "temperature", temperature)
+    raise ValueError(f"{where}: threshold={decoding.threshold} must be in (0, 1] (tau <= 0 would "
+                     "commit whole blocks at once; 1.0 = one token per step)")
+  temperature = validate.real(where, "temperature", decoding.temperature)
   if temperature < 0:
     raise ValueError(f"{where}: temperature={temperature} must be >= 0 (0 = greedy)")
-  max_steps_per_block = validate.integer(where, "max_steps_per_block", max_steps_per_block,
-                                         minimum=1)
-  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  head_buckets = validate.integer(where, "head_buckets", head_buckets, minimum=1)
-  if commit_order not in commit.ORDERS:
-    raise ValueError(f"{where}: commit_order={commit_order!r} not in {commit.ORDERS}")
+  max_steps_per_block = validate.integer(where, "max_steps_per_block",
+                                         decoding.max_steps_per_block, minimum=1)
+  max_new_tokens = validate.integer(where, "max_new_tokens", decoding.max_new_tokens, minimum=1)
+  head_buckets = validate.integer(where, "head_buckets", decoding.head_buckets, minimum=1)
+  if decoding.commit_order not in commit.ORDERS:
+    raise ValueError(f"{where}: commit_order={decoding.commit_order!r} not in {commit.ORDERS}")
   b = prompt_tokens.shape[0]
+  schedule = steering.schedule
   if schedule is not None:
     schedule = jnp.asarray(schedule)
     if (not jnp.issubdtype(schedule.dtype, jnp.integer) or schedule.ndim != 2
@@ -511,17 +532,20 @@ def block_diffusion_generate(
     raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
   if key is not None:
     validate.prng_key(where, "key", key)
+  constraint = steering.constraint
   if constraint is not None and not isinstance(constraint, constrain.AnswerConstraint):
     raise TypeError(f"{where}: constraint must be a constrain.AnswerConstraint, got "
                     f"{type(constraint).__name__}")
   stop = validate.token_ids(where, "stop_token_ids", config.eos_token_ids
-                            if stop_token_ids is None else stop_token_ids, config.vocab_size)
+                            if decoding.stop_token_ids is None else decoding.stop_token_ids,
+                            config.vocab_size)
   if config.mask_token_id in stop:
     raise ValueError(f"{where}: the mask token {config.mask_token_id} is a stop token "
                      "(stop_token_ids / config.eos_token_ids): it is never proposed, so no row "
                      "could stop")
   p = prompt_tokens.shape[1]
   needed = p + -(-max_new_tokens // block_size) * block_size
+  response_prefix = steering.response_prefix
   if response_prefix is not None:
     given, given_lengths = (jnp.asarray(x) for x in response_prefix)
     f = given.shape[-1] if given.ndim == 2 else -1
@@ -535,6 +559,8 @@ def block_diffusion_generate(
     r = -(-max_new_tokens // block_size) * block_size
     response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
                        given_lengths.astype(jnp.int32))
+  cache_size = decoding.cache_size
+  prefilled = steering.prefilled
   if prefilled is not None:
     cache, logits = prefilled
     if not isinstance(cache, KVCache) or cache.lengths.shape != (b,):
@@ -550,26 +576,16 @@ def block_diffusion_generate(
                                                                   cache_size, minimum=1)
   if cache_size < needed:
     raise ValueError(f"{where}: cache_size={cache_size} < P + blocks*B={needed}")
-  return _generate(
-    params,
-    config,
-    prompt_tokens,
-    prompt_lengths,
-    jnp.asarray(tau, jnp.float32),
-    jnp.asarray(max_steps_per_block, jnp.int32),
-    jnp.asarray(stop or (-1,), jnp.int32),
-    jax.random.key(0) if key is None else key,
-    constraint,
-    schedule,
-    prefilled,
-    response_prefix,
-    block_size=block_size,
-    max_new_tokens=max_new_tokens,
-    temperature=temperature,
-    cache_size=cache_size,
-    head_buckets=head_buckets,
-    commit_order=commit_order,
-  )
+  traced = _Traced(
+    threshold=jnp.asarray(tau, jnp.float32),
+    max_steps_per_block=jnp.asarray(max_steps_per_block, jnp.int32),
+    stop_ids=jnp.asarray(stop or (-1,), jnp.int32),
+    key=jax.random.key(0) if key is None else key,
+    constraint=constraint, schedule=schedule, prefilled=prefilled, prefix=response_prefix)
+  static = _Static(max_new_tokens=max_new_tokens, temperature=temperature,
+                   cache_size=cache_size, head_buckets=head_buckets,
+                   commit_order=decoding.commit_order)
+  return _generate(params, config, prompt_tokens, prompt_lengths, traced, static=static)
 
 
 def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:

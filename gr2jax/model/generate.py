@@ -194,7 +194,6 @@ def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array,
 def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
              prompt_lengths: jax.Array | None = None, *, max_new_tokens: int,
              key: jax.Array | None = None, sampling: Sampling = GREEDY,
-             eos_token_ids: tuple[int, ...] | None = None,
              cache_len: int | None = None) -> GenerateOutput:
   """AR generation for a batch of right-padded prompts.
 
@@ -206,7 +205,6 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
     max_new_tokens: N, the most tokens generated per example.
     key: PRNG key; required unless greedy.
     sampling: Sampling(temperature, top_k, top_p); the default is greedy.
-    eos_token_ids: stop ids; default config.eos_token_ids.
     cache_len: KV cache slots; default P + N.
 
   Returns:
@@ -216,7 +214,7 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
     TypeError / ValueError naming the argument, before anything is traced: prompts that are not
       [B, P] integers in [0, V), lengths outside 1..P, a non-int or < 1 max_new_tokens, a too
       small cache_len, a key that is not a PRNG key, sampling that is not a Sampling (or top_k >
-      V), eos ids that are not ints in [0, V).
+      V), config.eos_token_ids (the stop ids) that are not ints in [0, V).
   """
   where = "generate"
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
@@ -237,9 +235,8 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
       raise ValueError("generate: sampling with temperature > 0 needs an explicit PRNG key")
     key = jax.random.key(0)
   validate.prng_key(where, "key", key)
-  if eos_token_ids is not None:
-    eos_token_ids = validate.token_ids(where, "eos_token_ids", eos_token_ids, config.vocab_size)
-  eos = config.eos_token_ids if eos_token_ids is None else eos_token_ids
+  eos = validate.token_ids(where, "config.eos_token_ids", config.eos_token_ids,
+                           config.vocab_size)
   logits, cache = _prefill(params, config, prompt_tokens, prompt_lengths,
                            init_cache(config, b, cache_len))
   out, _ = decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,

@@ -61,21 +61,14 @@ _SIZES = (
   ("optimizer", "clip_norm", "float", dict(low=0.0)),
   ("eval", "batch_size", "int", 1),
   ("eval", "limit", "int", 0),
-  ("eval", "tau", "float", dict(low=0.0, high=1.0, low_open=True)),
-  ("eval", "max_steps_per_block", "int", 1),
   ("rerank", "batch_size", "int", 1),
   ("rerank", "max_new_tokens", "int", 0),
   ("rl", "group_size", "int", 2),  # GRPO: a group of 1 has no variance, every group is dropped
-  ("rl", "temperature", "float", dict(low=0.0)),
   ("rl", "eps_low", "float", dict(low=0.0, high=1.0)),
   ("rl", "eps_high", "float", dict(low=0.0)),
   ("rl", "alpha", "float", dict(low=0.0)),
   ("opd", "group_size", "int", 1),
   ("cft", "eps", "float", dict(low=0.0, high=1.0, high_open=True)),
-  ("diffusion", "tau", "float", dict(low=0.0, high=1.0, low_open=True)),
-  ("diffusion", "temperature", "float", dict(low=0.0)),
-  ("diffusion", "max_steps_per_block", "int", 1),
-  ("diffusion", "shrink", "int", 1),
 )
 
 
@@ -101,9 +94,9 @@ def check_stage_config(config, prefix: str = "") -> None:
       _int(name, value, bounds)
     else:
       _float(name, value, **bounds)
-  block_size = getattr(config, "block_size", _MISSING)
-  if block_size is not _MISSING:
-    _int(f"{prefix}block_size", block_size, 1)
+  shrink = getattr(config, "replay_shrink", _MISSING)
+  if shrink is not _MISSING:
+    _int(f"{prefix}replay_shrink", shrink, 1)
   train = _section(config, "train")
   if train is not None and getattr(train, "batch_size", None) is not None:
     _check_divisible(config, train, prefix)

@@ -1,13 +1,21 @@
-"""The one evaluation: decode a split, validate every answer, score the rankings.
+"""The one evaluation: decode a split, validate every answer, score the rankings; and the one
+evaluation cache.
 
-Used by `--config=eval.py` on any checkpoint and by every training stage for its periodic and
-final evaluation. AR models decode greedily with gr2jax.model.generate; diffusion models
-(config.mask_token_id set) with gr2jax.diffusion.decode.block_diffusion_generate at threshold tau
-and the checkpoint's block size. Each response is parsed by gr2jax.data.answer.parse_answer;
-anything but a valid permutation falls back to D's order (counted per failure kind), and the
-target's rank in the resulting list gives R@1 / R@3 / N@3 (gr2jax.metrics).
+Used by `--config=eval.py` on any checkpoint, by every training stage for its periodic and final
+evaluation, by Table 2's rows and by Tables 3 / 4. A split is decoded by the model's policy
+(train/policy.py: AR greedy, or block diffusion at the spec's eval tau and step cap; the choice
+is the policy's). Each response is parsed by gr2jax.data.answer.parse_answer; anything but a
+valid permutation falls back to D's order (counted per failure kind), and the target's rank in
+the resulting list gives R@1 / R@3 / N@3 (gr2jax.metrics).
+
+`evaluate_cached` keys an evaluation by what decides its result (the model's params digest and
+config, the data read, the decode spec, P, R, the batch size) and keeps it in a directory, so a
+stage's final evaluation serves Table 2's row of the same model and Table 3's tau = 1.0 row
+serves Table 4.
 """
 
+import dataclasses
+import glob
 import json
 import os
 import re
@@ -16,14 +24,15 @@ import time
 import jax
 import numpy as np
 
+from gr2jax import exports, files, load
 from gr2jax import metrics as metrics_lib
 from gr2jax.data import answer, prompts
 from gr2jax.diffusion import constrain
 from gr2jax.diffusion import decode as diffusion_decode
-from gr2jax.model import generate as generate_lib
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
 from gr2jax.train import inputs
+from gr2jax.train import policy as policy_lib
 
 
 def label_levels(tokenizer, depth: int) -> list[list[int]]:
@@ -44,51 +53,6 @@ def answer_constraint(tokenizer, config: ModelConfig, label_tokens: np.ndarray):
   return constrain.make_constraint(label_tokens, label_levels(tokenizer, label_tokens.shape[2]),
                                    config.vocab_size,
                                    tokenizer.convert_tokens_to_ids(prompts.THINK_END))
-
-
-def decode_batch(params: dict, config: ModelConfig, prompt_tokens: np.ndarray,
-                 prompt_lengths: np.ndarray, *, max_new_tokens: int, tau: float,
-                 max_steps_per_block: int, temperature: float = 0.0, key=None,
-                 constraint=None, commit_order: str = "confidence",
-                 response_prefix=None) -> dict:
-  """Decodes one batch of right-padded prompts with the checkpoint's own decoder.
-
-  Args:
-    params, config: the model; diffusion when config.mask_token_id is set.
-    prompt_tokens: [B, P] int32; prompt_lengths: [B] int32.
-    max_new_tokens: response cap.
-    tau: the diffusion commit threshold (ignored for AR).
-    max_steps_per_block: the diffusion denoising-step cap per block (paper: 64).
-    temperature: 0 greedy; > 0 samples with `key`.
-    key: PRNG key for sampling.
-    constraint: an AnswerConstraint (diffusion only; the constrained-decoding ablation).
-    commit_order: the diffusion commit order (commit.ORDERS; 'confidence' = the paper's).
-    response_prefix: optional (tokens [B, F], lengths [B]) given response tokens (diffusion
-      only; block_diffusion_generate).
-
-  Returns:
-    {'tokens' [B, N], 'lengths' [B], 'nfe' [B] forwards per row (prefill and commit forwards
-     included), 'denoise_steps' [B] the paper's NFE (denoising steps; AR: tokens)}.
-  """
-  if config.mask_token_id is not None:
-    out = diffusion_decode.block_diffusion_generate(
-      params, config, prompt_tokens, prompt_lengths, block_size=config.block_size,
-      threshold=tau, max_steps_per_block=max_steps_per_block, max_new_tokens=max_new_tokens,
-      temperature=temperature, key=key, constraint=constraint, commit_order=commit_order,
-      response_prefix=response_prefix)
-    nfe = np.asarray(out.nfe)
-    denoise = np.asarray(out.denoise_steps)
-  else:
-    if constraint is not None or response_prefix is not None:
-      raise ValueError("constrained decoding and a given response prefix are diffusion-decoder "
-                       "options; this model is AR")
-    sampling = generate_lib.Sampling(temperature=temperature)
-    out = generate_lib.generate(params, config, prompt_tokens, prompt_lengths,
-                                max_new_tokens=max_new_tokens, sampling=sampling, key=key)
-    nfe = np.full(prompt_tokens.shape[:1], int(out.nfe))
-    denoise = np.asarray(out.lengths)  # AR: one forward per token (the paper's B = 1 count)
-  return {"tokens": np.asarray(out.tokens), "lengths": np.asarray(out.lengths), "nfe": nfe,
-          "denoise_steps": denoise}
 
 
 def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
@@ -124,27 +88,51 @@ def score(results: list, data: inputs.SplitData) -> dict:
   return out
 
 
-def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenizer, *,
-             batch_size: int, prompt_len: int, max_new_tokens: int, tau: float = 1.0,
-             max_steps_per_block: int = 64, out_path: str | None = None,
-             desc: str = "eval", constrained: bool = False,
-             commit_order: str = "confidence", given_reasoning: bool = False) -> dict:
+def _given_reasoning(chunk: list, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [B, F], lengths [B]) of each example's own reasoning (rows past the chunk repeat
+  its last example)."""
+  if not all(len(e.reasoning) for e in chunk):
+    raise ValueError("evaluate: given_reasoning needs a split whose examples carry reasoning "
+                     "(validation / test have none; use 'train')")
+  width = max(len(e.reasoning) for e in chunk)
+  given = np.zeros((batch_size, width), np.int32)
+  given_lengths = np.zeros((batch_size,), np.int32)
+  for i in range(batch_size):
+    reasoning = chunk[min(i, len(chunk) - 1)].reasoning
+    given[i, :len(reasoning)] = reasoning
+    given_lengths[i] = len(reasoning)
+  return given, given_lengths
+
+
+def steering(policy: policy_lib.Policy, tokenizer, chunk: list, batch_size: int,
+             given_reasoning: bool = False) -> diffusion_decode.Steering:
+  """What steers the decode of one batch: the answer constraint when policy.spec.constrained,
+  each example's own reasoning when given_reasoning (both block-diffusion options)."""
+  constraint = prefix = None
+  if policy.spec.constrained:
+    labels = np.stack([e.label_tokens for e in chunk])
+    labels = np.concatenate([labels, np.repeat(labels[-1:], batch_size - len(chunk), 0)])
+    constraint = answer_constraint(tokenizer, policy.config, labels)
+  if given_reasoning:
+    prefix = _given_reasoning(chunk, batch_size)
+  return diffusion_decode.Steering(constraint=constraint, response_prefix=prefix)
+
+
+def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, tokenizer, *,
+             batch_size: int, prompt_len: int, out_path: str | None = None,
+             desc: str = "eval", given_reasoning: bool = False) -> dict:
   """Decodes, validates and scores a split; optionally writes per-example JSONL.
 
   Args:
-    params, config: the model (AR or diffusion).
+    policy: the model's policy (make_policy: the model, its decode spec, the response cap R).
+    params: the model's params.
     data: the split (inputs.load_split).
     tokenizer: the data build's tokenizer.
     batch_size: decode batch size (the last batch is padded, its extra rows dropped).
     prompt_len: P, the static prompt width.
-    max_new_tokens: response cap.
-    tau: diffusion commit threshold.
-    max_steps_per_block: diffusion denoising-step cap per block.
     out_path: JSONL with one row per example (user, response text, ranking, validity, target
       rank), or None.
     desc: progress-bar label.
-    constrained: decode with the answer constraint (diffusion models only; an ablation).
-    commit_order: the diffusion commit order (decode_batch).
     given_reasoning: give each example's own reasoning tokens (teacher forcing; the split must
       carry reasoning, e.g. 'train') and decode only the answer after them (diffusion only).
 
@@ -159,35 +147,15 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
   bar = progress(len(data), desc=desc)
   for first in range(0, len(data), batch_size):
     chunk = data.encoded[first:first + batch_size]
-    prompts, prompt_lengths = inputs.prompt_arrays(chunk, batch_size, prompt_len,
-                                                   config.pad_token_id)
-    constraint = None
-    if constrained:
-      labels = np.stack([e.label_tokens for e in chunk])
-      labels = np.concatenate([labels, np.repeat(labels[-1:], batch_size - len(chunk), 0)])
-      constraint = answer_constraint(tokenizer, config, labels)
-    prefix = None
-    if given_reasoning:
-      if not all(len(e.reasoning) for e in chunk):
-        raise ValueError("evaluate: given_reasoning needs a split whose examples carry reasoning "
-                         "(validation / test have none; use 'train')")
-      width = max(len(e.reasoning) for e in chunk)
-      given = np.zeros((batch_size, width), np.int32)
-      given_lengths = np.zeros((batch_size,), np.int32)
-      for i in range(batch_size):
-        reasoning = chunk[min(i, len(chunk) - 1)].reasoning
-        given[i, :len(reasoning)] = reasoning
-        given_lengths[i] = len(reasoning)
-      prefix = (given, given_lengths)
+    prompt_tokens, prompt_lengths = inputs.prompt_arrays(chunk, batch_size, prompt_len,
+                                                         policy.config.pad_token_id)
+    steer = steering(policy, tokenizer, chunk, batch_size, given_reasoning)
     t0 = time.perf_counter()
-    out = decode_batch(params, config, prompts, prompt_lengths, max_new_tokens=max_new_tokens,
-                       tau=tau, max_steps_per_block=max_steps_per_block, constraint=constraint,
-                       commit_order=commit_order, response_prefix=prefix)
-    jax.block_until_ready(out["tokens"])
+    out = policy.decode(params, prompt_tokens, prompt_lengths, steering=steer)
     if first > 0:
       decode_s += time.perf_counter() - t0
-      decoded_tokens += int(out["lengths"][:len(chunk)].sum())
-    texts = response_texts(tokenizer, out["tokens"][:len(chunk)], out["lengths"][:len(chunk)])
+      decoded_tokens += int(out.lengths[:len(chunk)].sum())
+    texts = response_texts(tokenizer, out.tokens[:len(chunk)], out.lengths[:len(chunk)])
     for i, text in enumerate(texts):
       index = first + i
       result = answer.parse_answer(text, data.labels[index])
@@ -195,9 +163,9 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
       rows.append({"user": int(data.users[index]), "response": text, "kind": result.kind,
                    "ranking": result.ranking.tolist(),
                    "target_position": int(data.encoded[index].target_position)})
-    lengths += out["lengths"][:len(chunk)].tolist()
-    nfes += out["nfe"][:len(chunk)].tolist()
-    steps += out["denoise_steps"][:len(chunk)].tolist()
+    lengths += out.lengths[:len(chunk)].tolist()
+    nfes += out.nfe[:len(chunk)].tolist()
+    steps += out.denoise_steps[:len(chunk)].tolist()
     bar.update(len(chunk))
   bar.close()
   out = score(results, data)
@@ -211,10 +179,82 @@ def evaluate(params: dict, config: ModelConfig, data: inputs.SplitData, tokenize
     os.makedirs(os.path.dirname(os.path.abspath(out_path)), exist_ok=True)
     ranks = metrics_lib.target_ranks(np.stack([r.ranking for r in results]),
                                      data.target_position[:len(results)])
-    with open(out_path, "w") as f:
-      for row, rank in zip(rows, ranks, strict=True):
-        f.write(json.dumps({**row, "target_rank": int(rank)}) + "\n")
+    files.atomic_write(out_path, "".join(json.dumps({**row, "target_rank": int(rank)}) + "\n"
+                                         for row, rank in zip(rows, ranks, strict=True)))
   return out
+
+
+def cache_key(model_id: str, policy: policy_lib.Policy, data: inputs.SplitData, *,
+              batch_size: int, prompt_len: int, given_reasoning: bool = False) -> str:
+  """What decides an evaluation's result: the model (its params digest `model_id` and config),
+  the data read, the decode spec, P, R and the batch size."""
+  if not data.source:
+    raise ValueError("cache_key: the split has no source (inputs.load_split sets it)")
+  return files.json_digest([model_id, dataclasses.asdict(policy.config),
+                            dataclasses.asdict(policy.spec), policy.max_new_tokens, data.source,
+                            prompt_len, batch_size, given_reasoning])
+
+
+def cache_dir(workdir: str) -> str:
+  """A workdir's evaluation cache directory (evaluate_cached)."""
+  return os.path.join(workdir, "evaluations")
+
+
+def evaluate_cached(cache_dir: str, name: str, key: str, evaluate_fn) -> tuple[dict, list[dict]]:
+  """The evaluation `key` (cache_key) from cache_dir, else evaluate_fn(out_path) run and kept.
+
+  Args:
+    cache_dir: the cache directory (one per workdir: <workdir>/evaluations).
+    name: a readable file-name stem (the model, the split); a result is found by its key alone
+      (<cache_dir>/<any name>_<key>.json and .jsonl).
+    key: cache_key(...).
+    evaluate_fn: out_path -> result (an `evaluate` call writing its JSONL to out_path).
+
+  Returns:
+    (result, per-example rows of its JSONL); result['cache_key'] = key.
+  """
+  kept = [p[:-len(".json")] for p in glob.glob(os.path.join(glob.escape(cache_dir),
+                                                            f"*_{key}.json"))]
+  kept = [p for p in kept if os.path.isfile(p + ".jsonl")]
+  stem = kept[0] if kept else os.path.join(cache_dir, f"{name}_{key}")
+  if kept:
+    with open(stem + ".json") as f:
+      result = json.load(f)
+  else:
+    os.makedirs(cache_dir, exist_ok=True)
+    result = {**evaluate_fn(stem + ".jsonl"), "cache_key": key}
+    if jax.process_index() == 0:
+      files.atomic_write(stem + ".json", json.dumps(result, indent=1))
+  with open(stem + ".jsonl") as f:
+    rows = [json.loads(line) for line in f]
+  return result, rows
+
+
+def export_id(export: str) -> str:
+  """The identity of an export for the evaluation cache: its recorded params digest (read
+  without the weights; exports.content_digest for a directory without one)."""
+  return exports.content_digest(export)
+
+
+def evaluate_export(export: str, policy: policy_lib.Policy, data: inputs.SplitData, tokenizer,
+                    *, batch_size: int, prompt_len: int, cache_dir: str,
+                    name: str) -> tuple[dict, list[dict]]:
+  """The cached evaluation (evaluate_cached) of an export's params under `policy`.
+
+  The policy's config is the export's (exports.load_config) or its block-diffusion conversion
+  (the naive row): the weights are the same, so they are loaded only on a cache miss.
+
+  Returns:
+    (result, per-example rows).
+  """
+  key = cache_key(export_id(export), policy, data, batch_size=batch_size, prompt_len=prompt_len)
+
+  def run(out_path):
+    _, params = load.load_model(export)
+    return evaluate(policy, params, data, tokenizer, batch_size=batch_size,
+                    prompt_len=prompt_len, out_path=out_path, desc=name)
+
+  return evaluate_cached(cache_dir, name, key, run)
 
 
 def format_result(name: str, result: dict) -> str:

@@ -16,6 +16,7 @@ saved with each run checkpoint, so a resumed run sees the same next batch.
 """
 
 import dataclasses
+import os
 
 import numpy as np
 
@@ -32,12 +33,15 @@ class SplitData:
     users: [E] user ids.
     labels: [E] tuples of the N candidate label strings (D's order), for the answer parser.
     teacher_top1: [E] the rule teacher's top-1 slot, -1 without a teacher ranking.
+    source: what was read: the data build's TFDS directory name (it holds the build's key),
+      the split and the number of records (an evaluation cache key; '' for hand-made data).
   """
 
   encoded: list
   users: np.ndarray
   labels: list
   teacher_top1: np.ndarray
+  source: str = ""
 
   def __len__(self) -> int:
     return len(self.encoded)
@@ -72,7 +76,8 @@ def load_split(tfds_dir: str, split: str, tokenizer, *, limit: int = 0) -> Split
              else -1 for r in records]
   return SplitData(encoded=encoded, users=np.asarray([int(r["user"]) for r in records]),
                    labels=[tuple(r["labels"]) for r in records],
-                   teacher_top1=np.asarray(teacher, np.int32))
+                   teacher_top1=np.asarray(teacher, np.int32),
+                   source=f"{os.path.basename(os.path.normpath(tfds_dir))}/{split}[:{n}]")
 
 
 def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int):

@@ -28,12 +28,11 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from gr2jax import exports, load
+from gr2jax import exports, files, load
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.data.prompts import MASK_TOKEN
 from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
@@ -41,6 +40,7 @@ from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
 from gr2jax.train import config_checks, evaluation, inputs, optim, run_checkpoints
 from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import policy as policy_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
 from gr2jax.train.writer import MetricsWriter
@@ -83,11 +83,14 @@ class Stage:
     make_loss: Context -> loss_fn(params, batch, key) -> (sum, weight, aux) (train/step.py).
     make_prepare: Context -> prepare(params, batch, key) -> (batch, stats), or None
       (the batch it gets holds config.train.batch_size training rows: prompts, for rollouts).
+    diffusion: the stage trains a block-diffusion model (an AR init is converted to
+      config.decode.block_size); False: an AR model (a diffusion init is refused).
   """
 
   name: str
   make_loss: Callable
   make_prepare: Callable | None = None
+  diffusion: bool = False
 
 
 def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
@@ -97,10 +100,7 @@ def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
   <|mask|> of the tokenizer; the weights are unchanged)."""
   config, params = _load_init(init, tokenizer, stage_cfg)
   if block_size and config.mask_token_id is None:
-    mask_id = tokenizer.convert_tokens_to_ids(MASK_TOKEN)
-    if mask_id is None or mask_id == tokenizer.unk_token_id:
-      raise ValueError(f"the tokenizer has no {MASK_TOKEN} token to convert to diffusion")
-    config = convert.to_diffusion(config, block_size, int(mask_id))
+    config = convert.to_diffusion(config, block_size, tokenizer_lib.mask_token_id(tokenizer))
   elif block_size and config.block_size != block_size:
     raise ValueError(f"init={init!r} is a diffusion model with block_size={config.block_size}, "
                      f"the config asks for {block_size}")
@@ -159,22 +159,37 @@ def _model_config_for_training(config: ModelConfig, cfg) -> ModelConfig:
                              param_dtype=cfg.model.param_dtype or config.param_dtype)
 
 
-def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str) -> dict:
-  """The one evaluation on ctx.eval; writes out_dir/eval_<name>.json (+ .jsonl per example)."""
+def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str,
+                   model_id: str = "") -> dict:
+  """The one evaluation on ctx.eval at the run's decode spec; writes out_dir/eval_<name>.json
+  (+ .jsonl per example). With `model_id` (an export's params digest) it goes through the
+  evaluation cache of the workdir (evaluation.evaluate_cached), so a later evaluation of the same
+  export with the same settings (a Table 2 row) reuses it."""
   cfg = ctx.config
-  stage_dir = out_dir
-  result = evaluation.evaluate(
-    params, ctx.model_config, ctx.eval, ctx.tokenizer, batch_size=cfg.eval.batch_size,
-    prompt_len=ctx.prompt_len, max_new_tokens=ctx.response_len, tau=cfg.eval.tau,
-    max_steps_per_block=cfg.eval.max_steps_per_block,
-    out_path=os.path.join(stage_dir, f"eval_{name}.jsonl"), desc=f"eval {name}")
+  policy = policy_lib.make_policy(ctx.model_config, cfg.decode, ctx.response_len)
+  jsonl = os.path.join(out_dir, f"eval_{name}.jsonl")
+
+  def run(out_path):
+    return evaluation.evaluate(policy, params, ctx.eval, ctx.tokenizer,
+                               batch_size=cfg.eval.batch_size, prompt_len=ctx.prompt_len,
+                               out_path=out_path, desc=f"eval {name}")
+
+  if model_id:
+    key = evaluation.cache_key(model_id, policy, ctx.eval, batch_size=cfg.eval.batch_size,
+                               prompt_len=ctx.prompt_len)
+    result, rows = evaluation.evaluate_cached(evaluation.cache_dir(ctx.workdir),
+                                              f"{cfg.stage}_{cfg.eval.split}", key, run)
+    if jax.process_index() == 0:
+      files.atomic_write(jsonl, "".join(json.dumps(r) + "\n" for r in rows))
+  else:
+    result = run(jsonl)
   result["step"] = step
   if jax.process_index() == 0:
-    with open(os.path.join(stage_dir, f"eval_{name}.json"), "w") as f:
-      json.dump(result, f, indent=1)
+    files.atomic_write(os.path.join(out_dir, f"eval_{name}.json"), json.dumps(result, indent=1))
   print(evaluation.format_result(f"[{cfg.stage} step {step}] {cfg.eval.split}", result),
         flush=True)
   return result
+
 
 
 def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dict:
@@ -219,8 +234,17 @@ def finished_result(stage_dir: str, record: dict) -> dict | None:
   return result
 
 
+def export_metadata(config, stage: Stage, step: int, data_build: dict, record: dict) -> dict:
+  """What a stage's export records beside its params: the stage, its kind, the step, the data
+  build (tokenizer and prompt), the run record, and the recipe's data build config and decode
+  spec, so the export can be used (gr2jax.rerank, the server) with no other argument."""
+  return {"stage": stage.name, "kind": "diffusion" if stage.diffusion else "ar", "step": step,
+          "data_build": data_build, "run": record, "data_config": config.data.to_dict(),
+          "decode": dataclasses.asdict(config.decode)}
+
+
 def _check_stage_kind(stage: Stage, config, model_config: ModelConfig) -> None:
-  if not config.get("block_size", 0) and model_config.mask_token_id is not None:
+  if not stage.diffusion and model_config.mask_token_id is not None:
     raise ValueError(f"[{stage.name}] is an AR stage but init={config.init!r} is a block-diffusion "
                      f"model (block_size={model_config.block_size}); start it from an AR "
                      "checkpoint (a preset, an sft / ar_rl export or a converted HF model)")
@@ -253,8 +277,8 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
     if moved:
       print(f"[{stage.name}] train.restart: moved the previous run's files to {moved}",
             flush=True)
-  model_config, init_params = model_from_init(config.init, ctx.tokenizer, tcfg,
-                                              config.get("block_size", 0))
+  model_config, init_params = model_from_init(
+    config.init, ctx.tokenizer, tcfg, config.decode.block_size if stage.diffusion else 0)
   _check_stage_kind(stage, config, model_config)
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
@@ -345,14 +369,17 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   export = os.path.join(stage_dir, "export")
   params = model_sharding.host_arrays(state.params)  # a collective: every process gathers
   final_step = int(jax.device_get(state.step))
+  export_config = dataclasses.replace(model_config, remat="none", attention_chunk_bytes=0)
   if jax.process_index() == 0:
-    metadata = {"stage": stage.name, "kind": "diffusion" if model_config.mask_token_id is not None
-                else "ar", "step": final_step, "data_build": ctx.data_build, "run": record}
-    exports.save(export, dataclasses.replace(model_config, remat="none",
-                                                      attention_chunk_bytes=0), params,
-                          metadata=metadata)
+    exports.save(export, export_config, params, metadata=export_metadata(
+      config, stage, final_step, ctx.data_build, record))
   del params
-  result = run_evaluation(ctx, state.params, int(jax.device_get(state.step)), "final", stage_dir)
+  # The final evaluation is the export's (its config, keyed by its params digest): a later
+  # evaluation of the export with the same settings, e.g. its Table 2 row, reuses it.
+  single = jax.process_count() == 1
+  ctx.model_config = export_config
+  result = run_evaluation(ctx, state.params, final_step, "final", stage_dir,
+                          model_id=evaluation.export_id(export) if single else "")
   writer.write(int(jax.device_get(state.step)),
                {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
   writer.close()

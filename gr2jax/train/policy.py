@@ -1,14 +1,18 @@
-"""The decode spec and the one policy interface of the on-policy stages (AR RL, OPD, RL).
+"""The decode spec and THE policy: the one dispatch of every decode (evaluation, rerank, the
+tables, the server) and the one interface of the on-policy stages (AR RL, OPD, RL).
 
-`DecodeSpec`: one frozen value per recipe (gr2jax/recipe.py builds it from the run's config;
-`decode_spec(config)` reads it), read by the evaluation, the AR and block-diffusion rollouts of
-AR RL / OPD / RL and the Table 2 rows, so two stages of one recipe cannot decode differently.
-Paper values (research/papers.md §2): B = 32, eval tau = 1.0 (quality mode), rollouts at
-tau = 0.9, at most 64 denoising steps per block.
+`DecodeSpec`: one frozen value per recipe (gr2jax/recipe.py carries it whole into every stage
+view, `view.decode`), so two stages of one recipe cannot decode differently. Its defaults are the
+paper's decoding settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality
+mode), rollouts at tau = 0.9, at most 64 denoising steps per block; gr2jax/recipes.py takes them
+from here.
 
-A policy (the anchor: tunix `BaseRollout.generate` / `get_per_token_logps`) is the model with its
-own decoder, behind two methods:
+A policy (the anchors: tunix `BaseRollout.generate` / `get_per_token_logps`, gemma `Sampler`)
+is the model with its own decoder at the spec, behind three methods:
 
+  decode(params, prompt_tokens, prompt_lengths, *, steering) -> Decoded
+      the evaluation decode: greedy, block diffusion at spec.eval_tau (constrained answers when
+      spec.constrained and a steering constraint is given); numpy [B, ...] fields.
   sample(params, prompt_tokens, prompt_lengths, key, *, chunk_rows, sharding) -> (rollouts, stats)
       host side: on-policy samples at spec.temperature with their traces, in row chunks
       (gr2jax/chunks.py), as numpy [B, ...] fields:
@@ -21,12 +25,13 @@ own decoder, behind two methods:
       drew them in (commit.token_log_probs at `temperature`, default spec.temperature), and the
       full distributions when asked.
 
-Two implementations, chosen by the model (`make_policy`):
+Two implementations, chosen by the model (`make_policy`, the only place the choice is made):
   ARPolicy         an AR model (no mask token): model.generate; log-probs from the causal scorer.
-  DiffusionPolicy  a block-diffusion model: block_diffusion_generate (spec.rollout_tau, the step
-                   cap); trace fields trace_tokens, commit_step, commit_logprob [B, M] and
-                   replay_rounds = replay.Rounds(S), the replay's static round count; log-probs
-                   from the differentiable replay of the trace (gr2jax/diffusion/replay.py).
+  DiffusionPolicy  a block-diffusion model: block_diffusion_generate (rollouts at
+                   spec.rollout_tau, the step cap); trace fields trace_tokens, commit_step,
+                   commit_logprob [B, M] and replay_rounds = replay.Rounds(S), the replay's static
+                   round count; log-probs from the differentiable replay of the trace
+                   (gr2jax/diffusion/replay.py).
 
 `causal_log_probs` is THE causal scorer: "the response given the prompt" in one forward over
 `[prompt (P slots, right-padded) | response]` (layout.two_stream_inputs with no noisy stream),
@@ -36,68 +41,79 @@ sampler's cached decoding. SFT, AR RL and the OPD teacher score with it.
 
 import dataclasses
 import math
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from gr2jax import chunks
-from gr2jax.diffusion import decode, layout, replay
+from gr2jax.diffusion import commit, decode, layout, replay
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-  """Decoding settings of a recipe.
+  """How every evaluation and on-policy rollout of a recipe decodes (the one place these
+  settings and their defaults are written; gr2jax/recipes.py's `decode` block is built from it).
 
   Attributes:
-    block_size: B of the diffusion stages (1 = AR decoding).
-    eval_tau: commit threshold of evaluations, in (0, 1] (1.0 = one token per step).
+    block_size: B of the diffusion stages: an AR init is converted to a block-diffusion model
+      of this block size (paper: 32); every decoder then reads the model's config.block_size.
+    eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
+      paper's Table 2 quality mode).
     rollout_tau: commit threshold of OPD / RL rollouts, in (0, 1].
     max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
-    temperature: rollout sampling temperature (>= 0; rollout log-probs use the same).
+    temperature: rollout sampling temperature, AR and diffusion (>= 0; rollout log-probs use
+      the same); evaluations are greedy.
+    constrained: evaluations decode the answer under the answer constraint
+      (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
+    commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).
   """
   block_size: int = 32
   eval_tau: float = 1.0
   rollout_tau: float = 0.9
   max_steps_per_block: int = 64
   temperature: float = 1.0
+  constrained: bool = False
+  commit_order: str = "confidence"
 
   def __post_init__(self):
     for name in ("block_size", "max_steps_per_block"):
       value = getattr(self, name)
       if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"DecodeSpec.{name}={value!r} must be an int >= 1")
+        raise ValueError(f"decode.{name}={value!r} must be an int >= 1")
     for name in ("eval_tau", "rollout_tau"):
       value = getattr(self, name)
-      if not isinstance(value, (int, float)) or not 0 < value <= 1:
-        raise ValueError(f"DecodeSpec.{name}={value!r} must be in (0, 1]")
+      if (isinstance(value, bool) or not isinstance(value, (int, float))
+          or not 0 < value <= 1):
+        raise ValueError(f"decode.{name}={value!r} must be in (0, 1]")
     t = self.temperature
-    if not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
-      raise ValueError(f"DecodeSpec.temperature={t!r} must be a finite number >= 0")
+    if (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
+        or t < 0):
+      raise ValueError(f"decode.temperature={t!r} must be a finite number >= 0")
+    if not isinstance(self.constrained, bool):
+      raise ValueError(f"decode.constrained={self.constrained!r} must be a bool")
+    if self.commit_order not in commit.ORDERS:
+      raise ValueError(f"decode.commit_order={self.commit_order!r} must be one of "
+                       f"{commit.ORDERS}")
 
 
-def decode_spec(config) -> DecodeSpec:
-  """The DecodeSpec of a training stage's view (gr2jax/recipe.stage_config), which carries the
-  recipe's decode spec in the fields the loop reads:
+class Decoded(NamedTuple):
+  """What Policy.decode returns (numpy).
 
-    block_size           config.block_size (diffusion stages), else 1 (an AR stage)
-    eval_tau             eval.tau
-    rollout_tau          diffusion.tau (diffusion stages; else DecodeSpec's default, unused)
-    max_steps_per_block  eval.max_steps_per_block (= diffusion.max_steps_per_block)
-    temperature          diffusion.temperature, else rl.temperature (AR RL)
+  Attributes:
+    tokens: [B, N] int32 the responses, pad after each row's stop.
+    lengths: [B] int32 tokens per row (the stop token included).
+    nfe: [B] int32 forwards per row (prefill and commit forwards included).
+    denoise_steps: [B] int32 the paper's NFE (denoising steps; AR: one per token).
   """
-  fields = dict(block_size=config.get("block_size", 0) or 1, eval_tau=config.eval.tau,
-                max_steps_per_block=config.eval.max_steps_per_block)
-  if "diffusion" in config:
-    d = config.diffusion
-    fields.update(rollout_tau=d.tau, max_steps_per_block=d.max_steps_per_block,
-                  temperature=d.temperature)
-  elif "rl" in config and "temperature" in config.rl:
-    fields["temperature"] = config.rl.temperature
-  return DecodeSpec(**fields)
+
+  tokens: np.ndarray
+  lengths: np.ndarray
+  nfe: np.ndarray
+  denoise_steps: np.ndarray
 
 
 def causal_log_probs(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
@@ -137,6 +153,10 @@ class Policy(Protocol):
 
   config: ModelConfig
   spec: DecodeSpec
+  max_new_tokens: int
+
+  def decode(self, params: dict, prompt_tokens, prompt_lengths, *,
+             steering: decode.Steering = decode.NO_STEERING) -> Decoded: ...
 
   def sample(self, params: dict, prompt_tokens, prompt_lengths, key: jax.Array, *,
              chunk_rows: int = 0, sharding=None) -> tuple[dict, dict]: ...
@@ -158,6 +178,18 @@ class ARPolicy:
   config: ModelConfig
   spec: DecodeSpec
   max_new_tokens: int
+
+  def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
+    """Greedy decoding (module docstring); one forward per token (denoise_steps = lengths)."""
+    if not steering.empty:
+      raise ValueError("constrained answers and a given response prefix are block-diffusion "
+                       "decoder options; this model is AR")
+    out = generate.generate(params, self.config, prompt_tokens, prompt_lengths,
+                            max_new_tokens=self.max_new_tokens,
+                            sampling=generate.Sampling(temperature=0.0))
+    lengths = np.asarray(out.lengths)
+    return Decoded(np.asarray(out.tokens), lengths, np.full(lengths.shape, int(out.nfe)),
+                   lengths)
 
   def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
     """Rollouts {response_tokens, response_lengths} (module docstring) and no stats."""
@@ -188,9 +220,9 @@ class DiffusionPolicy:
   """A block-diffusion model sampled by its own decoder, scored by replaying the trace.
 
   Attributes:
-    config: the diffusion model (config.block_size == spec.block_size, a mask token).
-    spec: the decode spec: rollouts commit at spec.rollout_tau, at most
-      spec.max_steps_per_block steps per block, at spec.temperature.
+    config: the diffusion model (a mask token; config.block_size is B).
+    spec: the decode spec: evaluations commit at spec.eval_tau, rollouts at spec.rollout_tau,
+      at most spec.max_steps_per_block steps per block, rollouts at spec.temperature.
     max_new_tokens: M, the response cap.
     shrink: replay step shrinkage (replay.py; 1 = exact).
   """
@@ -203,9 +235,19 @@ class DiffusionPolicy:
   def __post_init__(self):
     if self.config.mask_token_id is None:
       raise ValueError("DiffusionPolicy: config.mask_token_id is None (an AR model: ARPolicy)")
-    if self.spec.block_size != self.config.block_size:
-      raise ValueError(f"DiffusionPolicy: DecodeSpec.block_size={self.spec.block_size} differs "
-                       f"from the model's block_size={self.config.block_size}")
+
+  def decoding(self, tau: float, temperature: float = 0.0) -> decode.BlockDecoding:
+    """The block decoder's settings at commit threshold tau."""
+    return decode.BlockDecoding(threshold=tau, max_steps_per_block=self.spec.max_steps_per_block,
+                                max_new_tokens=self.max_new_tokens, temperature=temperature,
+                                commit_order=self.spec.commit_order)
+
+  def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
+    """Greedy block diffusion at spec.eval_tau (module docstring)."""
+    out = decode.block_diffusion_generate(params, self.config, prompt_tokens, prompt_lengths,
+                                          self.decoding(self.spec.eval_tau), steering=steering)
+    return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.nfe),
+                   np.asarray(out.denoise_steps))
 
   @property
   def max_rounds(self) -> int:
@@ -220,8 +262,7 @@ class DiffusionPolicy:
     def rollouts(chunk, chunk_key):
       out = decode.block_diffusion_generate(
         params, self.config, chunk["prompt_tokens"], chunk["prompt_lengths"],
-        threshold=self.spec.rollout_tau, max_steps_per_block=self.spec.max_steps_per_block,
-        max_new_tokens=self.max_new_tokens, temperature=self.spec.temperature, key=chunk_key)
+        self.decoding(self.spec.rollout_tau, self.spec.temperature), key=chunk_key)
       return {"trace_tokens": out.trace_tokens, "commit_step": out.commit_step,
               "response_lengths": out.lengths, "response_tokens": out.tokens,
               "commit_logprob": out.commit_logprob, "nfe": out.nfe}

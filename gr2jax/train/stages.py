@@ -7,7 +7,7 @@
   rl     trace-replay GRPO (train/rl.py), from the OPD export
 
 The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built from the run's
-decode spec (train/policy.py `decode_spec`, `make_policy`) and share one prepare
+decode spec (the view's `decode`, train/policy.py `make_policy`) and share one prepare
 (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
@@ -22,9 +22,8 @@ from gr2jax.train.loop import Context, Stage
 
 def _policy(ctx: Context) -> policy_lib.Policy:
   """The trained model's policy: its decoder at the run's decode spec, responses of R tokens."""
-  shrink = ctx.config.diffusion.shrink if "diffusion" in ctx.config else 1
-  return policy_lib.make_policy(ctx.model_config, policy_lib.decode_spec(ctx.config),
-                                ctx.response_len, shrink)
+  return policy_lib.make_policy(ctx.model_config, ctx.config.decode, ctx.response_len,
+                                ctx.config.get("replay_shrink", 1))
 
 
 def _chunks(ctx: Context) -> dict:
@@ -73,7 +72,7 @@ def _opd_prepare(ctx: Context):
 STAGES = {
   "sft": Stage("sft", _sft_loss),
   "ar_rl": Stage("ar_rl", _rl_loss, _rl_prepare),
-  "cft": Stage("cft", _cft_loss),
-  "opd": Stage("opd", _opd_loss, _opd_prepare),
-  "rl": Stage("rl", _rl_loss, _rl_prepare),
+  "cft": Stage("cft", _cft_loss, diffusion=True),
+  "opd": Stage("opd", _opd_loss, _opd_prepare, diffusion=True),
+  "rl": Stage("rl", _rl_loss, _rl_prepare, diffusion=True),
 }

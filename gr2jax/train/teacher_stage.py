@@ -67,6 +67,7 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
   im_end = tokenizer.convert_tokens_to_ids(prompts.IM_END)
   eos = tuple(sorted(set(config.eos_token_ids) | (
     {int(im_end)} if im_end is not None and im_end != tokenizer.unk_token_id else set())))
+  config = dataclasses.replace(config, eos_token_ids=eos)
   sharding = mesh_lib.batch_sharding(mesh)
 
   def sample(prompt_ids, key):
@@ -75,8 +76,7 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
     batch = model_sharding.global_arrays({"tokens": tokens, "lengths": lengths}, sharding)
     with jax.set_mesh(mesh):
       out = generate_lib.generate(params, config, batch["tokens"], batch["lengths"],
-                                  max_new_tokens=max_new_tokens, key=key, sampling=sampling,
-                                  eos_token_ids=eos)
+                                  max_new_tokens=max_new_tokens, key=key, sampling=sampling)
     tokens, lengths = model_sharding.host_arrays((out.tokens, out.lengths))
     n = len(prompt_ids)
     return evaluation.response_texts(tokenizer, tokens[:n], lengths[:n]), lengths[:n]

@@ -20,6 +20,7 @@ from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
+from gr2jax.train.policy import DecodeSpec, make_policy
 from tests.data.toy_records import toy_catalog, toy_sids
 from tests.train.toy import PROMPT, toy_tokenizer
 
@@ -53,7 +54,8 @@ def _reranker(tok, diffusion=False, prompt=PROMPT, sids=None):
   config, params = _model(tok, diffusion)
   catalogue = requests_lib.Catalogue.make(toy_catalog(), toy_sids() if sids is None else sids)
   rendering = requests_lib.Rendering(catalogue, prompt, THRESHOLDS, 0.8, 20, 20, 10)
-  return reranker_lib.Reranker(params, config, tok, rendering, max_new_tokens=16)
+  policy = make_policy(config, DecodeSpec(), 16)
+  return reranker_lib.Reranker(params, policy, tok, rendering, prompt_len=16)
 
 
 def _good(i):
@@ -197,8 +199,10 @@ def test_python_api_is_the_package_export(tmp_path, tok):
     f.write("".join(json.dumps(_good(i)) + "\n" for i in range(4)) + "{bad\n")
   rows = gr2jax.rerank(path, _reranker(tok), batch_size=4)  # the mixed test's compiled shape
   assert all("error" not in r for r in rows[:4]) and rows[4]["error"]["kind"] == "malformed_json"
-  with pytest.raises(ValueError, match="workdir"):
+  with pytest.raises(ValueError, match="records no data_config"):
     gr2jax.rerank(path, "some/ckpt")
+  with pytest.raises(TypeError, match="requests must be"):
+    gr2jax.rerank(_good(0), "some/ckpt")  # one request dict, not a list of them
 
 
 def _rerank_config(requests, out):

@@ -12,8 +12,10 @@ import pytest
 from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.train import evaluation
+from gr2jax.train.policy import DecodeSpec
+from tests.apps.test_rerank import _model
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
-from tests.test_rerank import _model
 from tests.train.toy import PROMPT, toy_lengths, toy_split, toy_tokenizer
 
 USERS = range(100, 108)
@@ -132,15 +134,20 @@ def toy(tmp_path_factory):
   p, r = toy_lengths([toy_split(tok, range(24)), toy_split(tok, USERS)])
   inp = tables.Inputs(tok, data, [_record(u) for u in USERS], p, min(r, 16), PROMPT,
                       toy_catalog(), None)
-  models = {name: (*_model(tok, name == "diffusion"), name) for name in ("ar", "diffusion")}
+  models = {name: tables.Model(name, *_model(tok, name == "diffusion"))
+            for name in ("ar", "diffusion")}
   return inp, models
 
 
 @pytest.mark.slow  # ~35 s on 2 busy cores: AR and diffusion evaluations + batch-1 timings
 def test_tables_and_figure_from_toy_models(toy, tmp_path):
   inp, models = toy
-  eval_cfg = ml_collections.ConfigDict(dict(batch_size=4, max_steps_per_block=4))
-  rows = tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path), speed_examples=2)
+  table = ml_collections.ConfigDict(dict(
+    eval=dict(batch_size=4), taus=(1.0, 0.5), speed_examples=2,
+    fig6=dict(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24), sweep_examples=2)))
+  table.decode = DecodeSpec(max_steps_per_block=4)
+  workdir = str(tmp_path)
+  rows = tables.table3_rows(models, inp, table, workdir)
   assert [r["tau"] for r in rows] == [None, 1.0, 0.5]
   assert rows[0]["speedup"] == pytest.approx(1.0) and rows[0]["b1_speedup"] == 1.0
   assert all(r["tokens_per_s"] and r["b1_tokens_per_s"] and r["num"] == len(USERS)
@@ -148,21 +155,19 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   assert rows[0]["paper"].startswith("0.2960") and rows[2]["paper"] is None
   md = tables.markdown(rows, tables.TABLE3_COLUMNS)
   assert md.count("\n") == 2 + len(rows) and "speedup" in md
-  cached = sorted(os.listdir(tmp_path))
-  assert tables.table3_rows(models, inp, (1.0, 0.5), eval_cfg, str(tmp_path))[2]["R@1"] \
-      == rows[2]["R@1"]
-  assert sorted(os.listdir(tmp_path)) == cached  # the second call decoded nothing
+  cached = sorted(os.listdir(evaluation.cache_dir(workdir)))
+  table.speed_examples = 0
+  assert tables.table3_rows(models, inp, table, workdir)[2]["R@1"] == rows[2]["R@1"]
+  assert sorted(os.listdir(evaluation.cache_dir(workdir))) == cached  # nothing decoded again
   tables.frontier_png(rows, str(tmp_path / "frontier.png"))
   assert os.path.getsize(tmp_path / "frontier.png") > 1000
 
-  _, eval_rows = tables.evaluate_cached("diffusion", models["diffusion"][:2], "diffusion", inp,
-                                        eval_cfg, 1.0, str(tmp_path))
+  _, eval_rows = tables.evaluate_at("diffusion", models["diffusion"], table, inp, workdir)
   row = tables.table4_row("Diffusion-GR2", eval_rows, inp)
   assert row["num"] == len(USERS) and 0 <= row["identifier_correct"] <= 1
   assert set(tables.TABLE4_COLUMNS) <= set(row)
 
-  data = tables.fig6(models, inp, limit=4, tau=0.9, max_steps_per_block=4, num_bins=2,
-                     output_lengths=(8, 24), sweep_examples=2)
+  data = tables.fig6(models, inp, table)
   assert data["num"] == 4 and data["by_output_length"] and data["by_prompt_length"]
   assert [b["mean"] for b in data["by_forced_output_length"]] == [8, 24]  # no stop: exact
   assert sum(b["num"] for b in data["by_prompt_length"]) == 4

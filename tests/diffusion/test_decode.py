@@ -16,6 +16,7 @@ from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from tests.diffusion import helpers
 
 MASK = 63
 CONFIG = ModelConfig.tiny(vocab_size=64, mask_token_id=MASK, eos_token_ids=(), pad_token_id=0)
@@ -32,8 +33,7 @@ def params():
 def _decode(params, prompts=PROMPTS, lengths=LENGTHS, block_size=4, threshold=0.9, **kw):
   kw = {"max_steps_per_block": 8, "max_new_tokens": MAX_NEW, "stop_token_ids": (), **kw}
   config = dataclasses.replace(CONFIG, block_size=block_size)
-  return decode.block_diffusion_generate(params, config, prompts, lengths, threshold=threshold,
-                                         **kw)
+  return helpers.generate(params, config, prompts, lengths, threshold=threshold, **kw)
 
 
 _forward = jax.jit(qwen3.forward, static_argnums=1, static_argnames="update_cache")
@@ -183,12 +183,12 @@ def test_head_buckets_and_cache_size_do_not_change_tokens(params):
 
 def test_bad_input_raises():
   with pytest.raises(ValueError, match="mask_token_id is None"):
-    decode.block_diffusion_generate(
+    helpers.generate(
       {}, ModelConfig.tiny(), PROMPTS, LENGTHS, threshold=0.9, max_steps_per_block=4,
       max_new_tokens=4,
     )
   with pytest.raises(ValueError, match=r"prompt_lengths has shape \(3,\), expected \(2,\)"):
-    decode.block_diffusion_generate(
+    helpers.generate(
       {}, CONFIG, PROMPTS, jnp.ones(3, jnp.int32), threshold=0.9, max_steps_per_block=4,
       max_new_tokens=4,
     )
@@ -202,7 +202,6 @@ BAD_ARGUMENTS = {  # issue #11 classes 2 and 4: each was accepted (and misbehave
   "tau_nan": (dict(threshold=float("nan")), ValueError, "threshold=nan must be finite"),
   "tau_str": (dict(threshold="0.9"), TypeError, "threshold must be a real number"),
   "negative_temperature": (dict(temperature=-1.0), ValueError, r"temperature=-1.0 must be >= 0"),
-  "block_size": (dict(block_size=8), ValueError, "block_size=8 conflicts with config.block_size=4"),
   "token_too_big": (dict(prompt_tokens=PROMPTS.at[0, 1].set(64)), ValueError,
                     r"prompt_tokens\[0, 1\] = 64 is outside the vocab \[0, 63\]"),
   "token_negative": (dict(prompt_tokens=PROMPTS.at[1, 0].set(-3)), ValueError,
@@ -225,11 +224,11 @@ BAD_ARGUMENTS = {  # issue #11 classes 2 and 4: each was accepted (and misbehave
 def test_bad_arguments_are_named_before_tracing(case):
   override, error, message = BAD_ARGUMENTS[case]
   kw = dict(prompt_tokens=PROMPTS, prompt_lengths=LENGTHS, threshold=0.9, max_steps_per_block=4,
-            max_new_tokens=4, block_size=4)
+            max_new_tokens=4)
   kw.update(override)
   config = dataclasses.replace(CONFIG, block_size=4)
   with pytest.raises(error, match=message):
-    decode.block_diffusion_generate({}, config, **kw)
+    helpers.generate({}, config, kw.pop("prompt_tokens"), kw.pop("prompt_lengths"), **kw)
 
 
 def test_tau_one_commits_one_token_per_step_on_a_peaked_model(params):

@@ -14,6 +14,7 @@ import pytest
 from gr2jax.diffusion import decode, replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from tests.diffusion import helpers
 
 MASK = 63
 CONFIG = ModelConfig.tiny(
@@ -31,7 +32,7 @@ def params():
 
 
 def _decode(params, threshold, temperature=0.0, stop=()):
-  return decode.block_diffusion_generate(
+  return helpers.generate(
     params, CONFIG, PROMPTS, LENGTHS, threshold=threshold, max_steps_per_block=STEPS,
     max_new_tokens=MAX_NEW, temperature=temperature, key=jax.random.key(5), stop_token_ids=stop,
   )

@@ -49,8 +49,8 @@ def test_ragged_batch_equals_one_by_one(greedy):
 def test_stop_at_eos(greedy):
   eos = int(greedy.tokens[0, 2])
   first = int(np.argmax(np.asarray(greedy.tokens[0]) == eos))  # first occurrence, <= 2
-  out = generate(PARAMS, CONFIG, PROMPTS[:1], LENGTHS[:1], max_new_tokens=N,
-                 eos_token_ids=(eos, 63))
+  out = generate(PARAMS, dataclasses.replace(CONFIG, eos_token_ids=(eos, 63)), PROMPTS[:1],
+                 LENGTHS[:1], max_new_tokens=N)
   assert int(out.lengths[0]) == first + 1
   np.testing.assert_array_equal(out.tokens[0, :first + 1], greedy.tokens[0, :first + 1])
   np.testing.assert_array_equal(out.tokens[0, first + 1:], 0)
@@ -110,7 +110,7 @@ def test_bad_prompts_are_named_before_tracing():
   with pytest.raises(TypeError, match="key must be a PRNG key"):
     generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=3)
   with pytest.raises(ValueError, match=r"eos_token_ids\[0\] = 99 is outside the vocab"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, eos_token_ids=(99,))
+    generate(PARAMS, dataclasses.replace(CONFIG, eos_token_ids=(99,)), PROMPTS, max_new_tokens=2)
   with pytest.raises(ValueError, match="top_k=65 exceeds the vocab size 64"):
     generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=jax.random.key(0),
              sampling=Sampling(temperature=1.0, top_k=65))

@@ -36,14 +36,14 @@ def test_shipped_recipes_pass(name, variant):
   ("stages.sft.optimizer.clip_norm", float("inf"), r"stages.sft.optimizer.clip_norm=inf"),
   ("eval.batch_size", 0, r"eval.batch_size=0"),
   ("eval.batch_size", -8, r"eval.batch_size=-8"),
-  ("decode.eval_tau", 0.0, r"DecodeSpec.eval_tau=0.0"),
+  ("decode.eval_tau", 0.0, r"decode.eval_tau=0.0"),
   ("stages.ar_rl.rl.group_size", 0, r"stages.ar_rl.rl.group_size=0: must be >= 2"),
   ("stages.ar_rl.rl.group_size", 1, r"stages.ar_rl.rl.group_size=1"),
   ("stages.rl.train.micro_batches", 3,
    r"rows per step \(stages.rl.train.batch_size=4 x group_size=8\)"),
   ("stages.opd.opd.group_size", 0, r"stages.opd.opd.group_size=0"),
-  ("decode.block_size", 0, r"DecodeSpec.block_size=0"),
-  ("decode.max_steps_per_block", 0, r"DecodeSpec.max_steps_per_block=0"),
+  ("decode.block_size", 0, r"decode.block_size=0"),
+  ("decode.max_steps_per_block", 0, r"decode.max_steps_per_block=0"),
 ])
 def test_bad_field_is_named(field, value, message):
   config = recipes.config("", "table2")

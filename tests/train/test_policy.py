@@ -1,4 +1,4 @@
-"""DecodeSpec and decode_spec, the policies' construction, and the one causal scorer."""
+"""DecodeSpec, the policies' construction and their decode, and the one causal scorer."""
 
 
 import jax
@@ -12,7 +12,6 @@ from gr2jax.train.policy import (
   DecodeSpec,
   DiffusionPolicy,
   causal_log_probs,
-  decode_spec,
   make_policy,
 )
 from tests.train.toy_policy import AR, DIFFUSION
@@ -29,21 +28,15 @@ def test_paper_defaults():
   ("eval_tau", 1.5), ("rollout_tau", float("nan")), ("temperature", -1.0),
   ("temperature", float("inf"))])
 def test_bad_fields_are_named(field, value):
-  with pytest.raises(ValueError, match=f"DecodeSpec.{field}"):
+  with pytest.raises(ValueError, match=f"decode.{field}"):
     DecodeSpec(**{field: value})
 
 
-def test_decode_spec_reads_each_stage_view():
-  """Every stage view of a recipe gives back the recipe's decode spec (an AR stage at B = 1)."""
+def test_every_stage_view_carries_the_recipes_decode_spec_whole():
   for variant in ("", "smoke"):
     r = recipe.from_config(recipes.config(variant, "table2"))
-    for name in recipe.DIFFUSION_STAGES:
-      assert decode_spec(recipe.stage_config(r, name, "w")) == r.decode
-    for name in ("sft", "ar_rl"):
-      spec = decode_spec(recipe.stage_config(r, name, "w"))
-      assert (spec.block_size, spec.eval_tau, spec.max_steps_per_block) == (
-        1, r.decode.eval_tau, r.decode.max_steps_per_block)
-    assert decode_spec(recipe.stage_config(r, "ar_rl", "w")).temperature == r.decode.temperature
+    for name in recipe.TRAIN_STAGES:
+      assert recipe.stage_config(r, name, "w").decode is r.decode
 
 
 def test_make_policy_is_the_models_own_decoder():
@@ -51,8 +44,6 @@ def test_make_policy_is_the_models_own_decoder():
   assert isinstance(make_policy(AR, spec, 10), ARPolicy)
   student = make_policy(DIFFUSION, spec, 10, shrink=2)
   assert isinstance(student, DiffusionPolicy) and student.max_rounds == 2  # 3 steps, 2 per round
-  with pytest.raises(ValueError, match="DecodeSpec.block_size=32 differs"):
-    DiffusionPolicy(DIFFUSION, DecodeSpec(), 10)
   with pytest.raises(ValueError, match="mask_token_id is None"):
     DiffusionPolicy(AR, DecodeSpec(block_size=1), 10)
 
