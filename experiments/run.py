@@ -22,12 +22,8 @@ import os
 import sys
 import time
 
-# XLA's C++ INFO lines (e.g. the compile-only CUDA plugin's "Could not find cuda drivers") are
-# off unless asked for; set before JAX is imported.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags, logging
+from ml_collections import config_flags
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")

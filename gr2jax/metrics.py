@@ -81,3 +81,9 @@ def best_fixed_position_recall1(positions: np.ndarray, num_positions: int) -> tu
   hist = position_histogram(positions, num_positions)
   best = int(hist.argmax())
   return best, float(hist[best])
+
+
+def percentiles(values, qs=(50, 90, 99, 100)) -> dict[str, float | None]:
+  """{'p<q>': the q-th percentile of values} (None for every q when there are no values)."""
+  values = np.asarray(values, np.float64)
+  return {f"p{q}": float(np.percentile(values, q)) if values.size else None for q in qs}

@@ -47,38 +47,54 @@ def _records(ex: split_lib.SplitExamples, lists: candidates_lib.CandidateLists,
   return out
 
 
-def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history: int = 20,
-                   num_candidates: int = 10, negative_pool: str = "catalogue",
-                   pool_size: int = 3000, seed: int = 0,
-                   teacher_weights: teacher_lib.TeacherWeights | None = None,
-                   rejection: bool = True, all_training_targets: bool = False,
-                   accept_position_leak: bool = False, evidence_decay: float = 0.8,
-                   evidence_window: int = 20,
-                   retriever_config: retriever_lib.RetrieverConfig | None = None,
-                   subset_size: int = split_lib.EVAL_SUBSET_SIZE,
-                   learned_headroom: bool = True,
-                   ) -> tuple[dict[str, list[RerankExample]], dict]:
-  """Builds the re-ranking examples of every split.
+@dataclasses.dataclass(frozen=True)
+class ExampleSpec:
+  """How the examples are built (data/pipeline.py `example_spec` reads them from the data
+  config, where every default and comment lives).
 
-  Args:
-    catalog: item metadata.
-    sequences: per user int32 items, oldest first.
+  Attributes:
     max_history: history items kept in each example (evidence uses the last `evidence_window`
       of these; the retriever always sees its own `history` items).
     num_candidates: N.
     negative_pool: 'catalogue' or 'topk' (candidates.CandidateConfig).
     pool_size: K of the 'topk' pool.
     seed: seeds negatives and tie-breaking.
-    teacher_weights: fixed teacher weights, or None to tune them on validation NDCG@3.
     rejection: keep only training examples whose teacher top-1 is the target.
     all_training_targets: one training example per training target instead of per user.
     accept_position_leak: build lists even with a late-position spike.
     evidence_decay: recency decay of the evidence levels.
     evidence_window: history items the evidence looks at.
-    retriever_config: the retriever's hyperparameters (defaults when None).
+    retriever: the retriever's hyperparameters.
     subset_size: size of the seeded evaluation subset of test users (seed 0).
     learned_headroom: also fit headroom.learned_headroom's GBDT on the validation lists and
       report it on test and the test subset (stats["learned"]).
+  """
+
+  max_history: int
+  num_candidates: int
+  negative_pool: str
+  pool_size: int
+  seed: int
+  rejection: bool
+  all_training_targets: bool
+  accept_position_leak: bool
+  evidence_decay: float
+  evidence_window: int
+  retriever: retriever_lib.RetrieverConfig
+  subset_size: int
+  learned_headroom: bool
+
+
+def build_examples(catalog: Catalog, sequences: list[np.ndarray], spec: ExampleSpec,
+                   teacher_weights: teacher_lib.TeacherWeights | None = None,
+                   ) -> tuple[dict[str, list[RerankExample]], dict]:
+  """Builds the re-ranking examples of every split.
+
+  Args:
+    catalog: item metadata.
+    sequences: per user int32 items, oldest first.
+    spec: how (ExampleSpec).
+    teacher_weights: fixed teacher weights, or None to tune them on validation NDCG@3.
 
   Returns:
     ({split: examples}, stats) where stats holds split sizes, the retriever's full-ranking
@@ -89,32 +105,33 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
   t0 = time.perf_counter()
   timings = {}
   ret = retriever_lib.fit(split_lib.training_sequences(sequences), catalog.num_items,
-                          retriever_config)
+                          spec.retriever)
   timings["retriever_fit_s"] = time.perf_counter() - t0
   cand_cfg = candidates_lib.CandidateConfig(
-      num_candidates=num_candidates, negative_pool=negative_pool, pool_size=pool_size, seed=seed,
-      accept_position_leak=accept_position_leak)
+      num_candidates=spec.num_candidates, negative_pool=spec.negative_pool,
+      pool_size=spec.pool_size, seed=spec.seed, accept_position_leak=spec.accept_position_leak)
   features = evidence_lib.item_features(catalog)
-  width = max(max_history, ret.config.history)
-  subset = split_lib.eval_subset(len(sequences), subset_size)
+  width = max(spec.max_history, ret.config.history)
+  subset = split_lib.eval_subset(len(sequences), spec.subset_size)
   stats = {"retriever": {}, "floor": {}, "teacher": {}}
   splits, lists, evs = {}, {}, {}
   for name in SPLITS:
     t = time.perf_counter()
     ex = split_lib.make_split(sequences, name, max_history=width,
-                              all_training_targets=all_training_targets and name == "train")
+                              all_training_targets=spec.all_training_targets and name == "train")
     users = ex.users if name == "train" else None  # leave-own-user-out for training targets
     stats["retriever"][name] = retriever_lib.evaluate(
-        ret, ex.histories, ex.targets, _full_history(sequences, ex), users, seed=seed)
+        ret, ex.histories, ex.targets, _full_history(sequences, ex), users, seed=spec.seed)
     lists[name] = candidates_lib.build_lists(ret, ex, sequences, cand_cfg, name == "train")
     splits[name] = ex
-    evs[name] = evidence_lib.compute(features, ex.histories[:, width - max_history:],
-                                     lists[name].candidates, evidence_decay, evidence_window)
+    evs[name] = evidence_lib.compute(features, ex.histories[:, width - spec.max_history:],
+                                     lists[name].candidates, spec.evidence_decay,
+                                     spec.evidence_window)
     stats["floor"][name] = lists[name].report
     timings[f"{name}_lists_s"] = time.perf_counter() - t
   test_positions = lists["test"].target_positions
   stats["floor"]["test_subset"] = candidates_lib.position_report(
-      test_positions[np.isin(splits["test"].users, subset)], num_candidates)
+      test_positions[np.isin(splits["test"].users, subset)], spec.num_candidates)
 
   t = time.perf_counter()
   thresholds = evidence_lib.fit_thresholds(evs["train"].values)
@@ -132,7 +149,7 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
   accept = teacher_lib.accepted(rankings["train"], lists["train"].target_positions)
   timings["teacher_s"] = time.perf_counter() - t
 
-  if learned_headroom:
+  if spec.learned_headroom:
     t = time.perf_counter()
     feats = {n: headroom_lib.candidate_features(
         evs[n], lists[n].scores, ret.freq[lists[n].candidates],
@@ -140,18 +157,18 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
     learned = headroom_lib.learned_headroom(
         feats["validation"], lists["validation"].target_positions,
         {"test": (feats["test"], test_positions),
-         "test_subset": (feats["test"][in_subset], test_positions[in_subset])}, seed=seed)
+         "test_subset": (feats["test"][in_subset], test_positions[in_subset])}, seed=spec.seed)
     stats["learned"] = {k: learned[k] for k in ("test", "test_subset")}
     timings["learned_s"] = time.perf_counter() - t
 
   t = time.perf_counter()
   out = {}
   for name in SPLITS:
-    keep = accept if (name == "train" and rejection) else np.ones(len(splits[name]), bool)
+    keep = accept if (name == "train" and spec.rejection) else np.ones(len(splits[name]), bool)
     is_train = name == "train"
     out[name] = _records(splits[name], lists[name],
                          evidence_lib.bucketize(evs[name].values, thresholds),
-                         splits[name].histories[:, width - max_history:],
+                         splits[name].histories[:, width - spec.max_history:],
                          rankings[name] if is_train else None, evs[name] if is_train else None,
                          catalog, keep)
   timings["records_s"] = time.perf_counter() - t
@@ -164,11 +181,9 @@ def build_examples(catalog: Catalog, sequences: list[np.ndarray], *, max_history
       "acceptance": float(accept.mean()),
       "evidence_thresholds": {k: thresholds[i].round(6).tolist()
                               for i, k in enumerate(evidence_lib.KINDS)},
-      "config": {"max_history": max_history, "num_candidates": num_candidates,
-                 "negative_pool": negative_pool, "pool_size": pool_size, "seed": seed,
-                 "rejection": rejection, "all_training_targets": all_training_targets,
-                 "evidence_decay": evidence_decay, "evidence_window": evidence_window,
-                 "learned_headroom": learned_headroom},
+      "config": {name: getattr(spec, name) for name in (
+        "max_history", "num_candidates", "negative_pool", "pool_size", "seed", "rejection",
+        "all_training_targets", "evidence_decay", "evidence_window", "learned_headroom")},
       "timings": {k: round(v, 2) for k, v in timings.items()},
   })
   return out, stats

@@ -73,7 +73,7 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from gr2jax import files
+from gr2jax import files, metrics
 from gr2jax.data import answer, prompts
 from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.progress import progress
@@ -337,12 +337,6 @@ def next_batch(made: np.ndarray, finished: np.ndarray, batch_size: int) -> np.nd
   return np.concatenate([retry, fresh])[:batch_size]
 
 
-def _percentiles(values) -> dict:
-  if not len(values):
-    return {"p50": None, "p99": None}
-  return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99))}
-
-
 def summarize(rows: Sequence[dict], users: np.ndarray, target_positions: np.ndarray,
               attempts: int, reasoning_tokens: Sequence[int], timing: dict) -> dict:
   """The run's summary (module docstring) from every attempt row of the selected users.
@@ -382,7 +376,7 @@ def summarize(rows: Sequence[dict], users: np.ndarray, target_positions: np.ndar
     "attempts": int(made.sum()),
     "failures": {k: sum(r["kind"] == k for r in rows) for k in KINDS if k != "accepted"},
     "first_attempt_top1_hit": float(np.mean(hits)) if hits else 0.0,
-    "reasoning_tokens": _percentiles(reasoning_tokens),
+    "reasoning_tokens": metrics.percentiles(reasoning_tokens, (50, 99)),
     "generated_tokens": timing["generated_tokens"], "generate_seconds": seconds,
     "tokens_per_s": timing["generated_tokens"] / seconds if seconds > 0 else None,
   }

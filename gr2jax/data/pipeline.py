@@ -203,22 +203,18 @@ def _codes_per_level(sids: np.ndarray, config) -> tuple[int, ...]:
   return tuple(max(config.rqvae.codebook_size, int(n)) for n in used[:-1]) + (int(used[-1]),)
 
 
-def build_examples(catalog, sequences, config) -> tuple[dict[str, list[RerankExample]], dict]:
-  """examples.build_examples with the config's settings (all training lists kept when LLM
-  traces replace the rule teacher: their own rejection filter runs in `run`)."""
-  return examples.build_examples(
-    catalog, sequences, max_history=config.max_history, num_candidates=config.num_candidates,
+def example_spec(config) -> examples.ExampleSpec:
+  """The examples' settings of a data config (all training lists kept when LLM traces replace
+  the rule teacher: their own rejection filter runs in `run`)."""
+  return examples.ExampleSpec(
+    max_history=config.max_history, num_candidates=config.num_candidates,
     negative_pool=config.negative_pool, pool_size=config.pool_size, seed=config.seed,
     rejection=config.rejection and not config.teacher_traces,
     all_training_targets=config.all_training_targets,
     accept_position_leak=config.accept_position_leak, evidence_decay=config.evidence_decay,
     evidence_window=config.evidence_window,
-    retriever_config=retriever.RetrieverConfig(**config.retriever.to_dict()),
+    retriever=retriever.RetrieverConfig(**config.retriever.to_dict()),
     subset_size=config.eval_subset_size, learned_headroom=config.learned_headroom)
-
-
-def _percentiles(lengths) -> dict[str, float]:
-  return {f"p{q}": float(np.percentile(lengths, q)) for q in (50, 90, 99, 100)}
 
 
 def _prompt_lengths(exs, catalog, sids, config, tok) -> dict:
@@ -233,8 +229,9 @@ def _prompt_lengths(exs, catalog, sids, config, tok) -> dict:
     rendered = [prompts.render_example(e, catalog, sids, pc) for e in exs]
     ids = tok([r.prompt for r in rendered], add_special_tokens=False)["input_ids"]
     resp = tok([r.reasoning + r.answer for r in rendered], add_special_tokens=False)["input_ids"]
-    out[f"{answer_format}/{evidence_mode}"] = {"prompt": _percentiles([len(i) for i in ids]),
-                                          "response": _percentiles([len(i) for i in resp])}
+    out[f"{answer_format}/{evidence_mode}"] = {
+      "prompt": metrics.percentiles([len(i) for i in ids]),
+      "response": metrics.percentiles([len(i) for i in resp])}
   return out
 
 
@@ -445,7 +442,8 @@ def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
                       _code(examples, split, retriever, candidates, evidence, teacher, headroom,
                             metrics))
   by_split, example_stats = steps.value("examples", examples_key,
-                                        lambda: build_examples(catalog, sequences, config))
+                                        lambda: examples.build_examples(catalog, sequences,
+                                                                        example_spec(config)))
   return by_split, example_stats, examples_key
 
 

@@ -87,7 +87,8 @@ def two_stream_pattern(prompt_width: int, response_width: int, streams: int,
   """
   p, r = prompt_width, response_width
   stream = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, streams + 1), r)])
-  blocks = np.concatenate([np.arange(p), np.tile(p + np.arange(r) // block_size, 1 + streams)])
+  clean = masks.block_ids(np.arange(p + r), p, block_size, xp=np)  # the prompt, then blocks
+  blocks = np.concatenate([clean, np.tile(clean[p:], streams)])
   return attention.Pattern(blocks, stream, blocks, stream)
 
 

@@ -102,11 +102,6 @@ class ModelConfig:
       if not value > 0:
         raise ValueError(f"ModelConfig.{name} must be > 0, got {value!r}")
 
-  @property
-  def num_groups(self) -> int:
-    """G = N // K, query heads per KV head."""
-    return self.num_heads // self.num_kv_heads
-
   # ---- presets -------------------------------------------------------------------------------
 
   @classmethod

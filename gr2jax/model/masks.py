@@ -10,23 +10,25 @@ import jax
 import jax.numpy as jnp
 
 
-def block_ids(positions: jax.Array, start: jax.Array, block_size: int) -> jax.Array:
-  """Block id of each position under the response-relative convention.
+def block_ids(positions: jax.Array, start: jax.Array, block_size: int, xp=jnp) -> jax.Array:
+  """Block id of each position under the response-relative convention: the one definition of
+  the block structure (the decoder, CFT, rollouts, replay and the static layout pattern).
 
   Args:
-    positions: [B, T] int positions.
+    positions: [B, T] (or [T]) int positions.
     start: [B] (or scalar) int, the first response position of each example.
     block_size: static block size (1 = causal).
+    xp: jnp (traced) or np (a static pattern, gr2jax/diffusion/layout.py).
 
   Returns:
     [B, T] int32: `positions` where `positions < start`, else `start + (positions - start) //
     block_size`.
   """
-  positions = jnp.asarray(positions, jnp.int32)
-  start = jnp.asarray(start, jnp.int32)
+  positions = xp.asarray(positions, xp.int32)
+  start = xp.asarray(start, xp.int32)
   start = start.reshape(start.shape + (1,) * (positions.ndim - start.ndim))
   rel = positions - start
-  return jnp.where(rel < 0, positions, start + rel // block_size)
+  return xp.where(rel < 0, positions, start + rel // block_size)
 
 
 def padding_mask(lengths: jax.Array, size: int) -> jax.Array:

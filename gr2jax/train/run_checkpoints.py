@@ -18,6 +18,7 @@ The stage's final params are also exported in gr2jax/exports.py's format, the ha
 to the next stage and load_model.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -37,7 +38,8 @@ from gr2jax.train.state import TrainState
 # chunks recompute the same values).
 RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.keep",
                "config.train.async_save", "config.train.eval_every", "config.train.micro_batches",
-               "config.model.remat", "config.model.attention_chunk_bytes")
+               "config.model.remat", "config.model.attention_chunk_bytes",
+               "config.decode.eval_tau")  # evaluation-only: a resume may change it
 RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 
 
@@ -95,7 +97,12 @@ def run_record(config, *, data_build: dict, init_sha256: str, lengths: tuple[int
   resolved.get("train", {}).pop("restart", None)
   record = {"config": resolved, "data_build": data_build, "init_sha256": init_sha256,
             "lengths": list(lengths)}
-  return json.loads(json.dumps(record, default=str))
+  return json.loads(json.dumps(record, default=_json_value))
+
+
+def _json_value(value):
+  """A dataclass (the view's DecodeSpec) as its fields, anything else as its str()."""
+  return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
 
 def _flat(tree, prefix: str = "") -> dict:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.hf_layout import save_qwen3_dir
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(REPO, "experiments", "run.py")
 SIDS = os.path.join(REPO, "results", "sids_table2.npy")  # skips the RQ-VAE (the tiny run's SIDs)
 
@@ -113,3 +113,28 @@ def test_llm_teacher_step_of_the_hf_recipe(hf_run):
   assert summary["finished"] == 4 and summary["attempts"] == 4
   assert os.path.exists(os.path.join(workdir, "teacher", "traces.jsonl"))
   assert os.path.exists(os.path.join(workdir, "teacher", "done.json"))
+
+
+def readme_snippet() -> str:
+  """The Python block of README.md's "From a notebook" section, verbatim."""
+  text = open(os.path.join(REPO, "README.md")).read()
+  section = text.split("## From a notebook", 1)[1]
+  return section.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_notebook_snippet_runs_verbatim(hf_run, tmp_path):
+  """The README's notebook code, run as written in a directory where W is a finished workdir
+  (the HF-layout run's) and requests.jsonl holds requests: AR and block-diffusion decoding,
+  and rerank on an export with no other argument (the export records its data build)."""
+  _, workdir, _, _ = hf_run
+  os.symlink(workdir, tmp_path / "W")
+  history, candidates = list(range(3)), list(range(10, 20))
+  (tmp_path / "requests.jsonl").write_text(json.dumps({"id": "r1", "history": history,
+                                                       "candidates": candidates}) + "\n")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  env["GR2JAX_PROGRESS"] = "0"
+  result = subprocess.run([sys.executable, "-c", readme_snippet()], capture_output=True,
+                          text=True, cwd=tmp_path, timeout=1800, env=env)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert "(1, 32)" in result.stdout
+

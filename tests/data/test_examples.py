@@ -5,7 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gr2jax.data import examples, raw, teacher
+from gr2jax import recipes
+from gr2jax.data import examples, pipeline, raw, teacher
 from gr2jax.data.records import SPLITS
 
 _USERS = 3000
@@ -17,10 +18,15 @@ def beauty():
   return catalog, raw.load_sequences(catalog=catalog)
 
 
+def _spec(**fields) -> examples.ExampleSpec:
+  """The tiny recipe's example settings with `fields` changed."""
+  return dataclasses.replace(pipeline.example_spec(recipes.data_config()), **fields)
+
+
 @pytest.fixture(scope="module")
 def built(beauty):
   catalog, seqs = beauty
-  return examples.build_examples(catalog, seqs[:_USERS], max_history=8, subset_size=300)
+  return examples.build_examples(catalog, seqs[:_USERS], _spec(max_history=8, subset_size=300))
 
 
 def test_records_are_consistent(beauty, built):
@@ -80,12 +86,11 @@ def test_options_keep_all_and_all_targets(beauty):
   catalog, seqs = beauty
   seqs = seqs[:400]
   weights = teacher.TeacherWeights()
-  out, stats = examples.build_examples(catalog, seqs, teacher_weights=weights, rejection=False,
-                                       all_training_targets=True, subset_size=50)
+  spec = _spec(rejection=False, all_training_targets=True, subset_size=50)
+  out, stats = examples.build_examples(catalog, seqs, spec, teacher_weights=weights)
   assert len(out["train"]) == stats["sizes"]["train_lists"] == sum(len(s) - 3 for s in seqs)
   assert stats["teacher_weights"] == dataclasses.asdict(weights)
-  again, _ = examples.build_examples(catalog, seqs, teacher_weights=weights, rejection=False,
-                                     all_training_targets=True, subset_size=50)
+  again, _ = examples.build_examples(catalog, seqs, spec, teacher_weights=weights)
   for a, b in zip(out["test"], again["test"], strict=True):
     np.testing.assert_array_equal(a.candidates, b.candidates)
 
@@ -93,7 +98,7 @@ def test_options_keep_all_and_all_targets(beauty):
 @pytest.mark.slow
 def test_full_build_matches_measurements(beauty):
   catalog, seqs = beauty
-  out, stats = examples.build_examples(catalog, seqs)
+  out, stats = examples.build_examples(catalog, seqs, _spec())
   assert stats["retriever"]["test"]["R@10"] == pytest.approx(0.084, abs=0.003)
   assert stats["retriever"]["test"]["N@10"] == pytest.approx(0.052, abs=0.003)
   floor = stats["floor"]["test"]
