@@ -174,7 +174,7 @@ def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str,
                                batch_size=cfg.eval.batch_size, prompt_len=ctx.prompt_len,
                                out_path=out_path, desc=f"eval {name}")
 
-  if model_id:
+  if model_id and ctx.eval.source:  # hand-made splits (no source) are not cached
     key = evaluation.cache_key(model_id, policy, ctx.eval, batch_size=cfg.eval.batch_size,
                                prompt_len=ctx.prompt_len)
     result, rows = evaluation.evaluate_cached(evaluation.cache_dir(ctx.workdir),
