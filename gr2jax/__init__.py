@@ -62,6 +62,7 @@ _EXPORTS = {
     "rerank": "gr2jax.apps.rerank",
 }
 
+_MODULES = ("rerank", "recipes")  # exported as the module itself
 __all__ = sorted(_EXPORTS)
 
 
@@ -73,7 +74,7 @@ def __getattr__(name: str):
   # gr2jax.rerank is a module whose calls go to its rerank() (gr2jax/apps/rerank.py), and
   # gr2jax.recipes a module: exporting the module itself keeps `from gr2jax import rerank` the
   # same object whatever was imported first.
-  value = module if module.__name__.endswith(f".{name}") else getattr(module, name)
+  value = module if name in _MODULES else getattr(module, name)
   globals()[name] = value
   return value
 

@@ -32,3 +32,15 @@ def test_a_chosen_platform_or_an_accelerator_is_left_alone(monkeypatch, tmp_path
   monkeypatch.setattr(gr2jax, "ACCELERATOR_FILES", (str(tmp_path / "accel*"),))
   assert not gr2jax.default_to_cpu_without_accelerator()
   assert "JAX_PLATFORMS" not in os.environ
+
+
+def test_every_export_is_the_named_object():
+  """gr2jax.X is the function or class X (the two module exports are modules)."""
+  import types
+
+  import gr2jax
+
+  for name in gr2jax.__all__:
+    value = getattr(gr2jax, name)
+    assert isinstance(value, types.ModuleType) == (name in gr2jax._MODULES), name
+    assert callable(value) or name == "recipes", name
