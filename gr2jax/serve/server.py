@@ -156,7 +156,8 @@ def _field(loc) -> str:
 
 
 class _BodyLimit:
-  """ASGI middleware: 413 for a request body over `limit` bytes, declared or streamed."""
+  """ASGI middleware: reads each request body (at most `limit` bytes, declared or streamed)
+  before the application sees it; a larger one gets a 413 without being read further."""
 
   def __init__(self, app, limit: int):
     self.app, self.limit = app, limit
@@ -167,21 +168,22 @@ class _BodyLimit:
     declared = dict(scope["headers"]).get(b"content-length", b"0")
     if declared.isdigit() and int(declared) > self.limit:
       return await self._refuse(send)
-    seen = 0
-
-    async def limited():
-      nonlocal seen
+    chunks, size, more = [], 0, True
+    while more:
       message = await receive()
-      seen += len(message.get("body", b""))
-      if seen > self.limit:
-        raise _Refused(413, "bad_request", "body_too_large",
-                       f"the body exceeds serve.max_body_bytes={self.limit}", "body")
-      return message
+      if message["type"] != "http.request":  # the client went away: nothing to answer
+        return None
+      chunks.append(message.get("body", b""))
+      size += len(chunks[-1])
+      more = message.get("more_body", False)
+      if size > self.limit:
+        return await self._refuse(send)
+    replayed = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
 
-    try:
-      await self.app(scope, limited, send)
-    except _Refused:
-      await self._refuse(send)
+    async def replay():
+      return next(replayed, None) or await receive()
+
+    return await self.app(scope, replay, send)
 
   async def _refuse(self, send):
     body = json.dumps({"error": {"kind": "body_too_large", "field": "body", "message":

@@ -12,10 +12,10 @@ import sys
 
 import httpx
 import pytest
-from prometheus_client import parser
 
 from gr2jax import rerank
-from tests.serve.toy_server import ThreadServer, settings, toy_engine, wait_ready
+from gr2jax.serve.client import scrape, wait_ready
+from tests.serve.toy_server import ThreadServer, settings, toy_engine
 from tests.test_rerank import _good
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -33,6 +33,15 @@ def srv(engine):
   s.close()
 
 
+@pytest.mark.parametrize("field,value", [("port", 70000), ("batch_buckets", (4, 2)),
+                                         ("batch_buckets", ()), ("window_ms", -1.0),
+                                         ("queue_bound", 0), ("timeout_s", 0.0),
+                                         ("retry_after_s", True), ("host", "")])
+def test_bad_settings_name_the_field(field, value):
+  with pytest.raises(ValueError, match=f"serve.{field}="):
+    settings(**{field: value})
+
+
 def _post_all(url: str, path: str, bodies: list) -> list[httpx.Response]:
   """POSTs every body at once (one connection each) and returns the responses in order."""
 
@@ -41,13 +50,6 @@ def _post_all(url: str, path: str, bodies: list) -> list[httpx.Response]:
       return await asyncio.gather(*[client.post(path, json=b) for b in bodies])
 
   return asyncio.run(go())
-
-
-def _metrics(url: str) -> dict:
-  """{(name, labels): value} of every sample of /metrics, parsed as Prometheus text."""
-  text = httpx.get(f"{url}/metrics").text
-  return {(s.name, tuple(sorted(s.labels.items()))): s.value
-          for family in parser.text_string_to_metric_families(text) for s in family.samples}
 
 
 def test_ready_after_warm_up(srv):
@@ -109,17 +111,24 @@ def test_bad_input_names_the_field_and_the_server_goes_on(srv, path, body, statu
   assert httpx.post(f"{srv.url}/v1/rerank", content=GOOD, timeout=60).status_code == 200
 
 
+def test_a_streamed_body_over_the_limit_gets_413(srv):
+  chunks = (b"[" * 65536 for _ in range(40))  # chunked: no Content-Length to refuse up front
+  r = httpx.post(f"{srv.url}/v1/rerank", content=chunks,
+                 headers={"content-type": "application/json"})
+  assert r.status_code == 413 and r.json()["error"]["kind"] == "body_too_large"
+
+
 def test_form_content_is_refused_with_415(srv):
   r = httpx.post(f"{srv.url}/v1/rerank", data={"history": "1"})
   assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
 
 
 def test_metrics_parse_and_count_what_was_sent(srv):
-  before = _metrics(srv.url)
+  before = scrape(srv.url)
   ok = _post_all(srv.url, "/v1/rerank", [_good(i) for i in range(5)])
   bad = httpx.post(f"{srv.url}/v1/rerank", json=_good(0) | {"candidates": [1]})
   assert [r.status_code for r in ok] == [200] * 5 and bad.status_code == 422
-  after = _metrics(srv.url)
+  after = scrape(srv.url)
 
   def delta(name, **labels):
     key = (name, tuple(sorted(labels.items())))
@@ -183,7 +192,7 @@ def test_sigterm_drains_in_flight_requests(process):
   accepted, and the process exits."""
   lines = iter(process.stdout.readline, "")
   url = next(line for line in lines if line.startswith("serving ")).split(" on ")[1].split()[0]
-  wait_ready(url, process=process)
+  wait_ready(url, 120, process=process)
 
   async def go():
     async with httpx.AsyncClient(base_url=url, timeout=60) as client:

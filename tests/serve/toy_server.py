@@ -10,13 +10,11 @@ import json
 import os
 import sys
 import threading
-import time
-
-import httpx
 
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.serve import engine as engine_lib
 from gr2jax.serve import server
+from gr2jax.serve.client import wait_ready
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
 from serve import serve_block  # noqa: E402  (experiments/configs/serve.py)
@@ -41,26 +39,6 @@ def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
                            prompt_lengths=(PROMPT_LEN,), name="toy")
 
 
-def wait_ready(url: str, timeout_s: float = 120.0, process=None) -> dict:
-  """Polls /healthz until it says ready.
-
-  Raises:
-    RuntimeError: not ready in time, or the process exited.
-  """
-  deadline = time.monotonic() + timeout_s
-  while time.monotonic() < deadline:
-    if process is not None and process.poll() is not None:
-      raise RuntimeError(f"the server exited with {process.returncode}")
-    try:
-      r = httpx.get(f"{url}/healthz", timeout=5)
-      if r.status_code == 200:
-        return r.json()
-    except httpx.TransportError:
-      pass
-    time.sleep(0.1)
-  raise RuntimeError(f"{url} not ready in {timeout_s} s")
-
-
 class ThreadServer:
   """The application on a free loopback port, served by uvicorn in a thread."""
 
@@ -72,7 +50,7 @@ class ThreadServer:
     self._thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[sock]),
                                     daemon=True)
     self._thread.start()
-    self.health = wait_ready(self.url)
+    self.health = wait_ready(self.url, 120)
 
   def close(self):
     self.server.should_exit = True
