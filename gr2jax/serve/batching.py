@@ -3,12 +3,15 @@
 The event loop `submit`s requests and awaits their futures; it never touches the devices. The
 worker thread owns them: it first runs the warm-up (every compiled shape), then loops: take the
 oldest request, wait until `window_s` after its arrival for more requests of the same prompt
-length (or until the largest batch bucket is full), decode them together in the smallest bucket
-that holds them, resolve their futures. Requests that waited past their deadline are answered
-with DeadlineExceeded instead of being decoded; requests whose caller gave up (a cancelled
-future) are dropped. The queue is bounded by the number of admitted requests not yet answered:
-`submit` refuses a request beyond it (Overloaded), so memory stays bounded. `stop` drains: the
-worker decodes everything already admitted, without waiting for windows, then exits.
+length, decode them together in the smallest bucket that holds them, resolve their futures.
+The wait ends early once as many requests are queued as are expected: the most requests in
+flight (admitted, not answered) at any time in the last PEAK_HORIZON_S, i.e. about the number
+of concurrent callers, capped at the largest bucket. So a lone caller never waits for a window,
+while concurrent callers are gathered into one batch. Requests that waited past their deadline
+are answered with DeadlineExceeded instead of being decoded; requests whose caller gave up (a
+cancelled future) are dropped. The queue is bounded by the number of admitted requests not yet
+answered: `submit` refuses a request beyond it (Overloaded), so memory stays bounded. `stop`
+drains: the worker decodes everything already admitted, without waiting for windows, then exits.
 """
 
 import bisect
@@ -19,6 +22,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+
+PEAK_HORIZON_S = 1.0  # how far back the expected batch (the peak in-flight count) looks
 
 
 class Overloaded(Exception):
@@ -80,6 +85,7 @@ class Batcher:
     self._queue: collections.deque[Item] = collections.deque()
     self._cond = threading.Condition()
     self._pending = 0  # admitted, not yet answered (queued or decoding)
+    self._peaks = collections.deque()  # (time, in flight) after each admission, last horizon
     self._stopping = False
     self.ready = threading.Event()
     self.warm_error: BaseException | None = None
@@ -117,6 +123,7 @@ class Batcher:
                for p, n in zip(payloads, lengths, strict=True)]
       self._queue.extend(items)
       self._pending += len(items)
+      self._peaks.append((now, self._pending))
       self._cond.notify()
     return [item.future for item in items]
 
@@ -128,9 +135,15 @@ class Batcher:
     if self._thread is not None:
       self._thread.join(timeout_s)
 
+  def _expected(self, now: float) -> int:
+    """The most requests in flight at once in the last PEAK_HORIZON_S (at least 1)."""
+    while self._peaks and self._peaks[0][0] < now - PEAK_HORIZON_S:
+      self._peaks.popleft()
+    return max((n for _, n in self._peaks), default=1)
+
   def _take(self) -> list[Item] | None:
     """The next batch: the oldest request and up to the largest bucket of its length, once its
-    window has passed or the bucket is full; None once stopped and drained."""
+    window has passed or the expected number is queued; None once stopped and drained."""
     largest = self.buckets[-1]
     with self._cond:
       while not self._queue:
@@ -140,8 +153,9 @@ class Batcher:
       first = self._queue[0]
       while not self._stopping:
         same = sum(item.length == first.length for item in self._queue)
-        remaining = first.arrival + self.window_s - time.monotonic()
-        if same >= largest or remaining <= 0:
+        now = time.monotonic()
+        remaining = first.arrival + self.window_s - now
+        if same >= min(largest, self._expected(now)) or remaining <= 0:
           break
         self._cond.wait(remaining)
       batch = [item for item in self._queue if item.length == first.length][:largest]

@@ -172,6 +172,8 @@ class Engine:
     return self.reranker.num_candidates
 
   def _render(self, obj: dict) -> tuple[rerank.Request, batches.EncodedExample, tuple]:
+    """The request, its prompt tokenized as batches.encode_examples tokenizes prompts (the
+    other fields empty: nothing else is decoded) and its candidates' labels."""
     r = self.reranker
     [parsed] = rerank.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
     if not isinstance(parsed, rerank.Request):
@@ -180,7 +182,10 @@ class Engine:
     [example] = rerank.to_examples([parsed], r)
     rendered = prompts.render_example(example, r.catalogue.catalog, self._sids, r.prompt)
     with self._tokenizer_lock:
-      [encoded] = batches.encode_examples([rendered], [0], r.tokenizer)
+      ids = r.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
+    empty = np.zeros((0,), np.int32)
+    encoded = batches.EncodedExample(np.asarray(ids, np.int32), empty, empty,
+                                     np.zeros((0, 0), np.int32), 0)
     return parsed, encoded, rendered.labels
 
   def parse(self, obj: dict) -> Prepared:

@@ -9,13 +9,14 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 
 import httpx
 import pytest
 
 from gr2jax import rerank
 from gr2jax.serve.client import scrape, wait_ready
-from tests.serve.toy_server import ThreadServer, settings, toy_engine
+from tests.serve.toy_server import Gated, ThreadServer, settings, toy_engine
 from tests.test_rerank import _good
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -150,37 +151,50 @@ def test_metrics_parse_and_count_what_was_sent(srv):
 
 
 def test_overload_answers_503_and_loses_no_admitted_request(engine):
-  s = ThreadServer(engine, settings(queue_bound=3, window_ms=1500.0))
+  """8 requests at once against a queue of 3 whose decodes are held: 5 get 503 + Retry-After
+  at once, the 3 admitted are all answered once decoding goes on."""
+  gate = threading.Event()
+  s = ThreadServer(Gated(engine, gate), settings(queue_bound=3))
+
+  async def go():
+    async with httpx.AsyncClient(base_url=s.url, timeout=60) as client:
+      posts = [asyncio.create_task(client.post("/v1/rerank", json=_good(i))) for i in range(8)]
+      while sum(p.done() for p in posts) < 5:
+        await asyncio.sleep(0.02)
+      refused = [p.result() for p in posts if p.done()]
+      gate.set()
+      return refused, await asyncio.gather(*posts)
+
   try:
-    responses = _post_all(s.url, "/v1/rerank", [_good(i) for i in range(8)])
+    refused, responses = asyncio.run(go())
   finally:
     s.close()
-  codes = [r.status_code for r in responses]
-  assert sorted(codes) == [200] * 3 + [503] * 5
-  for r in responses:
-    if r.status_code == 503:
-      assert r.headers["retry-after"] == "1" and r.json()["error"]["kind"] == "overloaded"
-    else:
-      assert len(r.json()["ranking"]) == 10
+  assert [r.status_code for r in refused] == [503] * 5
+  assert all(r.headers["retry-after"] == "1" and r.json()["error"]["kind"] == "overloaded"
+             for r in refused)
+  answered = [r for r in responses if r.status_code == 200]
+  assert len(answered) == 3 and all(len(r.json()["ranking"]) == 10 for r in answered)
 
 
 def test_past_the_deadline_answers_504_not_a_hung_connection(engine):
-  s = ThreadServer(engine, settings(window_ms=3000.0, timeout_s=0.3))
+  gate = threading.Event()
+  s = ThreadServer(Gated(engine, gate), settings(timeout_s=0.3))
   try:
     r = httpx.post(f"{s.url}/v1/rerank", json=_good(0), timeout=10)
+    assert r.status_code == 504 and r.json()["error"]["kind"] == "timeout"
+    gate.set()
+    assert httpx.post(f"{s.url}/v1/rerank", json=_good(0), timeout=10).status_code == 200
   finally:
     s.close()
-  assert r.status_code == 504 and r.json()["error"]["kind"] == "timeout"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def process(tok_dir):
   """A server process, started with the module so that it warms up while the other tests run;
-  3 requests wait in its 2 s window (bucket 4) when the SIGTERM test signals it."""
-  overrides = json.dumps(dict(window_ms=2000.0))
+  its decodes wait 2 s first, so requests are in flight when the SIGTERM test signals it."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   p = subprocess.Popen(
-    [sys.executable, "-m", "tests.serve.toy_server", f"--tok={tok_dir}", f"--settings={overrides}"],
+    [sys.executable, "-m", "tests.serve.toy_server", f"--tok={tok_dir}", "--hold_s=2"],
     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   yield p
   p.kill()

@@ -39,6 +39,21 @@ def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
                            prompt_lengths=(PROMPT_LEN,), name="toy")
 
 
+class Gated:
+  """An engine whose decodes first wait for `gate` (at most hold_s): requests stay in flight
+  until the test opens it."""
+
+  def __init__(self, engine: engine_lib.Engine, gate: threading.Event, hold_s: float = 60.0):
+    self._engine, self.gate, self.hold_s = engine, gate, hold_s
+
+  def __getattr__(self, name):
+    return getattr(self._engine, name)
+
+  def rank(self, *args):
+    self.gate.wait(self.hold_s)
+    return self._engine.rank(*args)
+
+
 class ThreadServer:
   """The application on a free loopback port, served by uvicorn in a thread."""
 
@@ -58,12 +73,15 @@ class ThreadServer:
 
 
 def main():
-  """Serves the toy model until SIGTERM: --tok=DIR --settings=JSON of Settings overrides."""
+  """Serves the toy model until SIGTERM: --tok=DIR --settings=JSON of Settings overrides
+  --hold_s=S (each decode waits S seconds first)."""
   parser = argparse.ArgumentParser()
   parser.add_argument("--tok", required=True)
   parser.add_argument("--settings", default="{}")
+  parser.add_argument("--hold_s", type=float, default=0.0)
   args = parser.parse_args()
-  server.serve(toy_engine(args.tok), settings(**json.loads(args.settings)))
+  engine = Gated(toy_engine(args.tok), threading.Event(), args.hold_s)
+  server.serve(engine, settings(**json.loads(args.settings)))
 
 
 if __name__ == "__main__":
