@@ -10,13 +10,16 @@ For each model (W/<model>/export) the script
   2. starts the server (`experiments/run.py --config=serve.py ...`, the recipe and overrides
      given here) with an empty persistent compilation cache (cold start), stops it with
      SIGTERM, starts it again on the filled cache (warm start) and reports both start-ups;
-  3. drives it with an async httpx client (closed loop: each of C connections sends its next
-     request when the previous one is answered) at every --concurrency and at
+  3. drives it with async httpx clients (--client_processes processes sharing C connections,
+     closed loop: each connection sends its next request when the previous one is answered)
+     at every --concurrency and at
      --goal_concurrency: throughput (answered requests / s), end-to-end p50 / p95 / p99, the
      servers' batch-size distribution (its /metrics before and after), validity, errors;
-  4. optionally cross-checks one point with wrk (--wrk_concurrency; a lua script rotates the
-     same request bodies) and soaks at --soak_concurrency for --soak_s (resident memory of the
-     server process at start and end, errors).
+  4. cross-checks points with wrk, an independent load tool (--wrk_concurrency; a lua script
+     rotates the same request bodies; by default at concurrency 1 and --goal_concurrency, so
+     goals 1 and 2 are also measured with a client that needs little CPU), and soaks at
+     --soak_concurrency for --soak_s (resident memory of the server process at start and end,
+     errors).
 Then one server with --queue_bound is driven at the bound and at twice it (clients that get a
 503 back off --backoff_ms): only 503s beyond the bound, p99 of the admitted requests.
 
@@ -59,13 +62,17 @@ FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overr
 flags.DEFINE_list("models", ["ar_rl", "rl"], "Stages whose W/<stage>/export are served.")
 flags.DEFINE_list("concurrency", ["1", "4", "16", "64"], "Client connections per load level.")
 flags.DEFINE_integer("requests", 256, "The most requests per load level.")
+flags.DEFINE_integer("client_processes", 2, "Client processes sharing each level's connections "
+                     "(one Python process alone can be the bottleneck).")
 flags.DEFINE_float("level_s", 60.0, "The most seconds per load level.")
 flags.DEFINE_string("split", "test_1615", "The data build's split the requests come from.")
 flags.DEFINE_integer("goal_concurrency", 32, "Goal 1: the concurrency and offline batch.")
 flags.DEFINE_integer("batch1_requests", 16, "Goal 2: requests the offline tool decodes alone.")
 flags.DEFINE_integer("queue_bound", 32, "Goal 3: the queue bound of the overload server.")
-flags.DEFINE_float("backoff_ms", 20.0, "Goal 3: a client's pause after a 503.")
-flags.DEFINE_integer("wrk_concurrency", 16, "wrk's connections for the cross-check (0 = none).")
+flags.DEFINE_float("backoff_ms", 100.0, "Goal 3: a client's pause after a 503 (a tenth of the "
+                   "server's Retry-After).")
+flags.DEFINE_list("wrk_concurrency", ["1", "32"], "wrk's connections at each cross-check point "
+                  "(empty = none).")
 flags.DEFINE_float("wrk_s", 20.0, "wrk's duration (seconds).")
 flags.DEFINE_float("soak_s", 0.0, "Soak duration in seconds (0 = no soak; the issue's: 600).")
 flags.DEFINE_integer("soak_concurrency", 16, "The soak's connections.")
@@ -97,14 +104,17 @@ def check_flags() -> None:
                       ("goal_concurrency", FLAGS.goal_concurrency),
                       ("batch1_requests", FLAGS.batch1_requests),
                       ("queue_bound", FLAGS.queue_bound),
+                      ("client_processes", FLAGS.client_processes),
                       ("soak_concurrency", FLAGS.soak_concurrency)):
     if value < 1:
       raise app.UsageError(f"--{name}={value} must be >= 1")
   for name in ("level_s", "wrk_s", "start_timeout_s"):
     if not FLAGS[name].value > 0:
       raise app.UsageError(f"--{name}={FLAGS[name].value} must be > 0")
-  if FLAGS.soak_s < 0 or FLAGS.backoff_ms < 0 or FLAGS.wrk_concurrency < 0:
-    raise app.UsageError("--soak_s, --backoff_ms and --wrk_concurrency must be >= 0")
+  if FLAGS.soak_s < 0 or FLAGS.backoff_ms < 0:
+    raise app.UsageError("--soak_s and --backoff_ms must be >= 0")
+  if not all(c.isdigit() and int(c) >= 1 for c in FLAGS.wrk_concurrency):
+    raise app.UsageError(f"--wrk_concurrency={FLAGS.wrk_concurrency} must be ints >= 1")
   if FLAGS.soak_s and FLAGS.soak_model not in FLAGS.models:
     raise app.UsageError(f"--soak_model={FLAGS.soak_model!r} is not in --models")
   if FLAGS.wrk_concurrency and shutil.which("wrk") is None:
@@ -190,73 +200,132 @@ class Server:
 
 
 def batch_distribution(before: dict, after: dict) -> dict:
-  """Decoded batches per compiled bucket and the mean requests per batch, between two scrapes."""
+  """Between two scrapes: decoded batches per compiled bucket, the mean requests per batch and
+  the mean time a request spent in the server (admission to answer)."""
   delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)
   buckets = {dict(labels)["bucket"]: int(delta((name, labels))) for name, labels in after
              if name == "gr2jax_serve_batches_total"}
   count = delta(("gr2jax_serve_batch_size_count", ()))
+  served = (("endpoint", "rerank"),)
+  requests = delta(("gr2jax_serve_request_seconds_count", served))
   return {"batches_per_bucket": {k: v for k, v in sorted(buckets.items(), key=lambda kv:
                                                          int(kv[0])) if v},
           "mean_batch": delta(("gr2jax_serve_batch_size_sum", ())) / count if count else None,
+          "server_request_ms_mean": (1e3 * delta(("gr2jax_serve_request_seconds_sum", served))
+                                     / requests if requests else None),
           "compiles_after_ready": after.get(("gr2jax_serve_compiles_after_ready_total", ()))}
 
 
-async def _drive(url: str, bodies: list, concurrency: int, requests: int, seconds: float,
-                 backoff_s: float, depth_probe: bool) -> dict:
+async def _drive(url: str, bodies: list, part: int, parts: int, concurrency: int,
+                 requests: int, start_at: float, seconds: float, backoff_s: float,
+                 depth_probe: bool) -> tuple[list, list, float, float]:
+  """One client process's share of a load level: `concurrency` connections send requests
+  part, part + parts, ... (each body pre-encoded) until `requests` are sent or the time is up.
+
+  Returns:
+    (samples [(status, seconds, valid, server timings)], queue depths seen, start, end).
+  """
   import httpx
 
+  time.sleep(max(start_at - time.time(), 0.0))
   samples, depths = [], []
   order = itertools.count()
-  deadline = time.monotonic() + seconds
+  deadline = time.time() + seconds
+  encoded = [json.dumps(b).encode() for b in bodies]
+  headers = {"content-type": "application/json"}
   limits = httpx.Limits(max_connections=concurrency + 1, max_keepalive_connections=concurrency + 1)
   async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
 
     async def worker():
-      while time.monotonic() < deadline and (i := next(order)) < requests:
-        start = time.perf_counter()
+      while time.time() < deadline and (j := next(order)) < requests:
+        begin = time.perf_counter()
+        valid, timings = None, {}
         try:
-          r = await client.post("/v1/rerank", json=bodies[i % len(bodies)])
-          status, valid = r.status_code, r.json().get("valid") if r.status_code == 200 else None
-        except httpx.HTTPError:
-          status, valid = -1, None
-        samples.append((status, time.perf_counter() - start, valid))
+          r = await client.post("/v1/rerank", content=encoded[(part + parts * j) % len(encoded)],
+                                headers=headers)
+          status = r.status_code
+          if status == 200:
+            answer = r.json()
+            valid, timings = answer["valid"], answer["timings"]
+        except httpx.HTTPError as e:  # counted by its name
+          status = type(e).__name__
+        samples.append((status, time.perf_counter() - begin, valid, timings))
         if status == 503 and backoff_s:
           await asyncio.sleep(backoff_s)
 
     async def probe():
-      while time.monotonic() < deadline and not done.is_set():
+      while not done.is_set():
         depths.append((await client.get("/healthz")).json()["queue_depth"])
         await asyncio.sleep(0.05)
 
     done = asyncio.Event()
-    start = time.perf_counter()
+    begin = time.time()
     probing = asyncio.create_task(probe()) if depth_probe else None
     await asyncio.gather(*[worker() for _ in range(concurrency)])
-    wall = time.perf_counter() - start
+    end = time.time()
     done.set()
     if probing is not None:
       await probing
+  return samples, depths, begin, end
+
+
+def _client_part(*args) -> tuple[list, list, float, float]:
+  """A client process's entry point (spawned: no JAX state is inherited)."""
+  logging.getLogger("httpx").setLevel(logging.WARNING)
+  return asyncio.run(_drive(*args))
+
+
+def summarize(concurrency: int, parts: list) -> dict:
+  """Throughput, latency percentiles, validity and statuses of a load level's client parts."""
+  samples = [s for part in parts for s in part[0]]
+  depths = [d for part in parts for d in part[1]]
+  wall = max(p[3] for p in parts) - min(p[2] for p in parts)
   ok = [s for s in samples if s[0] == 200]
   statuses = {}
-  for status, _, _ in samples:
+  for status, *_ in samples:
     statuses[str(status)] = statuses.get(str(status), 0) + 1
   return {"concurrency": concurrency, "sent": len(samples), "answered": len(ok),
           "seconds": wall, "throughput_rps": len(ok) / wall if wall else 0.0,
           **percentiles([s[1] for s in ok]),
           "valid_rate": float(np.mean([bool(s[2]) for s in ok])) if ok else None,
+          **{f"server_{k}_p50": float(np.median([s[3][k] for s in ok])) if ok else None
+             for k in ("queue_ms", "decode_ms")},
           "statuses": statuses, "errors": len(samples) - len(ok),
-          **({"max_queue_depth": max(depths, default=0)} if depth_probe else {})}
+          **({"max_queue_depth": max(depths)} if depths else {})}
 
 
 def load_level(server: Server, bodies: list, concurrency: int, *, requests: int, seconds: float,
                backoff_s: float = 0.0, depth_probe: bool = False) -> dict:
-  """One closed-loop load level against a server, with its batch distribution."""
+  """One closed-loop load level against a server (split over the client processes), with the
+  server's batch distribution over it."""
+  n = min(FLAGS.client_processes, concurrency)
+  start_at = time.time() + (2.0 if n > 1 else 0.0)  # every process starts sending together
+  args = [(server.url, bodies, k, n, concurrency // n + (k < concurrency % n),
+           requests // n + (k < requests % n), start_at, seconds, backoff_s,
+           depth_probe and k == 0) for k in range(n)]
   before = server.metrics()
-  out = asyncio.run(_drive(server.url, bodies, concurrency, requests, seconds, backoff_s,
-                           depth_probe))
+  if n == 1:
+    parts = [asyncio.run(_drive(*args[0]))]
+  else:
+    parts = [f.result() for f in [_pool().submit(_client_part, *a) for a in args]]
+  out = summarize(concurrency, parts)
   out.update(batch_distribution(before, server.metrics()))
   print(json.dumps(out), flush=True)
   return out
+
+
+_POOLS = []
+
+
+def _pool():
+  """The client processes (spawned once, reused by every level)."""
+  if not _POOLS:
+    import concurrent.futures
+    import multiprocessing
+
+    _POOLS.append(concurrent.futures.ProcessPoolExecutor(
+      FLAGS.client_processes, mp_context=multiprocessing.get_context("spawn")))
+  return _POOLS[0]
 
 
 def offline(reranker, bodies: list, decode) -> dict:
@@ -285,15 +354,14 @@ def offline(reranker, bodies: list, decode) -> dict:
   return out
 
 
-def wrk_point(server: Server, bodies: list, script_path: str) -> dict:
-  """wrk at --wrk_concurrency for --wrk_s seconds (2 threads), its throughput and latencies."""
+def wrk_point(server: Server, bodies: list, script_path: str, c: int) -> dict:
+  """wrk with c connections for --wrk_s seconds (2 threads), its throughput and latencies."""
   with open(script_path, "w") as f:
     f.write("-- POSTs the benchmark's request bodies in turn (experiments/bench_serve.py)\n"
             "local bodies = {\n")
     f.write(",\n".join("  [[" + json.dumps(b) + "]]" for b in bodies) + "\n}\n")
     f.write('local i = 0\nrequest = function()\n  i = i % #bodies + 1\n  return wrk.format('
             '"POST", "/v1/rerank", {["Content-Type"] = "application/json"}, bodies[i])\nend\n')
-  c = FLAGS.wrk_concurrency
   command = ["wrk", f"-t{min(2, c)}", f"-c{c}", f"-d{FLAGS.wrk_s:g}s", "--latency",
              f"--timeout={120}s", "-s", script_path, f"{server.url}/v1/rerank"]
   out = subprocess.run(command, capture_output=True, text=True, timeout=FLAGS.wrk_s + 180)
@@ -350,17 +418,23 @@ def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict
   try:
     levels = [load_level(server, bodies, c, requests=FLAGS.requests, seconds=FLAGS.level_s)
               for c in sorted({*map(int, FLAGS.concurrency), FLAGS.goal_concurrency})]
-    wrk = (wrk_point(server, bodies[:256], os.path.join(report_dir, "wrk_post.lua"))
-           if FLAGS.wrk_concurrency else None)
+    wrk = [wrk_point(server, bodies[:256], os.path.join(report_dir, "wrk_post.lua"), int(c))
+           for c in FLAGS.wrk_concurrency]
     soaked = soak(server, bodies) if FLAGS.soak_s and model == FLAGS.soak_model else None
   finally:
     server.stop()
   by_c = {level["concurrency"]: level for level in levels}
   goal = by_c[FLAGS.goal_concurrency]
+  wrk_at = {w["concurrency"]: w for w in wrk if "throughput_rps" in w}
   return {"model": model, "kind": server.health["kind"], "name": server.health["model"],
           "startup": startup, "offline": base, "levels": levels, "wrk": wrk, "soak": soaked,
           "goals": {
             "throughput_vs_offline": goal["throughput_rps"] / base["throughput_rps"],
+            "wrk_throughput_vs_offline": (
+              wrk_at[FLAGS.goal_concurrency]["throughput_rps"] / base["throughput_rps"]
+              if FLAGS.goal_concurrency in wrk_at else None),
+            "wrk_p50_c1_vs_decode": (wrk_at[1]["p50_ms"] / base["batch1_p50_ms"]
+                                     if 1 in wrk_at else None),
             "p50_c1_vs_decode": (by_c[1]["p50_ms"] / base["batch1_p50_ms"]
                                  if 1 in by_c else None)}}
 
@@ -381,7 +455,9 @@ def overload(model: str, bodies: list, scratch: str) -> dict:
   other = {k: v for k, v in over["statuses"].items() if k not in ("200", "503")}
   return {"model": model, "queue_bound": q, "at_bound": at, "at_twice": over,
           "only_503_beyond": not other and over["max_queue_depth"] <= q,
-          "p99_ratio": (over["p99_ms"] / at["p99_ms"]) if at["p99_ms"] else None}
+          "p99_ratio": (over["p99_ms"] / at["p99_ms"]) if at["p99_ms"] else None,
+          "in_server_ratio": (over["server_request_ms_mean"] / at["server_request_ms_mean"]
+                              if at["server_request_ms_mean"] else None)}
 
 
 def write_report(result: dict, report_dir: str) -> None:
@@ -390,13 +466,16 @@ def write_report(result: dict, report_dir: str) -> None:
     json.dump(result, f, indent=1)
   f1 = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
   lines = ["# Re-ranking server under load (bench_serve)", "", f"Command: `{result['command']}`",
-           "", "| model | C | req/s | p50 ms | p95 ms | p99 ms | mean batch | batches per bucket "
-           "| valid | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "", "| model | C | req/s | p50 ms | p95 ms | p99 ms | server: queue / decode p50, "
+           "in server mean ms | mean batch | batches per bucket | valid | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for m in result["models"]:
     for lv in m["levels"]:
       lines.append(f"| {m['model']} ({m['kind']}) | {lv['concurrency']} | "
                    f"{f1(lv['throughput_rps'])} | {f1(lv['p50_ms'])} | {f1(lv['p95_ms'])} | "
-                   f"{f1(lv['p99_ms'])} | {f1(lv['mean_batch'])} | "
+                   f"{f1(lv['p99_ms'])} | {f1(lv['server_queue_ms_p50'])} / "
+                   f"{f1(lv['server_decode_ms_p50'])}, {f1(lv['server_request_ms_mean'])} | "
+                   f"{f1(lv['mean_batch'])} | "
                    f"{json.dumps(lv['batches_per_bucket'])} | {f1(lv['valid_rate'], 3)} | "
                    f"{lv['errors']} |")
   lines += ["", "| model | offline req/s (batch) | offline batch-1 ms | cold start s | warm start "
@@ -412,9 +491,11 @@ def write_report(result: dict, report_dir: str) -> None:
   for m in result["models"]:
     g = m["goals"]
     lines.append(f"- {m['model']}: throughput at concurrency {FLAGS.goal_concurrency} / offline "
-                 f"at batch {FLAGS.goal_concurrency} = {g['throughput_vs_offline']:.2f} (goal >= "
-                 f"0.8); p50 at concurrency 1 / one request's offline decode = "
-                 f"{f1(g['p50_c1_vs_decode'], 2)} (goal <= 1.2)")
+                 f"at batch {FLAGS.goal_concurrency} = {g['throughput_vs_offline']:.2f} (httpx), "
+                 f"{f1(g['wrk_throughput_vs_offline'], 2)} (wrk) (goal >= 0.8); p50 at "
+                 f"concurrency 1 / one request's offline decode = "
+                 f"{f1(g['p50_c1_vs_decode'], 2)} (httpx), {f1(g['wrk_p50_c1_vs_decode'], 2)} "
+                 "(wrk) (goal <= 1.2)")
   o = result.get("overload")
   if o:
     lines.append(f"- overload ({o['model']}, queue bound {o['queue_bound']}): at the bound "
@@ -422,15 +503,17 @@ def write_report(result: dict, report_dir: str) -> None:
                  f"ms; at 2x {json.dumps(o['at_twice']['statuses'])} p99 "
                  f"{f1(o['at_twice']['p99_ms'])} ms, max queue depth "
                  f"{o['at_twice']['max_queue_depth']}; only 503s beyond the bound: "
-                 f"{o['only_503_beyond']}")
+                 f"{o['only_503_beyond']}; admitted requests' mean time in the server at 2x / "
+                 f"at the bound: {f1(o['in_server_ratio'], 2)}")
   for m in result["models"]:
-    if m["wrk"]:
-      w, lv = m["wrk"], next(x for x in m["levels"] if x["concurrency"] == m["wrk"]["concurrency"])
+    for w in m["wrk"]:
+      lv = next((x for x in m["levels"] if x["concurrency"] == w["concurrency"]), None)
       lines.append(f"- wrk cross-check ({m['model']}, {w['concurrency']} connections, "
                    f"{w['seconds']:g} s): {f1(w.get('throughput_rps'))} req/s, p50 "
                    f"{f1(w.get('p50_ms'))} ms, p99 {f1(w.get('p99_ms'))} ms, non-2xx "
-                   f"{w['non_2xx']}; httpx at {lv['concurrency']}: {f1(lv['throughput_rps'])} "
-                   f"req/s, p50 {f1(lv['p50_ms'])} ms, p99 {f1(lv['p99_ms'])} ms")
+                   f"{w['non_2xx']}" + ("" if lv is None else
+                                        f"; httpx: {f1(lv['throughput_rps'])} req/s, p50 "
+                                        f"{f1(lv['p50_ms'])} ms, p99 {f1(lv['p99_ms'])} ms"))
     if m["soak"]:
       s = m["soak"]
       lines.append(f"- soak ({s['model']}, {FLAGS.soak_concurrency} connections, "

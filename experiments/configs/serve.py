@@ -33,6 +33,8 @@ def serve_block() -> ml_collections.ConfigDict:
   s.retry_after_s = 1  # the Retry-After of a 503 (seconds)
   s.max_body_bytes = 1 << 20  # larger request bodies get a 413
   s.drain_timeout_s = 60.0  # SIGTERM: the longest wait for admitted requests before exiting
+  s.keep_alive_s = 75.0  # idle keep-alive connections are closed after this (above a load
+  #                        balancer's idle timeout, often 60 s, so it never reuses a closing one)
   s.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
   s.max_new_tokens = 0  # response cap (0 = the build's response length R)
   s.model_name = ""  # the answers' "model" ('' = <stage>-step<step> from the export's metadata)

@@ -6,7 +6,7 @@
   gr2jax_serve_valid_rate, _fallback_rate         their fractions so far
   gr2jax_serve_queue_seconds                      admission -> its batch's decode starts
   gr2jax_serve_decode_seconds                     one batch's decode (per batch)
-  gr2jax_serve_request_seconds{endpoint}          end to end, as the server sees it
+  gr2jax_serve_request_seconds{endpoint}          end to end in the server, answered requests
   gr2jax_serve_batch_size                         requests per decoded batch (before padding)
   gr2jax_serve_batches_total{bucket}              decoded batches per compiled batch size
   gr2jax_serve_forwards_total, _tokens_total      forward passes and response tokens answered
@@ -45,7 +45,8 @@ class Metrics:
                                 buckets=_LATENCY, registry=r)
     self.decode = prom.Histogram("gr2jax_serve_decode_seconds", "one batch's decode",
                                  buckets=_LATENCY, registry=r)
-    self.latency = prom.Histogram("gr2jax_serve_request_seconds", "end to end in the server",
+    self.latency = prom.Histogram("gr2jax_serve_request_seconds", "answered, end to end in the "
+                                  "server",
                                   ["endpoint"], buckets=_LATENCY, registry=r)
     self.batch_size = prom.Histogram("gr2jax_serve_batch_size", "requests per decoded batch",
                                      buckets=tuple(batch_buckets), registry=r)

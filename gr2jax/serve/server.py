@@ -72,6 +72,7 @@ class Settings:
   retry_after_s: int
   max_body_bytes: int
   drain_timeout_s: float
+  keep_alive_s: float
 
   @classmethod
   def from_config(cls, c) -> "Settings":
@@ -93,12 +94,14 @@ class Settings:
       "retry_after_s": lambda v: _is_int(v) and v >= 1,
       "max_body_bytes": lambda v: _is_int(v) and v >= 1,
       "drain_timeout_s": lambda v: _is_real(v) and v > 0,
+      "keep_alive_s": lambda v: _is_real(v) and v > 0,
     }
     musts = {"host": "a host name or address", "port": "an int in 0..65535 (0 = a free port)",
              "batch_buckets": "ascending distinct ints >= 1",
              "window_ms": "a number >= 0", "queue_bound": "an int >= 1",
              "timeout_s": "a number > 0", "retry_after_s": "an int >= 1",
-             "max_body_bytes": "an int >= 1", "drain_timeout_s": "a number > 0"}
+             "max_body_bytes": "an int >= 1", "drain_timeout_s": "a number > 0",
+             "keep_alive_s": "a number > 0"}
     for name, ok in checks.items():
       if not ok(values[name]):
         raise ValueError(f"serve.{name}={values[name]!r} must be {musts[name]}")
@@ -264,6 +267,10 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
     return refused(e)
 
   async def answer(requests: list[RerankRequest], prefix) -> list[dict]:
+    retry = {"Retry-After": str(settings.retry_after_s)}
+    if batcher.depth + len(requests) > settings.queue_bound:  # shed load before any work
+      raise _Refused(503, "overloaded", "overloaded", f"{batcher.depth} requests in flight; "
+                     f"the queue holds {settings.queue_bound} (serve.queue_bound)", headers=retry)
     prepared = []
     for i, r in enumerate(requests):
       obj = r.model_dump()
@@ -274,7 +281,6 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
         message = str(e) if str(e).startswith(e.field) else f"{e.field}: {e}"
         raise _Refused(422, "bad_request", e.kind, prefix(i) + message,
                        prefix(i) + e.field) from None
-    retry = {"Retry-After": str(settings.retry_after_s)}
     try:
       futures = batcher.submit(prepared, [p.prompt_len for p in prepared], settings.timeout_s)
     except batching.NotReady as e:
@@ -304,8 +310,8 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       logging.exception("request failed")
       out, outcome = refused(_Refused(500, "error", "internal", repr(e))), "error"
     metrics.requests.labels(endpoint, outcome).inc()
-    metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
     if outcome == "ok":
+      metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
       for row in out:
         metrics.queue.observe(row["timings"]["queue_ms"] / 1e3)
     return out
@@ -361,7 +367,8 @@ def make_server(engine: engine_lib.Engine, settings: Settings, *,
   app = make_app(engine, settings, load_s=load_s,
                  on_warm_failure=lambda: setattr(holder["server"], "should_exit", True))
   config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                          timeout_graceful_shutdown=settings.drain_timeout_s)
+                          timeout_graceful_shutdown=settings.drain_timeout_s,
+                          timeout_keep_alive=settings.keep_alive_s)
   holder["server"] = uvicorn.Server(config)
   return holder["server"]
 
