@@ -4,28 +4,29 @@ r"""Load benchmark of the re-ranking server: a real client over a real loopback 
       --report_dir=docs/results/serve [--config.<recipe overrides of the models' training run>]
 
 For each model (W/<model>/export) the script
-  1. times the offline re-ranking tool (gr2jax.rerank) in this process on the same requests:
-     at batch --goal_concurrency (throughput) and request by request at batch 1 (one request's
-     decode time), each after a warm-up call that compiles its shape;
+  1. loads the offline re-ranking tool (gr2jax.rerank) in this process on the same requests and
+     compiles its shapes (batch --goal_concurrency and batch 1);
   2. starts the server (`experiments/run.py --config=serve.py ...`, the recipe and overrides
      given here) with an empty persistent compilation cache (cold start), stops it with
      SIGTERM, starts it again on the filled cache (warm start) and reports both start-ups;
   3. drives it with async httpx clients (--client_processes processes sharing C connections,
      closed loop: each connection sends its next request when the previous one is answered)
-     at every --concurrency and at
-     --goal_concurrency: throughput (answered requests / s), end-to-end p50 / p95 / p99, the
-     servers' batch-size distribution (its /metrics before and after), validity, errors;
-  4. cross-checks points with wrk, an independent load tool (--wrk_concurrency; a lua script
-     rotates the same request bodies; by default at concurrency 1 and --goal_concurrency, so
-     goals 1 and 2 are also measured with a client that needs little CPU), and soaks at
-     --soak_concurrency for --soak_s (resident memory of the server process at start and end,
-     errors).
+     at every --concurrency and at --goal_concurrency: throughput (answered requests / s),
+     end-to-end p50 / p95 / p99, the server's batch-size distribution and time in the server
+     (its /metrics before and after), validity, errors;
+  4. measures goals 1 and 2 in --goal_rounds rounds, each measurement right after its offline
+     baseline, so that both see the same conditions: offline throughput at batch
+     --goal_concurrency, then httpx and wrk (an independent load tool, a lua script rotating
+     the same request bodies) at that concurrency; one request alone offline, then httpx and
+     wrk at concurrency 1;
+  5. soaks at --soak_concurrency for --soak_s (resident memory of the server process at start
+     and end, errors).
 Then one server with --queue_bound is driven at the bound and at twice it (clients that get a
 503 back off --backoff_ms): only 503s beyond the bound, p99 of the admitted requests.
 
 The three goals, side by side in this one run: throughput at --goal_concurrency >= 0.8x the
-offline tool's at that batch; p50 at concurrency 1 <= 1.2x one request's offline decode time;
-at 2x the queue bound only 503s beyond it and a bounded p99 of the admitted requests.
+offline tool's at that batch; p50 at concurrency 1 <= 1.2x one request re-ranked alone by the
+offline tool; at 2x the queue bound only 503s beyond it and a bounded p99 of the admitted.
 
 Requests are the data build's --split users in order (history and candidates as item indices).
 Every request loop is bounded in requests and seconds, the client targets only the loopback
@@ -71,8 +72,8 @@ flags.DEFINE_integer("batch1_requests", 16, "Goal 2: requests the offline tool d
 flags.DEFINE_integer("queue_bound", 32, "Goal 3: the queue bound of the overload server.")
 flags.DEFINE_float("backoff_ms", 100.0, "Goal 3: a client's pause after a 503 (a tenth of the "
                    "server's Retry-After).")
-flags.DEFINE_list("wrk_concurrency", ["1", "32"], "wrk's connections at each cross-check point "
-                  "(empty = none).")
+flags.DEFINE_bool("wrk", True, "Also measure the goal points with wrk (an independent client).")
+flags.DEFINE_integer("goal_rounds", 2, "Rounds of the goal measurements (the median is kept).")
 flags.DEFINE_float("wrk_s", 20.0, "wrk's duration (seconds).")
 flags.DEFINE_float("soak_s", 0.0, "Soak duration in seconds (0 = no soak; the issue's: 600).")
 flags.DEFINE_integer("soak_concurrency", 16, "The soak's connections.")
@@ -105,6 +106,7 @@ def check_flags() -> None:
                       ("batch1_requests", FLAGS.batch1_requests),
                       ("queue_bound", FLAGS.queue_bound),
                       ("client_processes", FLAGS.client_processes),
+                      ("goal_rounds", FLAGS.goal_rounds),
                       ("soak_concurrency", FLAGS.soak_concurrency)):
     if value < 1:
       raise app.UsageError(f"--{name}={value} must be >= 1")
@@ -113,12 +115,10 @@ def check_flags() -> None:
       raise app.UsageError(f"--{name}={FLAGS[name].value} must be > 0")
   if FLAGS.soak_s < 0 or FLAGS.backoff_ms < 0:
     raise app.UsageError("--soak_s and --backoff_ms must be >= 0")
-  if not all(c.isdigit() and int(c) >= 1 for c in FLAGS.wrk_concurrency):
-    raise app.UsageError(f"--wrk_concurrency={FLAGS.wrk_concurrency} must be ints >= 1")
   if FLAGS.soak_s and FLAGS.soak_model not in FLAGS.models:
     raise app.UsageError(f"--soak_model={FLAGS.soak_model!r} is not in --models")
-  if FLAGS.wrk_concurrency and shutil.which("wrk") is None:
-    raise app.UsageError("--wrk_concurrency needs wrk on PATH (apt-get install wrk), or pass 0")
+  if FLAGS.wrk and shutil.which("wrk") is None:
+    raise app.UsageError("--wrk needs wrk on PATH (apt-get install wrk), or pass --nowrk")
   if FLAGS.goal_concurrency > max(FLAGS.config.serve.batch_buckets):
     raise app.UsageError(f"--goal_concurrency={FLAGS.goal_concurrency} exceeds the largest "
                          "batch bucket (--config.serve.batch_buckets)")
@@ -328,30 +328,37 @@ def _pool():
   return _POOLS[0]
 
 
-def offline(reranker, bodies: list, decode) -> dict:
-  """The offline tool (gr2jax.rerank) on the same requests: throughput at batch
-  --goal_concurrency and one request's decode time at batch 1, each shape warmed first."""
-  from gr2jax import rerank
+class Offline:
+  """The offline tool (gr2jax.rerank) on the benchmark's requests, its shapes compiled first."""
 
-  lines = [json.dumps(b) for b in bodies]
-  batch = FLAGS.goal_concurrency
-  kwargs = dict(tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block)
-  rerank.rerank(lines[:batch], reranker, batch_size=batch, **kwargs)  # compiles
-  start = time.perf_counter()
-  rows = rerank.rerank(lines, reranker, batch_size=batch, **kwargs)
-  seconds = time.perf_counter() - start
-  rerank.rerank(lines[:1], reranker, batch_size=1, **kwargs)  # compiles
-  alone = []
-  for line in lines[:FLAGS.batch1_requests]:
+  def __init__(self, reranker, bodies: list, decode):
+    from gr2jax import rerank
+
+    self._rerank, self.reranker = rerank.rerank, reranker
+    self.lines = [json.dumps(b) for b in bodies]
+    self.kwargs = dict(tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block)
+    self._rerank(self.lines[:FLAGS.goal_concurrency], reranker,
+                 batch_size=FLAGS.goal_concurrency, **self.kwargs)  # compiles
+    self._rerank(self.lines[:1], reranker, batch_size=1, **self.kwargs)  # compiles
+
+  def throughput(self) -> dict:
+    """Requests / s at batch --goal_concurrency over all the requests, and their validity."""
     start = time.perf_counter()
-    rerank.rerank([line], reranker, batch_size=1, **kwargs)
-    alone.append(time.perf_counter() - start)
-  out = {"batch": batch, "requests": len(lines), "seconds": seconds,
-         "throughput_rps": len(lines) / seconds,
-         "valid_rate": float(np.mean([r.get("kind") == "valid" for r in rows])),
-         "batch1_requests": len(alone), "batch1_p50_ms": percentiles(alone)["p50_ms"]}
-  print(json.dumps({"offline": out}), flush=True)
-  return out
+    rows = self._rerank(self.lines, self.reranker, batch_size=FLAGS.goal_concurrency,
+                        **self.kwargs)
+    seconds = time.perf_counter() - start
+    return {"batch": FLAGS.goal_concurrency, "requests": len(rows), "seconds": seconds,
+            "throughput_rps": len(rows) / seconds,
+            "valid_rate": float(np.mean([r.get("kind") == "valid" for r in rows]))}
+
+  def alone_p50_ms(self) -> float:
+    """The median time of the first --batch1_requests requests, each re-ranked alone."""
+    alone = []
+    for line in self.lines[:FLAGS.batch1_requests]:
+      start = time.perf_counter()
+      self._rerank([line], self.reranker, batch_size=1, **self.kwargs)
+      alone.append(time.perf_counter() - start)
+    return percentiles(alone)["p50_ms"]
 
 
 def wrk_point(server: Server, bodies: list, script_path: str, c: int) -> dict:
@@ -400,15 +407,38 @@ def soak(server: Server, bodies: list) -> dict:
           "p99_ms": out["p99_ms"], "rss_start_mb": rss_start, "rss_end_mb": server.rss_mb()}
 
 
+def goal_round(server: Server, base: Offline, bodies: list, script: str) -> dict:
+  """Goals 1 and 2, each measurement right after its baseline (the same conditions): the
+  offline tool at batch --goal_concurrency, then httpx and wrk at that concurrency; one
+  request alone offline, then httpx and wrk at concurrency 1."""
+  c = FLAGS.goal_concurrency
+  out = {"offline": base.throughput()}
+  out["httpx"] = load_level(server, bodies, c, requests=FLAGS.requests, seconds=FLAGS.level_s)
+  out["wrk"] = wrk_point(server, bodies[:256], script, c) if FLAGS.wrk else None
+  out["alone_p50_ms"] = base.alone_p50_ms()
+  out["httpx_c1"] = load_level(server, bodies, 1, requests=FLAGS.requests, seconds=FLAGS.level_s)
+  out["wrk_c1"] = wrk_point(server, bodies[:256], script, 1) if FLAGS.wrk else None
+  rate = out["offline"]["throughput_rps"]
+  out["throughput_vs_offline"] = {"httpx": out["httpx"]["throughput_rps"] / rate,
+                                  "wrk": out["wrk"]["throughput_rps"] / rate if FLAGS.wrk
+                                  else None}
+  out["p50_c1_vs_alone"] = {"httpx": out["httpx_c1"]["p50_ms"] / out["alone_p50_ms"],
+                            "wrk": out["wrk_c1"]["p50_ms"] / out["alone_p50_ms"] if FLAGS.wrk
+                            else None}
+  print(json.dumps({"goal_round": {k: out[k] for k in ("throughput_vs_offline",
+                                                       "p50_c1_vs_alone")}}), flush=True)
+  return out
+
+
 def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict:
-  """Offline baseline, cold and warm start-up, the load levels, wrk and the soak of one model."""
+  """Cold and warm start-up, the load levels, the goal rounds and the soak of one model."""
   from gr2jax import recipe as recipe_lib
   from gr2jax.serve import engine as engine_lib
 
   recipe = recipe_lib.from_config(FLAGS.config)
   engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, model, "export"), FLAGS.workdir,
                                   recipe_lib.data_config(recipe), recipe.decode)
-  base = offline(engine.reranker, bodies[:FLAGS.requests], recipe.decode)
+  base = Offline(engine.reranker, bodies[:FLAGS.requests], recipe.decode)
   cache = os.path.join(scratch, f"jax_cache_{model}")
   cold = Server(model, cache, os.path.join(scratch, f"{model}_cold.log"))
   startup = {"cold_s": cold.start_s, "cold": cold.health["startup"]}
@@ -418,25 +448,18 @@ def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict
   try:
     levels = [load_level(server, bodies, c, requests=FLAGS.requests, seconds=FLAGS.level_s)
               for c in sorted({*map(int, FLAGS.concurrency), FLAGS.goal_concurrency})]
-    wrk = [wrk_point(server, bodies[:256], os.path.join(report_dir, "wrk_post.lua"), int(c))
-           for c in FLAGS.wrk_concurrency]
+    rounds = [goal_round(server, base, bodies, os.path.join(report_dir, "wrk_post.lua"))
+              for _ in range(FLAGS.goal_rounds)]
     soaked = soak(server, bodies) if FLAGS.soak_s and model == FLAGS.soak_model else None
   finally:
     server.stop()
-  by_c = {level["concurrency"]: level for level in levels}
-  goal = by_c[FLAGS.goal_concurrency]
-  wrk_at = {w["concurrency"]: w for w in wrk if "throughput_rps" in w}
+  median = lambda key, client: (None if rounds[0][key][client] is None else
+                                float(np.median([r[key][client] for r in rounds])))
   return {"model": model, "kind": server.health["kind"], "name": server.health["model"],
-          "startup": startup, "offline": base, "levels": levels, "wrk": wrk, "soak": soaked,
-          "goals": {
-            "throughput_vs_offline": goal["throughput_rps"] / base["throughput_rps"],
-            "wrk_throughput_vs_offline": (
-              wrk_at[FLAGS.goal_concurrency]["throughput_rps"] / base["throughput_rps"]
-              if FLAGS.goal_concurrency in wrk_at else None),
-            "wrk_p50_c1_vs_decode": (wrk_at[1]["p50_ms"] / base["batch1_p50_ms"]
-                                     if 1 in wrk_at else None),
-            "p50_c1_vs_decode": (by_c[1]["p50_ms"] / base["batch1_p50_ms"]
-                                 if 1 in by_c else None)}}
+          "startup": startup, "levels": levels, "goal_rounds": rounds, "soak": soaked,
+          "goals": {f"{key}_{client}": median(key, client)
+                    for key in ("throughput_vs_offline", "p50_c1_vs_alone")
+                    for client in ("httpx", "wrk")}}
 
 
 def overload(model: str, bodies: list, scratch: str) -> dict:
@@ -465,9 +488,11 @@ def write_report(result: dict, report_dir: str) -> None:
   with open(os.path.join(report_dir, "bench_serve.json"), "w") as f:
     json.dump(result, f, indent=1)
   f1 = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
+  c = FLAGS.goal_concurrency
   lines = ["# Re-ranking server under load (bench_serve)", "", f"Command: `{result['command']}`",
-           "", "| model | C | req/s | p50 ms | p95 ms | p99 ms | server: queue / decode p50, "
-           "in server mean ms | mean batch | batches per bucket | valid | errors |",
+           "", "Load levels (httpx clients, closed loop):", "",
+           "| model | C | req/s | p50 ms | p95 ms | p99 ms | in server: queue / decode p50, "
+           "mean ms | mean batch | batches per bucket | valid | errors |",
            "|---|---|---|---|---|---|---|---|---|---|---|"]
   for m in result["models"]:
     for lv in m["levels"]:
@@ -475,45 +500,49 @@ def write_report(result: dict, report_dir: str) -> None:
                    f"{f1(lv['throughput_rps'])} | {f1(lv['p50_ms'])} | {f1(lv['p95_ms'])} | "
                    f"{f1(lv['p99_ms'])} | {f1(lv['server_queue_ms_p50'])} / "
                    f"{f1(lv['server_decode_ms_p50'])}, {f1(lv['server_request_ms_mean'])} | "
-                   f"{f1(lv['mean_batch'])} | "
-                   f"{json.dumps(lv['batches_per_bucket'])} | {f1(lv['valid_rate'], 3)} | "
-                   f"{lv['errors']} |")
-  lines += ["", "| model | offline req/s (batch) | offline batch-1 ms | cold start s | warm start "
-            "s | programs | cold compiles / cache hits | warm compiles / cache hits |",
+                   f"{f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_bucket'])} | "
+                   f"{f1(lv['valid_rate'], 3)} | {lv['errors']} |")
+  lines += ["", "Start-up (cold: empty persistent compilation cache; warm: filled):", "",
+            "| model | cold s (load / warm-up) | warm s (load / warm-up) | programs | compiles / "
+            "cache hits, cold | warm |", "|---|---|---|---|---|---|"]
+  for m in result["models"]:
+    s, cold, warm = m["startup"], m["startup"]["cold"], m["startup"]["warm"]
+    lines.append(f"| {m['model']} | {f1(s['cold_s'])} ({f1(cold['load_s'])} / "
+                 f"{f1(cold['warm_s'])}) | {f1(s['warm_s'])} ({f1(warm['load_s'])} / "
+                 f"{f1(warm['warm_s'])}) | {warm['programs']} | {cold['compiles']} / "
+                 f"{cold['cache_hits']} | {warm['compiles']} / {warm['cache_hits']} |")
+  lines += ["", f"Goals 1 and 2, each measurement next to its offline baseline "
+            f"({FLAGS.goal_rounds} rounds):", "",
+            f"| model | round | offline req/s (batch {c}) | httpx / wrk req/s (C={c}) | ratio "
+            "httpx / wrk | alone offline ms | httpx / wrk p50 ms (C=1) | ratio httpx / wrk |",
             "|---|---|---|---|---|---|---|---|"]
   for m in result["models"]:
-    o, s = m["offline"], m["startup"]
-    lines.append(f"| {m['model']} | {f1(o['throughput_rps'])} ({o['batch']}) | "
-                 f"{f1(o['batch1_p50_ms'])} | {f1(s['cold_s'])} | {f1(s['warm_s'])} | "
-                 f"{s['warm']['programs']} | {s['cold']['compiles']} / {s['cold']['cache_hits']} "
-                 f"| {s['warm']['compiles']} / {s['warm']['cache_hits']} |")
-  lines += ["", "Goals (this run):"]
+    for i, r in enumerate(m["goal_rounds"]):
+      wrk, wrk1 = r["wrk"] or {}, r["wrk_c1"] or {}
+      lines.append(
+        f"| {m['model']} | {i} | {f1(r['offline']['throughput_rps'])} | "
+        f"{f1(r['httpx']['throughput_rps'])} / {f1(wrk.get('throughput_rps'))} | "
+        f"{f1(r['throughput_vs_offline']['httpx'], 2)} / "
+        f"{f1(r['throughput_vs_offline']['wrk'], 2)} | {f1(r['alone_p50_ms'])} | "
+        f"{f1(r['httpx_c1']['p50_ms'])} / {f1(wrk1.get('p50_ms'))} | "
+        f"{f1(r['p50_c1_vs_alone']['httpx'], 2)} / {f1(r['p50_c1_vs_alone']['wrk'], 2)} |")
+  lines += ["", "Medians over the rounds:"]
   for m in result["models"]:
     g = m["goals"]
-    lines.append(f"- {m['model']}: throughput at concurrency {FLAGS.goal_concurrency} / offline "
-                 f"at batch {FLAGS.goal_concurrency} = {g['throughput_vs_offline']:.2f} (httpx), "
-                 f"{f1(g['wrk_throughput_vs_offline'], 2)} (wrk) (goal >= 0.8); p50 at "
-                 f"concurrency 1 / one request's offline decode = "
-                 f"{f1(g['p50_c1_vs_decode'], 2)} (httpx), {f1(g['wrk_p50_c1_vs_decode'], 2)} "
-                 "(wrk) (goal <= 1.2)")
-  o = result.get("overload")
-  if o:
-    lines.append(f"- overload ({o['model']}, queue bound {o['queue_bound']}): at the bound "
-                 f"{json.dumps(o['at_bound']['statuses'])} p99 {f1(o['at_bound']['p99_ms'])} "
-                 f"ms; at 2x {json.dumps(o['at_twice']['statuses'])} p99 "
-                 f"{f1(o['at_twice']['p99_ms'])} ms, max queue depth "
-                 f"{o['at_twice']['max_queue_depth']}; only 503s beyond the bound: "
-                 f"{o['only_503_beyond']}; admitted requests' mean time in the server at 2x / "
-                 f"at the bound: {f1(o['in_server_ratio'], 2)}")
+    lines.append(f"- {m['model']}: throughput at C={c} / offline at batch {c}: "
+                 f"{f1(g['throughput_vs_offline_httpx'], 2)} (httpx), "
+                 f"{f1(g['throughput_vs_offline_wrk'], 2)} (wrk) (goal >= 0.8); p50 at C=1 / one "
+                 f"request alone offline: {f1(g['p50_c1_vs_alone_httpx'], 2)} (httpx), "
+                 f"{f1(g['p50_c1_vs_alone_wrk'], 2)} (wrk) (goal <= 1.2)")
+  o = result["overload"]
+  lines.append(f"- goal 3, overload ({o['model']}, queue bound {o['queue_bound']}): at the bound "
+               f"{json.dumps(o['at_bound']['statuses'])} p99 {f1(o['at_bound']['p99_ms'])} ms; "
+               f"at 2x {json.dumps(o['at_twice']['statuses'])} p99 "
+               f"{f1(o['at_twice']['p99_ms'])} ms, max queue depth "
+               f"{o['at_twice']['max_queue_depth']}; only 503s beyond the bound: "
+               f"{o['only_503_beyond']}; admitted requests' mean time in the server at 2x / at "
+               f"the bound: {f1(o['in_server_ratio'], 2)}")
   for m in result["models"]:
-    for w in m["wrk"]:
-      lv = next((x for x in m["levels"] if x["concurrency"] == w["concurrency"]), None)
-      lines.append(f"- wrk cross-check ({m['model']}, {w['concurrency']} connections, "
-                   f"{w['seconds']:g} s): {f1(w.get('throughput_rps'))} req/s, p50 "
-                   f"{f1(w.get('p50_ms'))} ms, p99 {f1(w.get('p99_ms'))} ms, non-2xx "
-                   f"{w['non_2xx']}" + ("" if lv is None else
-                                        f"; httpx: {f1(lv['throughput_rps'])} req/s, p50 "
-                                        f"{f1(lv['p50_ms'])} ms, p99 {f1(lv['p99_ms'])} ms"))
     if m["soak"]:
       s = m["soak"]
       lines.append(f"- soak ({s['model']}, {FLAGS.soak_concurrency} connections, "
@@ -556,6 +585,7 @@ def main(argv):
   if FLAGS.config is None or FLAGS.config.get("stage") != "serve":
     raise app.UsageError("--config must be serve.py[:variant] (with the models' overrides)")
   check_flags()
+  signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop servers and clients (atexit)
   logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
   from gr2jax import recipe as recipe_lib
   from gr2jax.data import pipeline
@@ -577,6 +607,8 @@ def main(argv):
   result = {"command": command, "split": FLAGS.split, "requests_per_level": FLAGS.requests,
             "level_s": FLAGS.level_s, "models": models,
             "overload": overload(FLAGS.models[-1], bodies, scratch)}
+  for pool in _POOLS:
+    pool.shutdown()
   write_report(result, report_dir)
 
 

@@ -18,7 +18,8 @@ many items went. The event loop validates (pydantic, then the engine's catalogue
 checks), admits into the bounded queue and answers; the one decode worker (batching.py) owns
 the devices. Errors never take the server down:
 
-  400 malformed JSON; 413 a body over serve.max_body_bytes; 422 a field of the wrong type, a
+  400 malformed JSON; 413 a body over serve.max_body_bytes; 415 a Content-Type other than
+  JSON (a body without one is read as JSON); 422 a field of the wrong type, a
   missing field, an unknown item, a wrong number of candidates, duplicated candidates, a prompt
   longer than every compiled length: {"error": {"kind", "field", "message"}}
   503 + Retry-After: the queue is full, or the server is warming up or draining
@@ -83,28 +84,9 @@ class Settings:
     """
     values = {f.name: c[f.name] for f in dataclasses.fields(cls)}
     values["batch_buckets"] = tuple(values["batch_buckets"])
-    checks = {
-      "host": lambda v: isinstance(v, str) and v != "",
-      "port": lambda v: _is_int(v) and 0 <= v <= 65535,
-      "batch_buckets": lambda v: bool(v) and all(_is_int(b) and b >= 1 for b in v)
-      and list(v) == sorted(set(v)),
-      "window_ms": lambda v: _is_real(v) and v >= 0,
-      "queue_bound": lambda v: _is_int(v) and v >= 1,
-      "timeout_s": lambda v: _is_real(v) and v > 0,
-      "retry_after_s": lambda v: _is_int(v) and v >= 1,
-      "max_body_bytes": lambda v: _is_int(v) and v >= 1,
-      "drain_timeout_s": lambda v: _is_real(v) and v > 0,
-      "keep_alive_s": lambda v: _is_real(v) and v > 0,
-    }
-    musts = {"host": "a host name or address", "port": "an int in 0..65535 (0 = a free port)",
-             "batch_buckets": "ascending distinct ints >= 1",
-             "window_ms": "a number >= 0", "queue_bound": "an int >= 1",
-             "timeout_s": "a number > 0", "retry_after_s": "an int >= 1",
-             "max_body_bytes": "an int >= 1", "drain_timeout_s": "a number > 0",
-             "keep_alive_s": "a number > 0"}
-    for name, ok in checks.items():
+    for name, (ok, must) in _RULES.items():
       if not ok(values[name]):
-        raise ValueError(f"serve.{name}={values[name]!r} must be {musts[name]}")
+        raise ValueError(f"serve.{name}={values[name]!r} must be {must}")
     return cls(**values)
 
 
@@ -114,6 +96,21 @@ def _is_int(v) -> bool:
 
 def _is_real(v) -> bool:
   return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
+_RULES = {  # Settings field: (check, what it must be)
+  "host": (lambda v: isinstance(v, str) and v != "", "a host name or address"),
+  "port": (lambda v: _is_int(v) and 0 <= v <= 65535, "an int in 0..65535 (0 = a free port)"),
+  "batch_buckets": (lambda v: bool(v) and all(_is_int(b) and b >= 1 for b in v)
+                    and list(v) == sorted(set(v)), "ascending distinct ints >= 1"),
+  "window_ms": (lambda v: _is_real(v) and v >= 0, "a number >= 0"),
+  "queue_bound": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+  "retry_after_s": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "max_body_bytes": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "drain_timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+  "keep_alive_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+}
 
 
 class RerankRequest(pydantic.BaseModel):
@@ -189,8 +186,8 @@ class _BodyLimit:
     return await self.app(scope, replay, send)
 
   async def _refuse(self, send):
-    body = json.dumps({"error": {"kind": "body_too_large", "field": "body", "message":
-                                 f"the body exceeds serve.max_body_bytes={self.limit}"}})
+    body = json.dumps(_Refused(413, "bad_request", "body_too_large", "the body exceeds "
+                               f"serve.max_body_bytes={self.limit}", "body").body)
     await send({"type": "http.response.start", "status": 413,
                 "headers": [(b"content-type", b"application/json")]})
     await send({"type": "http.response.body", "body": body.encode()})
