@@ -141,6 +141,12 @@ def _run_rerank(config, workdir):
   return rerank.run(_recipe(config), config.rerank, workdir)
 
 
+def _run_serve(config, workdir):
+  from gr2jax.serve import server
+
+  return server.run(_recipe(config), config.serve, workdir)
+
+
 def _run_tables(config, workdir):
   from gr2jax import recipe
   from gr2jax.apps import tables
@@ -153,6 +159,7 @@ STAGES = {
     "data": _run_data,
     "teacher": _run_step,
     "rerank": _run_rerank,
+    "serve": _run_serve,
     "table3": _run_tables,
     "fig6": _run_tables,
     "table4": _run_tables,

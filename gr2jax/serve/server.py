@@ -1,0 +1,411 @@
+"""Re-ranking as a service: FastAPI on uvicorn, one decode worker, Prometheus metrics.
+
+  python experiments/run.py --config=serve.py --workdir=W --config.serve.ckpt=W/rl/export \
+      --config.serve.port=8000
+
+  POST /v1/rerank        {"id"?, "history": [item, ...], "candidates": [N items in D's order]}
+                         -> {"id", "ranking", "reasoning", "valid", "fallback", "model",
+                             "history_dropped", "timings": {"queue_ms", "decode_ms"}}
+  POST /v1/rerank:batch  [request, ...] -> [answer, ...] (all answered, or one error for all)
+  GET  /healthz          200 {"status": "ready", ...} once every shape is compiled, else 503
+  GET  /metrics          Prometheus text (gr2jax/serve/metrics.py)
+
+Items are catalogue indices or ASINs, as in the offline tool (gr2jax/rerank.py), and answers
+mean what its rows mean: `ranking` holds the candidates as given, best first; an invalid answer
+(`valid` false) falls back to D's order (`fallback` true). A history longer than the data
+build's max_history is cut oldest-first as the build cuts it, and `history_dropped` says how
+many items went. The event loop validates (pydantic, then the engine's catalogue and prompt
+checks), admits into the bounded queue and answers; the one decode worker (batching.py) owns
+the devices. Errors never take the server down:
+
+  400 malformed JSON; 413 a body over serve.max_body_bytes; 415 a Content-Type other than
+  JSON (a body without one is read as JSON); 422 a field of the wrong type, a
+  missing field, an unknown item, a wrong number of candidates, duplicated candidates, a prompt
+  longer than every compiled length: {"error": {"kind", "field", "message"}}
+  503 + Retry-After: the queue is full, or the server is warming up or draining
+  504: the request waited past serve.timeout_s
+
+SIGTERM stops accepting connections, answers every admitted request, then exits (uvicorn's
+graceful shutdown, then the worker drains).
+"""
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import logging
+import socket
+import time
+from typing import Annotated
+
+import fastapi
+import pydantic
+import uvicorn
+from fastapi import exceptions as fastapi_exceptions
+from fastapi import responses
+
+from gr2jax.serve import batching
+from gr2jax.serve import engine as engine_lib
+from gr2jax.serve import metrics as metrics_lib
+
+
+def _item_id(value):
+  """An item id or request id: an int (not a bool) or a string."""
+  if isinstance(value, bool) or not isinstance(value, int | str):
+    raise ValueError(f"expected an int or a string, got {json.dumps(value)[:80]}")
+  return value
+
+
+_ItemId = Annotated[int | str, pydantic.PlainValidator(_item_id, json_schema_input_type=int | str)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  """The `serve` block's serving fields (experiments/configs/serve.py documents each)."""
+
+  host: str
+  port: int
+  batch_buckets: tuple[int, ...]
+  window_ms: float
+  queue_bound: int
+  timeout_s: float
+  retry_after_s: int
+  max_body_bytes: int
+  drain_timeout_s: float
+  keep_alive_s: float
+
+  @classmethod
+  def from_config(cls, c) -> "Settings":
+    """The settings of a `serve` config block, checked.
+
+    Raises:
+      ValueError: naming the field (serve.<name>) and what it must be.
+    """
+    values = {f.name: c[f.name] for f in dataclasses.fields(cls)}
+    values["batch_buckets"] = tuple(values["batch_buckets"])
+    for name, (ok, must) in _RULES.items():
+      if not ok(values[name]):
+        raise ValueError(f"serve.{name}={values[name]!r} must be {must}")
+    return cls(**values)
+
+
+def _is_int(v) -> bool:
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v) -> bool:
+  return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+
+
+_RULES = {  # Settings field: (check, what it must be)
+  "host": (lambda v: isinstance(v, str) and v != "", "a host name or address"),
+  "port": (lambda v: _is_int(v) and 0 <= v <= 65535, "an int in 0..65535 (0 = a free port)"),
+  "batch_buckets": (lambda v: bool(v) and all(_is_int(b) and b >= 1 for b in v)
+                    and list(v) == sorted(set(v)), "ascending distinct ints >= 1"),
+  "window_ms": (lambda v: _is_real(v) and v >= 0, "a number >= 0"),
+  "queue_bound": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+  "retry_after_s": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "max_body_bytes": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
+  "drain_timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+  "keep_alive_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+}
+
+
+class RerankRequest(pydantic.BaseModel):
+  """One request; the engine checks the items against the catalogue."""
+
+  id: _ItemId | None = None
+  history: list[_ItemId]
+  candidates: list[_ItemId]
+
+
+class Timings(pydantic.BaseModel):
+  queue_ms: float
+  decode_ms: float
+
+
+class Answer(pydantic.BaseModel):
+  id: _ItemId
+  ranking: list[_ItemId]
+  reasoning: str
+  valid: bool
+  fallback: bool
+  model: str
+  history_dropped: int
+  timings: Timings
+
+
+class _Refused(Exception):
+  """An HTTP error answer: status, body, headers, and the metrics outcome."""
+
+  def __init__(self, status: int, outcome: str, kind: str, message: str, field: str = "",
+               headers: dict | None = None):
+    super().__init__(message)
+    self.status, self.outcome, self.headers = status, outcome, headers or {}
+    self.body = {"error": {"kind": kind, "field": field, "message": message}}
+
+
+def _field(loc) -> str:
+  """'candidates[3]' / '[2].history' of a pydantic error location (after 'body')."""
+  out = ""
+  for part in loc[1:] if loc and loc[0] == "body" else loc:
+    out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+  return out or "body"
+
+
+class _BodyLimit:
+  """ASGI middleware: reads each request body (at most `limit` bytes, declared or streamed)
+  before the application sees it; a larger one gets a 413 without being read further."""
+
+  def __init__(self, app, limit: int):
+    self.app, self.limit = app, limit
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    declared = dict(scope["headers"]).get(b"content-length", b"0")
+    if declared.isdigit() and int(declared) > self.limit:
+      return await self._refuse(send)
+    chunks, size, more = [], 0, True
+    while more:
+      message = await receive()
+      if message["type"] != "http.request":  # the client went away: nothing to answer
+        return None
+      chunks.append(message.get("body", b""))
+      size += len(chunks[-1])
+      more = message.get("more_body", False)
+      if size > self.limit:
+        return await self._refuse(send)
+    replayed = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
+
+    async def replay():
+      return next(replayed, None) or await receive()
+
+    return await self.app(scope, replay, send)
+
+  async def _refuse(self, send):
+    body = json.dumps(_Refused(413, "bad_request", "body_too_large", "the body exceeds "
+                               f"serve.max_body_bytes={self.limit}", "body").body)
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body.encode()})
+
+
+def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
+             on_warm_failure=lambda: None) -> fastapi.FastAPI:
+  """The FastAPI application of an engine.
+
+  Args:
+    engine: the model (gr2jax/serve/engine.py).
+    settings: the serving settings.
+    load_s: seconds the engine took to load (reported by /healthz).
+    on_warm_failure: called on the worker when the warm-up raises (run() stops uvicorn).
+  """
+  state = {"startup": {}, "draining": False, "baseline": None}
+  compiles_after = lambda: (0 if state["baseline"] is None
+                            else engine_lib.compile_count() - state["baseline"])
+  metrics = metrics_lib.Metrics(settings.batch_buckets, lambda: batcher.depth, compiles_after)
+  batcher = batching.Batcher(engine.rank, buckets=settings.batch_buckets,
+                             window_s=settings.window_ms / 1e3, queue_bound=settings.queue_bound,
+                             on_batch=metrics.on_batch)
+  ids = itertools.count()
+
+  def warm():
+    start, compiles, hits = (time.perf_counter(), engine_lib.compile_count(),
+                             engine_lib.cache_hits())
+    try:
+      for length in engine.prompt_lengths:
+        for bucket in batcher.buckets:
+          engine.warm(bucket, length)
+    except BaseException:
+      on_warm_failure()
+      raise
+    state["baseline"] = engine_lib.compile_count()
+    state["startup"] = {
+      "load_s": round(load_s, 3), "warm_s": round(time.perf_counter() - start, 3),
+      "programs": len(batcher.buckets) * len(engine.prompt_lengths),
+      "compiles": state["baseline"] - compiles, "cache_hits": engine_lib.cache_hits() - hits}
+    logging.warning("ready: %s (%s) %s", engine.name, engine.kind, json.dumps(state["startup"]))
+
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    batcher.start(warm)
+    yield
+    state["draining"] = True
+    await asyncio.get_running_loop().run_in_executor(None, batcher.stop)
+    logging.warning("drained: every admitted request answered")
+
+  app = fastapi.FastAPI(title="gr2jax re-ranker", lifespan=lifespan,
+                        strict_content_type=False)  # a body without Content-Type is JSON
+  app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
+  app.state.batcher, app.state.metrics = batcher, metrics
+
+  def refused(e: _Refused) -> responses.JSONResponse:
+    return responses.JSONResponse(e.body, status_code=e.status, headers=e.headers)
+
+  @app.exception_handler(fastapi_exceptions.RequestValidationError)
+  async def invalid(request: fastapi.Request, exc: fastapi_exceptions.RequestValidationError):
+    first = exc.errors()[0] if exc.errors() else {"type": "", "loc": (), "msg": "invalid"}
+    content_type = request.headers.get("content-type", "application/json")
+    if "json" not in content_type:
+      e = _Refused(415, "bad_request", "not_json", f"Content-Type {content_type!r}: send "
+                   "application/json", "body")
+    elif first["type"] == "json_invalid":
+      detail = first.get("ctx", {}).get("error", first["msg"])
+      e = _Refused(400, "bad_request", "malformed_json", f"not JSON: {detail}", "body")
+    else:
+      kind = "missing_field" if first["type"] == "missing" else "bad_field"
+      field = _field(first["loc"])
+      e = _Refused(422, "bad_request", kind, f"{field}: {first['msg']}", field)
+    endpoint = "rerank_batch" if request.url.path.endswith(":batch") else "rerank"
+    metrics.requests.labels(endpoint, "bad_request").inc()
+    return refused(e)
+
+  async def answer(requests: list[RerankRequest], prefix) -> list[dict]:
+    retry = {"Retry-After": str(settings.retry_after_s)}
+    if batcher.depth + len(requests) > settings.queue_bound:  # shed load before any work
+      raise _Refused(503, "overloaded", "overloaded", f"{batcher.depth} requests in flight; "
+                     f"the queue holds {settings.queue_bound} (serve.queue_bound)", headers=retry)
+    prepared = []
+    for i, r in enumerate(requests):
+      obj = r.model_dump()
+      obj["id"] = f"req-{next(ids)}" if obj["id"] is None else obj["id"]
+      try:
+        prepared.append(engine.parse(obj))
+      except engine_lib.InputError as e:
+        message = str(e) if str(e).startswith(e.field) else f"{e.field}: {e}"
+        raise _Refused(422, "bad_request", e.kind, prefix(i) + message,
+                       prefix(i) + e.field) from None
+    try:
+      futures = batcher.submit(prepared, [p.prompt_len for p in prepared], settings.timeout_s)
+    except batching.NotReady as e:
+      raise _Refused(503, "not_ready", "not_ready", str(e), headers=retry) from None
+    except batching.Overloaded as e:
+      raise _Refused(503, "overloaded", "overloaded", str(e), headers=retry) from None
+    try:
+      results = await asyncio.wait_for(
+        asyncio.gather(*[asyncio.wrap_future(f) for f in futures]), settings.timeout_s)
+    except (TimeoutError, batching.DeadlineExceeded) as e:
+      raise _Refused(504, "timeout", "timeout",
+                     f"no answer within serve.timeout_s={settings.timeout_s} ({e})") from None
+    return [{"id": p.request.id, "ranking": row["ranking"], "reasoning": row["reasoning"],
+             "valid": row["valid"], "fallback": row["fallback"], "model": engine.name,
+             "history_dropped": p.history_dropped,
+             "timings": {"queue_ms": 1e3 * queue_s, "decode_ms": 1e3 * decode_s}}
+            for p, (row, queue_s, decode_s, _) in zip(prepared, results, strict=True)]
+
+  async def measured(endpoint: str, requests: list[RerankRequest], prefix):
+    start = time.perf_counter()
+    try:
+      out = await answer(requests, prefix)
+      outcome = "ok"
+    except _Refused as e:
+      out, outcome = refused(e), e.outcome
+    except Exception as e:  # a decode failure: answered, counted, and the server goes on
+      logging.exception("request failed")
+      out, outcome = refused(_Refused(500, "error", "internal", repr(e))), "error"
+    metrics.requests.labels(endpoint, outcome).inc()
+    if outcome == "ok":
+      metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
+      for row in out:
+        metrics.queue.observe(row["timings"]["queue_ms"] / 1e3)
+    return out
+
+  @app.post("/v1/rerank", response_model=Answer)
+  async def rerank_one(request: RerankRequest):
+    out = await measured("rerank", [request], lambda i: "")
+    return out if isinstance(out, responses.Response) else out[0]
+
+  @app.post("/v1/rerank:batch", response_model=list[Answer])
+  async def rerank_batch(requests: list[RerankRequest]):
+    if not 0 < len(requests) <= settings.queue_bound:
+      e = _Refused(422, "bad_request", "bad_batch_size", f"a batch holds 1..serve.queue_bound="
+                   f"{settings.queue_bound} requests, got {len(requests)}", "body")
+      metrics.requests.labels("rerank_batch", "bad_request").inc()
+      return refused(e)
+    return await measured("rerank_batch", requests, lambda i: f"[{i}].")
+
+  @app.get("/healthz")
+  async def healthz():
+    if batcher.warm_error is not None:
+      status = "failed"
+    elif state["draining"]:
+      status = "draining"
+    else:
+      status = "ready" if batcher.ready.is_set() else "warming_up"
+    body = {"status": status, "model": engine.name, "kind": engine.kind,
+            "batch_buckets": list(batcher.buckets), "prompt_lengths": list(engine.prompt_lengths),
+            "queue_depth": batcher.depth, "startup": state["startup"]}
+    return responses.JSONResponse(body, status_code=200 if status == "ready" else 503)
+
+  @app.get("/metrics")
+  async def prometheus_metrics():
+    return responses.Response(metrics.text(), media_type="text/plain; version=0.0.4")
+
+  return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+  """A listening TCP socket on host:port (0 = a free port; read it with getsockname())."""
+  family = socket.AF_INET6 if ":" in host else socket.AF_INET
+  sock = socket.socket(family, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  sock.bind((host, port))
+  sock.listen(2048)
+  return sock
+
+
+def make_server(engine: engine_lib.Engine, settings: Settings, *,
+                load_s: float = 0.0) -> uvicorn.Server:
+  """The uvicorn server of an engine (graceful shutdown within settings.drain_timeout_s)."""
+  holder = {}
+  app = make_app(engine, settings, load_s=load_s,
+                 on_warm_failure=lambda: setattr(holder["server"], "should_exit", True))
+  config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=settings.drain_timeout_s,
+                          timeout_keep_alive=settings.keep_alive_s)
+  holder["server"] = uvicorn.Server(config)
+  return holder["server"]
+
+
+def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0) -> None:
+  """Serves until SIGTERM / SIGINT (then drains).
+
+  Raises:
+    RuntimeError: the warm-up failed (nothing was served).
+  """
+  server = make_server(engine, settings, load_s=load_s)
+  sock = bind(settings.host, settings.port)
+  host, port = sock.getsockname()[:2]
+  print(f"serving {engine.name} ({engine.kind}) on http://{host}:{port} (warming up "
+        f"{len(settings.batch_buckets) * len(engine.prompt_lengths)} programs)", flush=True)
+  server.run(sockets=[sock])
+  error = server.config.app.state.batcher.warm_error
+  if error is not None:
+    raise RuntimeError(f"warm-up failed: {error!r}") from error
+
+
+def run(recipe, c, workdir: str) -> None:
+  """`--config=serve.py`: loads `c.ckpt` with the recipe's data build and decode spec, serves.
+
+  Args:
+    recipe: the gr2jax.recipe.Recipe the model was trained with.
+    c: the `serve` block (experiments/configs/serve.py).
+    workdir: the workdir of the recipe's data build (the persistent compilation cache too).
+  """
+  import os
+
+  from gr2jax import recipe as recipe_lib
+
+  settings = Settings.from_config(c)
+  cache = c.compilation_cache.format(workdir=workdir)
+  if cache:
+    engine_lib.use_compilation_cache(os.path.abspath(cache))
+  start = time.perf_counter()
+  engine = engine_lib.Engine.load(
+    c.ckpt.format(workdir=workdir), workdir, recipe_lib.data_config(recipe), recipe.decode,
+    items=c.items_file, max_new_tokens=c.max_new_tokens,
+    prompt_lengths=tuple(c.prompt_lengths), name=c.model_name)
+  serve(engine, settings, load_s=time.perf_counter() - start)

@@ -1,0 +1,89 @@
+"""The server's adapter (gr2jax/serve/engine.py): errors name the field, histories are cut as
+the data build cuts them, and ranking in padded buckets gives exactly the offline tool's rows."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gr2jax import rerank
+from gr2jax.serve import engine as engine_lib
+from gr2jax.train import inputs
+from tests.serve.toy_server import PROMPT_LEN, toy_engine
+from tests.test_rerank import _good
+
+
+@pytest.fixture(scope="module")
+def engine(tok_dir):
+  return toy_engine(tok_dir)
+
+
+BAD = [  # request, kind, field
+  (_good(0) | {"candidates": [*range(9), 40]}, "unknown_item", "candidates[9]"),
+  (_good(0) | {"history": ["NOPE", 1]}, "unknown_item", "history[0]"),
+  (_good(0) | {"history": [1, True]}, "bad_field", "history[1]"),
+  (_good(0) | {"candidates": list(range(9))}, "wrong_candidate_count", "candidates"),
+  (_good(0) | {"candidates": list(range(11))}, "wrong_candidate_count", "candidates"),
+  (_good(0) | {"candidates": [*range(9), 3]}, "duplicate_candidates", "candidates[9]"),
+  (_good(0) | {"history": 5}, "bad_field", "history"),
+  (_good(0) | {"id": {"a": 1}}, "bad_field", "id"),
+  ({"id": 1, "history": []}, "missing_field", "candidates"),
+]
+
+
+@pytest.mark.parametrize("request_obj,kind,field", BAD)
+def test_bad_request_names_the_field(engine, request_obj, kind, field):
+  with pytest.raises(engine_lib.InputError) as e:
+    engine.parse(request_obj)
+  assert (e.value.kind, e.value.field) == (kind, field)
+  assert str(e.value)
+
+
+def test_prompt_longer_than_every_compiled_length_is_refused(engine):
+  short = engine_lib.Engine(engine.reranker, tau=1.0, max_steps_per_block=64,
+                            prompt_lengths=(32,), name="toy")
+  with pytest.raises(engine_lib.InputError, match="compiled prompt lengths") as e:
+    short.parse(_good(0))
+  assert (e.value.kind, e.value.field) == ("prompt_too_long", "history")
+  assert engine.parse(_good(0)).prompt_len == PROMPT_LEN
+
+
+def test_long_history_is_cut_oldest_first_as_the_build_cuts(engine):
+  keep = engine.reranker.max_history
+  history = list(np.random.default_rng(0).integers(0, 40, keep + 5))
+  request = _good(0) | {"history": [int(i) for i in history]}
+  long = engine.parse(request)
+  cut = engine.parse(request | {"history": request["history"][5:]})
+  assert (long.history_dropped, cut.history_dropped) == (5, 0)
+  np.testing.assert_array_equal(long.encoded.prompt, cut.encoded.prompt)
+
+
+@pytest.mark.parametrize("diffusion", [False, True])
+def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
+  """Requests ranked 3 + 4 + 3 in batches of 4 (rows repeated) give the offline tool's rows,
+  raw responses included; once warm, nothing compiles."""
+  engine = toy_engine(tok_dir, diffusion)
+  requests = [_good(i) for i in range(10)]
+  requests[3] = requests[3] | {"candidates": [f"B{i:09d}" for i in requests[3]["candidates"]]}
+  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+                                batch_size=4)
+  longest = max(len(engine.parse(r).encoded.prompt) for r in requests)
+  assert inputs.round_up(longest) == PROMPT_LEN  # the offline tool's width is the server's
+  engine.warm(4, PROMPT_LEN)
+  compiles = engine_lib.compile_count()
+  prepared = [engine.parse(r) for r in requests]
+  rows = []
+  for chunk in (prepared[:3], prepared[3:7], prepared[7:]):
+    rows += engine.rank(chunk, 4, PROMPT_LEN)
+  assert engine_lib.compile_count() == compiles
+  for row, want in zip(rows, offline, strict=True):
+    assert row["response"] == want["response"]
+    assert row["ranking"] == want["ranking"] and row["reasoning"] == want["reasoning"]
+    assert (row["valid"], row["fallback"]) == (want["kind"] == "valid", want["fallback"])
+    assert row["tokens"] >= 1 and row["forwards"] >= 1
+  assert rows[3]["ranking"][0].startswith("B")  # ids come back as given
+
+
+def test_example_request_is_valid(engine):
+  prepared = engine.parse(engine.example())
+  assert len(prepared.request.candidates) == engine.num_candidates

@@ -1,0 +1,88 @@
+"""A toy re-ranking server for the tests: test_rerank.py's tiny random model and toy tokenizer
+behind the real application, in a thread or (`python -m tests.serve.toy_server`) a process.
+
+Shapes are test_rerank.py's (batch 4, prompt width 96, 16 new tokens), so a test session
+compiles them once for both.
+"""
+
+import argparse
+import json
+import os
+import sys
+import threading
+
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.serve import engine as engine_lib
+from gr2jax.serve import server
+from gr2jax.serve.client import wait_ready
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
+from serve import serve_block  # noqa: E402  (experiments/configs/serve.py)
+
+PROMPT_LEN = 96
+
+
+def settings(**overrides) -> server.Settings:
+  """The serve block's defaults on a free loopback port, with overrides."""
+  block = serve_block()
+  block.update(dict(port=0, batch_buckets=(4,), window_ms=2.0, queue_bound=64, timeout_s=20.0))
+  block.update(overrides)
+  return server.Settings.from_config(block)
+
+
+def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
+  """The engine of test_rerank.py's tiny model over the toy tokenizer saved in tok_dir."""
+  from tests.test_rerank import _reranker
+
+  reranker = _reranker(tokenizer_lib.load_tokenizer(tok_dir), diffusion)
+  return engine_lib.Engine(reranker, tau=1.0, max_steps_per_block=64,
+                           prompt_lengths=(PROMPT_LEN,), name="toy")
+
+
+class Gated:
+  """An engine whose decodes first wait for `gate` (at most hold_s): requests stay in flight
+  until the test opens it."""
+
+  def __init__(self, engine: engine_lib.Engine, gate: threading.Event, hold_s: float = 60.0):
+    self._engine, self.gate, self.hold_s = engine, gate, hold_s
+
+  def __getattr__(self, name):
+    return getattr(self._engine, name)
+
+  def rank(self, *args):
+    self.gate.wait(self.hold_s)
+    return self._engine.rank(*args)
+
+
+class ThreadServer:
+  """The application on a free loopback port, served by uvicorn in a thread."""
+
+  def __init__(self, engine: engine_lib.Engine, s: server.Settings):
+    self.server = server.make_server(engine, s)
+    self.app = self.server.config.app
+    sock = server.bind("127.0.0.1", 0)
+    self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    self._thread = threading.Thread(target=self.server.run, kwargs=dict(sockets=[sock]),
+                                    daemon=True)
+    self._thread.start()
+    self.health = wait_ready(self.url, 120)
+
+  def close(self):
+    self.server.should_exit = True
+    self._thread.join(30)
+
+
+def main():
+  """Serves the toy model until SIGTERM: --tok=DIR --settings=JSON of Settings overrides
+  --hold_s=S (each decode waits S seconds first)."""
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--tok", required=True)
+  parser.add_argument("--settings", default="{}")
+  parser.add_argument("--hold_s", type=float, default=0.0)
+  args = parser.parse_args()
+  engine = Gated(toy_engine(args.tok), threading.Event(), args.hold_s)
+  server.serve(engine, settings(**json.loads(args.settings)))
+
+
+if __name__ == "__main__":
+  main()
