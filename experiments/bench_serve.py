@@ -56,7 +56,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as run_main  # noqa: E402  (experiments/run.py: its --config and --workdir flags)
 
-from gr2jax.serve import client  # noqa: E402
+from gr2jax import metrics  # noqa: E402
+from gr2jax.apps.serve import client  # noqa: E402
 
 FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overrides; --workdir:
 #                      the workdir holding the data build and <model>/export
@@ -136,10 +137,8 @@ def request_bodies(summary: dict, split: str, limit: int) -> list[dict]:
 
 def percentiles(latencies_s: list[float]) -> dict:
   """p50 / p95 / p99 / max in milliseconds (None without samples)."""
-  if not latencies_s:
-    return {k: None for k in ("p50_ms", "p95_ms", "p99_ms", "max_ms")}
-  q = np.percentile(np.asarray(latencies_s) * 1e3, [50, 95, 99, 100])
-  return dict(zip(("p50_ms", "p95_ms", "p99_ms", "max_ms"), map(float, q), strict=True))
+  q = metrics.percentiles(np.asarray(latencies_s, np.float64) * 1e3, (50, 95, 99, 100))
+  return {f"{k.replace('p100', 'max')}_ms": v for k, v in q.items()}
 
 
 class Server:
@@ -331,21 +330,19 @@ def _pool():
 class Offline:
   """The offline tool (gr2jax.rerank) on the benchmark's requests, its shapes compiled first."""
 
-  def __init__(self, reranker, bodies: list, decode):
-    from gr2jax import rerank
+  def __init__(self, reranker, bodies: list):
+    from gr2jax.apps import rerank
 
     self._rerank, self.reranker = rerank.rerank, reranker
     self.lines = [json.dumps(b) for b in bodies]
-    self.kwargs = dict(tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block)
     self._rerank(self.lines[:FLAGS.goal_concurrency], reranker,
-                 batch_size=FLAGS.goal_concurrency, **self.kwargs)  # compiles
-    self._rerank(self.lines[:1], reranker, batch_size=1, **self.kwargs)  # compiles
+                 batch_size=FLAGS.goal_concurrency)  # compiles
+    self._rerank(self.lines[:1], reranker, batch_size=1)  # compiles
 
   def throughput(self) -> dict:
     """Requests / s at batch --goal_concurrency over all the requests, and their validity."""
     start = time.perf_counter()
-    rows = self._rerank(self.lines, self.reranker, batch_size=FLAGS.goal_concurrency,
-                        **self.kwargs)
+    rows = self._rerank(self.lines, self.reranker, batch_size=FLAGS.goal_concurrency)
     seconds = time.perf_counter() - start
     return {"batch": FLAGS.goal_concurrency, "requests": len(rows), "seconds": seconds,
             "throughput_rps": len(rows) / seconds,
@@ -356,7 +353,7 @@ class Offline:
     alone = []
     for line in self.lines[:FLAGS.batch1_requests]:
       start = time.perf_counter()
-      self._rerank([line], self.reranker, batch_size=1, **self.kwargs)
+      self._rerank([line], self.reranker, batch_size=1)
       alone.append(time.perf_counter() - start)
     return percentiles(alone)["p50_ms"]
 
@@ -433,12 +430,12 @@ def goal_round(server: Server, base: Offline, bodies: list, script: str) -> dict
 def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict:
   """Cold and warm start-up, the load levels, the goal rounds and the soak of one model."""
   from gr2jax import recipe as recipe_lib
-  from gr2jax.serve import engine as engine_lib
+  from gr2jax.apps.serve import engine as engine_lib
 
   recipe = recipe_lib.from_config(FLAGS.config)
   engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, model, "export"), FLAGS.workdir,
                                   recipe_lib.data_config(recipe), recipe.decode)
-  base = Offline(engine.reranker, bodies[:FLAGS.requests], recipe.decode)
+  base = Offline(engine.reranker, bodies[:FLAGS.requests])
   cache = os.path.join(scratch, f"jax_cache_{model}")
   cold = Server(model, cache, os.path.join(scratch, f"{model}_cold.log"))
   startup = {"cold_s": cold.start_s, "cold": cold.health["startup"]}

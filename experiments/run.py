@@ -142,7 +142,7 @@ def _run_rerank(config, workdir):
 
 
 def _run_serve(config, workdir):
-  from gr2jax.serve import server
+  from gr2jax.apps.serve import server
 
   return server.run(_recipe(config), config.serve, workdir)
 

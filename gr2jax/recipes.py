@@ -351,7 +351,33 @@ def _rerank_block() -> ml_collections.ConfigDict:
   return r
 
 
-_BLOCKS = {"eval": ("evaluate", _evaluate_block), "rerank": ("rerank", _rerank_block)}
+def _serve_block() -> ml_collections.ConfigDict:
+  """`--config=serve.py`'s block: the re-ranking server (gr2jax/apps/serve/)."""
+  s = ml_collections.ConfigDict()
+  s.ckpt = os.path.join("{workdir}", "rl", "export")  # the model export (AR or diffusion)
+  s.host = "127.0.0.1"  # address to listen on (loopback; a replica behind a balancer: 0.0.0.0)
+  s.port = 8000  # TCP port (0 = a free port, printed at start)
+  s.batch_buckets = (1, 2, 4, 8, 16, 32, 64)  # compiled batch sizes; a batch decodes in the
+  #                                             smallest that holds it, padded with repeated rows
+  s.prompt_lengths = ()  # compiled prompt widths (() = the data build's P, data/lengths.py)
+  s.window_ms = 5.0  # how long the oldest queued request waits for others to share its batch
+  s.queue_bound = 256  # admitted requests not yet answered; beyond it: 503 + Retry-After
+  s.timeout_s = 30.0  # a request not answered this long after admission gets a 504
+  s.retry_after_s = 1  # the Retry-After of a 503 (seconds)
+  s.max_body_bytes = 1 << 20  # larger request bodies get a 413
+  s.drain_timeout_s = 60.0  # SIGTERM: the longest wait for admitted requests before exiting
+  s.keep_alive_s = 75.0  # idle keep-alive connections are closed after this (above a load
+  #                        balancer's idle timeout, often 60 s, so it never reuses a closing one)
+  s.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
+  s.max_new_tokens = 0  # response cap (0 = the build's response length R)
+  s.model_name = ""  # the answers' "model" ('' = <stage>-step<step> from the export's metadata)
+  s.compilation_cache = os.path.join("{workdir}", "serve", "jax_cache")  # JAX's persistent
+  #                                                       compilation cache ('' = off)
+  return s
+
+
+_BLOCKS = {"eval": ("evaluate", _evaluate_block), "rerank": ("rerank", _rerank_block),
+           "serve": ("serve", _serve_block)}
 
 
 def parse_variant(variant: str) -> tuple[str, bool]:
@@ -376,7 +402,8 @@ def config(variant: str = "", stage: str = "table2") -> ml_collections.ConfigDic
 
   Args:
     variant: the recipe name, optionally followed by ',smoke'.
-    stage: what experiments/run.py runs (its STAGES key); eval and rerank add their block.
+    stage: what experiments/run.py runs (its STAGES key); eval, rerank and serve add their
+      block.
 
   Raises:
     ValueError: an unknown recipe name.

@@ -36,11 +36,18 @@ REQUIRED_FIELDS = ("id", "history", "candidates")
 
 
 class RequestError(ValueError):
-  """A bad request; `kind` is one of ERROR_KINDS."""
+  """A bad request.
 
-  def __init__(self, kind: str, message: str):
+  Attributes:
+    kind: one of ERROR_KINDS.
+    field: the request field at fault ('history[3]', 'candidates', 'id', or 'body' for the
+      request as a whole).
+  """
+
+  def __init__(self, kind: str, message: str, field: str = "body"):
     super().__init__(message)
     self.kind = kind
+    self.field = field
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,19 +84,21 @@ class Catalogue:
       RequestError: unknown_item, bad_field (neither int nor str), no_semantic_id.
     """
     if isinstance(value, bool) or not isinstance(value, int | str):
-      raise RequestError("bad_field", f"{field}: item ids are ints or ASIN strings, got {value!r}")
+      raise RequestError("bad_field", f"{field}: item ids are ints or ASIN strings, got {value!r}",
+                         field)
     if isinstance(value, str):
       if value not in self.asin_index:
-        raise RequestError("unknown_item", f"{field}: ASIN {value!r} is not in the catalogue")
+        raise RequestError("unknown_item", f"{field}: ASIN {value!r} is not in the catalogue",
+                           field)
       item = self.asin_index[value]
     else:
       if not 0 <= value < self.catalog.num_items:
         raise RequestError("unknown_item", f"{field}: item {value} is outside the catalogue's "
-                                           f"0..{self.catalog.num_items - 1}")
+                                           f"0..{self.catalog.num_items - 1}", field)
       item = value
     if needs_sids and self.sids[item, 0] < 0:
       raise RequestError("no_semantic_id", f"{field}: item {value!r} has no semantic ID in the "
-                                           "data build the model was trained on")
+                                           "data build the model was trained on", field)
     return item
 
 
@@ -154,25 +163,27 @@ def parse_request(line: str, lineno: int, catalogue: Catalogue, num_candidates: 
     raise RequestError("not_an_object", f"expected a JSON object, got {type(obj).__name__}")
   missing = [f for f in REQUIRED_FIELDS if f not in obj]
   if missing:
-    raise RequestError("missing_field", f"missing field(s) {missing}")
+    raise RequestError("missing_field", f"missing field(s) {missing}", missing[0])
   if isinstance(obj["id"], dict | list):
-    raise RequestError("bad_field", f"id must be a string or number, got {obj['id']!r}")
+    raise RequestError("bad_field", f"id must be a string or number, got {obj['id']!r}", "id")
   for field in ("history", "candidates"):
     if not isinstance(obj[field], list):
       raise RequestError("bad_field", f"{field} must be a list of item ids, "
-                                      f"got {type(obj[field]).__name__}")
+                                      f"got {type(obj[field]).__name__}", field)
   history = [catalogue.resolve(v, f"history[{i}]", needs_sids)
              for i, v in enumerate(obj["history"])]
   candidates = [catalogue.resolve(v, f"candidates[{i}]", needs_sids)
                 for i, v in enumerate(obj["candidates"])]
   if len(candidates) != num_candidates:
     raise RequestError("wrong_candidate_count", f"{len(candidates)} candidates; the model was "
-                                                f"trained on lists of {num_candidates}")
+                                                f"trained on lists of {num_candidates}",
+                       "candidates")
   seen = {}
   for i, item in enumerate(candidates):
     if item in seen:
       raise RequestError("duplicate_candidates", f"candidates[{i}] repeats candidates"
-                                                 f"[{seen[item]}] (item {item})")
+                                                 f"[{seen[item]}] (item {item})",
+                         f"candidates[{i}]")
     seen[item] = i
   return Request(lineno, obj["id"], np.asarray(history, np.int32),
                  np.asarray(candidates, np.int32), tuple(obj["candidates"]))
@@ -219,7 +230,8 @@ def read_requests(lines: Iterable, catalogue: Catalogue, num_candidates: int,
 
 
 def error_row(lineno: int, request_id, error: RequestError) -> dict:
-  return {"line": lineno, "id": request_id, "error": {"kind": error.kind, "message": str(error)}}
+  return {"line": lineno, "id": request_id,
+          "error": {"kind": error.kind, "field": error.field, "message": str(error)}}
 
 
 def evidence_levels(histories: list, candidates: np.ndarray, catalogue: Catalogue,

@@ -1,5 +1,5 @@
 """A toy re-ranking server for the tests: test_rerank.py's tiny random model and toy tokenizer
-behind the real application, in a thread or (`python -m tests.serve.toy_server`) a process.
+behind the real application, in a thread or (`python -m tests.apps.serve.toy_server`) a process.
 
 Shapes are test_rerank.py's (batch 4, prompt width 96, 16 new tokens), so a test session
 compiles them once for both.
@@ -7,24 +7,20 @@ compiles them once for both.
 
 import argparse
 import json
-import os
-import sys
 import threading
 
+from gr2jax import recipes
+from gr2jax.apps.serve import engine as engine_lib
+from gr2jax.apps.serve import server
+from gr2jax.apps.serve.client import wait_ready
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.serve import engine as engine_lib
-from gr2jax.serve import server
-from gr2jax.serve.client import wait_ready
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments", "configs"))
-from serve import serve_block  # noqa: E402  (experiments/configs/serve.py)
 
 PROMPT_LEN = 96
 
 
 def settings(**overrides) -> server.Settings:
   """The serve block's defaults on a free loopback port, with overrides."""
-  block = serve_block()
+  block = recipes.config("", "serve").serve
   block.update(dict(port=0, batch_buckets=(4,), window_ms=2.0, queue_bound=64, timeout_s=20.0))
   block.update(overrides)
   return server.Settings.from_config(block)
@@ -32,11 +28,10 @@ def settings(**overrides) -> server.Settings:
 
 def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
   """The engine of test_rerank.py's tiny model over the toy tokenizer saved in tok_dir."""
-  from tests.test_rerank import _reranker
+  from tests.apps.test_rerank import _reranker
 
   reranker = _reranker(tokenizer_lib.load_tokenizer(tok_dir), diffusion)
-  return engine_lib.Engine(reranker, tau=1.0, max_steps_per_block=64,
-                           prompt_lengths=(PROMPT_LEN,), name="toy")
+  return engine_lib.Engine(reranker, prompt_lengths=(PROMPT_LEN,), name="toy")
 
 
 class Gated:

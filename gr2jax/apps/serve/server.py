@@ -8,9 +8,9 @@
                              "history_dropped", "timings": {"queue_ms", "decode_ms"}}
   POST /v1/rerank:batch  [request, ...] -> [answer, ...] (all answered, or one error for all)
   GET  /healthz          200 {"status": "ready", ...} once every shape is compiled, else 503
-  GET  /metrics          Prometheus text (gr2jax/serve/metrics.py)
+  GET  /metrics          Prometheus text (gr2jax/apps/serve/metrics.py)
 
-Items are catalogue indices or ASINs, as in the offline tool (gr2jax/rerank.py), and answers
+Items are catalogue indices or ASINs, as in the offline tool (gr2jax/apps/rerank.py), and answers
 mean what its rows mean: `ranking` holds the candidates as given, best first; an invalid answer
 (`valid` false) falls back to D's order (`fallback` true). A history longer than the data
 build's max_history is cut oldest-first as the build cuts it, and `history_dropped` says how
@@ -45,9 +45,9 @@ import uvicorn
 from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
 
-from gr2jax.serve import batching
-from gr2jax.serve import engine as engine_lib
-from gr2jax.serve import metrics as metrics_lib
+from gr2jax.apps.serve import batching
+from gr2jax.apps.serve import engine as engine_lib
+from gr2jax.apps.serve import metrics as metrics_lib
 
 
 def _item_id(value):
@@ -62,7 +62,7 @@ _ItemId = Annotated[int | str, pydantic.PlainValidator(_item_id, json_schema_inp
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-  """The `serve` block's serving fields (experiments/configs/serve.py documents each)."""
+  """The `serve` block's serving fields (gr2jax/recipes.py documents each)."""
 
   host: str
   port: int
@@ -198,7 +198,7 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
   """The FastAPI application of an engine.
 
   Args:
-    engine: the model (gr2jax/serve/engine.py).
+    engine: the model (gr2jax/apps/serve/engine.py).
     settings: the serving settings.
     load_s: seconds the engine took to load (reported by /healthz).
     on_warm_failure: called on the worker when the warm-up raises (run() stops uvicorn).
@@ -392,7 +392,7 @@ def run(recipe, c, workdir: str) -> None:
 
   Args:
     recipe: the gr2jax.recipe.Recipe the model was trained with.
-    c: the `serve` block (experiments/configs/serve.py).
+    c: the `serve` block (gr2jax/recipes.py).
     workdir: the workdir of the recipe's data build (the persistent compilation cache too).
   """
   import os

@@ -1,4 +1,4 @@
-"""The HTTP server (gr2jax/serve/server.py) over a real loopback socket: the offline tool's
+"""The HTTP server (gr2jax/apps/serve/server.py) over a real loopback socket: the offline tool's
 answers, every bad input a 4xx naming the field (and the server still serving), 503 beyond the
 queue bound with no admitted request lost, 504 past the deadline, Prometheus metrics that count
 what was sent, and SIGTERM draining in-flight requests (a server process)."""
@@ -14,10 +14,10 @@ import threading
 import httpx
 import pytest
 
-from gr2jax import rerank
-from gr2jax.serve.client import scrape, wait_ready
-from tests.serve.toy_server import Gated, ThreadServer, settings, toy_engine
-from tests.test_rerank import _good
+from gr2jax import reranker as reranker_lib
+from gr2jax.apps.serve.client import scrape, wait_ready
+from tests.apps.serve.toy_server import Gated, ThreadServer, settings, toy_engine
+from tests.apps.test_rerank import _good
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -62,7 +62,7 @@ def test_ready_after_warm_up(srv):
 def test_answers_are_the_offline_tools(srv, engine):
   requests = [_good(i) for i in range(9)]
   requests[2] = requests[2] | {"candidates": [f"B{i:09d}" for i in requests[2]["candidates"]]}
-  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                 batch_size=4)
   single = _post_all(srv.url, "/v1/rerank", requests[:6])
   batch = httpx.post(f"{srv.url}/v1/rerank:batch", json=requests[6:], timeout=60)
@@ -194,7 +194,7 @@ def process(tok_dir):
   its decodes wait 2 s first, so requests are in flight when the SIGTERM test signals it."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}
   p = subprocess.Popen(
-    [sys.executable, "-m", "tests.serve.toy_server", f"--tok={tok_dir}", "--hold_s=2"],
+    [sys.executable, "-m", "tests.apps.serve.toy_server", f"--tok={tok_dir}", "--hold_s=2"],
     cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   yield p
   p.kill()

@@ -1,4 +1,4 @@
-"""The server's adapter (gr2jax/serve/engine.py): errors name the field, histories are cut as
+"""The server's adapter (gr2jax/apps/serve/engine.py): errors name the field, histories are cut as
 the data build cuts them, and ranking in padded buckets gives exactly the offline tool's rows."""
 
 import json
@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from gr2jax import rerank
-from gr2jax.serve import engine as engine_lib
-from gr2jax.train import inputs
-from tests.serve.toy_server import PROMPT_LEN, toy_engine
-from tests.test_rerank import _good
+from gr2jax import reranker as reranker_lib
+from gr2jax.apps.serve import engine as engine_lib
+from gr2jax.data import lengths as lengths_lib
+from tests.apps.serve.toy_server import PROMPT_LEN, toy_engine
+from tests.apps.test_rerank import _good
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,7 @@ def test_bad_request_names_the_field(engine, request_obj, kind, field):
 
 
 def test_prompt_longer_than_every_compiled_length_is_refused(engine):
-  short = engine_lib.Engine(engine.reranker, tau=1.0, max_steps_per_block=64,
-                            prompt_lengths=(32,), name="toy")
+  short = engine_lib.Engine(engine.reranker, prompt_lengths=(32,), name="toy")
   with pytest.raises(engine_lib.InputError, match="compiled prompt lengths") as e:
     short.parse(_good(0))
   assert (e.value.kind, e.value.field) == ("prompt_too_long", "history")
@@ -65,10 +64,10 @@ def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
   engine = toy_engine(tok_dir, diffusion)
   requests = [_good(i) for i in range(10)]
   requests[3] = requests[3] | {"candidates": [f"B{i:09d}" for i in requests[3]["candidates"]]}
-  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                 batch_size=4)
   longest = max(len(engine.parse(r).encoded.prompt) for r in requests)
-  assert inputs.round_up(longest) == PROMPT_LEN  # the offline tool's width is the server's
+  assert lengths_lib.round_up(longest) == PROMPT_LEN  # the offline tool's width is the server's
   engine.warm(4, PROMPT_LEN)
   compiles = engine_lib.compile_count()
   prepared = [engine.parse(r) for r in requests]

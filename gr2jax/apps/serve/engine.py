@@ -1,12 +1,10 @@
 """The server's one adapter onto the re-ranking library: load, parse, warm, rank.
 
-Every call the server makes into the offline re-ranking tool (gr2jax/rerank.py: the catalogue,
-request parsing and validation, rendering a request into the data build's prompt with its exact
-evidence thresholds, the answer row) and into the checkpoint's decoder
-(train/evaluation.decode_batch) is in this module, so the HTTP, batching and metrics code never
-sees them. A request is answered exactly as `rerank.rerank_lines` answers it: the same rendered
-prompt, the same decoder and decode spec (eval tau, step cap), the same validation, and an
-invalid answer falls back to D's order.
+The server answers a request exactly as the offline tool (gr2jax/apps/rerank.py) does, through
+the same library: gr2jax/data/requests.py parses and validates it and renders it into the data
+build's prompt with its exact evidence thresholds, gr2jax/reranker.py's Reranker holds the model's
+policy (its decoder at the export's decode spec: AR, block diffusion, constrained answers), and an
+invalid answer falls back to D's order (requests.answer_row).
 
 Shapes are static: `rank` decodes a list of requests as one [bucket, prompt_len] batch, rows past
 the list repeating its last prompt (inputs.prompt_arrays, as the offline tool pads its last
@@ -16,17 +14,17 @@ batch); a repeated row finishes when its source does, so padding never lengthens
 
 import dataclasses
 import os
-import re
 import threading
 
 import jax
 import numpy as np
 
-from gr2jax import rerank
-from gr2jax.data import batches, prompts
+from gr2jax import exports
+from gr2jax import reranker as reranker_lib
+from gr2jax.data import batches
+from gr2jax.data import requests as requests_lib
 from gr2jax.train import evaluation, inputs
 
-_FIELD = re.compile(r"^(id|history|candidates)(\[\d+\])?(?!\w)")
 _counts = {"compiles": 0, "cache_hits": 0}
 
 
@@ -65,21 +63,11 @@ def use_compilation_cache(directory: str) -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-def _field_of(obj, error: dict) -> str:
-  """The request field an error row of rerank.read_requests is about."""
-  if error["kind"] == "missing_field":
-    return next(f for f in rerank.REQUIRED_FIELDS if f not in obj)
-  found = _FIELD.match(error["message"])
-  if found:
-    return found.group(0)
-  return "candidates" if error["kind"] == "wrong_candidate_count" else "body"
-
-
 class InputError(ValueError):
   """A request the model cannot answer.
 
   Attributes:
-    kind: rerank.ERROR_KINDS or 'prompt_too_long'.
+    kind: requests.ERROR_KINDS or 'prompt_too_long'.
     field: the request field at fault ('history[3]', 'candidates', ...).
   """
 
@@ -94,14 +82,14 @@ class Prepared:
   """A validated request, rendered and tokenized.
 
   Attributes:
-    request: the parsed request (rerank.Request).
+    request: the parsed request (requests.Request).
     encoded: its tokenized prompt and candidate labels (batches.EncodedExample).
     labels: [N] the candidates' answer labels.
     prompt_len: the smallest compiled prompt length that holds it.
     history_dropped: oldest history items cut, as the data build cuts to its max_history.
   """
 
-  request: rerank.Request
+  request: requests_lib.Request
   encoded: batches.EncodedExample
   labels: tuple
   prompt_len: int
@@ -112,77 +100,66 @@ class Engine:
   """A trained re-ranker and the data build it was trained on, behind four calls.
 
   Args:
-    reranker: rerank.Reranker (the model, tokenizer, catalogue, prompt, evidence settings).
-    tau: diffusion commit threshold (the recipe's eval_tau; ignored for AR).
-    max_steps_per_block: diffusion denoising-step cap per block.
-    prompt_lengths: the compiled prompt widths P, each a multiple of inputs.LENGTH_MULTIPLE.
+    reranker: reranker.Reranker (the model's params and policy, tokenizer, rendering).
+    prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE.
     name: the model's name in answers.
   """
 
-  def __init__(self, reranker: rerank.Reranker, *, tau: float, max_steps_per_block: int,
-               prompt_lengths: tuple[int, ...], name: str):
+  def __init__(self, reranker: reranker_lib.Reranker, *, prompt_lengths: tuple[int, ...],
+               name: str):
     if not prompt_lengths or any(p < 1 for p in prompt_lengths):
       raise ValueError(f"serve.prompt_lengths={prompt_lengths!r}: need prompt widths >= 1")
     self.reranker = reranker
-    self.tau = tau
-    self.max_steps_per_block = max_steps_per_block
     self.prompt_lengths = tuple(sorted(set(prompt_lengths)))
     self.name = name
-    self._sids = np.maximum(reranker.catalogue.sids, 0)
     self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
-  def load(cls, ckpt: str, workdir: str, data_config, decode, *, items: str = "",
-           max_new_tokens: int = 0, prompt_lengths: tuple[int, ...] = (),
+  def load(cls, ckpt: str, workdir: str | None = None, data_config=None, decode=None, *,
+           items: str = "", max_new_tokens: int = 0, prompt_lengths: tuple[int, ...] = (),
            name: str = "") -> "Engine":
-    """The engine of an export and its data build (rerank.load_reranker).
+    """The engine of an export and its data build (reranker.load_reranker: what the export
+    records, unless given).
 
     Args:
       ckpt: the model export (AR or diffusion).
-      workdir: the workdir of the export's data build.
-      data_config: the data build's config (gr2jax.recipe.data_config of the model's recipe).
-      decode: the recipe's DecodeSpec (eval_tau, max_steps_per_block).
+      workdir: the workdir of the export's data build (None = the export's own).
+      data_config: the data build's config (None = the export's record).
+      decode: the DecodeSpec (None = the export's record).
       items: a user-supplied items.jsonl ('' = the build's catalogue).
       max_new_tokens: response cap (0 = the build's R).
-      prompt_lengths: compiled prompt widths (() = the build's P, recipe.lengths).
+      prompt_lengths: compiled prompt widths (() = the build's P, data/lengths.py).
       name: the model's name in answers ('' = from the export's metadata).
     """
-    from gr2jax import checkpoint
-    from gr2jax import recipe as recipe_lib
-    from gr2jax.data import pipeline
-
-    reranker = rerank.load_reranker(ckpt, data_config, workdir, items=items,
-                                    max_new_tokens=max_new_tokens)
-    if not prompt_lengths:
-      prompt_lengths = (recipe_lib.lengths(pipeline.run(data_config, workdir))[0],)
+    reranker = reranker_lib.load_reranker(ckpt, workdir=workdir, data_config=data_config,
+                                          decode=decode, items=items,
+                                          max_new_tokens=max_new_tokens)
     if not name:
-      meta = checkpoint.load_metadata(ckpt)
+      meta = exports.load_metadata(ckpt)
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
               else os.path.basename(os.path.normpath(ckpt)))
-    return cls(reranker, tau=decode.eval_tau, max_steps_per_block=decode.max_steps_per_block,
-               prompt_lengths=prompt_lengths, name=name)
+    return cls(reranker, prompt_lengths=prompt_lengths or (reranker.prompt_len,), name=name)
 
   @property
   def kind(self) -> str:
     """'diffusion' or 'ar'."""
-    return "ar" if self.reranker.model_config.mask_token_id is None else "diffusion"
+    return "ar" if self.reranker.policy.config.mask_token_id is None else "diffusion"
 
   @property
   def num_candidates(self) -> int:
-    return self.reranker.num_candidates
+    return self.reranker.rendering.num_candidates
 
-  def _render(self, obj: dict) -> tuple[rerank.Request, batches.EncodedExample, tuple]:
+  def _render(self, obj: dict) -> tuple[requests_lib.Request, batches.EncodedExample, tuple]:
     """The request, its prompt tokenized as batches.encode_examples tokenizes prompts (the
     other fields empty: nothing else is decoded) and its candidates' labels."""
-    r = self.reranker
-    [parsed] = rerank.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
-    if not isinstance(parsed, rerank.Request):
-      raise InputError(parsed["error"]["kind"], _field_of(obj, parsed["error"]),
-                       parsed["error"]["message"])
-    [example] = rerank.to_examples([parsed], r)
-    rendered = prompts.render_example(example, r.catalogue.catalog, self._sids, r.prompt)
+    r = self.reranker.rendering
+    [parsed] = requests_lib.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
+    if not isinstance(parsed, requests_lib.Request):
+      error = parsed["error"]
+      raise InputError(error["kind"], error["field"], error["message"])
+    [rendered] = requests_lib.render([parsed], r)
     with self._tokenizer_lock:
-      ids = r.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
+      ids = self.reranker.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
     empty = np.zeros((0,), np.int32)
     encoded = batches.EncodedExample(np.asarray(ids, np.int32), empty, empty,
                                      np.zeros((0, 0), np.int32), 0)
@@ -192,7 +169,7 @@ class Engine:
     """Validates, renders and tokenizes one request object ({"id", "history", "candidates"}).
 
     Raises:
-      InputError: naming the field (rerank.parse_request's checks, then a prompt longer than
+      InputError: naming the field (requests.parse_request's checks, then a prompt longer than
         every compiled prompt length).
     """
     parsed, encoded, labels = self._render(obj)
@@ -203,27 +180,25 @@ class Engine:
                        f"compiled prompt lengths {self.prompt_lengths} (serve.prompt_lengths); "
                        "send fewer history items")
     return Prepared(parsed, encoded, labels, fits[0],
-                    max(len(parsed.history) - self.reranker.max_history, 0))
+                    max(len(parsed.history) - self.reranker.rendering.max_history, 0))
 
   def example(self) -> dict:
     """A valid request of the catalogue's first items (the warm-up's and a client's template)."""
-    r = self.reranker
+    r = self.reranker.rendering
     usable = np.flatnonzero(r.catalogue.sids[:, 0] >= 0) if r.needs_sids else np.arange(
       r.catalogue.catalog.num_items)
     items = [int(i) for i in usable[:r.num_candidates + 3]]
     return {"id": "example", "history": items[r.num_candidates:],
             "candidates": items[:r.num_candidates]}
 
-  def _decode(self, encoded: list, bucket: int, prompt_len: int) -> tuple[list[str], dict]:
+  def _decode(self, encoded: list, bucket: int, prompt_len: int) -> tuple[list[str], object]:
     r = self.reranker
-    config = r.model_config
-    tokens, lengths = inputs.prompt_arrays(encoded, bucket, prompt_len, config.pad_token_id)
-    out = evaluation.decode_batch(r.params, config, tokens, lengths,
-                                  max_new_tokens=r.max_new_tokens, tau=self.tau,
-                                  max_steps_per_block=self.max_steps_per_block)
+    tokens, lengths = inputs.prompt_arrays(encoded, bucket, prompt_len,
+                                           r.policy.config.pad_token_id)
+    out = r.policy.decode(r.params, tokens, lengths)
     n = len(encoded)
     with self._tokenizer_lock:
-      texts = evaluation.response_texts(r.tokenizer, out["tokens"][:n], out["lengths"][:n])
+      texts = evaluation.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
     return texts, out
 
   def rank(self, batch: list[Prepared], bucket: int, prompt_len: int) -> list[dict]:
@@ -244,11 +219,11 @@ class Engine:
     texts, out = self._decode([p.encoded for p in batch], bucket, prompt_len)
     rows = []
     for i, (p, text) in enumerate(zip(batch, texts, strict=True)):
-      row = rerank.answer_row(p.request, text, p.labels)
+      row = requests_lib.answer_row(p.request, text, p.labels)
       rows.append({"ranking": row["ranking"], "reasoning": row["reasoning"],
                    "valid": row["kind"] == "valid", "fallback": row["fallback"],
-                   "response": text, "forwards": int(out["nfe"][i]),
-                   "tokens": int(out["lengths"][i])})
+                   "response": text, "forwards": int(out.nfe[i]),
+                   "tokens": int(out.lengths[i])})
     return rows
 
   def warm(self, bucket: int, prompt_len: int) -> None:

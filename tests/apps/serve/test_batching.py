@@ -1,4 +1,4 @@
-"""The batcher (gr2jax/serve/batching.py) with a recording rank function: windows, smallest
+"""The batcher (gr2jax/apps/serve/batching.py) with a recording rank function: windows, smallest
 buckets, the queue bound, deadlines, cancelled callers, failures and the drain."""
 
 import threading
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from gr2jax.serve import batching
+from gr2jax.apps.serve import batching
 
 
 class Recorder:
