@@ -21,8 +21,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO, "experiments", "configs")
 sys.path.insert(0, CONFIG_DIR)  # the config files, imported by name
 
-STAGE_FILES = ("data", "convert", "sft", "ar_rl", "cft", "opd", "rl", "eval", "rerank", "serve", "table2",
-               "table3", "table4", "fig6")
+STAGE_FILES = ("data", "convert", "sft", "ar_rl", "cft", "opd", "rl", "eval", "rerank", "serve",
+               "table2", "table3", "table4", "fig6")
 
 
 @pytest.fixture(scope="module")
