@@ -48,7 +48,7 @@ def test_prompt_longer_than_every_compiled_length_is_refused(engine):
 
 
 def test_long_history_is_cut_oldest_first_as_the_build_cuts(engine):
-  keep = engine.reranker.max_history
+  keep = engine.reranker.rendering.max_history
   history = list(np.random.default_rng(0).integers(0, 40, keep + 5))
   request = _good(0) | {"history": [int(i) for i in history]}
   long = engine.parse(request)
