@@ -107,8 +107,8 @@ def test_llm_teacher_step_of_the_hf_recipe(hf_run):
   """With --config.teacher.hf_dir a stage names the teacher step as missing upstream, and
   teacher.py runs the smoke teacher through the chain (the HF-layout model as the teacher, GR2's
   chat prompt, a few tokens, batches of 4): 4 users, then the smoke's 8, which extends the sample
-  (the first batch's file untouched). The random model accepts nobody: each run ends with its summary and
-  one line naming that, after writing its files."""
+  (the first batch's file untouched). The random model accepts nobody: each run ends with its
+  summary and one line naming that, after writing its files."""
   hf_dir, workdir, _, _ = hf_run
   teacher = [f"--config.hf_dir={hf_dir}", f"--config.teacher.hf_dir={hf_dir}",
              "--config.teacher.attempts=1", "--config.teacher.max_new_tokens=8",
