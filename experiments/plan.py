@@ -41,6 +41,7 @@ import dataclasses
 import functools
 import importlib
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -1036,8 +1037,51 @@ def use_host_devices(count: int = 8) -> None:
   jax.config.update("jax_platforms", "cpu")
 
 
+_LAYOUT = re.compile(r"[1-9]\d*x[1-9]\d*")
+# The compile-only packages each accelerator platform's deviceless compiler needs
+# (requirements-aot.txt; scripts/setup.sh installs them).
+AOT_PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "jax-cuda12-plugin"),
+                "tpu": ("libtpu", "libtpu")}
+
+
+def check_flags(layouts, target: str, find_spec=None) -> None:
+  """Refuses flags the plan cannot run with, in one line naming the flag and what it allows:
+  a --layouts entry that is not FSDPxTP with positive sizes, a --target whose compile-only
+  package is not installed (with its install line).
+
+  Args:
+    layouts: the --layouts entries.
+    target: the --target name (targets.TARGETS).
+    find_spec: importlib.util.find_spec (a stand-in in tests).
+
+  Raises:
+    ValueError: naming the flag (main prints it as one line).
+  """
+  find_spec = find_spec or importlib.util.find_spec
+  bad = [text for text in layouts if not _LAYOUT.fullmatch(text.lower())]
+  if bad or not layouts:
+    raise ValueError(f"--layouts={','.join(layouts)}: each entry is FSDPxTP with positive "
+                         f"sizes, e.g. 8x1,4x2 (got {bad or 'none'})")
+  platform = targets.get_target(target).platform
+  if platform in AOT_PACKAGES:
+    module, package = AOT_PACKAGES[platform]
+    try:
+      found = find_spec(module) is not None
+    except ModuleNotFoundError:
+      found = False
+    if not found:
+      raise ValueError(
+        f"--target={target} compiles with XLA's {platform} compiler, which needs the "
+        f"compile-only package {package} (not installed): pip install -r requirements-aot.txt")
+
+
 def main(argv):
   del argv
+  if not FLAGS.compare and not FLAGS.render:
+    try:
+      check_flags(FLAGS.layouts, FLAGS.target)
+    except ValueError as e:
+      raise SystemExit(str(e)) from None
   if FLAGS.compare:  # the targets side by side, from saved plans
     results = []
     for path in FLAGS.compare:

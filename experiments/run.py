@@ -216,6 +216,54 @@ def quiet_libraries() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
+def _config_of(argv: list[str]):
+  """The config `--config=PATH[:VARIANT]` of argv names (loaded as config_flags loads it)."""
+  import importlib.util
+
+  arg = next(a for a in argv if a.startswith("--config="))
+  path, _, variant = arg[len("--config="):].partition(":")
+  spec = importlib.util.spec_from_file_location("gr2jax_config_file", path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(variant) if variant else module.get_config()
+
+
+def unknown_override(argv: list[str]) -> str:
+  """The one-line error of a `--config.<field>=...` naming a field the config lacks: the flag and
+  the fields that level has."""
+  config = _config_of(argv)
+  for arg in argv:
+    if not arg.startswith("--config."):
+      continue
+    path = arg[len("--config."):].partition("=")[0].split(".")
+    node = config
+    for i, part in enumerate(path):
+      if not hasattr(node, "keys") or part not in node:
+        where = ".".join(path[:i]) or "the config"
+        fields = sorted(node.keys()) if hasattr(node, "keys") else []
+        return (f"--config.{'.'.join(path[:i + 1])}: {where} has no field {part!r}"
+                + (f"; its fields: {', '.join(fields)}" if fields else ""))
+      node = node[part]
+  return "a --config.<field> override names no field of the config"
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing; an override of a field the locked config lacks is one line naming
+  the flag and the allowed fields (config_flags raises an AttributeError there)."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (AttributeError, KeyError):
+    raise SystemExit(unknown_override(argv)) from None
+
+
+def check_workdir(workdir: str) -> None:
+  """Creates the workdir; an existing path that is not a directory is a one-line error."""
+  if os.path.exists(workdir) and not os.path.isdir(workdir):
+    raise SystemExit(f"--workdir={workdir}: exists and is not a directory (a workdir holds every "
+                     "artefact of a run: pass a directory, new or used before)")
+  os.makedirs(workdir, exist_ok=True)
+
+
 def main(argv):
   del argv
   quiet_libraries()
@@ -225,23 +273,26 @@ def main(argv):
   stage = config.get("stage")
   if stage not in STAGES:
     raise app.UsageError(f"config.stage={stage!r} is not a known stage; known: {sorted(STAGES)}")
+  check_workdir(_WORKDIR.value)
   apply_xla_flags(config.xla_flags)
   if _MULTIHOST.value:
     import jax
 
     jax.distributed.initialize()
-  os.makedirs(_WORKDIR.value, exist_ok=True)
   logging.info("stage=%s workdir=%s", stage, os.path.abspath(_WORKDIR.value))
   start = time.perf_counter()
-  from gr2jax.apps.chain import UpstreamMissing
+  from gr2jax.apps.chain import StepError, UpstreamMissing
+  from gr2jax.data.teacher import TraceError
 
   try:
     STAGES[stage](config, _WORKDIR.value)
   except UpstreamMissing as e:  # one line, no traceback: what is missing and how to make it
     raise SystemExit(f"{e} under {_WORKDIR.value}: run {upstream_commands(sys.argv, e.missing)} "
                      "(or add --config.upstream=run to run them first)") from None
+  except (StepError, TraceError) as e:  # a refusal that names what is wrong and the ways on
+    raise SystemExit(str(e)) from None
   logging.info("stage %s finished in %.1f s", stage, time.perf_counter() - start)
 
 
 if __name__ == "__main__":
-  app.run(main, argv=resolve_config_arg(sys.argv))
+  app.run(main, argv=resolve_config_arg(sys.argv), flags_parser=parse_flags)

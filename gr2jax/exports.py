@@ -304,13 +304,19 @@ def content_digest(path: str) -> str:
   return digest.hexdigest()
 
 
-def data_build_record(tokenizer, prompt) -> dict[str, Any]:
-  """What a model's inputs depend on in its data build: the tokenizer (digest of its vocabulary,
-  added tokens included) and the prompt format (data/prompts.PromptConfig)."""
+def vocab_digest(tokenizer) -> str:
+  """The sha256 of a tokenizer's vocabulary ({token: id}, added tokens included, sorted): what
+  `vocab_sha256` means wherever it is recorded (exports, Table 2's provenance)."""
   vocab = sorted(tokenizer.get_vocab().items())
-  digest = hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+  return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def data_build_record(tokenizer, prompt) -> dict[str, Any]:
+  """What a model's inputs depend on in its data build: the tokenizer (`vocab_sha256`, the
+  vocab_digest; `vocab`, its size) and the prompt format (data/prompts.PromptConfig)."""
   prompt = json.loads(json.dumps(dataclasses.asdict(prompt)))
-  return {"tokenizer_sha256": digest, "vocab": len(vocab), "prompt": prompt}
+  return {"vocab_sha256": vocab_digest(tokenizer), "vocab": len(tokenizer.get_vocab()),
+          "prompt": prompt}
 
 
 def check_data_build(path: str, current: Mapping[str, Any]) -> None:
@@ -328,9 +334,11 @@ def check_data_build(path: str, current: Mapping[str, Any]) -> None:
   if not recorded:
     return
   problems = []
-  if recorded["tokenizer_sha256"] != current["tokenizer_sha256"]:
-    problems.append(f"tokenizer {recorded['tokenizer_sha256'][:16]} (vocab {recorded['vocab']}) "
-                    f"vs {current['tokenizer_sha256'][:16]} (vocab {current['vocab']})")
+  # exports written before the field's name said what it hashes call it tokenizer_sha256
+  digest = recorded.get("vocab_sha256", recorded.get("tokenizer_sha256"))
+  if digest != current["vocab_sha256"]:
+    problems.append(f"tokenizer vocab_sha256 {digest[:16]} (vocab {recorded['vocab']}) vs "
+                    f"{current['vocab_sha256'][:16]} (vocab {current['vocab']})")
   prompt_a, prompt_b = recorded["prompt"], current["prompt"]
   for field in sorted(set(prompt_a) | set(prompt_b)):
     if prompt_a.get(field) != prompt_b.get(field):

@@ -32,8 +32,9 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
 
   Raises:
     exports.CheckpointError: `path` is neither kind of directory, or the model is damaged (for
-      an HF directory: a bad config.json, missing, unmapped or wrongly shaped tensors, a
-      truncated or unreadable weight file); the message names the path and the file or tensor.
+      an HF directory: a bad config.json, missing, unmapped, non-float or wrongly shaped
+      tensors, a truncated or unreadable weight file, a tokenizer.json with ids past vocab_size
+      or without the eos / pad ids); the message names the path and the file or tensor.
     TypeError: `path` is not a string or os.PathLike.
   """
   if not isinstance(path, (str, os.PathLike)):
@@ -46,6 +47,7 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
   if os.path.isfile(os.path.join(path, "config.json")):
     try:
       config = hf_weights.read_config(path, param_dtype)
+      hf_weights.check_tokenizer(path, config)
       device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
       with hf_weights.HFWeights(path) as weights:  # one host leaf at a time
         leaves = [(p, jax.device_put(leaf, device if shardings is None

@@ -10,7 +10,8 @@ A recipe is one ConfigDict; each config file is a view of it that names the stag
   python experiments/run.py --config=table2.py:qwen3_0_6b,smoke --config.hf_dir=DIR ...
 
 The variant is `RECIPE[,smoke]` (`smoke` alone = `tiny,smoke`): `smoke` cuts any recipe to a
-handful of steps on a few hundred training and 32 evaluation users (CI). Override any field on the
+handful of steps on a few hundred training and 32 evaluation users, and its teacher step to one
+batch of 8 users (CI; minutes on 2 CPU cores). Override any field on the
 command line: `--config.stages.cft.train.steps=100`, `--config.decode.eval_tau=0.9`,
 `--config.data.prompt.history_items=10`; a misspelt field is an error.
 
@@ -70,6 +71,9 @@ def data_config() -> ml_collections.ConfigDict:
   #                             (headroom.py; printed for test and the 1,615 subset; 20-30 s on
   #                             2 busy cores, paid once per examples build since that is cached)
   c.teacher_traces = ""  # JSONL of LLM traces {"user", "reasoning", "ranking"}; '' = rule teacher
+  c.strict_traces = True  # a bad trace row (corrupt JSON, unknown user, not a permutation...)
+  #                         fails the build naming file:line; False skips it and prints the first
+  #                         few as file:line: why, then their count
 
   c.embedding_dim = 256  # TF-IDF + SVD item embedding size
   c.item_embeddings = ""  # FILE.npy [12101, d] precomputed (e.g. Sentence-T5); '' = TF-IDF
@@ -205,6 +209,8 @@ def _tiny() -> ml_collections.ConfigDict:
   c.table.split = "test_1615"  # the split of Table 3, Table 4 and Figure 6
   c.table.taus = (1.0, 0.9, 0.6, 0.4)  # Table 3's diffusion commit thresholds (paper Table 3)
   c.table.speed_examples = 100  # Table 3: examples decoded alone for batch-1 tokens/s (0 = skip)
+  c.table.remeasure = False  # True: time Table 3's batch-1 decodes and Figure 6 again; else a
+  #                            finished table's timings of the same models and settings are reused
   c.table.fig6 = ml_collections.ConfigDict()
   c.table.fig6.tau = 0.9  # diffusion commit threshold of the timed decodes
   c.table.fig6.limit = 300  # examples decoded one by one by each model (0 = the whole split)
@@ -229,6 +235,10 @@ def _tiny() -> ml_collections.ConfigDict:
   t.seed = 0  # user sample and sampling keys (batch b: fold_in(key(seed), b))
   t.param_dtype = "auto"  # 'auto' (bf16 on accelerators, the checkpoint's dtype on CPU),
   #                         'float32' or 'bfloat16'
+  t.restart = False  # True: a previous output made with other settings is moved aside
+  #                    (W/teacher.<its digest>, kept) and sampling starts again; without it such
+  #                    a rerun is refused, naming the changed fields (num_users may change: a
+  #                    larger sample extends the first one)
 
   c.stages = ml_collections.ConfigDict()
   # SFT: ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt
@@ -307,7 +317,8 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
 
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
-  """Every stage and row on a few examples with a handful of steps (CI)."""
+  """Every stage, the teacher step and every row on a few examples with a handful of steps
+  (CI)."""
   c.data.learned_headroom = False
   c.data.rqvae.epochs = 10
   c.table.splits = ("test_1615",)
@@ -328,6 +339,11 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   for name, block, group_size in (("ar_rl", "rl", 4), ("opd", "opd", 2), ("rl", "rl", 4)):
     c.stages[name].train.batch_size = 2
     c.stages[name][block].group_size = group_size
+  # the teacher step: one batch of 8 users, 2 attempts each (all users: ~1.4 s a user on 2 CPU
+  # cores with an HF recipe's 512-token responses, ~9 h)
+  t = c.teacher
+  t.update(dict(num_users=8, batch_size=8, attempts=min(t.attempts, 2),
+                max_new_tokens=min(t.max_new_tokens, 128)))
 
 
 def _evaluate_block() -> ml_collections.ConfigDict:

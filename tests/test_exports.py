@@ -71,7 +71,7 @@ def test_metadata_records_the_params_digest_and_older_dirs_still_load(tmp_path, 
   assert exports.load_metadata(path) == {}
   _assert_equal(load.load_model(path)[1], params)
   assert len(exports.content_digest(path)) == 64
-  exports.check_data_build(path, {"tokenizer_sha256": "x", "vocab": 1, "prompt": {}})
+  exports.check_data_build(path, {"vocab_sha256": "x", "vocab": 1, "prompt": {}})
 
 
 def test_restore_into_shardings(saved, params):

@@ -155,3 +155,17 @@ def test_run_plan_compiles_with_the_recipes_xla_flags_from_the_start(monkeypatch
   assert row["options"]["xla_cpu_enable_fast_math"] is False and row["failures"] == []
   assert "XLA options from the recipe's xla_flags (every compile): " \
     "`--xla_cpu_enable_fast_math=false`." in plan.markdown(result)
+
+
+def test_bad_layouts_and_a_target_without_its_compile_only_package_are_named():
+  plan.check_flags(["8x1", "4x2"], "cpu")
+  for layouts in (["8"], ["8x"], ["0x8"], ["4x2", "ax1"], []):
+    with pytest.raises(ValueError, match="--layouts=.*FSDPxTP with positive sizes"):
+      plan.check_flags(layouts, "cpu")
+  plan.check_flags(["8x1"], "h100")  # the venv has the compile-only packages
+  missing = lambda name: None  # noqa: E731 -- find_spec of an environment without them
+  with pytest.raises(ValueError, match=r"--target=h100 .*jax-cuda12-plugin \(not installed\): "
+                                       r"pip install -r requirements-aot.txt"):
+    plan.check_flags(["8x1"], "h100", find_spec=missing)
+  with pytest.raises(ValueError, match="--target=tpu_v5e .*libtpu"):
+    plan.check_flags(["1x1"], "tpu_v5e", find_spec=missing)

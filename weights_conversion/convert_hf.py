@@ -38,7 +38,8 @@ flags.DEFINE_string("add_tokens", None, "File of new tokens, one per line: grows
 flags.DEFINE_integer("add_tokens_seed", 0, "Seed of the --add_tokens init noise.")
 flags.DEFINE_string("tokenizer_dir", None, "Existing directory of the tokenizer to copy into the "
                     "checkpoint and to take the --add_tokens ids from (its tokenizer.json; tokens "
-                    "it lacks are appended to the copy); default --hf_dir.")
+                    "it lacks are appended to the copy); default --hf_dir. (Shared with "
+                    "export_hf.py: the tokenizer written next to the exported weights.)")
 
 
 def main(argv):

@@ -7,13 +7,28 @@
 Steps (gr2jax/recipe.chain): [teacher: an LLM writes the SFT traces (teacher.hf_dir set; the
 data build then trains on them)] -> [convert: the HF checkpoint with the project's tokens added]
 -> sft -> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build
-(built, or reused from W's cache, first). A step is reused when W/<step>/done.json holds its
-digest: of its view of the recipe (recipe.stage_config; for convert, the HF directory and dtype;
-for teacher, its spec and data build) and of every
-step before it (the first: of the data build's config); a changed field re-runs that step and the
-ones after it (their directories are wiped first); an interrupted step resumes from its own
-checkpoints. A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be done
-with the same recipe, else `UpstreamMissing` names them (or, with upstream='run', they run first).
+(built, or reused from W's cache, first). A step's digest covers what changes its result: its
+view of the recipe (recipe.stage_config, less how often it saves or evaluates; for convert, the
+HF directory and dtype; for teacher, its spec and data build), with paths inside W written
+relative to W (train/run_checkpoints.portable), chained with every step before it (the first:
+the data build's config). So the same command from another directory, with W spelt relative or
+absolute, or on a moved or copied W, reuses every finished step.
+
+W/<step>/started.json and done.json record the digest, the view and the upstream digest. Every
+step is decided before anything is written (`plan_chain`); nothing is ever deleted:
+- done with this digest: reused, once verified (its export's completion record and params
+  digest; the teacher's traces): a broken one is redone, its output moved aside;
+- a run of this digest moved aside earlier (W/<step>.<digest>): moved back and reused;
+- a run with other settings: refused (StepChanged, naming the fields old -> new and the ways on:
+  its settings, `--config.stages.<step>.train.restart=True` / `--config.teacher.restart=True`,
+  which moves it to W/<step>.<its digest>, or a new workdir), unless the step absorbs the change
+  (more training steps resume the run; another teacher num_users extends or cuts the sample);
+- a run whose own settings match but whose upstream changed (or a changed convert step): moved
+  aside the same way, then run;
+- otherwise (fresh, or the same settings interrupted): run, resuming from its own checkpoints.
+A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be done with the
+same recipe, else `UpstreamMissing` names them and why (or, with upstream='run', they run first
+under the same rules).
 
 Rows (research/papers.md §2 Table 2): pre-rank floor and rule teacher (from the data build), AR
 GR2 after SFT and after SFT + RL, Diffusion naive (the AR GR2 converted, untrained), + CFT,
@@ -28,19 +43,21 @@ import csv
 import dataclasses
 import json
 import os
-import shutil
 import time
 
 import jax
+import numpy as np
 
 from gr2jax import exports, files
 from gr2jax import recipe as recipe_lib
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline
+from gr2jax.data import llm_teacher, pipeline, tfds_builder
+from gr2jax.data import requests as requests_lib
+from gr2jax.data import teacher as teacher_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.diffusion import convert
 from gr2jax.hf import convert as hf_convert
-from gr2jax.train import evaluation, inputs, loop, stages, teacher_stage
+from gr2jax.train import evaluation, inputs, loop, run_checkpoints, stages, teacher_stage
 from gr2jax.train import policy as policy_lib
 
 PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), research/papers.md §2
@@ -58,49 +75,242 @@ ROWS = (  # name, label, stage whose export is evaluated (row_policy: how it dec
 DIFFUSION_ROWS = ("naive", "cft", "opd", "rl", "constrained")  # decoded by block diffusion
 
 
-class UpstreamMissing(Exception):
+class StepError(Exception):
+  """A step cannot go on as asked; the message names the step, what is wrong and the ways on
+  (experiments/run.py prints it as one line, without a traceback)."""
+
+
+class UpstreamMissing(StepError):
   """A step was asked for before the steps it reads were done with the same recipe.
 
   Attributes:
     step: the step asked for.
     missing: the upstream steps not done, in chain order.
+    reasons: {step: why it does not count as done} for those that exist in some form.
   """
 
-  def __init__(self, step: str, missing: list[str]):
-    super().__init__(f"{step} needs {', '.join(missing)} done first with the same recipe")
-    self.step, self.missing = step, missing
+  def __init__(self, step: str, missing: list[str], reasons: dict[str, str] | None = None):
+    self.step, self.missing, self.reasons = step, missing, reasons or {}
+    why = "; ".join(f"{s}: {r}" for s, r in self.reasons.items())
+    super().__init__(f"{step} needs {', '.join(missing)} done first with the same recipe"
+                     + (f" ({why})" if why else ""))
 
 
-def _convert_inputs(recipe: recipe_lib.Recipe) -> dict:
-  return {"hf_dir": os.path.abspath(recipe.model.hf_dir), "param_dtype": recipe.model.param_dtype}
+class StepChanged(StepError):
+  """A step's directory holds work made with other settings; nothing was touched."""
 
 
-def _teacher_inputs(recipe: recipe_lib.Recipe) -> dict:
-  return {"spec": dataclasses.asdict(recipe_lib.teacher_spec(recipe)),
-          "data": recipe_lib.data_config(recipe, traces=False).to_dict()}
+STARTED_FILE, DONE_FILE = "started.json", "done.json"
+_TEACHER_NEUTRAL = ("batch_size", "mesh", "restart")  # how, not what, the teacher samples
+_TEACHER_ABSORBED = ("config.spec.num_users",)  # a larger sample extends, a smaller is a prefix
 
 
-def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
-  """{step: digest} for the recipe's chain (module docstring). done.json also records the data
-  build's digest (`data`), the same for every step of a recipe."""
-  keys, upstream = {}, files.json_digest(recipe_lib.data_config(recipe).to_dict())
-  for step in recipe_lib.chain(recipe):
-    view = (_convert_inputs(recipe) if step == recipe_lib.CONVERT
-            else _teacher_inputs(recipe) if step == recipe_lib.TEACHER
-            else recipe_lib.stage_config(recipe, step, workdir).to_dict())
-    upstream = keys[step] = files.json_digest([upstream, view])
-  return keys
+def _record(path: str) -> dict | None:
+  if not os.path.isfile(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
 
 
 def _read_digest(path: str) -> str | None:
-  return json.load(open(path))["digest"] if os.path.exists(path) else None
+  record = _record(path)
+  return record["digest"] if record else None
 
 
-def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> list[str]:
-  """The steps before `step` that are not done with this recipe under workdir."""
-  keys = step_digests(recipe, workdir)
-  return [s for s in recipe_lib.upstream(recipe, step)
-          if _read_digest(os.path.join(recipe_lib.stage_dir(workdir, s), "done.json")) != keys[s]]
+def _model_digest(path: str) -> str | None:
+  """exports.content_digest of a model directory (read without its weights; None when there is
+  none: the step itself then names the missing directory)."""
+  return exports.content_digest(path) if os.path.isdir(path) else None
+
+
+def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
+  """What step's result depends on, as a run record (`{"config": ...}`), paths inside workdir
+  relative to it (run_checkpoints.portable): a training stage's view of the recipe (what its
+  loop records), convert's HF directory (and its content digest) and dtype, the teacher's spec,
+  model content digest and data build."""
+  if step == recipe_lib.CONVERT:
+    config = {"hf_dir": recipe.model.hf_dir, "model": _model_digest(recipe.model.hf_dir),
+              "param_dtype": recipe.model.param_dtype}
+  elif step == recipe_lib.TEACHER:
+    spec = dataclasses.asdict(recipe_lib.teacher_spec(recipe))
+    config = {"spec": {k: v for k, v in spec.items() if k not in _TEACHER_NEUTRAL},
+              "model": _model_digest(spec["hf_dir"]),
+              "data": recipe_lib.data_config(recipe, traces=False).to_dict()}
+  else:
+    config = recipe_lib.stage_config(recipe, step, workdir).to_dict()
+    config["train"].pop("restart")  # how this run starts, not what it makes (as run_record)
+  record = json.loads(json.dumps({"config": config}, default=run_checkpoints.json_value))
+  return run_checkpoints.portable(record, workdir)
+
+
+def _data_digest(recipe: recipe_lib.Recipe, workdir: str) -> str:
+  return files.json_digest(run_checkpoints.portable(
+    json.loads(json.dumps(recipe_lib.data_config(recipe).to_dict(),
+                          default=run_checkpoints.json_value)), workdir))
+
+
+def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
+  """{step: digest} for the recipe's chain: of the fields of the step's view (`_view`) that
+  change its result (run_checkpoints.result_fields: not how often it saves or evaluates, nor
+  where the workdir lives) chained with every earlier step's (the first: the data build's
+  config). done.json also records the data build's digest (`data`), the same for every step."""
+  keys, upstream = {}, _data_digest(recipe, workdir)
+  for step in recipe_lib.chain(recipe):
+    fields = run_checkpoints.result_fields(_view(recipe, step, workdir))
+    upstream = keys[step] = files.json_digest([upstream, fields])
+  return keys
+
+
+def _output(step_dir: str, step: str) -> str:
+  """What a step leaves for the steps after it: its export, or the teacher's traces."""
+  return os.path.join(step_dir, llm_teacher.TRACES_FILE if step == recipe_lib.TEACHER
+                      else "export")
+
+
+def _broken(step_dir: str, step: str, done: dict) -> str | None:
+  """Why a step directory whose done.json this run would reuse cannot be trusted, else None:
+  its output's completion record (every file's size) or its params digest do not match."""
+  output = _output(step_dir, step)
+  reason = pipeline.incomplete(output)
+  if reason == "missing":
+    return f"{output} does not exist"
+  if reason is not None:
+    return f"{output}: {reason}"
+  if done.get("params_sha256"):
+    try:
+      recorded = exports.load_metadata(output).get("params_sha256")
+    except exports.CheckpointError as e:
+      return str(e)
+    if recorded != done["params_sha256"]:
+      return (f"{output} holds params {str(recorded)[:16]}, done.json records "
+              f"{done['params_sha256'][:16]}")
+  return None
+
+
+def _aside(workdir: str, step: str, key: str) -> str:
+  """Where a step's run of digest `key` is kept once moved aside: W/<step>.<key>."""
+  return f"{recipe_lib.stage_dir(workdir, step)}.{key}"
+
+
+def _find_aside(workdir: str, step: str, key: str) -> str | None:
+  """A run of `key` moved aside earlier, finished and intact (then reusable), else None."""
+  path = _aside(workdir, step, key)
+  done = _record(os.path.join(path, DONE_FILE))
+  if done and done.get("digest") == key and _broken(path, step, done) is None:
+    return path
+  return None
+
+
+def _restart_flag(step: str) -> str:
+  return (f"--config.{step}.restart=True" if step == recipe_lib.TEACHER
+          else f"--config.stages.{step}.train.restart=True")
+
+
+def _restart(recipe: recipe_lib.Recipe, step: str) -> bool:
+  if step == recipe_lib.TEACHER:
+    return bool(recipe.teacher.restart)
+  return step in recipe.stages and bool(recipe.stages[step].train.restart)
+
+
+def _changes(step: str, saved: dict, current: dict) -> list[str]:
+  """'field: old -> new' of the changes a step cannot absorb (training: all but the fields a
+  resume may change, train.steps not below the recorded run's; teacher: all but num_users)."""
+  fields = run_checkpoints.changed_fields(saved, current)
+  lines = [f"{f}: {a!r} -> {b!r}" for f, a, b in fields
+           if step != recipe_lib.TEACHER or f"config.{f}" not in _TEACHER_ABSORBED]
+  if step in recipe_lib.TRAIN_STAGES:
+    old, new = saved["config"]["train"]["steps"], current["config"]["train"]["steps"]
+    if new < old:
+      lines.append(f"train.steps: {old!r} -> {new!r} (below the recorded run's)")
+  return lines
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+  """What run_chain does with one step: 'reuse' (done with this digest), 'swap' (a run of this
+  digest kept aside is moved back), 'run' (fresh, resumed, or absorbing a change), 'aside' (the
+  previous run is moved aside first), 'redo' (done but broken: its output is moved aside)."""
+
+  step: str
+  action: str
+  note: str = ""
+  moved_from: str = ""
+
+
+def _plan_step(recipe, step: str, key: str, upstream_key: str, workdir: str) -> _Plan:
+  """The action for one step (module docstring); raises StepChanged for a refused change."""
+  step_dir = recipe_lib.stage_dir(workdir, step)
+  done = _record(os.path.join(step_dir, DONE_FILE))
+  if done and done["digest"] == key:
+    broken = _broken(step_dir, step, done)
+    note = (f"{_restart_flag(step)} moves only a run of other settings aside"
+            if _restart(recipe, step) else "")
+    return _Plan(step, "redo", broken) if broken else _Plan(step, "reuse", note)
+  found = _find_aside(workdir, step, key)
+  if found:
+    return _Plan(step, "swap", moved_from=found)
+  saved = done or _record(os.path.join(step_dir, STARTED_FILE))
+  if saved is None or saved["digest"] == key:
+    return _Plan(step, "run")
+  if step == recipe_lib.CONVERT or _restart(recipe, step):
+    return _Plan(step, "aside", "settings changed" if step == recipe_lib.CONVERT
+                 else _restart_flag(step))
+  if "view" not in saved:  # a record without settings: the loop / teacher check their own
+    return _Plan(step, "run")
+  changes = _changes(step, saved["view"], _view(recipe, step, workdir))
+  if changes:
+    raise StepChanged(
+      f"[chain] {step}: {step_dir} holds a run made with other settings (recorded -> this "
+      f"run):\n  " + "\n  ".join(changes) + f"\nNothing was changed. To go on: rerun with its "
+      f"settings, pass {_restart_flag(step)} (moves it to {_aside(workdir, step, saved['digest'])},"
+      " kept: a rerun with its settings moves it back), or use a new --workdir.")
+  if saved.get("upstream") != upstream_key:
+    return _Plan(step, "aside", "an earlier step changed")
+  return _Plan(step, "run", "absorbing the change")
+
+
+def plan_chain(recipe: recipe_lib.Recipe, workdir: str, steps) -> list[_Plan]:
+  """What run_chain will do with each of `steps`, decided before anything is written.
+
+  Raises:
+    StepChanged: a step holds work made with settings it cannot absorb (names the fields).
+  """
+  keys, upstream = step_digests(recipe, workdir), _data_digest(recipe, workdir)
+  plans = []
+  for step in recipe_lib.chain(recipe):
+    if step in steps:
+      plans.append(_plan_step(recipe, step, keys[step], upstream, workdir))
+    upstream = keys[step]
+  return plans
+
+
+def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict[str, str]:
+  """{step: why} of the steps before `step` not done (and intact) with this recipe under
+  workdir; why is '' for a step never started."""
+  keys, missing = step_digests(recipe, workdir), {}
+  for s in recipe_lib.upstream(recipe, step):
+    step_dir = recipe_lib.stage_dir(workdir, s)
+    done = _record(os.path.join(step_dir, DONE_FILE))
+    if done and done["digest"] == keys[s]:
+      broken = _broken(step_dir, s, done)
+      if broken:
+        missing[s] = f"its done run is broken: {broken}"
+      continue
+    if _find_aside(workdir, s, keys[s]):
+      continue
+    saved = done or _record(os.path.join(step_dir, STARTED_FILE))
+    missing[s] = ("" if saved is None else "started, not finished" if saved["digest"] == keys[s]
+                  else "made with other settings")
+  return missing
+
+
+def _move(source: str, target: str) -> str:
+  """Renames source to target (target + '-<n>' when taken); returns where it went."""
+  final, n = target, 1
+  while os.path.exists(final):
+    final, n = f"{target}-{n}", n + 1
+  os.rename(source, final)
+  return final
 
 
 def _convert(recipe: recipe_lib.Recipe, workdir: str) -> None:
@@ -112,65 +322,132 @@ def _convert(recipe: recipe_lib.Recipe, workdir: str) -> None:
                      tokenizer_dir=tok_dir)
 
 
+def _build_data(recipe: recipe_lib.Recipe, step: str, workdir: str, timings: dict) -> None:
+  """The data build `step` reads (the teacher's: without traces), timed once per run_chain as
+  timings['data'] / ['teacher_data'], 'cached' when every one of its steps was."""
+  name = "teacher_data" if step == recipe_lib.TEACHER else "data"
+  if name in timings:
+    return
+  start = time.perf_counter()
+  summary = pipeline.run(recipe_lib.data_config(recipe, traces=step != recipe_lib.TEACHER),
+                         workdir)
+  timings[name] = {"seconds": time.perf_counter() - start,
+                   "how": "cached" if all(summary["cached"].values()) else "built"}
+
+
+def _run_one(recipe, name: str, workdir: str, contexts: dict) -> None:
+  if name == recipe_lib.CONVERT:
+    _convert(recipe, workdir)
+  elif name == recipe_lib.TEACHER:
+    try:
+      teacher_stage.run(recipe_lib.teacher_spec(recipe),
+                        recipe_lib.data_config(recipe, traces=False), workdir)
+    except llm_teacher.NoTracesError as e:
+      raise StepError(f"[chain] teacher: {e}") from None
+  else:
+    config = recipe_lib.stage_config(recipe, name, workdir)
+    config.train.restart = False  # the chain moved a changed run aside itself (_plan_step)
+    if config.train.limit not in contexts:  # one data build and eval split for all stages
+      contexts[config.train.limit] = loop.load_context(config, workdir)
+    ctx = dataclasses.replace(contexts[config.train.limit], config=config)
+    try:
+      loop.train(config, workdir, stages.STAGES[name], ctx)
+    except run_checkpoints.RunChangedError as e:
+      raise StepChanged(f"[chain] {name}: {e}") from None
+
+
 def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) -> dict:
-  """Runs every step (up to and including `upto`) not already done with the same digest chain;
-  returns {step: seconds}."""
+  """Runs every step (up to and including `upto`) not already done with the same digest chain.
+
+  Each step is planned first (`plan_chain`, nothing written before every step is decided): a
+  step done with its digest is verified and reused; a run of its digest kept aside is moved back;
+  otherwise it runs (a fresh start, a resume of the same settings, or a change it absorbs: more
+  training steps resume, a larger teacher sample extends it). A run made with other settings is
+  refused (StepChanged), or with restart moved aside to W/<step>.<its digest>; a step whose
+  upstream changed, or a convert step whose settings did, is moved aside the same way. A done
+  step whose output is broken is redone (the broken output moved aside). Nothing is deleted.
+
+  Returns:
+    {step or 'data' / 'teacher_data': {'seconds': float, 'how': 'reused' | 'run' | 'cached' |
+    'built'}}; a reused step's seconds are those of the run that made it.
+
+  Raises:
+    StepChanged: before anything ran (the message names the step and fields).
+    StepError: the teacher accepted no user.
+  """
   steps = recipe_lib.chain(recipe)
   steps = steps[:steps.index(upto) + 1] if upto else steps
-  keys, timings, contexts = step_digests(recipe, workdir), {}, {}
-  data_key = files.json_digest(recipe_lib.data_config(recipe).to_dict())  # every step's build
-  for i, name in enumerate(steps):
-    key = keys[name]
+  plans = plan_chain(recipe, workdir, steps)
+  keys, upstream = step_digests(recipe, workdir), _data_digest(recipe, workdir)
+  timings, contexts = {}, {}
+  for i, plan in enumerate(plans):
+    name, key = plan.step, keys[plan.step]
+    prefix = f"[chain {i + 1}/{len(plans)}] {name}"
     stage_dir = recipe_lib.stage_dir(workdir, name)
-    done_file = os.path.join(stage_dir, "done.json")
-    started_file = os.path.join(stage_dir, "started.json")
-    if _read_digest(done_file) == key:
-      print(f"[chain {i + 1}/{len(steps)}] {name}: reusing {stage_dir}", flush=True)
-      timings[name] = json.load(open(done_file))["seconds"]
+    done_file = os.path.join(stage_dir, DONE_FILE)
+    if plan.action == "swap":
+      parked = (_move(stage_dir, _aside(workdir, name, _read_digest(done_file)
+                                        or _read_digest(os.path.join(stage_dir, STARTED_FILE))
+                                        or "unrecorded"))
+                if os.path.exists(stage_dir) else None)
+      os.rename(plan.moved_from, stage_dir)
+      print(f"{prefix}: reusing {stage_dir} (moved back from {plan.moved_from}"
+            + (f"; the run that was there is now {parked}" if parked else "") + ")", flush=True)
+    if plan.action in ("reuse", "swap"):
+      if plan.action == "reuse":
+        print(f"{prefix}: reusing {stage_dir}" + (f" ({plan.note})" if plan.note else ""),
+              flush=True)
+      timings[name] = {"seconds": _record(done_file)["seconds"], "how": "reused"}
+      upstream = key
       continue
-    if _read_digest(started_file) not in (None, key):
-      print(f"[chain {i + 1}/{len(steps)}] {name}: config changed, re-running from scratch",
-            flush=True)
-      shutil.rmtree(stage_dir)
-    elif os.path.exists(done_file):
-      shutil.rmtree(stage_dir)
-    print(f"[chain {i + 1}/{len(steps)}] {name}: running into {stage_dir}", flush=True)
+    if plan.action == "aside":
+      saved = _record(done_file) or _record(os.path.join(stage_dir, STARTED_FILE))
+      moved = _move(stage_dir, _aside(workdir, name, saved["digest"]))
+      print(f"{prefix}: {plan.note}: moved the previous run to {moved} (kept: a rerun with its "
+            "settings moves it back)", flush=True)
+    if plan.action == "redo":
+      output = _output(stage_dir, name)
+      stamp = time.strftime("%Y%m%dT%H%M%S")
+      kept = (f"; moved it to {_move(output, f'{output}.broken-{stamp}')}"
+              if os.path.exists(output) else "")
+      print(f"{prefix}: its done run is broken ({plan.note}){kept}; redoing it", flush=True)
+    print(f"{prefix}: running into {stage_dir}"
+          + (f" ({plan.note})" if plan.action == "run" and plan.note else ""), flush=True)
     os.makedirs(stage_dir, exist_ok=True)
-    json.dump({"digest": key}, open(started_file, "w"))
+    record = {"digest": key, "upstream": upstream, "view": _view(recipe, name, workdir)}
+    files.atomic_write(os.path.join(stage_dir, STARTED_FILE), json.dumps(record))
+    _build_data(recipe, name, workdir, timings)
     start = time.perf_counter()
-    if name == recipe_lib.CONVERT:
-      _convert(recipe, workdir)
-    elif name == recipe_lib.TEACHER:
-      teacher_stage.run(recipe_lib.teacher_spec(recipe),
-                      recipe_lib.data_config(recipe, traces=False), workdir)
-    else:
-      config = recipe_lib.stage_config(recipe, name, workdir)
-      if config.train.limit not in contexts:  # one data build and eval split for all stages
-        contexts[config.train.limit] = loop.load_context(config, workdir)
-      ctx = dataclasses.replace(contexts[config.train.limit], config=config)
-      loop.train(config, workdir, stages.STAGES[name], ctx)
-    timings[name] = time.perf_counter() - start
-    json.dump({"digest": key, "seconds": timings[name], "data": data_key}, open(done_file, "w"))
+    _run_one(recipe, name, workdir, contexts)
+    timings[name] = {"seconds": time.perf_counter() - start, "how": "run"}
+    output = _output(stage_dir, name)
+    pipeline.mark_complete(output)
+    if name != recipe_lib.TEACHER:
+      record["params_sha256"] = exports.load_metadata(output).get("params_sha256")
+    record |= {"seconds": timings[name]["seconds"], "data": _data_digest(recipe, workdir)}
+    files.atomic_write(done_file, json.dumps(record))
+    upstream = key
   return timings
 
 
 def run_step(recipe: recipe_lib.Recipe, step: str, workdir: str, upstream: str = "check"
-             ) -> float:
-  """One step of the recipe (a single stage run); returns its seconds.
+             ) -> dict:
+  """One step of the recipe (a single stage run); returns run_chain's timings.
 
   Args:
     upstream: 'check' (a missing upstream step raises UpstreamMissing) or 'run' (run them).
 
   Raises:
     UpstreamMissing: upstream='check' and an upstream step is not done with this recipe.
+    StepChanged: see run_chain.
     ValueError: upstream is neither.
   """
   if upstream not in ("check", "run"):
     raise ValueError(f"upstream={upstream!r}: expected 'check' or 'run'")
   missing = missing_upstream(recipe, step, workdir)
   if missing and upstream == "check":
-    raise UpstreamMissing(step, missing)
-  return run_chain(recipe, workdir, upto=step)[step]
+    raise UpstreamMissing(step, list(missing), {s: r for s, r in missing.items() if r})
+  return run_chain(recipe, workdir, upto=step)
 
 
 def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
@@ -210,21 +487,47 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
   return rows
 
 
-def reference_rows(summary: dict, splits) -> list[dict]:
-  """Floor and rule teacher from the data build's summary."""
-  names = {"test_1615": "test_subset", "test": "test", "validation": "validation"}
+_SUMMARY_SPLITS = {"test_1615": "test_subset", "test": "test", "validation": "validation"}
+REFERENCE_ROWS = (("floor", "Pre-rank floor"), ("teacher", "Rule teacher"))
+
+
+def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]:
+  """{'floor' | 'teacher': R@1 / R@3 / N@3} on the first `limit` users of `split`: D's order and
+  the rule teacher's ranking (data/teacher.py, the build's weights on the evidence levels of
+  each user's kept history, as data/examples.py scores them)."""
+  source = tfds_builder.data_source(summary["paths"]["tfds"], split)
+  records = [source[i] for i in range(limit)]
+  catalog, sids = requests_lib.build_sids(summary)
+  cfg = summary["examples"]["config"]
+  candidates = np.stack([np.asarray(r["candidates"]) for r in records])
+  levels = requests_lib.evidence_levels(
+    [r["history"] for r in records], candidates, requests_lib.Catalogue.make(catalog, sids),
+    cfg["max_history"], cfg["evidence_decay"], cfg["evidence_window"])
+  targets = np.asarray([int(r["target_position"]) for r in records])
+  weights = teacher_lib.TeacherWeights(**summary["examples"]["teacher_weights"])
+  floor = np.tile(np.arange(candidates.shape[1]), (limit, 1))
+  return {"floor": teacher_lib.ranking_metrics(floor, targets),
+          "teacher": teacher_lib.ranking_metrics(teacher_lib.rankings(levels, weights), targets)}
+
+
+def reference_rows(summary: dict, splits, limit: int = 0) -> list[dict]:
+  """Floor and rule teacher on the users the model rows are evaluated on: the first `limit` of
+  each split (0 = all: the data build's own numbers), each row with its number of users `num`
+  (the evaluation's name for it)."""
   out = []
   for split in splits:
-    ex = summary["examples"]
-    for name, label, key in (("floor", "Pre-rank floor", "floor"),
-                             ("teacher", "Rule teacher", "teacher")):
-      m = ex[key][names[split]]
-      out.append({"row": name, "label": label, "split": split, "R@1": m["R@1"],
+    size = summary["splits"][split]
+    n = min(limit, size) if limit else size
+    metrics = ({k: summary["examples"][k][_SUMMARY_SPLITS[split]] for k, _ in REFERENCE_ROWS}
+               if n == size else _reference_metrics(summary, split, n))
+    for name, label in REFERENCE_ROWS:
+      m = metrics[name]
+      out.append({"row": name, "label": label, "split": split, "num": n, "R@1": m["R@1"],
                   "R@3": m["R@3"], "N@3": m["N@3"], "valid_rate": 1.0})
   return out
 
 
-COLUMNS = ("R@1", "R@1_se", "R@3", "N@3", "valid_rate", "duplicate", "omitted", "out_of_set",
+COLUMNS = ("num", "R@1", "R@1_se", "R@3", "N@3", "valid_rate", "duplicate", "omitted", "out_of_set",
            "truncated", "malformed_json", "top1_is_D_first", "top1_is_teacher", "nfe_per_token",
            "paper_nfe_per_token", "tokens_per_s")
 
@@ -236,8 +539,19 @@ def _cell(row, col):
   return f"{value:.4f}" if isinstance(value, float) else str(value)
 
 
+def _timing(name: str, timing: dict) -> str:
+  return f"{name} {timing['seconds']:.0f} ({timing['how']})"
+
+
 def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir: str) -> str:
-  """results/table2.{md,csv,json}; returns the markdown."""
+  """results/table2.{md,csv,json}; returns the markdown.
+
+  Args:
+    rows: every row ('num' = the users it is computed on).
+    timings: {name: {'seconds', 'how'}} (run_chain's, plus 'total' of this run).
+    provenance: {name: value}.
+    results_dir: where the files go.
+  """
   os.makedirs(results_dir, exist_ok=True)
   order = ["floor", "teacher"] + [r[0] for r in ROWS]
   rows = sorted(rows, key=lambda r: (r["split"] != "test_1615", order.index(r["row"])))
@@ -251,7 +565,8 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
     table_rows.append(cells)
     lines.append("| " + " | ".join(cells) + " |")
   lines.append("")
-  lines.append("Stage wall time (s): " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
+  lines.append("Stage wall time (s; reused = the seconds of the run that made it): "
+               + ", ".join(_timing(k, v) for k, v in timings.items()))
   lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in provenance.items()))
   md = "\n".join(lines) + "\n"
   with open(os.path.join(results_dir, "table2.md"), "w") as f:
@@ -267,13 +582,17 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
 
 
 def provenance(summary: dict) -> dict:
-  """Digests of what every number depends on: the tokenizer and the SIDs file the prompts were
-  rendered with (pin it on another machine with --config.data.sids_file=<that file>) and, when
-  the SFT data are LLM traces (data.teacher_traces), that file and the teachers that wrote it."""
+  """Digests of what every number depends on: the tokenizer (`vocab_sha256`, the same digest
+  every export of the build records: exports.data_build_record; `tokenizer_json_sha256`, of its
+  tokenizer.json file), the SIDs file the prompts were rendered with (pin it on another machine
+  with --config.data.sids_file=<that file>) and, when the SFT data are LLM traces
+  (data.teacher_traces), that file and the teachers that wrote it."""
   paths, sids = summary["paths"], summary["sids"]
   traces = summary.get("teacher_traces") or {}
-  tokenizer_json = os.path.join(paths["tokenizer"], "tokenizer.json")
-  return {"tokenizer_sha256": files.file_sha256(tokenizer_json)[:16],
+  tokenizer = tokenizer_lib.load_tokenizer(paths["tokenizer"])
+  return {"vocab_sha256": exports.vocab_digest(tokenizer)[:16],
+          "tokenizer_json_sha256": files.file_sha256(
+            os.path.join(paths["tokenizer"], "tokenizer.json"))[:16],
           "sids_sha256": files.file_sha256(paths["sids"])[:16], "sids_file": paths["sids"],
           "sids_collision_rate": sids["collision_rate"],
           "sids_max_collisions": sids["max_collisions"],
@@ -285,15 +604,11 @@ def provenance(summary: dict) -> dict:
 def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   """Steps, rows and Table 2 (module docstring); returns the Table 2 markdown."""
   start = time.perf_counter()
-  timings = {}
-  if recipe_lib.TEACHER in recipe_lib.chain(recipe):  # its traces are the data build's input
-    timings.update(run_chain(recipe, workdir, upto=recipe_lib.TEACHER))
+  timings = run_chain(recipe, workdir)  # the teacher first: its traces are the build's input
   summary = pipeline.run(recipe_lib.data_config(recipe), workdir)
-  timings["data"] = time.perf_counter() - start - sum(timings.values())
-  timings.update(run_chain(recipe, workdir))
-  rows = (reference_rows(summary, recipe.table.splits)
+  rows = (reference_rows(summary, recipe.table.splits, recipe.eval.limit)
           + evaluate_rows(recipe, workdir, summary))
-  timings["total"] = time.perf_counter() - start
+  timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
   results_dir = recipe.table.results_dir.format(workdir=workdir)
   md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary)}, results_dir)
   print(md, flush=True)

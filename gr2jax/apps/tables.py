@@ -27,7 +27,9 @@ data build of W (the same `data` config as table2.py; reused from W's cache).
   cited candidate shares the cited attribute with a history item: its evidence bucket for that
   kind is > 0, the written value / bucket is the candidate's own).
 Evaluations are cached under W/tables/ by model digest, split, tau and the eval settings, so
-Table 3's tau = 1.0 rows and Table 4 share one decode.
+Table 3's tau = 1.0 rows and Table 4 share one decode. So are the timings (Table 3's batch-1
+decodes, Figure 6): a rerun on a finished table reuses them, and says so, unless
+`--config.table.remeasure=True` times them again (on a GPU plan they take about an hour).
 """
 
 import dataclasses
@@ -38,7 +40,7 @@ import time
 
 import numpy as np
 
-from gr2jax import load
+from gr2jax import files, load
 from gr2jax.data import answer, pipeline, prompts, tfds_builder
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
@@ -150,13 +152,39 @@ PAPER_TABLE3 = {  # Diffusion-GR2's frontier (Qwen3-8B, one H100): R@1, tok/s, s
 }
 
 
+def timings_cached(path: str, measure, remeasure: bool) -> dict:
+  """Timings (a JSON dict) kept at `path`: reused when there, unless `remeasure`; else
+  `measure()` is run and saved (atomically)."""
+  if os.path.exists(path) and not remeasure:
+    print(f"[tables] reusing the timings in {path} (--config.table.remeasure=True times them "
+          "again)", flush=True)
+    with open(path) as f:
+      return json.load(f)
+  result = measure()
+  files.atomic_write(path, json.dumps(result, indent=1))
+  return result
+
+
+def _remeasure(table) -> bool:
+  """table.remeasure (gr2jax/recipes.py); False for a view without the field."""
+  return bool(table.get("remeasure", False))
+
+
+def _timings_path(workdir: str, name: str, *key) -> str:
+  """Where timings of `key` (models, split, settings) are kept: W/tables/<name>_<digest>.json."""
+  out_dir = os.path.join(workdir, "tables")
+  os.makedirs(out_dir, exist_ok=True)
+  return os.path.join(out_dir, f"{name}_{files.json_digest(list(key))}.json")
+
+
 def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
   """AR and the diffusion model at every tau of table.taus.
 
   speedup = batched tokens/s (the evaluation's, after its compiling batch) over AR's;
   b1_tokens_per_s = the median over the first `table.speed_examples` examples of output tokens /
   s, each decoded alone (timed_decodes: the paper's throughput protocol as we read it, batch 1;
-  our timing includes the prefill), b1_speedup = that over AR's.
+  our timing includes the prefill), b1_speedup = that over AR's; those timings are kept in
+  W/tables/ (timings_cached) unless table.remeasure.
   """
   runs = [("AR GR2", None, "ar")] + [("Diffusion-GR2", tau, "diffusion") for tau in table.taus]
   rows = []
@@ -165,9 +193,15 @@ def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
     result, _ = evaluate_at(name, model, table, inp, workdir, tau)
     row = {"row": label, "tau": tau, **result}
     if table.speed_examples:
-      t = timed_decodes(policy_at(model, table, inp, tau), model.params, inp,
-                        table.speed_examples, f"table3 {name} batch 1")
-      row["b1_tokens_per_s"] = float(np.median(t["output_len"] / t["seconds"]))
+      def measure(model=model, tau=tau, name=name):
+        t = timed_decodes(policy_at(model, table, inp, tau), model.params, inp,
+                          table.speed_examples, f"table3 {name} batch 1")
+        return {"b1_tokens_per_s": float(np.median(t["output_len"] / t["seconds"]))}
+
+      path = _timings_path(workdir, f"{name}_tau{tau}_b1", model.id, len(inp.data),
+                           inp.prompt_len, inp.response_len, tau, table.speed_examples,
+                           table.decode)
+      row |= timings_cached(path, measure, _remeasure(table))
     paper = PAPER_TABLE3.get(tau)
     row["paper"] = (f"{paper[0]:.4f} / {paper[1]} tok/s / {paper[2]:g}x" if paper else None)
     rows.append(row)
@@ -402,7 +436,10 @@ def fig6_png(data: dict, path: str) -> None:
 
 def run_fig6(table, workdir: str) -> dict:
   inp = load_inputs(table, workdir)
-  data = fig6(load_models(table, workdir), inp, table)
+  models = load_models(table, workdir)
+  path = _timings_path(workdir, "fig6", models["ar"].id, models["diffusion"].id, len(inp.data),
+                       inp.prompt_len, inp.response_len, table.fig6.to_dict(), table.decode)
+  data = timings_cached(path, lambda: fig6(models, inp, table), _remeasure(table))
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
   json.dump(data, open(os.path.join(results, "fig6.json"), "w"), indent=1)

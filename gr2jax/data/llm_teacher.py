@@ -35,7 +35,8 @@ nothing recompiles. Batch b samples with fold_in(key(seed), b). A batch holds fi
 of every user whose last attempt failed, then new users, so batches stay full and each user gets
 only the attempts it needs.
 
-Files under `out_dir` (default W/teacher):
+Files under the output directory (W/teacher, the chain's teacher step; teacher_stage.run's
+`out_dir` elsewhere):
   attempts/NNNNNN.jsonl  batch NNNNNN: one row per attempt {"user", "attempt" (1-based), "kind",
                          "ranking" (slots, best first; null unless valid), "reasoning" (null
                          unless valid), "response", "tokens", "teacher"}, written under a temp
@@ -46,12 +47,17 @@ Files under `out_dir` (default W/teacher):
                          teacher.load_traces read; rewritten atomically when every user is done.
   summary.json           acceptance by attempt, failures by kind, reasoning length, tokens/s.
 The "teacher" digest names the model (the content of every file of its directory), the sampling
-settings and the data build; a rerun with another digest on the same output is refused.
+settings and the data build; a rerun with another digest on the same output is refused
+(`teacher.restart=True` makes the chain move the previous output aside first). The run ends with
+its summary printed (users, attempts, accepted, the traces file) and fails (NoTracesError, after
+writing the files) when it accepted nobody: an empty traces file would give the data build no
+training example.
 
 Resume: a rerun of the same command reads attempts/ and continues where it stopped: finished
 users are skipped, a user with failed attempts resumes at its next attempt; a larger `num_users`
-extends the sample (the first users of the same seeded permutation). The output directory is
-locked for the run (workdir.lock_workdir): a second run on it fails at once.
+extends the sample (the first users of the same seeded permutation; the rows of the first ones
+are not touched), a smaller one is its prefix. The output directory is locked for the run
+(workdir.lock_workdir): a second run on it fails at once.
 
 Multi-host (`run.py --multihost`): the model is one SPMD program over the global mesh, so every
 process runs the same batches; each process places only its own devices' rows of a batch, i.e. its
@@ -87,6 +93,10 @@ TRACES_FILE = "traces.jsonl"
 SUMMARY_FILE = "summary.json"
 _BATCH_FILE = re.compile(r"(\d{6})\.jsonl")
 
+class NoTracesError(RuntimeError):
+  """The teacher accepted no user: its traces file is empty (the message says what it tried)."""
+
+
 # (prompts: [B'] token-id arrays, B' <= batch_size; key) -> (B' response texts, [B'] tokens)
 SampleFn = Callable[[Sequence[np.ndarray], jax.Array], tuple[list[str], np.ndarray]]
 
@@ -113,7 +123,8 @@ class TeacherSpec:
     param_dtype: 'auto' (bf16 on accelerators, the checkpoint's dtype on CPU), 'float32' or
       'bfloat16'.
     mesh: (data, fsdp, tp) sizes; one may be -1 (the remaining devices).
-    out_dir: the output directory ('' = <workdir>/teacher).
+    restart: the chain's teacher step moves a previous output made with other settings aside
+      (W/teacher.<its digest>) instead of refusing it (gr2jax/apps/chain.py).
   """
 
   hf_dir: str
@@ -128,7 +139,7 @@ class TeacherSpec:
   seed: int
   param_dtype: str
   mesh: tuple[int, int, int]
-  out_dir: str = ""
+  restart: bool
 
   def __post_init__(self):
     if self.prompt not in PROMPT_FORMATS:
@@ -293,7 +304,9 @@ def read_attempts(out_dir: str, digest: str) -> list[dict]:
         if row.get("teacher") != digest:
           raise ValueError(
             f"{path}:{lineno}: written by teacher {row.get('teacher')!r}, this run is {digest!r} "
-            "(another model, sampling setting or data build); use another teacher.out_dir")
+            "(another model, sampling setting or data build); nothing was changed: rerun with "
+            "its settings, pass --config.teacher.restart=True (the chain moves the output "
+            "aside, kept) or use a new --workdir")
         rows.append(row)
   return rows
 
@@ -419,7 +432,10 @@ def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
     tokenizer: the teacher's tokenizer (reasoning lengths in its tokens).
 
   Returns:
-    The summary (also out_dir/summary.json); traces.jsonl holds the accepted traces.
+    The summary (also out_dir/summary.json, and printed); traces.jsonl holds the accepted traces.
+
+  Raises:
+    NoTracesError: no user was accepted (the files are written first).
   """
   writer = jax.process_index() == 0
   if writer:
@@ -475,4 +491,22 @@ def generate_traces(sample_fn: SampleFn, prompt_ids: Sequence[np.ndarray],
     files.atomic_write(os.path.join(out_dir, TRACES_FILE), _jsonl(traces))
     summary["traces_sha256"] = files.file_sha256(os.path.join(out_dir, TRACES_FILE))
     files.atomic_write(os.path.join(out_dir, SUMMARY_FILE), json.dumps(summary, indent=1))
+  print(format_summary(summary), flush=True)
+  if not summary["accepted"]:
+    failures = ", ".join(f"{k} {n}" for k, n in summary["failures"].items() if n) or "none"
+    raise NoTracesError(
+      f"the teacher accepted none of {summary['users']} users ({summary['attempts']} attempts, "
+      f"up to {spec.attempts} each; failures: {failures}): {summary['traces']} is empty and "
+      "gives the data build no training example. Check the model (teacher.hf_dir), the prompt "
+      "format (teacher.prompt) and teacher.max_new_tokens; the attempts are kept in "
+      f"{os.path.join(out_dir, ATTEMPTS_DIR)}")
   return summary
+
+
+def format_summary(summary: dict) -> str:
+  """The teacher's closing line: users, attempts, accepted (acceptance), failures, the traces."""
+  failures = ", ".join(f"{k}={n}" for k, n in summary["failures"].items() if n) or "none"
+  return (f"[teacher] {summary['finished']}/{summary['users']} users finished, "
+          f"{summary['attempts']} attempts, accepted {summary['accepted']} "
+          f"(acceptance {summary['acceptance']:.3f}); failures: {failures}; traces: "
+          f"{summary['traces']}")

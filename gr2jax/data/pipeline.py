@@ -80,12 +80,13 @@ def _inventory(path: str) -> dict[str, int]:
   return out
 
 
-def _mark_complete(path: str) -> None:
-  """Writes `path`.complete.json, the completion record of a finished output (atomically)."""
+def mark_complete(path: str) -> None:
+  """Writes `path`.complete.json, the completion record of a finished output (atomically): the
+  size of every file, what `incomplete` checks (cached outputs here; the chain's step outputs)."""
   files.atomic_write(path + COMPLETE_SUFFIX, json.dumps({"files": _inventory(path)}, indent=0))
 
 
-def _incomplete(path: str) -> str | None:
+def incomplete(path: str) -> str | None:
   """Why the output at `path` cannot be reused (None when it is complete; see module doc)."""
   if not os.path.exists(path):
     return "missing"
@@ -131,7 +132,7 @@ class _Steps:
     _remove_stale_temps(workdir, os.path.join(workdir, "cache"))
 
   def _reusable(self, name: str, path: str) -> bool:
-    reason = _incomplete(path)
+    reason = incomplete(path)
     if reason is not None and reason != "missing":
       log.warning("step %s: not reusing %s: %s; rebuilding", name, path, reason)
       _remove(path)
@@ -154,7 +155,7 @@ class _Steps:
     if not hit:
       out = fn()
       files.atomic_write(path, pickle.dumps(out, protocol=pickle.HIGHEST_PROTOCOL))
-      _mark_complete(path)
+      mark_complete(path)
     self._done(name, start, hit)
     return out
 
@@ -171,7 +172,7 @@ class _Steps:
       except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-      _mark_complete(path)
+      mark_complete(path)
     self._done(name, start, hit)
     return path
 
@@ -324,11 +325,16 @@ def format_summary(summary: dict) -> str:
       rows.append((f"{name} learned (GBDT, fit on validation)", _metric_text(ex["learned"][name])))
   rows.append(("test target positions", " ".join(f"{p:.3f}"
                                                  for p in ex["floor"]["test"]["histogram"])))
-  rows.append(("teacher", f"acceptance={ex['acceptance']:.4f} weights={ex['teacher_weights']}"))
+  rows.append(("rule teacher", f"acceptance={ex['acceptance']:.4f} "
+                               f"weights={ex['teacher_weights']}"
+                               + (" (not trained on: LLM traces below)"
+                                  if summary.get("teacher_traces") else "")))
   traces = summary.get("teacher_traces")
   if traces:
+    t = ex["traces"]
     rows.append(("LLM traces", f"{traces['file']} sha256={traces['sha256'][:16]} "
-                               f"kept={ex['traces']['kept']} teachers={traces['teachers']}"))
+                               f"rows={t['rows']} bad={t['bad']} accepted={t['accepted']} "
+                               f"kept={t['kept']} teachers={traces['teachers']}"))
   sid = summary["sids"]
   rows.append(("sids", f"unique={sid['unique']} utilisation={sid['utilisation']} "
                        f"collision_rate={sid['collision_rate']:.4f} "
@@ -435,10 +441,20 @@ def _raw(steps: _Steps, config) -> tuple:
   return catalog, sequences, raw_key
 
 
+def _example_field(config, name: str):
+  """A field's value in the examples step's key. The examples depend only on whether LLM traces
+  are used ('' or 'set': the file's content enters the later steps' keys), not on where the file
+  is, so a workdir spelt another way, moved or copied keeps its cache."""
+  if name == "retriever":
+    return config.retriever.to_dict()
+  if name == "teacher_traces":
+    return config.teacher_traces and "set"
+  return config.get(name)
+
+
 def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
   """(examples by split, their stats, cache key): the cached examples step of `config`."""
-  examples_key = _key(raw_key, [config.get(k).to_dict() if k == "retriever" else config.get(k)
-                                for k in EXAMPLE_FIELDS],
+  examples_key = _key(raw_key, [_example_field(config, k) for k in EXAMPLE_FIELDS],
                       _code(examples, split, retriever, candidates, evidence, teacher, headroom,
                             metrics))
   by_split, example_stats = steps.value("examples", examples_key,
@@ -467,6 +483,35 @@ def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
   return catalog, by_split["train"]
 
 
+def load_traces(config, train: list[RerankExample]) -> tuple[list, dict]:
+  """The LLM traces of `config.teacher_traces` for the training lists (teacher.load_traces,
+  strict when config.strict_traces): skipped rows are printed as file:line: why (the first few,
+  then their count).
+
+  Raises:
+    FileNotFoundError: the file does not exist (naming data.teacher_traces).
+    teacher.TraceError: a bad row under strict_traces, or no usable row at all (before any
+      tokenizer or TFDS output is built).
+  """
+  path = config.teacher_traces
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"data.teacher_traces={path!r} is not a file")
+  traces, stats = teacher.load_traces(path, train, rejection=config.rejection,
+                                      strict=config.strict_traces)
+  for line in stats["skipped"]:
+    print(f"skipped trace row {line}", flush=True)
+  if stats["bad"] > len(stats["skipped"]):
+    print(f"... and {stats['bad'] - len(stats['skipped'])} more skipped rows of {path} "
+          f"({stats['bad_reasons']})", flush=True)
+  if not traces:
+    rejected = (f", {stats['rows'] - stats['bad'] - stats['accepted']} whose top-1 is not the "
+                "target (data.rejection)" if config.rejection else "")
+    raise teacher.TraceError(
+      f"data.teacher_traces={path}: no usable trace row ({stats['rows']} rows: "
+      f"{stats['bad']} bad{rejected}); the build would have no training example")
+  return traces, stats
+
+
 def _run(config, workdir: str) -> dict:
   steps = _Steps(workdir)
   start = time.perf_counter()
@@ -474,9 +519,8 @@ def _run(config, workdir: str) -> dict:
   by_split, example_stats, examples_key = _examples(steps, config, catalog, sequences, raw_key)
   reasonings, traces_digest, traces_provenance = {}, "", None
   if config.teacher_traces:
+    traces, trace_stats = load_traces(config, by_split["train"])
     traces_digest = files.file_sha256(config.teacher_traces)
-    traces, trace_stats = teacher.load_traces(config.teacher_traces, by_split["train"],
-                                              rejection=config.rejection)
     by_split["train"] = [t.example for t in traces]
     reasonings = {t.example.user: t.reasoning for t in traces}
     example_stats = example_stats | {"traces": trace_stats}

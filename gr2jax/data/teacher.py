@@ -183,6 +183,9 @@ def _parse_trace(line: str, examples: dict[int, RerankExample], seen: set[int]) 
   return Trace(example, reasoning, teacher if isinstance(teacher, str) else None)
 
 
+SHOWN_SKIPPED = 5  # skipped rows named one by one in stats['skipped'] (the rest are counted)
+
+
 def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, rejection: bool = True,
                 strict: bool = False) -> tuple[list[Trace], dict]:
   """Reads LLM-written traces `{"user": int, "reasoning": str, "ranking": [slots, best first]}`.
@@ -195,9 +198,10 @@ def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, reje
 
   Returns:
     (kept traces in file order, stats {'rows', 'bad', 'bad_reasons' (count per kind: 'json',
-    'object', 'user', 'reasoning', 'ranking'), 'accepted', 'kept', 'acceptance' (of the valid
-    rows), 'teachers' (the sorted distinct "teacher" digests of the valid rows that name one;
-    data/llm_teacher.py writes them)}).
+    'object', 'user', 'reasoning', 'ranking'), 'skipped' (the first SHOWN_SKIPPED bad rows as
+    'file:line: why'), 'accepted', 'kept', 'acceptance' (of the valid rows), 'teachers' (the
+    sorted distinct "teacher" digests of the valid rows that name one; data/llm_teacher.py
+    writes them)}).
 
   Raises:
     TraceError: with strict=True, a bad row (file:line and the reason).
@@ -207,7 +211,7 @@ def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, reje
   if len(by_user) != len(examples):
     raise ValueError("load_traces needs one example per user")
   seen: set[int] = set()
-  traces, bad = [], collections.Counter()
+  traces, bad, skipped = [], collections.Counter(), []
   rows = 0
   with open(path, encoding="utf-8") as f:
     for lineno, line in enumerate(f, start=1):
@@ -218,12 +222,15 @@ def load_traces(path: str | pathlib.Path, examples: list[RerankExample], *, reje
         traces.append(_parse_trace(line, by_user, seen))
       except _BadRow as err:
         if strict:
-          raise TraceError(f"{path}:{lineno}: {err}") from err
+          raise TraceError(f"{path}:{lineno}: {err} (data.strict_traces=False skips such "
+                           "rows)") from err
         bad[err.kind] += 1
+        if len(skipped) < SHOWN_SKIPPED:
+          skipped.append(f"{path}:{lineno}: {err}")
   good = [t for t in traces
           if t.example.teacher_ranking[0] == t.example.target_position]
   kept = good if rejection else traces
-  stats = {"rows": rows, "bad": sum(bad.values()), "bad_reasons": dict(bad),
+  stats = {"rows": rows, "bad": sum(bad.values()), "bad_reasons": dict(bad), "skipped": skipped,
            "accepted": len(good), "kept": len(kept),
            "acceptance": len(good) / len(traces) if traces else 0.0,
            "teachers": sorted({t.teacher for t in traces if t.teacher is not None})}

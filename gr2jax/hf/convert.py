@@ -24,6 +24,9 @@ Ids come from the tokenizer of --tokenizer_dir (default --hf_dir), its tokenizer
   - a token the model already has -- in --hf_dir's own tokenizer, or in the tokenizer's base
     vocabulary -- is an error naming it: its trained embedding row would be overwritten;
     so is an id that --hf_dir's tokenizer gives to another token.
+The tokenizer must fit the weights (gr2jax/hf/weights.check_tokenizer): an id >= config.json's
+vocab_size of a token not in the --add_tokens file, or an eos / pad id it does not define, is an
+error naming both files (those tokens would get placeholder rows, the eos would never be written).
 Without a tokenizer.json (and no slow-tokenizer vocabulary either) the ids are V, V+1, ... A
 --tokenizer_dir that does not exist is an error. Init: mean of the other original rows +
 N(0, (1e-3 * per-dimension std)^2) noise from --add_tokens_seed, so new tokens start as an
@@ -45,7 +48,7 @@ from gr2jax.model.config import ModelConfig
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt",
                    "special_tokens_map.json", "added_tokens.json", "tokenizer.model",
                    "chat_template.jinja", "generation_config.json")
-TOKENIZER_JSON = "tokenizer.json"
+TOKENIZER_JSON = hf_weights.TOKENIZER_JSON
 _VOCAB_FILES = ("vocab.json", "tokenizer.model", "added_tokens.json")  # slow-tokenizer vocabularies
 ADDED_IDS_FILE = "added_token_ids.json"
 _NOISE_SCALE = 1e-3
@@ -83,19 +86,6 @@ def read_token_file(path: str) -> list[str]:
   return tokens
 
 
-def _load_tokenizer(directory: str | None):
-  """The `tokenizers.Tokenizer` of directory/tokenizer.json, or None if there is none."""
-  file = os.path.join(directory, TOKENIZER_JSON) if directory else None
-  if file is None or not os.path.isfile(file):
-    return None
-  import tokenizers
-
-  try:
-    return tokenizers.Tokenizer.from_file(file)
-  except Exception as e:  # tokenizers raises a bare Exception on a malformed file
-    raise ValueError(f"{file}: cannot read the tokenizer: {e}") from None
-
-
 def new_token_ids(tokens: list[str], vocab_size: int, hf_dir: str, tokenizer_dir: str | None
                   ) -> tuple[dict[str, int], object | None]:
   """The id of each new token, and the tokenizer to write into the checkpoint (module doc).
@@ -117,14 +107,14 @@ def new_token_ids(tokens: list[str], vocab_size: int, hf_dir: str, tokenizer_dir
   """
   source_dir = tokenizer_dir or hf_dir
   flag = "--tokenizer_dir" if tokenizer_dir else "--hf_dir"
-  source = _load_tokenizer(source_dir)
+  source = hf_weights.load_tokenizer_json(source_dir)
   if source is None:
     others = [n for n in _VOCAB_FILES if os.path.isfile(os.path.join(source_dir, n))]
     if tokenizer_dir or others:
       raise ValueError(f"{flag}={source_dir} has no {TOKENIZER_JSON} (found {others}): the "
                        "--add_tokens ids could not be recorded in the copied tokenizer")
     return {t: vocab_size + i for i, t in enumerate(tokens)}, None
-  base = _load_tokenizer(hf_dir) if tokenizer_dir else source
+  base = hf_weights.load_tokenizer_json(hf_dir) if tokenizer_dir else source
   trained: dict[str, int] = {}  # tokens the model already has, with their ids
   if base is not None:
     trained |= base.get_vocab(with_added_tokens=True)
@@ -223,7 +213,8 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
 
   Raises:
     FileNotFoundError: hf_dir or tokenizer_dir is not a directory.
-    ValueError: see `new_token_ids`, `gr2jax.hf.weights`.
+    ValueError: see `new_token_ids`, `gr2jax.hf.weights` (a non-float or wrongly shaped tensor,
+      a tokenizer that does not fit the config), naming the tensor or token and the file.
   """
   if not os.path.isdir(hf_dir):
     raise FileNotFoundError(f"--hf_dir={hf_dir} is not a directory")
@@ -234,6 +225,8 @@ def convert(hf_dir: str, out_dir: str, param_dtype: str | None = None,
   def write(tmp: str) -> None:
     tokens = read_token_file(add_tokens_file) if add_tokens_file else []
     config = hf_weights.read_config(hf_dir, param_dtype)
+    hf_weights.check_tokenizer(tokenizer_dir or hf_dir, config, added=tokens,
+                               config_file=os.path.join(hf_dir, "config.json"))
     tokenizer = None
     with hf_weights.HFWeights(hf_dir) as weights:
       leaves = hf_weights.iter_leaves(config, weights)

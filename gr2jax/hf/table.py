@@ -26,7 +26,16 @@ import numpy as np
 
 
 class ConversionError(ValueError):
-  """The HF tensors do not match the param tree; the message names the tensor or field."""
+  """The HF tensors do not match the param tree; the message names the tensor or field.
+
+  Attributes:
+    tensor: the HF tensor the error is about (None when it is about no single tensor), so a
+      reader that knows the files can name the file too (gr2jax/hf/weights.py).
+  """
+
+  def __init__(self, message: str, tensor: str | None = None):
+    super().__init__(message)
+    self.tensor = tensor
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,15 +166,14 @@ def match(name: str, abstract: Mapping) -> tuple[Rule, int | None]:
     if _get(abstract, rule.path) is None:
       raise ConversionError(
         f"unexpected tensor {name!r}: the config has no param {'/'.join(rule.path)} "
-        "(for lm_head.weight: tie_word_embeddings is true)"
-      )
+        "(for lm_head.weight: tie_word_embeddings is true)", name)
     layer = int(m.group(1)) if rule.layered else None
     if layer is not None and layer >= _num_layers(abstract):
       raise ConversionError(
-        f"unexpected tensor {name!r}: layer {layer} >= num_hidden_layers {_num_layers(abstract)}"
-      )
+        f"unexpected tensor {name!r}: layer {layer} >= num_hidden_layers {_num_layers(abstract)}",
+        name)
     return rule, layer
-  raise ConversionError(f"unexpected tensor {name!r}: no rule in gr2jax/hf/table.py")
+  raise ConversionError(f"unexpected tensor {name!r}: no rule in gr2jax/hf/table.py", name)
 
 
 def _leaf(tree: Mapping, rule: Rule):
@@ -196,8 +204,7 @@ def check_tensors(shapes: Mapping[str, tuple[int, ...]], abstract: Mapping) -> N
     if tuple(shape) != want:
       raise ConversionError(
         f"tensor {name!r} has shape {tuple(shape)}, expected {want} for param "
-        f"{'/'.join(rule.path)} {tuple(per_layer)} (check config.json)"
-      )
+        f"{'/'.join(rule.path)} {tuple(per_layer)} (check config.json)", name)
   missing = [n for n in expected_names(abstract) if n not in shapes]
   if missing:
     more = f" (and {len(missing) - 1} more: {missing[1:4]})" if len(missing) > 1 else ""

@@ -1,6 +1,12 @@
 """Reading a local HF Qwen3 directory: its weight files, one index over all shards, its config,
 and the param leaves built from it one at a time (through gr2jax/hf/table.py).
 
+Nothing is cast in silence: a tensor stored in a non-float dtype, or with a shape other than the
+config's, is refused naming the tensor and its file (`iter_leaves`), and a tokenizer.json that
+does not fit the weights -- an id past config.json's vocab_size (but for tokens a conversion adds
+on purpose), or an eos / pad id it does not define -- is refused naming both files
+(`check_tokenizer`).
+
 Formats: `model.safetensors.index.json` + shards, a single `model.safetensors`, `*.safetensors`,
 or `pytorch_model*.bin` (torch.load with weights_only=True and mmap=True; torch is imported only
 then). Used by `gr2jax.load.load_model` (in-memory conversion) and by
@@ -19,6 +25,8 @@ import numpy as np
 from gr2jax.hf import safetensors_io, table
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
+
+FLOAT_DTYPES = tuple(np.dtype(d) for d in (np.float16, ml_dtypes.bfloat16, np.float32, np.float64))
 
 
 def weight_files(hf_dir: str) -> list[str]:
@@ -56,6 +64,15 @@ def weight_files(hf_dir: str) -> list[str]:
   return files
 
 
+def _numpy_dtype(torch_dtype) -> np.dtype:
+  """The numpy dtype of a torch dtype (bf16 via ml_dtypes)."""
+  import torch
+
+  if torch_dtype == torch.bfloat16:
+    return np.dtype(ml_dtypes.bfloat16)
+  return np.dtype(torch.empty(0, dtype=torch_dtype).numpy().dtype)
+
+
 def _torch_to_numpy(t) -> np.ndarray:
   """A CPU torch tensor -> an owned numpy array (bf16 via ml_dtypes)."""
   import torch
@@ -73,32 +90,33 @@ class HFWeights:
 
   Attributes:
     shapes: {tensor name: shape} over all files.
+    dtypes: {tensor name: stored numpy dtype}.
   """
 
   def __init__(self, hf_dir: str):
     self.files = weight_files(hf_dir)
 
   def __enter__(self) -> "HFWeights":
-    self.shapes, self._where = {}, {}
+    self.shapes, self.dtypes, self._where = {}, {}, {}
     self._stack = contextlib.ExitStack()
     with self._stack as stack:
       for file in self.files:
         if file.endswith(".safetensors"):
           reader = stack.enter_context(safetensors_io.Reader(file))
-          names = {n: e["shape"] for n, e in reader.entries.items()}
+          names = {n: (e["shape"], e["dtype"]) for n, e in reader.entries.items()}
           read = reader.read
         else:
           import torch
 
           state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-          names = {n: tuple(t.shape) for n, t in state.items()}
+          names = {n: (tuple(t.shape), _numpy_dtype(t.dtype)) for n, t in state.items()}
           read = lambda n, state=state: _torch_to_numpy(state[n])
-        for name, shape in names.items():
+        for name, (shape, dtype) in names.items():
           if name in self.shapes:
             raise table.ConversionError(
               f"tensor {name!r} appears more than once in the checkpoint ({self._where[name][0]} "
-              f"and {file})")
-          self.shapes[name] = shape
+              f"and {file})", name)
+          self.shapes[name], self.dtypes[name] = shape, dtype
           self._where[name] = (file, read)
       self._stack = stack.pop_all()  # keep the files open until __exit__
     return self
@@ -110,6 +128,10 @@ class HFWeights:
   def read(self, name: str) -> np.ndarray:
     """The tensor `name` as numpy, in its stored dtype."""
     return self._where[name][1](name)
+
+  def file_of(self, name: str) -> str:
+    """The weight file holding tensor `name`."""
+    return self._where[name][0]
 
 
 def _checkpoint_dtype(hf_dir: str) -> str:
@@ -138,6 +160,77 @@ def read_config(hf_dir: str, param_dtype: str | None = None) -> ModelConfig:
 
 def iter_leaves(config: ModelConfig, weights: HFWeights
                 ) -> Iterator[tuple[tuple[str, ...], np.ndarray]]:
-  """The param leaves of `config` built from `weights`, one at a time (table.load_leaves)."""
-  return table.load_leaves(weights.shapes, weights.read, params_lib.abstract_params(config),
-                           np.dtype(config.param_dtype))
+  """The param leaves of `config` built from `weights`, one at a time (table.load_leaves).
+
+  Every tensor is checked first (before a leaf is built): a non-float dtype (an integer or bool
+  tensor would be cast to values of another scale) or a name / shape the config does not give
+  is a ConversionError naming the tensor and its file.
+  """
+  for name, dtype in weights.dtypes.items():
+    if dtype not in FLOAT_DTYPES:
+      raise table.ConversionError(
+        f"{weights.file_of(name)}: tensor {name!r} is stored as {dtype}, not a float type; "
+        f"refusing to cast it to {config.param_dtype} (a wrong or damaged weight file?)", name)
+  abstract = params_lib.abstract_params(config)
+  try:
+    table.check_tensors(weights.shapes, abstract)
+  except table.ConversionError as e:
+    if e.tensor is None or e.tensor not in weights.shapes:
+      raise
+    raise table.ConversionError(f"{weights.file_of(e.tensor)}: {e}", e.tensor) from None
+  return table.load_leaves(weights.shapes, weights.read, abstract, np.dtype(config.param_dtype))
+
+
+TOKENIZER_JSON = "tokenizer.json"
+
+
+def load_tokenizer_json(directory: str | None):
+  """The `tokenizers.Tokenizer` of directory/tokenizer.json, or None if there is none."""
+  file = os.path.join(directory, TOKENIZER_JSON) if directory else None
+  if file is None or not os.path.isfile(file):
+    return None
+  import tokenizers
+
+  try:
+    return tokenizers.Tokenizer.from_file(file)
+  except Exception as e:  # tokenizers raises a bare Exception on a malformed file
+    raise ValueError(f"{file}: cannot read the tokenizer: {e}") from None
+
+
+def check_tokenizer(tokenizer_dir: str, config: ModelConfig, added=(), config_file: str = ""
+                    ) -> None:
+  """Refuses a tokenizer.json that does not fit the model's config (no tokenizer.json: nothing
+  to check).
+
+  Args:
+    tokenizer_dir: the directory of the tokenizer.json.
+    config: the model's config (before any rows are added).
+    added: tokens a conversion adds rows for on purpose (convert.py --add_tokens): their ids may
+      be >= config.vocab_size.
+    config_file: the config's file, for the message (default tokenizer_dir/config.json).
+
+  Raises:
+    table.ConversionError: an id >= vocab_size of a token not in `added` (its embedding row
+      does not exist: it would get a placeholder row), or an eos / pad id that is no token of
+      the tokenizer.
+  """
+  tokenizer = load_tokenizer_json(tokenizer_dir)
+  if tokenizer is None:
+    return
+  file = os.path.join(tokenizer_dir, TOKENIZER_JSON)
+  config_file = config_file or os.path.join(tokenizer_dir, "config.json")
+  vocab = tokenizer.get_vocab(with_added_tokens=True)
+  added = set(added)
+  outside = sorted((i, t) for t, i in vocab.items() if i >= config.vocab_size and t not in added)
+  if outside:
+    (i, t), n = outside[0], len(outside)
+    raise table.ConversionError(
+      f"{file}: {n} token id(s) >= vocab_size {config.vocab_size} of {config_file}, from "
+      f"{t!r} = {i}: the weights have no rows for them; this tokenizer does not belong to "
+      "these weights (or vocab_size is wrong)")
+  ids = set(vocab.values())
+  roles = [("eos_token_id", i) for i in config.eos_token_ids] + [("pad_token_id",
+                                                                 config.pad_token_id)]
+  for role, i in roles:
+    if i not in ids:
+      raise table.ConversionError(f"{config_file}: {role} {i} is no token of {file}")

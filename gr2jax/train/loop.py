@@ -264,7 +264,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   if ctx.data_build is None:
     raise ValueError("loop.train: ctx.data_build is None (loop.load_context records the data "
                      "build; a hand-made Context must set it)")
-  record = run_checkpoints.run_record(config, data_build=ctx.data_build,
+  record = run_checkpoints.run_record(config, workdir=workdir, data_build=ctx.data_build,
                                   init_sha256=init_digest(config.init),
                                   lengths=(ctx.prompt_len, ctx.response_len))
   finished = finished_result(stage_dir, record)

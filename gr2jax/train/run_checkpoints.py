@@ -6,6 +6,10 @@ build, the init's digest, P and R). Saves happen every `save_every` steps (async
 `keep` are kept, and a SIGTERM/SIGINT makes the loop save before it exits (`StopFlag`); the loop
 saves only a finite state (`all_finite`).
 
+The record describes the work, not where it lives: a path inside the run's workdir is kept
+relative to it (`portable`, "{workdir}/sft/export"), so the same run resumes with the workdir
+spelled relative or absolute, from another directory, or after the workdir was moved or copied.
+
 `restore_latest` walks back from the newest step. A step whose run record differs from this run's
 in a field that alters the run (everything but RUN_NEUTRAL; train.steps only when below the
 step) is refused (`RunChangedError`, naming the fields), never skipped. A step that fails to
@@ -41,6 +45,7 @@ RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.ke
                "config.model.remat", "config.model.attention_chunk_bytes",
                "config.decode.eval_tau")  # evaluation-only: a resume may change it
 RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
+WORKDIR = "{workdir}"  # how a record writes the run's workdir (portable)
 
 
 class RunChangedError(ValueError):
@@ -84,23 +89,50 @@ def make_manager(directory: str, *, keep: int, async_save: bool = True) -> ocp.C
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
-def run_record(config, *, data_build: dict, init_sha256: str, lengths: tuple[int, int]) -> dict:
-  """What a run's checkpoints must agree with to be resumed (JSON-normalised).
+def portable(tree, workdir: str):
+  """`tree` (JSON-like: dicts, lists, strings, numbers) with every path written the same way
+  however it was spelt: a path inside `workdir` as "{workdir}/<path relative to it>" (the
+  workdir itself: "{workdir}"), any other as its absolute real path.
+
+  A string counts as a path when it contains a path separator (and no "{workdir}" already); it
+  is resolved against the current directory (how the run reads it), symlinks included, so
+  "W/sft/export" and "/abs/W/sft/export" give the same value. Other strings ("preset:tiny",
+  "cosine") are kept.
+  """
+  root = os.path.realpath(workdir)
+  if isinstance(tree, dict):
+    return {k: portable(v, workdir) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [portable(v, workdir) for v in tree]
+  if not isinstance(tree, str) or os.sep not in tree or WORKDIR in tree:
+    return tree
+  path = os.path.realpath(tree)
+  if path == root:
+    return WORKDIR
+  if path.startswith(root + os.sep):
+    return os.path.join(WORKDIR, os.path.relpath(path, root))
+  return path
+
+
+def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
+               lengths: tuple[int, int]) -> dict:
+  """What a run's checkpoints must agree with to be resumed (JSON-normalised, `portable`).
 
   Args:
     config: the run config (`train.restart` is left out: it only says how this run starts).
-    data_build: checkpoint.data_build_record of the run's data build.
-    init_sha256: the digest of config.init (loop.init_digest).
+    workdir: the run's workdir (paths inside it are recorded relative to it).
+    data_build: exports.data_build_record of the run's data build.
+    init_sha256: the digest of config.init (loop.init_digest: of its content, not its path).
     lengths: the static (P, R) of the run's batches.
   """
   resolved = config.to_dict()
   resolved.get("train", {}).pop("restart", None)
   record = {"config": resolved, "data_build": data_build, "init_sha256": init_sha256,
             "lengths": list(lengths)}
-  return json.loads(json.dumps(record, default=_json_value))
+  return portable(json.loads(json.dumps(record, default=json_value)), workdir)
 
 
-def _json_value(value):
+def json_value(value):
   """A dataclass (the view's DecodeSpec) as its fields, anything else as its str()."""
   return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
@@ -114,17 +146,33 @@ def _flat(tree, prefix: str = "") -> dict:
   return out
 
 
+def _neutral_fields(*flat_records: dict) -> set[str]:
+  """RUN_NEUTRAL, plus optimizer.total_steps when every record has a constant schedule."""
+  neutral = set(RUN_NEUTRAL)
+  if {r.get("config.optimizer.schedule") for r in flat_records} == {"constant"}:
+    neutral.add("config.optimizer.total_steps")
+  return neutral
+
+
 def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object]]:
   """[(field, saved value, current value)] of the record fields that alter the run."""
   a, b = _flat(saved), _flat(current)
-  neutral = set(RUN_NEUTRAL)
-  if {a.get("config.optimizer.schedule"), b.get("config.optimizer.schedule")} == {"constant"}:
-    neutral.add("config.optimizer.total_steps")
+  neutral = _neutral_fields(a, b)
   missing = "<absent>"
   return [(k.removeprefix("config."), a.get(k, missing), b.get(k, missing))
           for k in sorted(a.keys() | b.keys())
           if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)
           and a.get(k, missing) != b.get(k, missing)]
+
+
+def result_fields(record: dict) -> dict[str, object]:
+  """{field: value} of a record that decide what the run produces (its export): every field but
+  the neutral ones (`changed_fields`), train.steps included. What a chain step's digest covers
+  (gr2jax/apps/chain.py), so a changed evaluation or save interval changes no digest."""
+  flat = _flat(record)
+  neutral = _neutral_fields(flat) - {"config.train.steps"}
+  return {k: v for k, v in flat.items()
+          if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)}
 
 
 def check_resume(saved: dict, current: dict, step: int, directory: str) -> None:

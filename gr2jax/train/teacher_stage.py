@@ -93,8 +93,8 @@ def _tokenizer_dir(spec: TeacherSpec, build_tokenizer: str) -> str:
   return build_tokenizer
 
 
-def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | None = None
-        ) -> dict:
+def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | None = None,
+        out_dir: str = "") -> dict:
   """The teacher stage: traces for the data build of `data_config` in `workdir` (module doc).
 
   Args:
@@ -103,6 +103,7 @@ def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | N
     workdir: the run's workdir (the data build's).
     sample_fn: generation; None loads spec.hf_dir and samples with `model_sampler`. A stand-in
       (tests) gets the same prompts and its texts go through the same parsing and files.
+    out_dir: the output directory ('' = <workdir>/teacher, the chain's teacher step).
 
   Returns:
     The summary dict (module docstring), also written to <out_dir>/summary.json.
@@ -110,13 +111,14 @@ def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | N
   Raises:
     gr2jax.workdir.InUseError: another live run writes the same output directory.
     ValueError: the output holds rows of another teacher digest.
+    llm_teacher.NoTracesError: no user was accepted (the files are written first).
   """
   if not spec.hf_dir and sample_fn is None:
     raise ValueError("the teacher stage needs --config.teacher.hf_dir=<HF Qwen3 dir or gr2jax "
                      "checkpoint>")
   if spec.hf_dir and not os.path.isdir(spec.hf_dir):
     raise FileNotFoundError(f"teacher.hf_dir={spec.hf_dir!r} is not a directory")
-  out_dir = spec.out_dir or os.path.join(workdir, "teacher")
+  out_dir = out_dir or os.path.join(workdir, "teacher")
   lock = lock_workdir(out_dir) if jax.process_index() == 0 else contextlib.nullcontext()
   with lock:
     summary = pipeline.run(data_config, workdir)

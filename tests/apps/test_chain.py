@@ -4,11 +4,15 @@ conversion with the project's tokens, the data build with the paper's prompt, SF
 CFT -> OPD -> RL, every Table 2 row, Table 3, Table 4 and Figure 6 -- with two steps per stage,
 the first 600 users' data build, 3 history items shown (the paper's 20 make 1,600-token prompts
 with this tiny tokenizer) and 16 evaluated users (the smoke's rollout sizes and Figure 6 sweep:
-gr2jax/recipes.py `_smoke`); then a single stage checks or runs its upstream."""
+gr2jax/recipes.py `_smoke`); then a single stage checks or runs its upstream, the teacher step
+runs and extends its sample, and on that workdir a rerun with other settings is refused touching
+nothing, a copy spelt relative reuses every step, a broken step is named, restart moves a run
+aside."""
 
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -22,15 +26,18 @@ RUN = os.path.join(REPO, "experiments", "run.py")
 SIDS = os.path.join(REPO, "results", "sids_table2.npy")  # skips the RQ-VAE (the tiny run's SIDs)
 
 
-def _run(workdir, *args, config="table2.py"):
+HF_SMOKE = [f"--config.data.sids_file={SIDS}", "--config.data.users=600",
+            "--config.data.eval_subset_size=48", "--config.data.prompt.history_items=3",
+            "--config.eval.limit=16", "--config.eval.batch_size=8"]
+
+
+def _run(workdir, *args, config="table2.py", cwd=REPO):
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}  # one CPU device, as a box
   env["GR2JAX_PROGRESS"] = "0"
   return subprocess.run(
     [sys.executable, RUN, f"--config={config}:qwen3_0_6b,smoke", f"--workdir={workdir}",
-     f"--config.data.sids_file={SIDS}", "--config.data.users=600",
-     "--config.data.eval_subset_size=48", "--config.data.prompt.history_items=3",
-     "--config.eval.limit=16", "--config.eval.batch_size=8", *args],
-    capture_output=True, text=True, cwd=REPO, timeout=3600, env=env)  # a loaded shared box
+     *HF_SMOKE, *args],
+    capture_output=True, text=True, cwd=cwd, timeout=3600, env=env)  # a loaded shared box
 
 
 @pytest.fixture(scope="module")
@@ -98,21 +105,39 @@ def test_single_stage_checks_or_runs_its_upstream(hf_run):
 
 def test_llm_teacher_step_of_the_hf_recipe(hf_run):
   """With --config.teacher.hf_dir a stage names the teacher step as missing upstream, and
-  teacher.py runs it through the chain (the HF-layout model as the teacher, GR2's chat prompt,
-  4 users): traces for the data build and the step's completion record."""
+  teacher.py runs the smoke teacher through the chain (the HF-layout model as the teacher, GR2's
+  chat prompt, a few tokens, batches of 4): 4 users, then the smoke's 8, which extends the sample
+  (the first batch's file untouched). The random model accepts nobody: each run ends with its
+  summary and one line naming that, after writing its files."""
   hf_dir, workdir, _, _ = hf_run
   teacher = [f"--config.hf_dir={hf_dir}", f"--config.teacher.hf_dir={hf_dir}",
-             "--config.teacher.num_users=4", "--config.teacher.attempts=1",
-             "--config.teacher.max_new_tokens=8", "--config.teacher.batch_size=4"]
+             "--config.teacher.attempts=1", "--config.teacher.max_new_tokens=8",
+             "--config.teacher.batch_size=4"]
   result = _run(workdir, *teacher, config="sft.py")
   assert result.returncode != 0 and "Traceback" not in result.stderr
   assert any(" needs teacher" in line for line in result.stderr.splitlines()), result.stderr[-2000:]
-  result = _run(workdir, *teacher, config="teacher.py")
-  assert result.returncode == 0, result.stderr[-4000:]
-  summary = json.load(open(os.path.join(workdir, "teacher", "summary.json")))
-  assert summary["finished"] == 4 and summary["attempts"] == 4
-  assert os.path.exists(os.path.join(workdir, "teacher", "traces.jsonl"))
-  assert os.path.exists(os.path.join(workdir, "teacher", "done.json"))
+  attempts = os.path.join(workdir, "teacher", "attempts")
+  for users, batches in ((4, 1), (8, 2)):
+    result = _run(workdir, *teacher, *([f"--config.teacher.num_users={users}"] * (users == 4)),
+                  config="teacher.py")
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    assert f"[teacher] {users}/{users} users finished, {users} attempts" in result.stdout
+    summary = json.load(open(os.path.join(workdir, "teacher", "summary.json")))
+    assert summary["finished"] == users and os.path.exists(summary["traces"])
+    if summary["accepted"]:
+      assert result.returncode == 0 and os.path.exists(os.path.join(workdir, "teacher",
+                                                                    "done.json"))
+    else:
+      assert result.returncode != 0 and f"the teacher accepted none of {users} users" in (
+        result.stderr)
+    assert sorted(os.listdir(attempts)) == [f"{b:06d}.jsonl" for b in range(batches)]
+    if users == 4:
+      first = open(os.path.join(attempts, "000000.jsonl"), "rb").read()
+  assert "absorbing the change" in result.stdout
+  assert open(os.path.join(attempts, "000000.jsonl"), "rb").read() == first
+  new = [json.loads(line)["user"] for line in open(os.path.join(attempts, "000001.jsonl"))]
+  assert len(new) == 4 and not set(new) & {json.loads(line)["user"]
+                                          for line in first.decode().splitlines()}
 
 
 def readme_snippet() -> str:
@@ -138,3 +163,184 @@ def test_readme_notebook_snippet_runs_verbatim(hf_run, tmp_path):
   assert result.returncode == 0, result.stderr[-4000:]
   assert "(1, 32)" in result.stdout
 
+
+# ------------------------------------------------------------------------------ reruns (CLI)
+# On the HF-layout run's finished workdir (no second run to build), after the tests above: a
+# refused change, a copied workdir, a broken step, a restart (last: it moves SFT aside). The
+# teacher's rerun with more users is test_llm_teacher_step_of_the_hf_recipe.
+
+
+def _files(workdir) -> dict[str, str]:
+  """{relative path: sha256} of every file under workdir."""
+  from gr2jax import files
+
+  return {os.path.relpath(os.path.join(root, n), workdir): files.file_sha256(os.path.join(root, n))
+          for root, _, names in os.walk(workdir) for n in names}
+
+
+def _recipe(hf_dir, *overrides):
+  """The typed recipe of `sft.py:qwen3_0_6b,smoke` + the run's settings + overrides (as run.py
+  builds it)."""
+  from gr2jax import recipe, recipes
+
+  c = recipes.config("qwen3_0_6b,smoke", "sft")
+  for arg in (*HF_SMOKE, f"--config.hf_dir={hf_dir}", *overrides):
+    path, value = arg[len("--config."):].split("=", 1)
+    *parents, field = path.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    node[field] = value == "True" if isinstance(node[field], bool) else type(node[field])(value)
+  return recipe.from_config(c)
+
+
+def test_rerun_with_another_learning_rate_is_refused_and_touches_nothing(hf_run):
+  hf_dir, workdir, _, _ = hf_run
+  before = _files(workdir)
+  lr = _recipe(hf_dir).stages["sft"].optimizer.learning_rate
+  result = _run(workdir, f"--config.hf_dir={hf_dir}",
+                "--config.stages.sft.optimizer.learning_rate=0.001", config="sft.py")
+  assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+  assert f"[chain] sft: {workdir}/sft holds a run made with other settings" in result.stderr
+  assert f"optimizer.learning_rate: {lr!r} -> 0.001" in result.stderr
+  assert "--config.stages.sft.train.restart=True" in result.stderr and "new --workdir" in (
+    result.stderr)
+  assert _files(workdir) == before  # every file of the first run, byte for byte
+
+
+def test_copied_workdir_spelt_relative_from_another_directory_reuses_every_step(hf_run,
+                                                                              tmp_path):
+  hf_dir, workdir, _, _ = hf_run
+  copy = tmp_path / "copy"
+  shutil.copytree(workdir, copy)
+  cwd = tmp_path / "elsewhere"
+  cwd.mkdir()
+  result = _run(os.path.relpath(copy, cwd), f"--config.hf_dir={hf_dir}", config="sft.py", cwd=cwd)
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "[chain 1/2] convert: reusing" in result.stdout
+  assert "[chain 2/2] sft: reusing" in result.stdout and "running" not in result.stdout
+
+
+def test_a_broken_done_step_is_named_with_the_command_that_redoes_it(hf_run, tmp_path):
+  """An export that lost its manifest is not trusted: ar_rl.py names sft, what is wrong and the
+  command; the chain itself redoes sft (its export moved aside, re-exported from its last
+  checkpoint)."""
+  from gr2jax.apps import chain
+
+  hf_dir, workdir, _, _ = hf_run
+  copy = str(tmp_path / "broken")
+  shutil.copytree(workdir, copy)
+  os.remove(os.path.join(copy, "sft", "export", "params", "manifest.json"))
+  recipe = _recipe(hf_dir)
+  missing = chain.missing_upstream(recipe, "ar_rl", copy)
+  assert list(missing) == ["sft"] and "manifest.json is missing" in missing["sft"]
+  with pytest.raises(chain.UpstreamMissing, match="ar_rl needs sft done first .*sft: its done "
+                                                  "run is broken: .*manifest.json is missing"):
+    chain.run_step(recipe, "ar_rl", copy)
+  plans = chain.plan_chain(recipe, copy, ("convert", "sft"))
+  assert [p.action for p in plans] == ["reuse", "redo"] and "manifest.json" in plans[1].note
+
+
+def test_step_digests_do_not_depend_on_where_the_workdir_lives(tmp_path, monkeypatch):
+  """Table 2's whole chain (with an LLM teacher trained in the workdir itself): the same digests
+  for the workdir spelt absolute or relative, from another directory, or a copy of it."""
+  from gr2jax import recipe, recipes
+  from gr2jax.apps import chain
+
+  def digests(workdir, teacher):
+    c = recipes.config("smoke", "table2")
+    c.teacher.hf_dir = teacher
+    return chain.step_digests(recipe.from_config(c), workdir)
+
+  (tmp_path / "W").mkdir()
+  monkeypatch.chdir(tmp_path)
+  absolute = digests(str(tmp_path / "W"), str(tmp_path / "W" / "sft" / "export"))
+  assert list(absolute) == ["teacher", "sft", "ar_rl", "cft", "opd", "rl"]
+  assert digests("W", "W/sft/export") == absolute
+  monkeypatch.chdir(tmp_path / "W")
+  assert digests(".", "sft/export") == absolute
+  assert digests(str(tmp_path / "copy"), str(tmp_path / "copy" / "sft" / "export")) == absolute
+  assert digests(".", "../elsewhere/export") != absolute  # another teacher model
+
+
+def test_reference_rows_are_on_the_model_rows_users_with_their_n(hf_run, tmp_path):
+  """With eval.limit the floor and rule-teacher rows are computed on the same first users as the
+  model rows (recomputed from the records, equal to the build's own numbers on the whole
+  split), every row carries its n, and the stage times say reused or run."""
+  from gr2jax import recipe
+  from gr2jax.apps import chain
+  from gr2jax.data import pipeline
+
+  hf_dir, workdir, _, _ = hf_run
+  summary = pipeline.run(recipe.data_config(_recipe(hf_dir)), workdir)
+  whole = chain.reference_rows(summary, ("test_1615",))
+  assert [(r["row"], r["num"]) for r in whole] == [("floor", 48), ("teacher", 48)]
+  recomputed = chain._reference_metrics(summary, "test_1615", 48)
+  for row in whole:
+    assert recomputed[row["row"]] == pytest.approx({k: row[k] for k in ("R@1", "R@3", "N@3")})
+  first = chain.reference_rows(summary, ("test_1615",), limit=16)
+  assert [r["num"] for r in first] == [16, 16]
+  assert first[0]["R@1"] == chain._reference_metrics(summary, "test_1615", 16)["floor"]["R@1"]
+  table = json.load(open(os.path.join(workdir, "results", "table2.json")))
+  assert {r["num"] for r in table["rows"]} == {16}  # the HF-layout run's table: one n per split
+  timings = {"data": {"seconds": 3.2, "how": "cached"}, "sft": {"seconds": 61.0, "how": "reused"},
+             "total": {"seconds": 9.0, "how": "this run"}}
+  model = {"row": "ar_sft", "label": "AR GR2 (SFT)", "split": "test_1615", "num": 16, "R@1": 0.25}
+  md = chain.write_tables(first + [model], timings, {"recipe": "tiny"}, str(tmp_path))
+  assert md.splitlines()[0].startswith("| split | row | num | R@1 |")
+  assert all(line.split(" | ")[2] == "16" for line in md.splitlines()[2:5])
+  assert "data 3 (cached), sft 61 (reused), total 9 (this run)" in md
+
+
+def test_restart_moves_the_run_aside_and_its_settings_move_it_back(hf_run, tmp_path,
+                                                                  monkeypatch):
+  """run_chain with restart=True and another learning rate (on a copy; the loop stubbed: it
+  leaves an export as a finished run does): the first run is moved whole and byte-identical to
+  W/sft.<its digest>; the first settings then move it back and reuse it, training nothing, and
+  the second run is kept aside in its turn. The command-line run is the slow test below."""
+  from gr2jax.apps import chain
+  from gr2jax.train import loop
+
+  hf_dir, workdir, _, _ = hf_run
+  copy = str(tmp_path / "W")
+  shutil.copytree(workdir, copy)
+  before = _files(os.path.join(copy, "sft"))
+  first = json.load(open(os.path.join(copy, "sft", "done.json")))["digest"]
+  aside = os.path.join(copy, f"sft.{first}")
+  trained = []
+
+  def train(config, workdir, stage, ctx):
+    trained.append(config.optimizer.learning_rate)
+    assert not config.train.restart  # the chain moved the run aside itself
+    shutil.copytree(os.path.join(aside, "export"), os.path.join(workdir, "sft", "export"))
+
+  monkeypatch.setattr(loop, "train", train)
+  monkeypatch.setattr(loop, "load_context", lambda config, workdir: loop.Context(
+    config, None, None, None, None, 0, 0, None, workdir))
+  changed = _recipe(hf_dir, "--config.stages.sft.optimizer.learning_rate=0.001",
+                    "--config.stages.sft.train.restart=True")
+  assert chain.run_chain(changed, copy, upto="sft")["sft"]["how"] == "run" and trained == [0.001]
+  assert _files(aside) == before
+  second = json.load(open(os.path.join(copy, "sft", "done.json")))["digest"]
+  assert chain.run_chain(_recipe(hf_dir), copy, upto="sft")["sft"]["how"] == "reused"
+  assert trained == [0.001]
+  assert _files(os.path.join(copy, "sft")) == before
+  assert os.path.isfile(os.path.join(copy, f"sft.{second}", "done.json"))
+
+
+@pytest.mark.slow  # a second SFT, on the command line
+def test_restart_on_the_command_line_moves_the_run_aside(hf_run):
+  """restart=True with another learning rate: the first run is moved, whole and byte-identical,
+  to W/sft.<its digest>, and a new one trained; the first settings would move it back."""
+  from gr2jax.apps import chain
+
+  hf_dir, workdir, _, _ = hf_run
+  before = _files(os.path.join(workdir, "sft"))
+  digest = json.load(open(os.path.join(workdir, "sft", "done.json")))["digest"]
+  result = _run(workdir, f"--config.hf_dir={hf_dir}", "--config.stages.sft.train.restart=True",
+                "--config.stages.sft.optimizer.learning_rate=0.001", config="sft.py")
+  assert result.returncode == 0, result.stderr[-3000:]
+  aside = os.path.join(workdir, f"sft.{digest}")
+  assert f"moved the previous run to {aside}" in result.stdout
+  assert _files(aside) == before
+  assert chain.plan_chain(_recipe(hf_dir), workdir, ("sft",))[0].action == "swap"

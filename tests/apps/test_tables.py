@@ -212,3 +212,22 @@ def test_evaluation_decoder_options(toy):
   given = evaluation.evaluate(params, config, train, inp.tokenizer, given_reasoning=True,
                               out_path=None, **dict(kw, max_new_tokens=inp.response_len + 32))
   assert given["num"] == 8
+
+
+def test_a_finished_tables_timings_are_reused_unless_remeasured(tmp_path, capsys):
+  """Table 3's batch-1 timings and Figure 6 are kept per models and settings: a rerun reuses
+  them and says so; table.remeasure times again."""
+  calls = []
+
+  def measure():
+    calls.append(1)
+    return {"b1_tokens_per_s": 10.0 * len(calls)}
+
+  path = str(tmp_path / "ar_tau1_b1_key.json")
+  assert tables.timings_cached(path, measure, remeasure=False) == {"b1_tokens_per_s": 10.0}
+  assert tables.timings_cached(path, measure, remeasure=False) == {"b1_tokens_per_s": 10.0}
+  assert len(calls) == 1 and f"reusing the timings in {path}" in capsys.readouterr().out
+  assert tables.timings_cached(path, measure, remeasure=True) == {"b1_tokens_per_s": 20.0}
+  assert json.load(open(path)) == {"b1_tokens_per_s": 20.0}
+  view = ml_collections.ConfigDict(dict(remeasure=True))
+  assert tables._remeasure(view) and not tables._remeasure(ml_collections.ConfigDict())

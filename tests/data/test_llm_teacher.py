@@ -146,8 +146,8 @@ def test_spec_checks_its_fields():
 
 def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   config, work = build
-  spec = _spec(prompt="data", attempts=3, batch_size=2, num_users=4,
-                 temperature=1.0, out_dir=str(tmp_path / "teacher"))
+  spec = _spec(prompt="data", attempts=3, batch_size=2, num_users=4, temperature=1.0)
+  out = tmp_path / "teacher"
   chosen, ids, _ = _users(config, work, spec)
   u = [e.user for e in chosen]
   ok = lambda t: _answer(_first(t), f"trace for slot {t}")
@@ -158,11 +158,10 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
             u[3]: [lambda t: _answer(_duplicate(t)), ok]}
   scripted = Scripted(chosen, ids, script)
   assert len(scripted.by_prompt) == len(chosen)  # the stand-in tells the users apart
-  summary = teacher_stage.run(spec, config, work, sample_fn=scripted)
+  summary = teacher_stage.run(spec, config, work, sample_fn=scripted, out_dir=str(out))
 
   # retries first, then new users; every batch full but the last
   assert scripted.batches == [[u[0], u[1]], [u[1], u[2]], [u[2], u[3]], [u[2], u[3]]]
-  out = tmp_path / "teacher"
   rows = [json.loads(line) for f in sorted(os.listdir(out / "attempts"))
           for line in open(out / "attempts" / f)]
   assert sorted(os.listdir(out / "attempts")) == [f"{i:06d}.jsonl" for i in range(4)]
@@ -190,11 +189,11 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   def never(prompt_ids, key):
     raise AssertionError("a finished run sampled again")
 
-  assert teacher_stage.run(spec, config, work, sample_fn=never)["accepted"] == 3
-  # another setting on the same output is refused
-  with pytest.raises(ValueError, match="written by teacher"):
+  assert teacher_stage.run(spec, config, work, sample_fn=never, out_dir=str(out))["accepted"] == 3
+  # another setting on the same output is refused, naming the ways on
+  with pytest.raises(ValueError, match="written by teacher .*teacher.restart=True"):
     teacher_stage.run(_spec(**{**spec.__dict__, "temperature": 0.5}), config,
-                    work, sample_fn=never)
+                      work, sample_fn=never, out_dir=str(out))
 
   # the loader reads the output, and the data build trains on exactly the traced users
   _, examples = pipeline.training_lists(config, work)
@@ -219,6 +218,22 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert provenance["teacher_digests"] == digest
 
 
+def test_a_teacher_that_accepts_nobody_says_so_and_fails(build, tmp_path, capsys):
+  """The run ends with its own summary line; with nobody accepted it fails after writing its
+  files (the empty traces would give the data build no training example)."""
+  config, work = build
+  spec = _spec(prompt="data", attempts=2, batch_size=4, num_users=3)
+  chosen, ids, _ = _users(config, work, spec)
+  wrong = Scripted(chosen, ids, {e.user: [lambda t: _answer(_wrong(t))] for e in chosen})
+  out = tmp_path / "teacher"
+  with pytest.raises(llm_teacher.NoTracesError, match=r"accepted none of 3 users \(6 attempts, "
+                                                       r"up to 2 each; failures: wrong_top1 6\)"):
+    teacher_stage.run(spec, config, work, sample_fn=wrong, out_dir=str(out))
+  assert "[teacher] 3/3 users finished, 6 attempts, accepted 0 (acceptance 0.000); failures: " \
+    f"wrong_top1=6; traces: {out / 'traces.jsonl'}" in capsys.readouterr().out
+  assert (out / "traces.jsonl").read_text() == "" and (out / "summary.json").exists()
+
+
 def test_two_runs_on_one_output_are_refused(build, tmp_path):
   from tests.test_workdir import _holder
 
@@ -227,8 +242,8 @@ def test_two_runs_on_one_output_are_refused(build, tmp_path):
   holder = _holder(str(out))
   try:
     with pytest.raises(workdir.InUseError, match=f"in use by pid {holder.pid}"):
-      teacher_stage.run(_spec(prompt="data", out_dir=str(out)), config, work,
-                      sample_fn=lambda p, k: ([], np.zeros(0)))
+      teacher_stage.run(_spec(prompt="data"), config, work,
+                        sample_fn=lambda p, k: ([], np.zeros(0)), out_dir=str(out))
   finally:
     holder.kill()
     holder.wait()
@@ -242,9 +257,11 @@ def test_real_path_on_a_random_qwen3_in_the_hf_layout(build, tmp_path):
   config, work = build
   hf_dir = save_qwen3_dir(tmp_path / "Qwen3-tiny")
   spec = _spec(hf_dir=hf_dir, prompt="chat", attempts=2, batch_size=4,
-                 num_users=5, max_new_tokens=12, temperature=1.0, top_p=0.9,
-                 mesh=(1, 4, 2), out_dir=str(tmp_path / "teacher"))
-  summary = teacher_stage.run(spec, config, work)
+                 num_users=5, max_new_tokens=12, temperature=1.0, top_p=0.9, mesh=(1, 4, 2))
+  try:
+    summary = teacher_stage.run(spec, config, work, out_dir=str(tmp_path / "teacher"))
+  except llm_teacher.NoTracesError:  # 12 random tokens: nobody accepted (the files are written)
+    summary = json.load(open(tmp_path / "teacher" / "summary.json"))
   rows = [json.loads(line) for f in sorted(os.listdir(tmp_path / "teacher" / "attempts"))
           for line in open(tmp_path / "teacher" / "attempts" / f)]
   # 4 users, their retries, then the fifth user and its retry (one row each, padded to 4)
@@ -281,10 +298,10 @@ KILL_SPEC = dict(prompt="data", attempts=2, batch_size=8, temperature=1.0, num_u
 def _kill_target(out_dir, work, data_dir):
   """The process the kill test kills: a slow scripted teacher on the toy build."""
   config = _config(data_dir, os.path.join(data_dir, "sids.npy"))
-  spec = _spec(**KILL_SPEC, out_dir=out_dir)
+  spec = _spec(**KILL_SPEC)
   chosen, ids, _ = _users(config, work, spec)
   teacher_stage.run(spec, config, work, sample_fn=Scripted(chosen, ids, _script_for(chosen),
-                                                         delay=0.3))
+                                                           delay=0.3), out_dir=out_dir)
 
 
 @pytest.mark.slow
@@ -309,10 +326,11 @@ def test_sigkill_mid_run_then_rerun_loses_and_duplicates_no_user(build, tmp_path
   killed = [json.loads(line) for f in sorted(os.listdir(out / "attempts")) if
             f.endswith(".jsonl") for line in open(out / "attempts" / f)]
 
-  spec = _spec(**KILL_SPEC, out_dir=str(out))
+  spec = _spec(**KILL_SPEC)
   chosen, ids, _ = _users(config, work, spec)
   summary = teacher_stage.run(spec, config, work, sample_fn=Scripted(chosen, ids,
-                                                                   _script_for(chosen)))
+                                                                     _script_for(chosen)),
+                              out_dir=str(out))
   rows = [json.loads(line) for f in sorted(os.listdir(out / "attempts"))
           for line in open(out / "attempts" / f)]
   assert rows[:len(killed)] == killed and len(killed) < len(rows)

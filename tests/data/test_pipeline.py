@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gr2jax import recipes, workdir
-from gr2jax.data import answer, batches, pipeline, rqvae, tfds_builder, tokenizer
+from gr2jax.data import answer, batches, pipeline, rqvae, teacher, tfds_builder, tokenizer
 
 NUM_ITEMS, NUM_USERS = 300, 160
 
@@ -131,6 +131,35 @@ def test_llm_traces_replace_rule_reasoning(data_dir, tmp_path):
   assert [r["user"] for r in records] == [3, 5, 8]
   assert records[1]["reasoning"] == "<think>\nLLM thought 5\n</think>\n\n"
   assert answer.parse_answer(records[0]["answer"], records[0]["labels"]).ranking[0] == 9
+
+
+def test_bad_trace_rows_are_named_and_no_usable_row_fails_before_tfds(data_dir, tmp_path,
+                                                                     capsys):
+  """data.strict_traces (the default) fails on the first bad row, naming file:line; off, each
+  skipped row is printed as file:line: why; a file with no usable row fails before the tokenizer
+  and TFDS are built, naming data.teacher_traces."""
+  config = _config(data_dir, data_dir / "sids.npy")
+  assert config.strict_traces is True
+  traces = tmp_path / "traces.jsonl"
+  good = {"user": 3, "reasoning": "r", "ranking": list(range(9, -1, -1))}
+  traces.write_text("{oops\n" + json.dumps({**good, "user": 10 ** 6}) + "\n" + json.dumps(good)
+                    + "\n")
+  config.teacher_traces = str(traces)
+  work = str(tmp_path / "work")
+  with pytest.raises(teacher.TraceError, match=rf"{traces}:1: json: corrupt JSON"):
+    pipeline.run(config, work)
+  config.strict_traces = False
+  summary = pipeline.run(config, work)
+  out = capsys.readouterr().out
+  assert f"skipped trace row {traces}:1: json: corrupt JSON" in out
+  assert f"skipped trace row {traces}:2: user: 1000000 is not a user" in out
+  assert "rows=3 bad=2 " in out and " kept=1 " in out and summary["splits"]["train"] == 1
+  for body in ("", json.dumps({**good, "user": 10 ** 6}) + "\n"):  # empty, all users unknown
+    traces.write_text(body)
+    with pytest.raises(teacher.TraceError, match=rf"data.teacher_traces={traces}: no usable "
+                                                  "trace row"):
+      pipeline.run(config, str(tmp_path / f"work{len(body)}"))
+    assert not [n for n in os.listdir(tmp_path / f"work{len(body)}") if n.startswith("tfds")]
 
 
 def test_workdir_is_locked_by_the_run(data_dir, tmp_path):

@@ -90,6 +90,12 @@ def test_load_traces_filter_and_bad_rows(tmp_path):
   assert [t.example.user for t in kept] == [0, 3] and kept[1].reasoning == "ok"
   np.testing.assert_array_equal(kept[1].example.teacher_ranking, [3, 0, 1, 2])
   assert stats == {"rows": 7, "bad": 4, "bad_reasons": {"ranking": 1, "user": 2, "json": 1},
+                   "skipped": [f"{path}:4: ranking: must be a permutation of the slots 0..3, "
+                               "got [2, 2, 1, 0]",
+                               f"{path}:5: user: 9 is not a user of these examples",
+                               f"{path}:6: json: corrupt JSON: Expecting property name enclosed "
+                               "in double quotes: line 1 column 2 (char 1)",
+                               f"{path}:7: user: duplicate trace for user 0"],
                    "accepted": 2, "kept": 2, "acceptance": 2 / 3, "teachers": ["abc"]}
   assert kept[1].teacher == "abc" and kept[0].teacher is None  # extra fields are fine
   kept_all, _ = teacher.load_traces(path, _examples(), rejection=False)

@@ -38,8 +38,9 @@ def _run(*args):
 
 def test_config_typo_is_an_error(tmp_path):
   result = _run("--config=data.py", "--config.data.max_histroy=3", f"--workdir={tmp_path}")
-  assert result.returncode != 0
-  assert "max_histroy" in result.stderr
+  assert result.returncode != 0 and "Traceback" not in result.stderr
+  assert "--config.data.max_histroy: data has no field 'max_histroy'; its fields: " in (
+    result.stderr) and "max_history" in result.stderr
 
 
 def test_unknown_stage_is_an_error(tmp_path):
@@ -86,3 +87,23 @@ def test_the_gpu_flag_is_set_before_the_cpu_backend_starts_and_accepted():
                           timeout=120, env={**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.split("\n")[:2] == ["--xla_gpu_enable_triton_gemm=false", "3.0"]
+
+
+def test_a_workdir_that_is_a_file_is_one_line(run_module, tmp_path):
+  path = tmp_path / "a_file"
+  path.write_text("")
+  with pytest.raises(SystemExit, match=f"--workdir={path}: exists and is not a directory"):
+    run_module.check_workdir(str(path))
+  run_module.check_workdir(str(tmp_path / "new" / "W"))
+  assert (tmp_path / "new" / "W").is_dir()
+
+
+def test_an_unknown_override_names_the_flag_and_the_fields(run_module):
+  argv = run_module.resolve_config_arg(["run.py", "--config=teacher.py", "--config.data.seed=3",
+                                        "--config.teacher.out_dir=x"])
+  message = run_module.unknown_override(argv)
+  assert message.startswith("--config.teacher.out_dir: teacher has no field 'out_dir'; its "
+                            "fields: attempts, batch_size, hf_dir,")
+  argv[-1] = "--config.tacher.hf_dir=x"
+  assert run_module.unknown_override(argv).startswith(
+    "--config.tacher: the config has no field 'tacher'; its fields: data, decode,")

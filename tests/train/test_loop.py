@@ -309,10 +309,9 @@ def test_export_records_stage_kind_and_data_build(uninterrupted, tok):
   other = exports.data_build_record(tok, dataclasses.replace(PROMPT, evidence="raw"))
   with pytest.raises(ValueError, match="another data build .*prompt.evidence 'flags' vs 'raw'"):
     exports.check_data_build(export, other)
-  other = dict(exports.data_build_record(tok, PROMPT), tokenizer_sha256="0" * 64,
-               vocab=7)
-  with pytest.raises(ValueError, match=r"tokenizer [0-9a-f]{16} \(vocab \d+\) vs 0{16} "
-                                       r"\(vocab 7\)"):
+  other = dict(exports.data_build_record(tok, PROMPT), vocab_sha256="0" * 64, vocab=7)
+  with pytest.raises(ValueError, match=r"tokenizer vocab_sha256 [0-9a-f]{16} \(vocab \d+\) vs "
+                                       r"0{16} \(vocab 7\)"):
     exports.check_data_build(export, other)
 
 

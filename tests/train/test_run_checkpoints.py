@@ -27,7 +27,8 @@ def _config(**train):
 
 
 def _record(config, **kw):
-  args = dict(data_build={"tokenizer_sha256": "ab", "vocab": 3, "prompt": {"style": "terse"}},
+  args = dict(workdir="W", data_build={"vocab_sha256": "ab", "vocab": 3,
+                                      "prompt": {"style": "terse"}},
               init_sha256="preset:tiny", lengths=(64, 48)) | kw
   return run_checkpoints.run_record(config, **args)
 
@@ -162,3 +163,38 @@ def test_move_run_aside_keeps_the_previous_run(tmp_path):
   assert os.listdir(os.path.join(moved, "checkpoints")) == ["2"]
   assert sorted(os.listdir(stage)) == [".lock", os.path.basename(moved)]
   assert os.path.dirname(moved) == stage
+
+
+def test_a_record_describes_the_work_not_where_the_workdir_lives(tmp_path, monkeypatch):
+  """Paths inside the workdir are kept relative to it: the workdir spelt relative or absolute,
+  from another directory, or a copy of it, give one record; a path elsewhere is absolute."""
+  work = tmp_path / "W"
+  (work / "sft").mkdir(parents=True)
+
+  def record(workdir, init):
+    config = _config()
+    config.init = init
+    config.data = ml_collections.ConfigDict(dict(sids_file="sids.npy", data_dir=str(tmp_path)))
+    return _record(config, workdir=workdir)
+
+  monkeypatch.chdir(tmp_path)
+  absolute = record(str(work), str(work / "sft" / "export"))
+  assert absolute["config"]["init"] == "{workdir}/sft/export"
+  assert absolute["config"]["data"] == {"sids_file": "sids.npy", "data_dir": str(tmp_path)}
+  assert record("W", "W/sft/export") == absolute
+  monkeypatch.chdir(work)
+  assert record(".", "sft/export") == absolute
+  assert record(str(tmp_path / "copy"), str(tmp_path / "copy" / "sft" / "export")) == absolute
+  assert run_checkpoints.portable({"a": ["x/y", "preset:tiny", 3]}, "sft") == {
+    "a": [str(work / "x" / "y"), "preset:tiny", 3]}
+
+
+def test_result_fields_leave_out_what_does_not_change_the_export():
+  saved = _record(_config())
+  fields = run_checkpoints.result_fields(saved)
+  assert "config.train.steps" in fields and "config.optimizer.learning_rate" in fields
+  assert not {"config.train.save_every", "config.train.keep", "config.train.micro_batches"} & set(
+    fields) and not any(k.startswith("config.eval.") for k in fields)
+  neutral = _config(save_every=4, keep=2, micro_batches=2)
+  neutral.eval.batch_size = 2
+  assert run_checkpoints.result_fields(_record(neutral)) == fields

@@ -27,6 +27,19 @@ def save_hf(directory: str, seed: int = 0, dtype=torch.float32, **overrides):
   return model
 
 
+def word_tokenizer(directory, added=(), base: int = 90) -> str:
+  """Saves a word-level tokenizer.json with base tokens t0..t<base-1> (+ `added` tokens from id
+  `base` on) in directory; returns it."""
+  import tokenizers
+
+  os.makedirs(directory, exist_ok=True)
+  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(
+    {f"t{i}": i for i in range(base)}, unk_token="t0"))
+  tokenizer.add_tokens(list(added))
+  tokenizer.save(os.path.join(directory, "tokenizer.json"))
+  return str(directory)
+
+
 def run_main(module, **flag_values) -> None:
   """Runs `module.main` as `python module.py --k=v ...` would, in this process."""
   argv = [module.__name__] + [f"--{k}={v}" for k, v in flag_values.items()]

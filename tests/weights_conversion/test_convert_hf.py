@@ -18,7 +18,7 @@ from gr2jax.hf import table as hf_table
 from gr2jax.hf import weights as hf_weights
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
-from tests.weights_conversion.conftest import leftovers, run_main, save_hf
+from tests.weights_conversion.conftest import leftovers, run_main, save_hf, word_tokenizer
 from weights_conversion import convert_hf
 
 
@@ -96,18 +96,6 @@ def test_add_tokens(hf_untied, tmp_path):
   assert len({row.tobytes() for row in embed[v:]}) == 3  # the noise separates the new rows
 
 
-def _word_tokenizer(directory, added=()):
-  """Saves a word-level tokenizer.json with base tokens t0..t89 (+ `added` tokens) in directory."""
-  import tokenizers
-
-  os.makedirs(directory, exist_ok=True)
-  tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(
-    {f"t{i}": i for i in range(90)}, unk_token="t0"))
-  tokenizer.add_tokens(list(added))
-  tokenizer.save(os.path.join(directory, "tokenizer.json"))
-  return str(directory)
-
-
 def _ids(out):
   """(added_token_ids.json, the same tokens' ids in the copied tokenizer.json)."""
   import tokenizers
@@ -122,7 +110,7 @@ def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
   """Like Qwen3: tokenizer ids 90.. overwrite the unused rows 90..95 of V=96 and grow beyond."""
   model, hf_dir = hf_untied
   new = [f"<s_{i}>" for i in range(10)]
-  tok_dir = _word_tokenizer(tmp_path / "tok", added=new)
+  tok_dir = word_tokenizer(tmp_path / "tok", added=new)
   token_file = tmp_path / "added_tokens.txt"
   token_file.write_text("".join(t + "\n" for t in new))
   out = str(tmp_path / "ckpt")
@@ -140,15 +128,22 @@ def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
   partial = tmp_path / "partial.txt"
   partial.write_text("<s_0>\n<not_there>\n")
   out = str(tmp_path / "appended")
-  config = convert_hf.convert(hf_dir, out, add_tokens_file=str(partial), tokenizer_dir=tok_dir)
+  one = word_tokenizer(tmp_path / "one", added=new[:1])
+  config = convert_hf.convert(hf_dir, out, add_tokens_file=str(partial), tokenizer_dir=one)
   ids, copied = _ids(out)
-  assert ids == copied == {"<s_0>": 90, "<not_there>": 100} and config.vocab_size == 101
+  assert ids == copied == {"<s_0>": 90, "<not_there>": 91} and config.vocab_size == 96
+  # tok_dir's other tokens (<s_6>.. at ids 96..99, past V, not in the file) would get
+  # placeholder rows: refused, naming the first
+  with pytest.raises(ValueError, match=r"4 token id\(s\) >= vocab_size 96 .* '<s_6>' = 96"):
+    convert_hf.convert(hf_dir, str(tmp_path / "placeholders"), add_tokens_file=str(partial),
+                       tokenizer_dir=tok_dir)
+  assert leftovers(str(tmp_path / "placeholders")) == []
 
 
 def test_add_tokens_refuses_tokens_the_model_already_has(hf_untied, tmp_path):
   """Issue #11 class 1: an existing token is an error naming it; its trained row is untouched."""
   _, hf_dir = hf_untied
-  tok_dir = _word_tokenizer(tmp_path / "tok", added=["<new>"])
+  tok_dir = word_tokenizer(tmp_path / "tok", added=["<new>"])
   token_file = tmp_path / "tokens.txt"
   token_file.write_text("<new>\nt5\n")
   out = str(tmp_path / "out")
@@ -158,7 +153,7 @@ def test_add_tokens_refuses_tokens_the_model_already_has(hf_untied, tmp_path):
   # The same through --hf_dir's own tokenizer (an added token of it counts as existing too).
   own = str(tmp_path / "hf")
   save_hf(own, seed=1)
-  _word_tokenizer(own, added=["<im_end>"])
+  word_tokenizer(own, added=["<im_end>"])
   token_file.write_text("<new>\n<im_end>\n")
   with pytest.raises(ValueError, match=r"'<im_end>' \(id 90\) already"):
     convert_hf.convert(own, out, add_tokens_file=str(token_file))
@@ -170,7 +165,7 @@ def test_tokenizer_dir(tmp_path):
   gives the ids, and the copied tokenizer agrees with added_token_ids.json."""
   hf_dir = str(tmp_path / "hf")
   save_hf(hf_dir, seed=1)
-  _word_tokenizer(hf_dir)
+  word_tokenizer(hf_dir)
   token_file = tmp_path / "tokens.txt"
   token_file.write_text("<a>\n<b>\n")
   with pytest.raises(FileNotFoundError, match="--tokenizer_dir=.*nowhere is not a directory"):

@@ -17,7 +17,7 @@ import transformers
 
 from gr2jax import load
 from gr2jax.model import generate, qwen3
-from tests.weights_conversion.conftest import run_main, save_hf
+from tests.weights_conversion.conftest import run_main, save_hf, word_tokenizer
 from weights_conversion import convert_hf, export_hf
 
 ATOL = 1e-4
@@ -47,6 +47,7 @@ def converted(request, tmp_path_factory):
   root = tmp_path_factory.mktemp(request.param)
   hf_dir, ckpt = str(root / "hf"), str(root / "ckpt")
   model = save_hf(hf_dir, seed=7, **overrides)
+  word_tokenizer(hf_dir)  # copied into the checkpoint, then written next to the exported weights
   if theta is not None:  # rewrite config.json the old way and make the HF model agree
     with open(os.path.join(hf_dir, "config.json")) as f:
       d = json.load(f)

@@ -1,0 +1,19 @@
+"""gr2jax/recipes.py: the smoke variant bounds every step, the teacher included."""
+
+import pytest
+
+from gr2jax import recipe as recipe_lib
+from gr2jax import recipes
+
+
+@pytest.mark.parametrize("variant", ["smoke", "qwen3_0_6b,smoke", "qwen3_8b,smoke"])
+def test_the_smoke_teacher_is_one_batch_of_a_few_users(variant):
+  """All users at an HF recipe's 512 tokens was ~9 h on 2 CPU cores: the smoke's teacher step is
+  one batch of 8 users, at most 2 attempts and 128 tokens each, with a valid spec."""
+  c = recipes.config(variant, "teacher")
+  full = recipes.config(variant.replace("smoke", "").strip(",") or "tiny", "teacher").teacher
+  t = c.teacher
+  assert (t.num_users, t.batch_size) == (8, 8) and full.num_users in (0, 1000)
+  assert t.attempts == min(full.attempts, 2) and t.max_new_tokens == min(full.max_new_tokens, 128)
+  assert t.restart is False and c.data.strict_traces is True and c.table.remeasure is False
+  recipe_lib.teacher_spec(recipe_lib.from_config(c))  # the spec checks its fields
