@@ -300,5 +300,6 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Co
   c.taus = t.taus
   c.speed_examples = t.speed_examples
   c.fig6 = _editable(t.fig6)
+  c.remeasure = t.remeasure
   c.lock()
   return c

@@ -165,11 +165,6 @@ def timings_cached(path: str, measure, remeasure: bool) -> dict:
   return result
 
 
-def _remeasure(table) -> bool:
-  """table.remeasure (gr2jax/recipes.py); False for a view without the field."""
-  return bool(table.get("remeasure", False))
-
-
 def _timings_path(workdir: str, name: str, *key) -> str:
   """Where timings of `key` (models, split, settings) are kept: W/tables/<name>_<digest>.json."""
   out_dir = os.path.join(workdir, "tables")
@@ -201,7 +196,7 @@ def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
       path = _timings_path(workdir, f"{name}_tau{tau}_b1", model.id, len(inp.data),
                            inp.prompt_len, inp.response_len, tau, table.speed_examples,
                            table.decode)
-      row |= timings_cached(path, measure, _remeasure(table))
+      row |= timings_cached(path, measure, table.remeasure)
     paper = PAPER_TABLE3.get(tau)
     row["paper"] = (f"{paper[0]:.4f} / {paper[1]} tok/s / {paper[2]:g}x" if paper else None)
     rows.append(row)
@@ -439,7 +434,7 @@ def run_fig6(table, workdir: str) -> dict:
   models = load_models(table, workdir)
   path = _timings_path(workdir, "fig6", models["ar"].id, models["diffusion"].id, len(inp.data),
                        inp.prompt_len, inp.response_len, table.fig6.to_dict(), table.decode)
-  data = timings_cached(path, lambda: fig6(models, inp, table), _remeasure(table))
+  data = timings_cached(path, lambda: fig6(models, inp, table), table.remeasure)
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
   json.dump(data, open(os.path.join(results, "fig6.json"), "w"), indent=1)
