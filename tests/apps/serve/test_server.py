@@ -19,7 +19,7 @@ from gr2jax.apps.serve.client import scrape, wait_ready
 from tests.apps.serve.toy_server import Gated, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @pytest.fixture(scope="module")
