@@ -263,13 +263,8 @@ class _State(NamedTuple):
   out: jax.Array  # [B, R]
   token_step: jax.Array  # [B, R]
   step: jax.Array  # [B] verify steps of the row
-  step_drafted: jax.Array  # [B, N]
-  step_accepted: jax.Array  # [B, N]
-  step_draft_forwards: jax.Array  # [B, N]
-  accepted: jax.Array  # [B]
-  draft_forwards: jax.Array  # [B]
-  num_steps: jax.Array  # []
-  num_draft_forwards: jax.Array  # []
+  step_rec: jax.Array  # [B, N, 3] per verify step: drafted, accepted, drafter forwards
+  num_forwards: jax.Array  # [2] batched verify, drafter forwards
   key: jax.Array
 
 
@@ -279,9 +274,9 @@ def _rows_slice(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
 
 
 def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array) -> jax.Array:
-  """buf [B, N] with buf[b, step[b]] = value[b] where write[b]."""
+  """buf [B, N, C] with buf[b, step[b]] = value[b] ([B, C]) where write[b]."""
   rows = jnp.arange(buf.shape[0])
-  return buf.at[rows, step].set(jnp.where(write, value, buf[rows, step]), mode="drop")
+  return buf.at[rows, step].set(jnp.where(write[:, None], value, buf[rows, step]), mode="drop")
 
 
 def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule, temperature,
@@ -293,7 +288,7 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule,
     drafter forwards [B], batched forwards []).
   """
   b, t, k = s.out.shape[0], config.block_size, spec.k
-  max_new = s.step_drafted.shape[1]
+  max_new = s.step_rec.shape[1]
   mask_id = config.mask_token_id
   active = ~s.done
   complete = s.n >= s.d_start + t
@@ -389,15 +384,13 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
   else:
     first = verifier_greedy(v_logits, mask_v)
   zeros = jnp.zeros((b,), jnp.int32)
-  steps = jnp.zeros((b, n_max), jnp.int32)
   state = _State(
     v_cache=v_cache, d_cache=d_cache, last=first, n=jnp.ones((b,), jnp.int32), d_start=zeros,
     done=jnp.isin(first, stop_ids) | (n_max == 1),
     out=jnp.zeros((b, r), jnp.int32).at[:, 0].set(first),
-    token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP),
-    step=zeros, step_drafted=steps, step_accepted=steps, step_draft_forwards=steps,
-    accepted=zeros, draft_forwards=zeros, num_steps=jnp.zeros((), jnp.int32),
-    num_draft_forwards=jnp.zeros((), jnp.int32), key=key)
+    token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP), step=zeros,
+    step_rec=jnp.zeros((b, n_max, 3), jnp.int32), num_forwards=jnp.zeros((2,), jnp.int32),
+    key=key)
 
   def body(s: _State) -> _State:
     key, draft_key, verify_key = jax.random.split(s.key, 3)
@@ -435,21 +428,18 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
       d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
       done=s.done | (stop_at <= a) | (n >= n_max), out=out, token_step=token_step,
       step=s.step + active,
-      step_drafted=_at_step(s.step_drafted, s.step, k_eff, active),
-      step_accepted=_at_step(s.step_accepted, s.step, accepted, active),
-      step_draft_forwards=_at_step(s.step_draft_forwards, s.step, d_fwd, active),
-      accepted=s.accepted + jnp.where(active, accepted, 0),
-      draft_forwards=s.draft_forwards + d_fwd, num_steps=s.num_steps + 1,
-      num_draft_forwards=s.num_draft_forwards + d_num, key=key)
+      step_rec=_at_step(s.step_rec, s.step, jnp.stack([k_eff, accepted, d_fwd], -1), active),
+      num_forwards=s.num_forwards + jnp.stack([jnp.int32(1), d_num]), key=key)
 
   s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   keep = jnp.arange(n_max)[None, :] < s.n[:, None]
+  drafted, accepted, d_forwards = (s.step_rec[..., i] for i in range(3))
   out = SpecOutput(
     tokens=jnp.where(keep, s.out[:, :n_max], config_v.pad_token_id), lengths=s.n,
-    verify_forwards=s.step, draft_forwards=s.draft_forwards, accepted=s.accepted,
-    token_step=jnp.where(keep, s.token_step[:, :n_max], NO_STEP), step_drafted=s.step_drafted,
-    step_accepted=s.step_accepted, step_draft_forwards=s.step_draft_forwards,
-    num_steps=s.num_steps, num_draft_forwards=s.num_draft_forwards)
+    verify_forwards=s.step, draft_forwards=jnp.sum(d_forwards, -1),
+    accepted=jnp.sum(accepted, -1), token_step=jnp.where(keep, s.token_step[:, :n_max], NO_STEP),
+    step_drafted=drafted, step_accepted=accepted, step_draft_forwards=d_forwards,
+    num_steps=s.num_forwards[0], num_draft_forwards=s.num_forwards[1])
   return out, s.v_cache, s.d_cache
 
 
