@@ -384,9 +384,12 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
   else:
     first = verifier_greedy(v_logits, mask_v)
   zeros = jnp.zeros((b,), jnp.int32)
+  # Replay: a row ends after its recorded verify steps (the schedule is -1 past them).
+  row_steps = None if schedule is None else jnp.sum(schedule[:, :, 0] >= 0, axis=1)
   state = _State(
     v_cache=v_cache, d_cache=d_cache, last=first, n=jnp.ones((b,), jnp.int32), d_start=zeros,
-    done=jnp.isin(first, stop_ids) | (n_max == 1),
+    done=jnp.isin(first, stop_ids) | (n_max == 1) | (False if row_steps is None else
+                                                      row_steps == 0),
     out=jnp.zeros((b, r), jnp.int32).at[:, 0].set(first),
     token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP), step=zeros,
     step_rec=jnp.zeros((b, n_max, 3), jnp.int32), num_forwards=jnp.zeros((2,), jnp.int32),
@@ -423,10 +426,13 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
     token_step = place(s.token_step, jnp.where(keep, s.step[:, None],
                                                _rows_slice(s.token_step, s.n, k + 1)), s.n)
     accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
+    done = s.done | (stop_at <= a) | (n >= n_max)
+    if row_steps is not None:
+      done |= s.step + 1 >= row_steps
     return s._replace(
       v_cache=v_written.replace(lengths=s.v_cache.lengths + jnp.where(active, count, 0)),
       d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
-      done=s.done | (stop_at <= a) | (n >= n_max), out=out, token_step=token_step,
+      done=done, out=out, token_step=token_step,
       step=s.step + active,
       step_rec=_at_step(s.step_rec, s.step, jnp.stack([k_eff, accepted, d_fwd], -1), active),
       num_forwards=s.num_forwards + jnp.stack([jnp.int32(1), d_num]), key=key)
@@ -517,7 +523,7 @@ def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max
   slots = cache_slots(drafter.config, p, max_new_tokens)
   if schedule is not None:
     schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
-    validate.check_range(where, "schedule", schedule, 0, 2**30)
+    validate.check_range(where, "schedule", schedule, -1, 2**30)
     schedule = jnp.asarray(schedule, jnp.int32)
   if prefilled is not None:
     v_cache, v_logits, d_cache = prefilled
@@ -604,14 +610,15 @@ def speculative_replay(drafter: Model, verifier: Model, prompt_tokens: jax.Array
   Verify step s of row b drafts as the decoder does (K_eff from the row's position) but with
   exactly `schedule[b, s, 0]` denoising steps (one token per step, the last one the rest), and
   accepts exactly min(schedule[b, s, 1], K_eff) drafts, whatever they are, plus the verifier's
-  token. Replaying the SpecOutput's own step_draft_forwards minus commit forwards and
-  step_accepted therefore runs the recorded forwards (`schedule_from_output`); with
-  max_new_tokens = the recorded length and no stop ids, every row ends at its recorded step.
+  token; the row ends after its recorded steps. With the recording's max_new_tokens (so K_eff
+  follows the same positions) and no stop ids, replaying `schedule_from_output` of a decode runs
+  exactly its drafter and verify forwards.
 
   Args:
     drafter, verifier, prompt_tokens, prompt_lengths, spec: as speculative_generate.
-    schedule: [B, S, 2] int >= 0: (denoising steps, accepted drafts) of each verify step.
-    max_new_tokens: N.
+    schedule: [B, S, 2] int: (denoising steps, accepted drafts) of each verify step, >= 0, then
+      -1 past the row's last step.
+    max_new_tokens: N, the recording's.
     prefilled: optional `prefill(...)` of these prompts (the loop starts from it).
 
   Returns:

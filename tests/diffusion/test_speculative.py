@@ -232,7 +232,7 @@ def test_replay_runs_the_recorded_forwards_on_other_weights(pair_a, run_a):
   out = jax.device_get(run_a[0])
   rows = sp.schedule_from_output(out, 8)
   width = max(map(len, rows))
-  schedule = np.zeros((4, width, 2), np.int32)
+  schedule = np.full((4, width + 3, 2), -1, np.int32)
   for b, row in enumerate(rows):
     schedule[b, :len(row)] = row
   other = init_params(AR_A, jax.random.key(9))
