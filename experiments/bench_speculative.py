@@ -468,11 +468,27 @@ def plot(grid: dict, path: str) -> None:
   axes[0].set(xscale="log", xlabel="K", ylabel="tokens per verify forward")
   axes[1].set(xscale="log", xlabel="K", ylabel="forwards (draft + verify) per token")
   axes[1].axhline(1.0, color="gray", lw=0.5)
+  ks = sorted({r["k"] for r in grid["rows"]})
   for ax in axes:
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.minorticks_off()
     ax.legend(fontsize=6)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
+
+
+def in_workdir(path: str) -> str:
+  """A path under --workdir as W/..., as the reports name it (W is the reader's workdir)."""
+  rel = os.path.relpath(path, FLAGS.workdir)
+  return path if rel.startswith("..") else os.path.join("W", rel)
+
+
+def command_line() -> str:
+  """This run's command with --workdir=W and the paths under it as W/...."""
+  args = [a.replace(os.path.abspath(FLAGS.workdir), "W").replace(FLAGS.workdir.rstrip("/"), "W")
+          for a in sys.argv[1:]]
+  return " ".join(["python", "experiments/bench_speculative.py"] + args)
 
 
 def main(argv):
@@ -482,8 +498,8 @@ def main(argv):
   report_dir = FLAGS.report_dir or tempfile.mkdtemp(prefix="bench_speculative-")
   os.makedirs(report_dir, exist_ok=True)
   drafter, verifier, data, tok, prompt_len, response_len, paths = load_pair()
-  result = dict(command=" ".join(["python", "experiments/bench_speculative.py"] + sys.argv[1:]),
-                drafter=paths["drafter"], verifier=paths["verifier"], split=FLAGS.split,
+  result = dict(command=command_line(), drafter=in_workdir(paths["drafter"]),
+                verifier=in_workdir(paths["verifier"]), split=FLAGS.split,
                 users=len(data), batch_size=FLAGS.batch_size, prompt_len=prompt_len,
                 response_len=response_len, block_size=drafter.config.block_size)
 

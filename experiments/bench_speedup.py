@@ -141,7 +141,8 @@ def record_schedules() -> dict:
   data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
   prompt_len, response_len = recipe_lib.lengths(summary)
   prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
-  out = {"ckpt": os.path.abspath(FLAGS.record_ckpt), "trained_block_size": config.block_size,
+  in_workdir = lambda path: os.path.join("W", os.path.relpath(path, FLAGS.record_workdir))
+  out = {"ckpt": in_workdir(FLAGS.record_ckpt), "trained_block_size": config.block_size,
          "users": len(data), "max_new_tokens": response_len, "entries": []}
   decodes = []
   for b in map(int, FLAGS.block_sizes):
@@ -174,6 +175,7 @@ def record_schedules() -> dict:
           f"{entry['tokens_per_forward']:.2f} tokens/forward; user {entry['user']}: L={length} "
           f"in {entry['forwards']} forwards", flush=True)
   if FLAGS.record_verifier:
+    out["verifier"] = in_workdir(FLAGS.record_verifier)
     out["spec_entries"] = record_spec_schedules(sp.Model(params, config), prompts, lengths,
                                                 response_len, data)
   return out
