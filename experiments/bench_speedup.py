@@ -7,6 +7,9 @@ Diffusion-GR2's commit schedule step for step (an emulation of the trained model
   # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
   python experiments/bench_speedup.py --schedules=docs/benchmarks/speedup/schedules.json \
       --report_dir=docs/benchmarks/speedup --table3_results=results
+  # draft-and-verify too: record with the AR verifier, replay as above
+  python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_verifier=W/ar_rl/export \
+      --record_workdir=W --schedules=docs/results/lossless/schedules.json --runs=
 
 Recording: the trained diffusion checkpoint decodes the first --record_users prompts of
 test_1615 (one batch, greedy, the eval's step cap) at every tau of --taus and block size of
@@ -16,15 +19,27 @@ Per (tau, B) the JSON keeps the valid rate, forwards / denoising steps per token
 schedule of one representative user: among the rows of the most common output length L, the
 one with the median forward count.
 
+Draft-and-verify (--record_verifier, the AR export verifying the --record_ckpt drafter,
+gr2jax/diffusion/speculative.py): the same prompts decoded greedily at each K of --spec_ks and
+tau_d of --spec_taus (draft step cap 64, the drafter's block size); its output is the verifier's,
+so one length L_s (the most common) serves every entry; each row's schedule = per verify step
+(denoising steps of its draft, drafts accepted) (speculative.schedule_from_output), and the
+representative user is the row of length L_s with the median forwards (draft + verify).
+
 Replay: for each --runs entry (shape/dtype) and prompt length of --prompt_lengths, random
 weights and a random prompt [1, P] are prefilled once; then, timed with the prefill excluded
 (the paper's decode tok/s):
-  - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill);
+  - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill), once per
+    length L of the entries;
   - diffusion at each (tau, B): `block_diffusion_generate(prefilled=, schedule=)` with
     max_new_tokens = L and no stop token commits exactly the recorded number of tokens at each
     step, so it runs the recorded number of forwards (the LM head at all B queries with the
     default --head_buckets=1, as the evaluation decodes). Which positions commit differs (random
     weights), what a forward costs does not.
+  - draft-and-verify at each (K, tau_d): `speculative.speculative_replay(prefilled=)` with the
+    same random weights as drafter (at the trained block size, a mask token) and verifier runs
+    the recorded drafter forwards and verify forwards and accepts the recorded drafts (its
+    prefills, one per model, excluded like AR's); its speed-up is over AR at its own length.
 Each configuration is compiled by a warm-up call, then --repeats rounds time every configuration
 once per round (AR and diffusion interleaved, so load on the shared machine hits both), and the
 fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cost ratio
@@ -33,7 +48,9 @@ fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cos
 The same run checks the AR path against transformers at batch 1 on the tiny preset
 (--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
 --merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
-Outputs (--report_dir): bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
+Every flag is checked first (a tau / B / K with no recorded schedule, --repeats < 1: one line
+naming the flag and the allowed values). Outputs (--report_dir, default a fresh directory):
+bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
 0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
 (DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/apps/tables.py).
 """
@@ -42,6 +59,7 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
 
 import jax
@@ -60,6 +78,7 @@ from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.diffusion import decode  # noqa: E402
+from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
@@ -85,7 +104,12 @@ flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of
 flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
                      "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
 flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.")
-flags.DEFINE_string("report_dir", "docs/benchmarks/speedup", "JSON, table and plot.")
+flags.DEFINE_string("report_dir", None, "JSON, table and plot (default: a fresh directory).")
+flags.DEFINE_string("record_verifier", None, "An AR export: also record draft-and-verify "
+                    "schedules with it verifying --record_ckpt.")
+flags.DEFINE_list("spec_ks", ["4", "8", "16", "32"], "Draft-and-verify K recorded / replayed.")
+flags.DEFINE_list("spec_taus", ["0", "0.6", "0.9"], "Draft-and-verify tau_d recorded / "
+                  "replayed (0 = one-step drafts).")
 flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
 flags.DEFINE_string("table3_results", None, "Results dir whose Table 3 gets the column.")
 flags.DEFINE_string("table3_shape", "qwen3_0_6b/float32", "The run whose speed-up Table 3 shows.")
@@ -118,7 +142,8 @@ def record_schedules() -> dict:
   data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
   prompt_len, response_len = lengths_lib.static_lengths(summary)
   prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
-  out = {"ckpt": os.path.abspath(FLAGS.record_ckpt), "trained_block_size": config.block_size,
+  in_workdir = lambda path: os.path.join("W", os.path.relpath(path, FLAGS.record_workdir))
+  out = {"ckpt": in_workdir(FLAGS.record_ckpt), "trained_block_size": config.block_size,
          "users": len(data), "max_new_tokens": response_len, "entries": []}
   decodes = []
   for b in map(int, FLAGS.block_sizes):
@@ -150,7 +175,48 @@ def record_schedules() -> dict:
     print(f"[record] B={entry['block']} tau={entry['tau']}: valid {entry['valid_rate']:.3f}, "
           f"{entry['tokens_per_forward']:.2f} tokens/forward; user {entry['user']}: L={length} "
           f"in {entry['forwards']} forwards", flush=True)
+  if FLAGS.record_verifier:
+    out["verifier"] = in_workdir(FLAGS.record_verifier)
+    out["spec_entries"] = record_spec_schedules(sp.Model(params, config), prompts, lengths,
+                                                response_len, data)
   return out
+
+
+def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, data) -> list:
+  """Draft-and-verify schedules of the trained pair at every (K, tau_d) (the module doc)."""
+  sp.check_same_build(FLAGS.record_ckpt, FLAGS.record_verifier)
+  config, params = checkpoint.load_model(FLAGS.record_verifier)
+  verifier = sp.Model(params, config)
+  decodes = []
+  for k in map(int, FLAGS.spec_ks):
+    for tau in map(float, FLAGS.spec_taus):
+      spec = sp.DraftSpec(k=k, draft_tau=tau, draft_steps=64)
+      res = jax.device_get(sp.speculative_generate(drafter, verifier, prompts, lengths, spec,
+                                                   max_new_tokens=response_len))
+      n = np.asarray(res.lengths)
+      forwards = np.asarray(res.verify_forwards) + np.asarray(res.draft_forwards)
+      entry = dict(k=k, tau=tau, block=drafter.config.block_size, draft_steps=64,
+                   max_new_tokens=response_len,
+                   tokens_per_verify=float((n.sum() - len(n)) / res.verify_forwards.sum()),
+                   accepted_per_verify=float(res.accepted.sum() / res.verify_forwards.sum()),
+                   forwards_per_token=float(forwards.sum() / n.sum()),
+                   mean_length=float(n.mean()))
+      decodes.append((n, forwards, sp.schedule_from_output(res, drafter.config.block_size),
+                      res, entry))
+  length = int(np.bincount(decodes[0][0]).argmax())  # every decode is the verifier's output
+  entries = []
+  for n, forwards, rows, res, entry in decodes:
+    same = np.flatnonzero(n == length)
+    pick = int(same[np.argsort(forwards[same], kind="stable")[(len(same) - 1) // 2]])
+    entry.update(length=length, users_of_length=len(same), user=int(data.users[pick]),
+                 verify_forwards=int(res.verify_forwards[pick]),
+                 draft_forwards=int(res.draft_forwards[pick]), schedule=rows[pick])
+    entries.append(entry)
+    print(f"[record] draft-and-verify K={entry['k']} tau_d={entry['tau']}: "
+          f"{entry['tokens_per_verify']:.2f} tokens / verify, {entry['forwards_per_token']:.2f} "
+          f"forwards / token; user {entry['user']}: L={length} in {entry['verify_forwards']} "
+          f"verify + {entry['draft_forwards']} draft forwards", flush=True)
+  return entries
 
 
 # ---- replay -----------------------------------------------------------------------------------
@@ -182,70 +248,95 @@ def random_model(shape: str, dtype: str):
   return config, params
 
 
-def replay(config, params, run: str, entries: list[dict], prompt_len: int) -> list[dict]:
-  """AR and each entry's schedule replayed on a model's weights (module doc); one row each."""
+def replay(config, params, run: str, entries: list[dict], spec_entries: list[dict],
+           prompt_len: int) -> list[dict]:
+  """AR at each length, each diffusion entry's and each draft-and-verify entry's schedule
+  replayed on a model's weights (module doc); one row each."""
   shape, dtype = run.split("/")
-  length = entries[0]["length"]
-  if any(e["length"] != length for e in entries):
-    raise ValueError(f"--schedules: entries have different lengths "
-                     f"{sorted({e['length'] for e in entries})}; one L per replay")
-  blocks = {e["block"] for e in entries}
-  cache_len = prompt_len + max(-(-length // b) * b for b in blocks)
+  lengths = sorted({e["length"] for e in entries + spec_entries})
+  blocks = {e["block"] for e in entries} or {1}
+  cache_len = prompt_len + max(-(-n // b) * b for b in blocks for n in lengths)
   prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 1, config.vocab_size - 1)
-  lengths = jnp.full((1,), prompt_len, jnp.int32)
+  prompt_lengths = jnp.full((1,), prompt_len, jnp.int32)
   t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
-    params, config, prompt, lengths, init_cache(config, 1, cache_len)))
-  copy = lambda: jax.block_until_ready(jax.tree.map(jnp.copy, (cache, logits)))
+    params, config, prompt, prompt_lengths, init_cache(config, 1, cache_len)))
+  copy = lambda x: jax.block_until_ready(jax.tree.map(jnp.copy, x))
   print(f"[replay] {shape}/{dtype} P={prompt_len}: prefilled in {t_prefill:.1f} s", flush=True)
 
-  def ar():
-    c, lg = copy()
-    out, _ = gen.decode(params, config, c, lg, jax.random.key(0), max_new_tokens=length,
-                        sampling=gen.GREEDY, eos_token_ids=())
-    return out.tokens, out.nfe
+  def ar(length):
+    def run():
+      c, lg = copy((cache, logits))
+      out, _ = gen.decode(params, config, c, lg, jax.random.key(0), max_new_tokens=length,
+                          sampling=gen.GREEDY, eos_token_ids=())
+      return out.tokens, out.nfe
+    return run
 
   def diffusion(entry):
     cfg = dataclasses.replace(config, block_size=entry["block"])
+    length = entry["length"]
     # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
     steps = entry["schedule"]
     schedule = jnp.asarray([steps + [1] * (length - len(steps))], jnp.int32)
 
     def run():
       out = decode.block_diffusion_generate(
-        params, cfg, prompt, lengths, threshold=entry["tau"], max_steps_per_block=64,
+        params, cfg, prompt, prompt_lengths, threshold=entry["tau"], max_steps_per_block=64,
         max_new_tokens=length, stop_token_ids=(), schedule=schedule, prefilled=(cache, logits),
         head_buckets=FLAGS.head_buckets)
       return out.tokens, out.num_forwards - 1
     return run
 
-  cases = [("AR", None, ar)] + [("diffusion", e, diffusion(e)) for e in entries]
+  def draft_verify(entry):
+    drafter = sp.Model(params, dataclasses.replace(config, block_size=entry["block"]))
+    verifier = sp.Model(params, config)
+    spec = sp.DraftSpec(k=entry["k"], draft_tau=entry["tau"], draft_steps=entry["draft_steps"])
+    # The recording's cap (the drafts' windows are those of the recording); padded to the
+    # cap's steps (one compile per K and tau_d, whatever the schedule).
+    cap, steps = entry["max_new_tokens"], entry["schedule"]
+    schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))], jnp.int32)
+    prefilled = jax.block_until_ready(sp.prefill(drafter, verifier, prompt, prompt_lengths, cap))
+
+    def run():
+      out = sp.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
+                                  max_new_tokens=cap, prefilled=copy(prefilled))
+      return out.tokens, out.verify_forwards[0] + out.draft_forwards[0]
+    return run
+
+  cases = [(("AR", n), None, ar(n)) for n in lengths]
+  cases += [(("diffusion", (e["tau"], e["block"])), e, diffusion(e)) for e in entries]
+  cases += [(("draft_verify", (e["k"], e["tau"])), e, draft_verify(e)) for e in spec_entries]
   first, best, forwards = {}, {}, {}
-  for name, entry, fn in cases:  # warm-up (compile) calls
-    key = (name, None if entry is None else (entry["tau"], entry["block"]))
+  for key, _, fn in cases:  # warm-up (compile) calls
     first[key], (_, nfe) = _timed(fn)
     forwards[key] = int(nfe)
     print(f"[replay] warm-up {key}: {first[key]:.1f} s", flush=True)
   for _ in range(FLAGS.repeats):
-    for name, entry, fn in cases:
-      key = (name, None if entry is None else (entry["tau"], entry["block"]))
+    for key, _, fn in cases:
       seconds, _ = _timed(fn)
       best[key] = min(best.get(key, np.inf), seconds)
-  ar_key = ("AR", None)
-  ar_s, ar_fwd = best[ar_key], forwards[ar_key]
   base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
-              prompt_len=prompt_len, length=length, prefill_first_call_s=t_prefill,
+              prompt_len=prompt_len, prefill_first_call_s=t_prefill,
               load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
-  rows = [dict(base, method="AR", block=1, tau=None, seconds=ar_s, forwards=ar_fwd,
-               tokens_per_s=length / ar_s, ms_per_forward=1e3 * ar_s / ar_fwd,
-               compile_s=max(first[ar_key] - ar_s, 0.0))]
-  for entry in entries:
-    key = ("diffusion", (entry["tau"], entry["block"]))
-    if forwards[key] != entry["forwards"]:
-      raise AssertionError(f"replay of B={entry['block']} tau={entry['tau']} ran "
-                           f"{forwards[key]} forwards, the recording {entry['forwards']}")
-    s = best[key]
-    rows.append(dict(base, method="diffusion", block=entry["block"], tau=entry["tau"], seconds=s,
-                     forwards=forwards[key], tokens_per_s=length / s,
+  rows = []
+  for n in lengths:
+    s, fwd = best[("AR", n)], forwards[("AR", n)]
+    rows.append(dict(base, length=n, method="AR", block=1, tau=None, seconds=s, forwards=fwd,
+                     tokens_per_s=n / s, ms_per_forward=1e3 * s / fwd,
+                     compile_s=max(first[("AR", n)] - s, 0.0)))
+  for key, entry, _ in cases:
+    if entry is None:
+      continue
+    method = key[0]
+    recorded = (entry["forwards"] if method == "diffusion" else
+                entry["verify_forwards"] + entry["draft_forwards"])
+    if forwards[key] != recorded:
+      raise AssertionError(f"replay of {key} ran {forwards[key]} forwards, the recording "
+                           f"{recorded}")
+    n, s = entry["length"], best[key]
+    ar_s, ar_fwd = best[("AR", n)], forwards[("AR", n)]
+    rows.append(dict(base, length=n, method=method, block=entry["block"], tau=entry["tau"],
+                     **({"k": entry["k"]} if method == "draft_verify" else {}), seconds=s,
+                     forwards=forwards[key], tokens_per_s=n / s,
                      ms_per_forward=1e3 * s / forwards[key],
                      cost_ratio=(s / forwards[key]) / (ar_s / ar_fwd), speedup=ar_s / s,
                      compile_s=max(first[key] - s, 0.0)))
@@ -268,7 +359,7 @@ def hf_check() -> dict:
 
 # ---- report -----------------------------------------------------------------------------------
 
-COLUMNS = ("shape", "dtype", "params", "prompt_len", "length", "method", "block", "tau",
+COLUMNS = ("shape", "dtype", "params", "prompt_len", "length", "method", "block", "tau", "k",
            "forwards", "tokens_per_s", "ms_per_forward", "cost_ratio", "speedup", "compile_s")
 
 
@@ -301,14 +392,17 @@ def plot(rows: list[dict], path: str) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  taus = sorted({r["tau"] for r in rows if r["tau"] is not None}, reverse=True)
+  taus = sorted({r["tau"] for r in rows if r["method"] == "diffusion"}, reverse=True)
   prompts = sorted({r["prompt_len"] for r in rows})
+  if not taus:  # only draft-and-verify rows: their table says it
+    return
   fig, axes = plt.subplots(len(prompts), len(taus), figsize=(4 * len(taus), 3.2 * len(prompts)),
                            squeeze=False)
   for i, p in enumerate(prompts):
     for j, tau in enumerate(taus):
       ax = axes[i, j]
-      panel = [r for r in rows if r["tau"] == tau and r["prompt_len"] == p]
+      panel = [r for r in rows if r["method"] == "diffusion" and r["tau"] == tau
+               and r["prompt_len"] == p]
       if not panel:  # a (prompt, tau) no run measured: say so (a log axis of nothing fails)
         ax.set_title(f"tau={tau:g}, prompt {p}: not measured")
         ax.axis("off")
@@ -337,11 +431,18 @@ def write_report(result: dict) -> None:
   lines = [f"# bench_speedup: {result['device']}; schedules {result['schedules']}", "",
            "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
   lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
-  for p in map(int, FLAGS.prompt_lengths):
+  for p in sorted({r["prompt_len"] for r in rows}):
     for dtype in sorted({r["dtype"] for r in rows}):
       lines += ["", f"Best block at tau 0.9, prompt {p}, {dtype}: "
                 + ", ".join(f"{c['shape']} ({c['params'] / 1e6:.1f}M) {c['speedup']:.2f}x "
                             f"(B={c['block']})" for c in crossover(rows, 0.9, p, dtype))]
+      spec = [r for r in rows if r["method"] == "draft_verify" and r["prompt_len"] == p
+              and r["dtype"] == dtype]
+      for shape in sorted({r["shape"] for r in spec}):
+        best = max((r for r in spec if r["shape"] == shape), key=lambda r: r["speedup"])
+        lines += ["", f"Best draft-and-verify, prompt {p}, {dtype}, {shape}: "
+                  f"{best['speedup']:.2f}x (K={best['k']}, tau_d={best['tau']:g}; the recorded "
+                  "decode's output is AR's)"]
   if result.get("hf_check"):
     h = result["hf_check"]
     lines += ["", f"AR vs transformers generate (tiny, batch 1, prompt 256, {h['new_tokens']} "
@@ -359,8 +460,9 @@ def merged_result(report_dirs: list[str]) -> dict:
 
   Raises:
     app.UsageError: a report is missing, the reports replay other schedules or devices, or two
-      hold the same diffusion configuration (shape, dtype, prompt, block, tau). AR rows may
-      repeat: each is the baseline of its own run's speed-ups.
+      hold the same diffusion configuration (shape, dtype, prompt, block, tau) or
+      draft-and-verify configuration (the same + K). AR rows may repeat: each is the baseline of
+      its own run's speed-ups.
   """
   rows, seen, heads = [], {}, set()
   for d in report_dirs:
@@ -371,7 +473,8 @@ def merged_result(report_dirs: list[str]) -> dict:
     heads.add((report["device"], report["schedules"]))
     for r in report["rows"]:
       key = tuple(r[k] for k in ("shape", "dtype", "prompt_len", "block", "tau"))
-      if r["method"] == "diffusion" and key in seen:
+      key += (r["method"], r["k"]) if r["method"] == "draft_verify" else ()
+      if r["method"] != "AR" and key in seen:
         raise app.UsageError(f"--merge: {key} is in both {seen[key]} and {d}")
       seen.setdefault(key, d)
       rows.append(dict(r, source=d))
@@ -381,33 +484,91 @@ def merged_result(report_dirs: list[str]) -> dict:
   return dict(device=device, schedules=schedules, rows=rows)
 
 
+def _numbers(flag: str, values, kind, allowed=None, low=None, high=None) -> list:
+  """The values of a list flag as numbers of `kind`, each allowed (a recorded one) or in
+  [low, high]; else one line naming the flag and what it allows."""
+  try:
+    out = [kind(v) for v in values]
+  except ValueError:
+    out = None
+  if allowed is not None:
+    ok = out is not None and set(out) <= set(allowed)
+    what = (f"no recorded schedule in {FLAGS.schedules} (recorded: "
+            f"{', '.join(map(str, sorted(allowed))) or 'none'})")
+  else:
+    ok = out is not None and all(low <= v <= high for v in out)
+    what = f"each must be a{'n' if kind is int else ''} {kind.__name__} in [{low}, {high}]"
+  if not ok:
+    raise app.UsageError(f"--{flag}={','.join(map(str, values))}: {what}")
+  return out
+
+
+def run_entries(schedules: dict, run: str) -> tuple[str, list[int], list, list]:
+  """One --runs entry: (SHAPE/DTYPE, prompt lengths, its diffusion entries, its draft-and-verify
+  entries), every tau / B / K checked against the recorded schedules."""
+  name, *narrow = run.split("@")
+  lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
+  shape, _, dtype = name.partition("/")
+  if dtype not in ("float32", "bfloat16") or len(narrow) > 3:
+    raise app.UsageError(f"--runs: {run!r} is not SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] with "
+                         "DTYPE float32 or bfloat16")
+  shape_config(shape, dtype)  # a known shape
+  entries, spec_entries = schedules["entries"], schedules.get("spec_entries", [])
+  taus = _numbers("taus", run_taus.split("+") if run_taus else FLAGS.taus, float,
+                  allowed={e["tau"] for e in entries})
+  blocks = _numbers("block_sizes", run_blocks.split("+") if run_blocks else FLAGS.block_sizes,
+                    int, allowed={e["block"] for e in entries})
+  prompt_lens = _numbers("prompt_lengths", lens.split("+") if lens else FLAGS.prompt_lengths,
+                         int, low=1, high=1 << 20)
+  chosen = [e for e in entries if e["tau"] in taus and e["block"] in blocks]
+  spec_chosen = []
+  if spec_entries or FLAGS["spec_ks"].present or FLAGS["spec_taus"].present:
+    ks = _numbers("spec_ks", FLAGS.spec_ks, int, allowed={e["k"] for e in spec_entries})
+    spec_taus = _numbers("spec_taus", FLAGS.spec_taus, float,
+                         allowed={e["tau"] for e in spec_entries})
+    spec_chosen = [e for e in spec_entries if e["k"] in ks and e["tau"] in spec_taus]
+  return name, prompt_lens, chosen, spec_chosen
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  _numbers("repeats", [FLAGS.repeats], int, low=1, high=1 << 20)
+
+  def fresh_report_dir():  # never the committed reports
+    if FLAGS.report_dir is None:
+      FLAGS.report_dir = tempfile.mkdtemp(prefix="bench_speedup-")
+      print(f"[bench_speedup] writing {FLAGS.report_dir}", flush=True)
+
   if FLAGS.merge:
+    fresh_report_dir()
     write_report(merged_result(FLAGS.merge))
     return
   if FLAGS.record_ckpt:
+    _numbers("taus", FLAGS.taus, float, low=1e-9, high=1.0)
+    _numbers("block_sizes", FLAGS.block_sizes, int, low=1, high=1 << 20)
+    if FLAGS.record_verifier:
+      _numbers("spec_ks", FLAGS.spec_ks, int, low=1, high=1 << 20)
+      _numbers("spec_taus", FLAGS.spec_taus, float, low=0.0, high=1.0)
     recorded = record_schedules()
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.schedules)), exist_ok=True)
     with open(FLAGS.schedules, "w") as f:
       json.dump(recorded, f, indent=1)
   if not FLAGS.runs:
     return
-  entries = json.load(open(FLAGS.schedules))["entries"]
-  taus, blocks = set(map(float, FLAGS.taus)), set(map(int, FLAGS.block_sizes))
-  entries = [e for e in entries if e["tau"] in taus and e["block"] in blocks]
+  if not os.path.isfile(FLAGS.schedules):
+    raise app.UsageError(f"--schedules={FLAGS.schedules} does not exist (record it with "
+                         "--record_ckpt)")
+  schedules = json.load(open(FLAGS.schedules))
+  runs = [run_entries(schedules, run) for run in FLAGS.runs]  # every run checked first
+  fresh_report_dir()
   result = dict(device=str(jax.devices()[0].device_kind), schedules=FLAGS.schedules, rows=[])
   if FLAGS.hf_check:
     result["hf_check"] = hf_check()
-  for run in FLAGS.runs:
-    run, *narrow = run.split("@")
-    lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
-    chosen = [e for e in entries if (not run_taus or str(e["tau"]) in run_taus.split("+"))
-              and (not run_blocks or str(e["block"]) in run_blocks.split("+"))]
+  for run, prompt_lens, chosen, spec_chosen in runs:
     config, params = random_model(*run.split("/"))
-    for p in map(int, lens.split("+") if lens else FLAGS.prompt_lengths):
-      result["rows"] += replay(config, params, run, chosen, p)
+    for p in prompt_lens:
+      result["rows"] += replay(config, params, run, chosen, spec_chosen, p)
       write_report(result)  # after every run: a partial report survives an interruption
     del params  # else the next run's random weights are made beside these (1.7B fp32: 6.9 GB
     #             each: two of them and the replay's buffers were OOM-killed on 24 GB)

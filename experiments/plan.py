@@ -59,7 +59,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import chunks  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
-from gr2jax.diffusion import layout, replay  # noqa: E402
+from gr2jax.diffusion import (  # noqa: E402
+  layout,
+  replay,
+  speculative,  # noqa: E402
+)
 from gr2jax.model import generate as generate_lib  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
@@ -83,7 +87,8 @@ DEVICES_8B = 8
 _FLAG = "--xla_force_host_platform_device_count"
 
 FLAGS = flags.FLAGS
-PROGRAMS = ("sft", "ar_rl", "cft", "opd", "rl", "ar_decode", "diffusion_decode")  # plan order
+PROGRAMS = ("sft", "ar_rl", "cft", "opd", "rl", "ar_decode", "diffusion_decode",
+            "speculative_decode")  # plan order
 
 
 def define_flags() -> None:
@@ -524,9 +529,12 @@ def _param_specs(config, mesh):
 def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
                     target: targets.Target = targets.TARGETS["cpu"],
                     fixes: dict | None = None) -> dict:
-  """Compiles AR sampling (prefill + decode loop) or block-diffusion decoding of `rows` prompts."""
+  """Compiles AR sampling (prefill + decode loop), block-diffusion decoding or greedy
+  draft-and-verify (the diffusion drafter and the AR verifier both resident; K = B) of `rows`
+  prompts."""
   config = (s.model if kind == "ar_decode" else s.diffusion())
   config = dataclasses.replace(config, remat="none")
+  params = _param_specs(config, mesh)
   p, r = s.prompt_len, s.response_len
   batch_sh = mesh_lib.batch_sharding(mesh)
   tokens = jax.ShapeDtypeStruct((rows, p), jnp.int32, sharding=batch_sh)
@@ -540,6 +548,15 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
                                            init_cache(config, rows, p + r), read_cache=False)
       return generate_lib.decode(params, config, cache, logits, key, max_new_tokens=r,
                                  sampling=sampling, eos_token_ids=config.eos_token_ids)[0]
+  elif kind == "speculative_decode":
+    verifier = dataclasses.replace(s.model, remat="none")
+    spec = speculative.DraftSpec(k=s.block_size, draft_tau=0.9, draft_steps=s.max_steps_per_block)
+    params = (params, _param_specs(verifier, mesh))
+
+    def fn(params, tokens, lengths, key):
+      return speculative.speculative_generate(
+        speculative.Model(params[0], config), speculative.Model(params[1], verifier), tokens,
+        lengths, spec, max_new_tokens=r, key=key)
   else:
     def fn(params, tokens, lengths, key):
       return diffusion_decode.block_diffusion_generate(
@@ -548,7 +565,7 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
           temperature=1.0), key=key)
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jax.jit(fn).lower(_param_specs(config, mesh), tokens, lengths, key)
+    lowered = jax.jit(fn).lower(params, tokens, lengths, key)
     lower_s = time.perf_counter() - start
     compiled, record = _compile(lowered, target, opt_level, fixes)
   return {"rows": rows, "lower_s": lower_s, "compile_s": time.perf_counter() - start - lower_s,
@@ -701,8 +718,9 @@ def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int, settings:
   return row
 
 
-# The train stages whose rollouts each decoder samples.
-DECODER_STAGES = {"ar_decode": ("ar_rl",), "diffusion_decode": ("opd", "rl")}
+# The train stages whose rollouts each decoder samples (none: one row per batch shard).
+DECODER_STAGES = {"ar_decode": ("ar_rl",), "diffusion_decode": ("opd", "rl"),
+                  "speculative_decode": ()}
 
 
 def rollout_rows(s: Shapes, stage: str) -> int:
@@ -714,7 +732,8 @@ def rollout_rows(s: Shapes, stage: str) -> int:
 def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings,
                  target: targets.Target = targets.TARGETS["cpu"],
                  fixes: dict | None = None) -> dict:
-  rows = max(rollout_rows(s, stage) for stage in DECODER_STAGES[kind])
+  rows = max((rollout_rows(s, stage) for stage in DECODER_STAGES[kind]),
+             default=mesh_lib.batch_size_multiple(mesh))
   config = s.model if kind == "ar_decode" else s.diffusion()
   block = 1 if kind == "ar_decode" else s.block_size
   devices = fsdp * tp
@@ -727,7 +746,8 @@ def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Setti
     print(f"[plan] {kind} {fsdp}x{tp} rows {rows}: FAILED", flush=True)
     return row
   mem = row["memory"]
-  params_dev = params_lib.param_count(config) * 2 / devices
+  models = 2 if kind == "speculative_decode" else 1  # drafter + verifier resident
+  params_dev = models * params_lib.param_count(config) * 2 / devices
   per_row = max(mem["total"] - params_dev, 0) / (rows / mesh_lib.batch_size_multiple(mesh))
   row["per_row_bytes"] = per_row
   for card, capacity in target.cards.items():
@@ -781,7 +801,7 @@ def run_plan(preset: str, layouts: list[str], stages: list[str], settings: Setti
   impl = tgt.kernel if attention == "kernel" else "reference"
   s = with_attention(PRESETS[preset], impl)
   train = train_stages(s)
-  unknown = set(stages) - {*train, "ar_decode", "diffusion_decode"}
+  unknown = set(stages) - {*train, *DECODER_STAGES}
   if unknown:
     raise ValueError(f"unknown stages {sorted(unknown)}")
   t0 = time.perf_counter()

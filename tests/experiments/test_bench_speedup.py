@@ -50,3 +50,22 @@ def test_merge_writes_one_report_over_the_runs_and_refuses_a_configuration_twice
   result = _merge(tmp_path / "again", small, small)
   assert result.returncode != 0 and "Traceback" not in result.stderr
   assert "--merge: ('small', 'float32', 256, 16, 0.9) is in both" in result.stderr
+
+
+def test_flags_without_a_recorded_schedule_are_one_line_errors(tmp_path):
+  """A block size or tau with no recorded schedule and --repeats < 1 name the flag and what it
+  allows, before any model is built; nothing is written (no fresh report directory)."""
+  cases = {"--block_sizes=64": "--block_sizes=64: no recorded schedule in "
+                               "docs/benchmarks/speedup/schedules.json (recorded: 4, 8, 16, 32)",
+           "--taus=0.95": "--taus=0.95: no recorded schedule in "
+                          "docs/benchmarks/speedup/schedules.json (recorded: 0.4, 0.6, 0.9)",
+           "--repeats=0": "--repeats=0: each must be an int in [1, 1048576]"}
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path)}
+  procs = {flag: subprocess.Popen([sys.executable, SCRIPT, flag, "--hf_check=false"], cwd=REPO,
+                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for flag in cases}
+  for flag, proc in procs.items():
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in err, err[-2000:]
+    assert cases[flag] in err
+  assert not os.listdir(tmp_path)

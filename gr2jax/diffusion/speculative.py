@@ -1,0 +1,707 @@
+"""Lossless draft-and-verify decoding: a block-diffusion drafter proposes, an AR verifier decides.
+
+Speculative decoding (Leviathan et al., arXiv 2211.17192 §2; Chen et al., arXiv 2302.01318
+Alg. 2) with a block-diffusion drafter (the draft-then-verify direction Diffusion-GR2, arXiv
+2607.01170, leaves to future work). One verify step, for every row at once:
+
+  1. Draft. The drafter (config.mask_token_id set, config.block_size = B) keeps its own block
+     alignment (blocks of B aligned to the response start, gr2jax/diffusion/decode.py) and its
+     cache holds the prompt and the *complete* accepted blocks. Its canvas is the current block:
+     the accepted tokens of the block, then mask tokens. It proposes the next K_eff = min(K,
+     tokens left in the block, tokens left in the response - 1) tokens with its own denoising
+     steps (`commit.select` at `draft_tau`, at most `draft_steps` steps; the last one commits
+     the rest; draft_tau = 0 is a one-step draft). A draft never crosses its block's end. When
+     the accepted tokens complete the block, the drafter first runs its commit forward over the
+     clean block (block-bidirectional, as decode.py: it writes the block's K/V into its cache)
+     and, if the new block has no accepted token yet, takes that forward's last logit as the
+     draft's first token (decode.py's seed).
+  2. Verify. The verifier (an AR model, block_size 1) keeps a cache of every accepted token but
+     the last. One causal forward over [last accepted token, d_1 .. d_K] (K + 1 queries at their
+     positions) gives K + 1 next-token distributions. Greedy: the longest prefix of drafts equal
+     to the verifier's arg-max is accepted, then the verifier's own next token is appended, so a
+     step commits 1 .. K_eff + 1 tokens and the output is the verifier's greedy output.
+  3. Roll back. Both caches are cut to the accepted length by their `lengths` alone: the
+     verifier's advances by the tokens kept, the drafter's only by a commit forward. A rejected
+     draft's K/V stay in slots >= lengths, invisible to every mask and overwritten later: no
+     reallocation, no recompile.
+
+Sampling (temperature > 0) uses the speculative-sampling rule (`speculative_accept`): d_i is
+accepted with probability min(1, p_i(d_i) / q_i(d_i)); the first rejected position is resampled
+from norm(max(0, p_i - q_i)); when every draft is accepted the bonus is drawn from p_{K_eff + 1}.
+The output is then distributed as the verifier's own sampling (`generate` at that temperature)
+only if q_i, the distribution d_i was drawn from, is a function of the prefix (accepted tokens
+and d_<i) alone. Exact here:
+  - one-step drafts (draft_tau = 0 or draft_steps = 1): every d_i from one forward of the prefix;
+  - commit_order 'left_to_right': each step commits the leftmost open position and the run after
+    it, decided on the proposals' *maximum* probabilities (not the sampled tokens'), so which
+    positions commit never depends on the values drawn, and d_i's forward saw only d_<i.
+Not exact, and refused: 'confidence' order with several steps, which commits later positions
+first, so d_i's distribution conditions on d_>i. Greedy decoding is exact with any drafter.
+
+Lock-step batches: each verify step is one iteration of the outer `lax.while_loop`; its draft is
+an inner `lax.while_loop` of drafter forwards (one per iteration for all rows: commit forwards
+and denoising steps together, as in decode.py) until every row has its draft. Rows accept
+different lengths; a finished row is frozen (its caches, tokens and counts stop changing).
+The drafter's LM head runs at the K queries that predict the draft window only.
+
+Self-speculative variant (`self_verifier`): the drafter's own weights at block size 1 verify; the
+output is then exactly that model's own left-to-right decoding (block_diffusion_generate at
+B = 1), not another model's.
+
+Floating point: the verify forward scores K + 1 queries where `generate` scores one, so their
+matmuls and softmax sums round differently (~1e-7 relative in fp32). A greedy choice between two
+logits closer than that can differ; tests/diffusion/test_speculative.py and
+experiments/bench_speculative.py report where (first divergent token, logit margin).
+"""
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from gr2jax import checkpoint
+from gr2jax.diffusion import commit, decode
+from gr2jax.model import generate, qwen3, validate
+from gr2jax.model.cache import KVCache, init_cache
+from gr2jax.model.config import ModelConfig
+
+FIRST_STEP = -1  # token_step of the first token (the verifier's prefill proposes it)
+NO_STEP = 2**30  # token_step after a row's length
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftSpec:
+  """How the drafter drafts (static under jit).
+
+  Attributes:
+    k: K, tokens drafted per verify step, 1 <= K <= the drafter's block size.
+    draft_tau: the drafter's commit threshold in [0, 1]; 0 = a one-step draft (every position of
+      the window from one forward).
+    draft_steps: denoising-step budget of one draft (>= 1); the last allowed step commits the
+      rest of the window.
+    commit_order: commit.ORDERS; with temperature > 0 only 'left_to_right' or a one-step draft
+      keep the output the verifier's (module docstring).
+  """
+
+  k: int = 8
+  draft_tau: float = 0.9
+  draft_steps: int = 8
+  commit_order: str = "confidence"
+
+  def __post_init__(self):
+    validate.integer("DraftSpec", "k", self.k, minimum=1)
+    tau = validate.real("DraftSpec", "draft_tau", self.draft_tau)
+    if not 0 <= tau <= 1:
+      raise ValueError(f"DraftSpec.draft_tau={self.draft_tau} must be in [0, 1] (0 = one-step "
+                       "draft)")
+    validate.integer("DraftSpec", "draft_steps", self.draft_steps, minimum=1)
+    if self.commit_order not in commit.ORDERS:
+      raise ValueError(f"DraftSpec.commit_order={self.commit_order!r} not in {commit.ORDERS}")
+
+  @property
+  def one_step(self) -> bool:
+    """Every draft comes from one forward (draft_tau 0 commits every position at once)."""
+    return self.draft_tau == 0 or self.draft_steps == 1
+
+
+class Model(NamedTuple):
+  """A model: its param pytree and its config."""
+
+  params: dict
+  config: ModelConfig
+
+
+class SpecOutput(NamedTuple):
+  """What speculative_generate returns (N = max_new_tokens).
+
+  Attributes:
+    tokens: [B, N] int32 generated tokens, pad_token_id after `lengths`.
+    lengths: [B] int32 tokens per row, the stop token included.
+    verify_forwards: [B] int32 verify forwards of the row (the verifier's prefill not counted).
+    draft_forwards: [B] int32 drafter forwards that worked on the row: denoising steps and
+      commit forwards (its prefill not counted).
+    accepted: [B] int32 drafted tokens accepted (the rest of `lengths` are verifier tokens).
+    token_step: [B, N] int32 the row's verify step that committed each token (FIRST_STEP for
+      the first token, NO_STEP after `lengths`); token j was a drafted one iff token j + 1 has
+      the same step.
+    step_drafted: [B, N] int32 per verify step s of the row: K_eff, tokens drafted.
+    step_accepted: [B, N] int32 per verify step: drafted tokens accepted.
+    step_draft_forwards: [B, N] int32 per verify step: drafter forwards (commit + denoising).
+    num_steps: [] int32 batched verify forwards (outer loop iterations).
+    num_draft_forwards: [] int32 batched drafter forwards.
+  """
+
+  tokens: jax.Array
+  lengths: jax.Array
+  verify_forwards: jax.Array
+  draft_forwards: jax.Array
+  accepted: jax.Array
+  token_step: jax.Array
+  step_drafted: jax.Array
+  step_accepted: jax.Array
+  step_draft_forwards: jax.Array
+  num_steps: jax.Array
+  num_draft_forwards: jax.Array
+
+
+def self_verifier(drafter: Model) -> Model:
+  """The self-speculative verifier: the drafter's weights at block size 1 (its left-to-right
+  mode, decode.py at B = 1); lossless w.r.t. that mode, not w.r.t. another AR model."""
+  return Model(drafter.params, dataclasses.replace(drafter.config, block_size=1))
+
+
+# ---- the verify rules ----------------------------------------------------------------------
+
+
+def verifier_greedy(logits: jax.Array, mask_token_id: int | None) -> jax.Array:
+  """The verifier's greedy tokens, exactly as its own decoder picks them.
+
+  Args:
+    logits: [..., V] f32 raw logits.
+    mask_token_id: None for an AR verifier (`generate`: first arg-max of the raw logits), else
+      the mask id of a diffusion model at block size 1 (decode.py: commit.propose, the mask
+      token never picked).
+
+  Returns:
+    [...] int32 tokens.
+  """
+  if mask_token_id is None:
+    return generate.first_argmax(logits)
+  return commit.propose(logits, mask_token_id, 0.0, None)[0]
+
+
+def _leading_true(x: jax.Array) -> jax.Array:
+  """[B, K] bool -> [B] int32, the length of each row's leading run of True."""
+  return jnp.sum(jnp.cumprod(x.astype(jnp.int32), axis=-1), axis=-1)
+
+
+def greedy_accept(greedy: jax.Array, drafts: jax.Array, num_drafts: jax.Array):
+  """Accepts the longest prefix of drafts equal to the verifier's greedy choices.
+
+  Args:
+    greedy: [B, K + 1] int32 the verifier's greedy token at each verify query (query i predicts
+      the token after d_i; query 0 the one after the last accepted token).
+    drafts: [B, K] int32 d_1 .. d_K.
+    num_drafts: [B] int32 K_eff, the real drafts (the rest are placeholders, never accepted).
+
+  Returns:
+    (accepted a [B] int32 in 0..K_eff, bonus [B] int32 = greedy[a], the verifier's token).
+  """
+  k = drafts.shape[1]
+  real = jnp.arange(k)[None, :] < num_drafts[:, None]
+  a = _leading_true((drafts == greedy[:, :k]) & real)
+  return a, jnp.take_along_axis(greedy, a[:, None], axis=1)[:, 0]
+
+
+def speculative_accept(p_logp: jax.Array, q_logp: jax.Array, drafts: jax.Array,
+                       num_drafts: jax.Array, key: jax.Array):
+  """The speculative-sampling rule (Leviathan et al., arXiv 2211.17192 §2.3, Alg. 1).
+
+  Accept d_i with probability min(1, p_i(d_i) / q_i(d_i)) while every earlier one was accepted;
+  the first rejected position draws its token from norm(max(0, p_i - q_i)); after K_eff
+  acceptances the bonus is drawn from p_{K_eff + 1}. The committed tokens are then distributed as
+  the verifier's own samples, whatever q is, as long as q_i is the distribution d_i was drawn
+  from given the prefix (module docstring).
+
+  Args:
+    p_logp: [B, K + 1, V] f32 the verifier's log-probs at each verify query.
+    q_logp: [B, K, V] f32 the drafter's log-probs d_1 .. d_K were sampled from.
+    drafts: [B, K] int32.
+    num_drafts: [B] int32 K_eff.
+    key: PRNG key.
+
+  Returns:
+    (accepted a [B] int32 in 0..K_eff, bonus [B] int32: the token committed after them).
+  """
+  b, k = drafts.shape
+  accept_key, bonus_key = jax.random.split(key)
+  p_d = jnp.take_along_axis(p_logp[:, :k], drafts[:, :, None], axis=-1)[..., 0]  # [B, K]
+  q_d = jnp.take_along_axis(q_logp, drafts[:, :, None], axis=-1)[..., 0]
+  u = jax.random.uniform(accept_key, (b, k), jnp.float32)
+  real = jnp.arange(k)[None, :] < num_drafts[:, None]
+  a = _leading_true((jnp.log(u) < p_d - q_d) & real)
+  p_a = jnp.exp(jnp.take_along_axis(p_logp, a[:, None, None], axis=1)[:, 0])  # [B, V]
+  q_pad = jnp.concatenate([q_logp, jnp.full_like(q_logp[:, :1], -jnp.inf)], axis=1)
+  q_a = jnp.exp(jnp.take_along_axis(q_pad, a[:, None, None], axis=1)[:, 0])
+  q_a = jnp.where((a < num_drafts)[:, None], q_a, 0.0)  # all accepted: the bonus is from p
+  residual = jnp.maximum(p_a - q_a, 0.0)
+  residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_a)  # p == q
+  bonus = jax.random.categorical(bonus_key, jnp.log(residual), axis=-1).astype(jnp.int32)
+  return a, bonus
+
+
+# ---- the decoder ---------------------------------------------------------------------------
+
+
+class _Draft(NamedTuple):
+  """The inner (drafting) loop's carry; W = K window slots."""
+
+  cache: KVCache  # the drafter's
+  committing: jax.Array  # [B] the next forward is this row's commit forward
+  window: jax.Array  # [B, W] drafted tokens (mask token where open)
+  open: jax.Array  # [B, W] window slots still to draft
+  q_logp: jax.Array | None  # [B, W, V] distributions the drafts came from (sampling only)
+  step: jax.Array  # [B] denoising steps of this draft
+  forwards: jax.Array  # [B] drafter forwards of this draft
+  num_forwards: jax.Array  # []
+  key: jax.Array
+
+
+class _State(NamedTuple):
+  """The outer (verify) loop's carry; R = response slots."""
+
+  v_cache: KVCache  # every accepted token but the last
+  d_cache: KVCache  # the prompt and the complete blocks before d_start
+  last: jax.Array  # [B] the last accepted token
+  n: jax.Array  # [B] accepted tokens (the row's length once done)
+  d_start: jax.Array  # [B] response index of the drafter's current block
+  done: jax.Array  # [B]
+  out: jax.Array  # [B, R]
+  token_step: jax.Array  # [B, R]
+  step: jax.Array  # [B] verify steps of the row
+  step_rec: jax.Array  # [B, N, 3] per verify step: drafted, accepted, drafter forwards
+  num_forwards: jax.Array  # [2] batched verify, drafter forwards
+  key: jax.Array
+
+
+def _rows_slice(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
+  """buf [B, R] -> [B, size], row b from start[b]."""
+  return jax.vmap(lambda r, s: lax.dynamic_slice(r, (s,), (size,)))(buf, start)
+
+
+def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array) -> jax.Array:
+  """buf [B, N, C] with buf[b, step[b]] = value[b] ([B, C]) where write[b]."""
+  rows = jnp.arange(buf.shape[0])
+  return buf.at[rows, step].set(jnp.where(write[:, None], value, buf[rows, step]), mode="drop")
+
+
+def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule, temperature,
+           key):
+  """The drafts of one verify step (inner while loop, module docstring).
+
+  Returns:
+    (drafts [B, K], q_logp [B, K, V] | None, K_eff [B], the drafter cache, d_start [B],
+    drafter forwards [B], batched forwards []).
+  """
+  b, t, k = s.out.shape[0], config.block_size, spec.k
+  max_new = s.step_rec.shape[1]
+  mask_id = config.mask_token_id
+  active = ~s.done
+  complete = s.n >= s.d_start + t
+  start = jnp.where(complete, s.d_start + t, s.d_start)  # the block the draft lies in
+  j = s.n - start  # accepted tokens of that block (0 only right after a commit)
+  k_eff = jnp.clip(jnp.minimum(jnp.minimum(k, t - j), max_new - s.n - 1), 0, k)
+  k_eff = jnp.where(active, k_eff, 0)
+  committing = complete & (k_eff > 0)
+  slots = jnp.arange(k, dtype=jnp.int32)[None, :]  # [1, W]
+  in_window = slots < k_eff[:, None]
+  old_block = _rows_slice(s.out, s.d_start, t)  # [B, T], complete where committing
+  block_idx = jnp.arange(t, dtype=jnp.int32)[None, :]
+  prefix = jnp.where(start[:, None] + block_idx < s.n[:, None], _rows_slice(s.out, start, t),
+                     mask_id)  # [B, T] accepted tokens, then masks
+  if schedule is None:
+    cap = jnp.full((b,), spec.draft_steps, jnp.int32)
+  else:  # replay: this draft's recorded denoising steps (past the schedule: one)
+    at = jnp.minimum(s.step, schedule.shape[1] - 1)[:, None]
+    recorded = jnp.take_along_axis(schedule[:, :, 0], at, axis=1)[:, 0]
+    cap = jnp.maximum(jnp.where(s.step < schedule.shape[1], recorded, 1), 1)
+  rows = jnp.arange(b)[:, None]
+  queries = jnp.clip(j[:, None] - 1 + slots, 0, t - 1)  # query i - 1 predicts window slot i
+
+  def body(d: _Draft) -> _Draft:
+    key, sub = jax.random.split(d.key)
+    drafting = jnp.any(d.open, axis=-1) & ~d.committing
+    place = jnp.where(in_window, j[:, None] + slots, t)  # out of range: dropped
+    canvas = jnp.where(d.committing[:, None], old_block,
+                       prefix.at[rows, place].set(d.window, mode="drop"))
+    at = jnp.where(d.committing[:, None], t - 1, queries)
+    logits, written = decode.block_forward(params, config, d.cache, canvas, prompt_lengths, at)
+    tokens, token_logp = commit.propose(logits, mask_id, temperature, sub)  # [B, W]
+    logp = conf = None
+    if temperature > 0:  # q, and confidences of the maxima (module docstring)
+      logp = commit.token_log_probs(logits, mask_id, temperature)  # [B, W, V]
+      conf = jnp.max(logp, axis=-1)
+    # Commit forward: the new block's first token, when it has no accepted one, is the seed.
+    seed = (d.committing & (j == 0))[:, None] & (slots == 0)
+    window = jnp.where(seed, tokens[:, :1], d.window)
+    open_ = d.open & ~seed
+    # Denoising step: the threshold (or, replaying, one token) rule; the capped step: all.
+    capped = d.step >= cap - 1
+    tau = jnp.where(capped, -1.0, spec.draft_tau)
+    count = None if schedule is None else jnp.where(capped, k, 1)
+    res = commit.select(tokens, token_logp if conf is None else conf, window,
+                        open_ & drafting[:, None], tau, order=spec.commit_order, count=count)
+    q_logp = d.q_logp
+    if temperature > 0:
+      q_logp = jnp.where((seed | res.committed)[..., None], logp, q_logp)
+    return d._replace(
+      cache=written.replace(lengths=d.cache.lengths + t * d.committing),
+      committing=jnp.zeros_like(d.committing), window=res.canvas,
+      open=jnp.where(drafting[:, None], res.masked, open_),
+      q_logp=q_logp, step=d.step + drafting, forwards=d.forwards + (drafting | d.committing),
+      num_forwards=d.num_forwards + 1, key=key)
+
+  zeros = jnp.zeros((b,), jnp.int32)
+  v = config.vocab_size
+  init = _Draft(cache=s.d_cache, committing=committing, window=jnp.full((b, k), mask_id, jnp.int32),
+                open=in_window,
+                q_logp=jnp.zeros((b, k, v), jnp.float32) if temperature > 0 else None,
+                step=zeros, forwards=zeros, num_forwards=jnp.zeros((), jnp.int32), key=key)
+  d = lax.while_loop(lambda d: jnp.any(d.committing | jnp.any(d.open, axis=-1)), body, init)
+  drafts = jnp.where(in_window, d.window, config.pad_token_id)
+  return (drafts, d.q_logp, k_eff, d.cache, jnp.where(committing, start, s.d_start), d.forwards,
+          d.num_forwards)
+
+
+@functools.partial(jax.jit, static_argnames=("config_d", "config_v", "spec", "max_new_tokens",
+                                             "temperature", "caches"))
+def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, schedule,
+            prefilled, *, config_d, config_v, spec, max_new_tokens, temperature, caches):
+  """The jitted decoder (module docstring); `caches` = (verifier slots, drafter slots).
+
+  Returns:
+    (SpecOutput, the verifier cache, the drafter cache).
+  """
+  b = prompt_tokens.shape[0]
+  k, t, n_max = spec.k, config_d.block_size, max_new_tokens
+  r = -(-n_max // t) * t + t + k + 1  # response slots: every block window and verify write
+  key, first_key = jax.random.split(key)
+  if prefilled is None:
+    v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
+                                             init_cache(config_v, b, caches[0]), read_cache=False)
+    _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
+                                      init_cache(config_d, b, caches[1]), read_cache=False)
+  else:
+    v_cache, v_logits, d_cache = prefilled
+  mask_v = config_v.mask_token_id
+  if temperature > 0:
+    logp = commit.token_log_probs(v_logits, mask_v, temperature)
+    first = jax.random.categorical(first_key, logp, axis=-1).astype(jnp.int32)
+  else:
+    first = verifier_greedy(v_logits, mask_v)
+  zeros = jnp.zeros((b,), jnp.int32)
+  # Replay: a row ends after its recorded verify steps (the schedule is -1 past them).
+  row_steps = None if schedule is None else jnp.sum(schedule[:, :, 0] >= 0, axis=1)
+  state = _State(
+    v_cache=v_cache, d_cache=d_cache, last=first, n=jnp.ones((b,), jnp.int32), d_start=zeros,
+    done=jnp.isin(first, stop_ids) | (n_max == 1) | (False if row_steps is None else
+                                                      row_steps == 0),
+    out=jnp.zeros((b, r), jnp.int32).at[:, 0].set(first),
+    token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP), step=zeros,
+    step_rec=jnp.zeros((b, n_max, 3), jnp.int32), num_forwards=jnp.zeros((2,), jnp.int32),
+    key=key)
+
+  def body(s: _State) -> _State:
+    key, draft_key, verify_key = jax.random.split(s.key, 3)
+    active = ~s.done
+    drafts, q_logp, k_eff, d_cache, d_start, d_fwd, d_num = _draft(
+      params_d, config_d, s, prompt_lengths, spec, schedule, temperature, draft_key)
+    logits, v_written = qwen3.forward(params_v, config_v,
+                                      jnp.concatenate([s.last[:, None], drafts], axis=1),
+                                      cache=s.v_cache, update_cache=True)  # [B, K + 1, V]
+    if schedule is not None:  # replay: the recorded acceptances, the verifier's bonus
+      at = jnp.minimum(s.step, schedule.shape[1] - 1)[:, None]
+      a = jnp.minimum(jnp.take_along_axis(schedule[:, :, 1], at, axis=1)[:, 0], k_eff)
+      bonus = jnp.take_along_axis(verifier_greedy(logits, mask_v), a[:, None], axis=1)[:, 0]
+    elif temperature > 0:
+      a, bonus = speculative_accept(commit.token_log_probs(logits, mask_v, temperature), q_logp,
+                                    drafts, k_eff, verify_key)
+    else:
+      a, bonus = greedy_accept(verifier_greedy(logits, mask_v), drafts, k_eff)
+    slots = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+    committed = jnp.where(slots < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), bonus[:, None])
+    kept = slots <= a[:, None]  # [B, K + 1]
+    is_stop = jnp.isin(committed, stop_ids) & kept
+    stop_at = jnp.min(jnp.where(is_stop, slots, k + 1), axis=-1)
+    count = jnp.minimum(a + 1, stop_at + 1)  # tokens this step commits
+    n = jnp.where(active, s.n + count, s.n)
+    keep = active[:, None] & (slots < count[:, None])
+    window = _rows_slice(s.out, s.n, k + 1)
+    place = jax.vmap(lambda row, x, i: lax.dynamic_update_slice(row, x, (i,)))
+    out = place(s.out, jnp.where(keep, committed, window), s.n)
+    token_step = place(s.token_step, jnp.where(keep, s.step[:, None],
+                                               _rows_slice(s.token_step, s.n, k + 1)), s.n)
+    accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
+    done = s.done | (stop_at <= a) | (n >= n_max)
+    if row_steps is not None:
+      done |= s.step + 1 >= row_steps
+    return s._replace(
+      v_cache=v_written.replace(lengths=s.v_cache.lengths + jnp.where(active, count, 0)),
+      d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
+      done=done, out=out, token_step=token_step,
+      step=s.step + active,
+      step_rec=_at_step(s.step_rec, s.step, jnp.stack([k_eff, accepted, d_fwd], -1), active),
+      num_forwards=s.num_forwards + jnp.stack([jnp.int32(1), d_num]), key=key)
+
+  s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+  keep = jnp.arange(n_max)[None, :] < s.n[:, None]
+  drafted, accepted, d_forwards = (s.step_rec[..., i] for i in range(3))
+  out = SpecOutput(
+    tokens=jnp.where(keep, s.out[:, :n_max], config_v.pad_token_id), lengths=s.n,
+    verify_forwards=s.step, draft_forwards=jnp.sum(d_forwards, -1),
+    accepted=jnp.sum(accepted, -1), token_step=jnp.where(keep, s.token_step[:, :n_max], NO_STEP),
+    step_drafted=drafted, step_accepted=accepted, step_draft_forwards=d_forwards,
+    num_steps=s.num_forwards[0], num_draft_forwards=s.num_forwards[1])
+  return out, s.v_cache, s.d_cache
+
+
+# ---- the entry points ----------------------------------------------------------------------
+
+
+def cache_slots(config_d: ModelConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+  """(verifier, drafter) cache slots: P + N as `generate` (verify writes past it are dropped;
+  every accepted token fits), P + whole drafter blocks as block_diffusion_generate."""
+  b = config_d.block_size
+  return prompt_len + max_new_tokens, prompt_len + -(-max_new_tokens // b) * b
+
+
+def _as_model(where: str, name: str, model) -> Model:
+  if not (isinstance(model, tuple) and len(model) == 2 and isinstance(model[1], ModelConfig)):
+    raise TypeError(f"{where}: {name} must be a Model(params, config), got "
+                    f"{type(model).__name__}")
+  params, config = model
+  embed = params.get("embed") if isinstance(params, dict) else None
+  if embed is None:
+    raise TypeError(f"{where}: {name}.params must be the param dict (gr2jax.model.params)")
+  validate.check_shape(where, f"{name}.params['embed']", embed,
+                       shape=(config.vocab_size, config.hidden_size))
+  return Model(params, config)
+
+
+def _check_pair(where: str, drafter: Model, verifier: Model, spec: DraftSpec) -> None:
+  """The drafter is a block-diffusion model, the verifier an AR one, on the same tokens."""
+  cd, cv = drafter.config, verifier.config
+  if cd.mask_token_id is None:
+    raise ValueError(f"{where}: the drafter has no mask token (config.mask_token_id is None): "
+                     "it must be a block-diffusion model")
+  if not 0 <= cd.mask_token_id < cd.vocab_size:
+    raise ValueError(f"{where}: the drafter's mask_token_id={cd.mask_token_id} is outside the "
+                     f"vocab [0, {cd.vocab_size - 1}]")
+  if cv.block_size != 1:
+    raise ValueError(f"{where}: the verifier has block_size={cv.block_size}; it must be an AR "
+                     "model (block_size 1; self_verifier(drafter) for the self-speculative mode)")
+  for field in ("vocab_size", "eos_token_ids", "pad_token_id"):
+    if getattr(cd, field) != getattr(cv, field):
+      raise ValueError(f"{where}: the drafter's config.{field}={getattr(cd, field)!r} differs "
+                       f"from the verifier's {getattr(cv, field)!r} (one tokenizer for both)")
+  if not isinstance(spec, DraftSpec):
+    raise TypeError(f"{where}: spec must be a DraftSpec, got {type(spec).__name__}")
+  if spec.k > cd.block_size:
+    raise ValueError(f"{where}: spec.k={spec.k} exceeds the drafter's block size "
+                     f"{cd.block_size} (a draft never crosses its block)")
+
+
+def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
+              temperature, key, schedule=None, prefilled=None):
+  """Checks every argument (before tracing), then runs `_decode`: (SpecOutput, verifier cache,
+  drafter cache)."""
+  drafter = _as_model(where, "drafter", drafter)
+  verifier = _as_model(where, "verifier", verifier)
+  _check_pair(where, drafter, verifier, spec)
+  prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
+                                                   prompt_lengths)
+  b, p = prompt_tokens.shape
+  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
+  temperature = validate.real(where, "temperature", temperature)
+  if temperature < 0:
+    raise ValueError(f"{where}: temperature={temperature} must be >= 0 (0 = greedy)")
+  if temperature > 0:
+    if key is None:
+      raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
+    if spec.commit_order == "confidence" and not spec.one_step:
+      raise ValueError(
+        f"{where}: temperature={temperature} with commit_order='confidence' and {spec.draft_steps}"
+        " draft steps is not lossless (a later position commits first, so a draft's distribution"
+        " conditions on the drafts after it); use commit_order='left_to_right', draft_tau=0 or "
+        "draft_steps=1")
+  if key is not None:
+    validate.prng_key(where, "key", key)
+  slots = cache_slots(drafter.config, p, max_new_tokens)
+  if schedule is not None:
+    schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
+    validate.check_range(where, "schedule", schedule, -1, 2**30)
+    schedule = jnp.asarray(schedule, jnp.int32)
+  if prefilled is not None:
+    v_cache, v_logits, d_cache = prefilled
+    for name, cache, size in (("prefilled[0]", v_cache, slots[0]),
+                              ("prefilled[2]", d_cache, slots[1])):
+      if not isinstance(cache, KVCache) or cache.lengths.shape != (b,) or cache.max_len != size:
+        raise ValueError(f"{where}: {name} must be a KVCache of {b} rows and {size} slots "
+                         "(speculative.prefill)")
+    validate.check_shape(where, "prefilled[1]", v_logits, shape=(b, verifier.config.vocab_size))
+  stop = verifier.config.eos_token_ids
+  return _decode(drafter.params, verifier.params, prompt_tokens, prompt_lengths,
+                 jnp.asarray(stop or (-1,), jnp.int32),
+                 jax.random.key(0) if key is None else key, schedule, prefilled,
+                 config_d=drafter.config, config_v=verifier.config, spec=spec,
+                 max_new_tokens=max_new_tokens, temperature=temperature, caches=slots)
+
+
+def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Array,
+                         prompt_lengths: jax.Array | None, spec: DraftSpec, *,
+                         max_new_tokens: int, temperature: float = 0.0,
+                         key: jax.Array | None = None) -> SpecOutput:
+  """Draft-and-verify generation (module docstring): the verifier's output, faster.
+
+  Greedy (temperature 0): the tokens equal `generate(verifier, ...)`'s greedy tokens (up to float
+  near-ties, module docstring); stop ids are the verifier's config.eos_token_ids.
+
+  Args:
+    drafter: Model(params, config) of a block-diffusion model (config.mask_token_id set,
+      config.block_size = B).
+    verifier: Model of an AR model (block_size 1) with the drafter's vocab, eos and pad ids.
+    prompt_tokens: [B, P] int right-padded prompts.
+    prompt_lengths: [B] int real lengths in 1..P (None: P for every row).
+    spec: DraftSpec (K <= B, draft_tau, draft_steps, commit_order).
+    max_new_tokens: N, the response cap.
+    temperature: 0 = greedy; > 0 samples as `generate` at that temperature (speculative
+      sampling; needs a lossless draft, module docstring).
+    key: PRNG key, required when temperature > 0.
+
+  Returns:
+    SpecOutput.
+
+  Raises:
+    TypeError / ValueError naming the argument, before tracing: a drafter without a mask token,
+      a verifier with block_size > 1, different vocab / eos / pad ids, K > B, a bad DraftSpec,
+      prompts and lengths as `generate`, max_new_tokens < 1, a bad temperature or key, and
+      sampling with a multi-step 'confidence' draft (not lossless).
+  """
+  return _generate("speculative_generate", drafter, verifier, prompt_tokens, prompt_lengths,
+                   spec, max_new_tokens, temperature, key)[0]
+
+
+@functools.partial(jax.jit, static_argnames=("config_d", "config_v", "max_new_tokens"))
+def _prefill(params_d, params_v, prompt_tokens, prompt_lengths, *, config_d, config_v,
+             max_new_tokens):
+  v_slots, d_slots = cache_slots(config_d, prompt_tokens.shape[1], max_new_tokens)
+  v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
+                                           init_cache(config_v, prompt_tokens.shape[0], v_slots),
+                                           read_cache=False)
+  _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
+                                    init_cache(config_d, prompt_tokens.shape[0], d_slots),
+                                    read_cache=False)
+  return v_cache, v_logits, d_cache
+
+
+def prefill(drafter: Model, verifier: Model, prompt_tokens: jax.Array, prompt_lengths: jax.Array,
+            max_new_tokens: int):
+  """Both prefills, as the decoder runs them: (verifier cache, verifier logits [B, V], drafter
+  cache), for `speculative_replay(prefilled=)` (a timing of the decode alone)."""
+  where = "prefill"
+  drafter, verifier = _as_model(where, "drafter", drafter), _as_model(where, "verifier", verifier)
+  prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
+                                                   prompt_lengths)
+  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
+  return _prefill(drafter.params, verifier.params, prompt_tokens, prompt_lengths,
+                  config_d=drafter.config, config_v=verifier.config,
+                  max_new_tokens=max_new_tokens)
+
+
+def speculative_replay(drafter: Model, verifier: Model, prompt_tokens: jax.Array,
+                       prompt_lengths: jax.Array, spec: DraftSpec, schedule: jax.Array, *,
+                       max_new_tokens: int, prefilled: tuple | None = None) -> SpecOutput:
+  """Runs a recorded draft-and-verify schedule on any weights (a speed emulation, not a decode).
+
+  Verify step s of row b drafts as the decoder does (K_eff from the row's position) but with
+  exactly `schedule[b, s, 0]` denoising steps (one token per step, the last one the rest), and
+  accepts exactly min(schedule[b, s, 1], K_eff) drafts, whatever they are, plus the verifier's
+  token; the row ends after its recorded steps. With the recording's max_new_tokens (so K_eff
+  follows the same positions) and no stop ids, replaying `schedule_from_output` of a decode runs
+  exactly its drafter and verify forwards.
+
+  Args:
+    drafter, verifier, prompt_tokens, prompt_lengths, spec: as speculative_generate.
+    schedule: [B, S, 2] int: (denoising steps, accepted drafts) of each verify step, >= 0, then
+      -1 past the row's last step.
+    max_new_tokens: N, the recording's.
+    prefilled: optional `prefill(...)` of these prompts (the loop starts from it).
+
+  Returns:
+    SpecOutput (its tokens are not a model's output).
+  """
+  return _generate("speculative_replay", drafter, verifier, prompt_tokens, prompt_lengths, spec,
+                   max_new_tokens, 0.0, None, schedule, prefilled)[0]
+
+
+def schedule_from_output(out: SpecOutput, block_size: int) -> list[list[tuple[int, int]]]:
+  """Per row, (denoising steps, accepted drafts) of each verify step: what speculative_replay
+  replays. The commit forwards are re-derived from the block alignment (a step opens with one
+  when the accepted tokens completed the drafter's block and it drafts).
+
+  Args:
+    out: a SpecOutput (host arrays or device arrays).
+    block_size: the drafter's B.
+
+  Returns:
+    B lists of (denoise, accepted) pairs.
+  """
+  rows = []
+  for b in range(len(out.lengths)):
+    n, start, row = 1, 0, []
+    for s in range(int(out.verify_forwards[b])):
+      drafted, accepted = int(out.step_drafted[b, s]), int(out.step_accepted[b, s])
+      commits = int(n >= start + block_size and drafted > 0)
+      start += block_size * commits
+      row.append((int(out.step_draft_forwards[b, s]) - commits, accepted))
+      n += accepted + 1
+    rows.append(row)
+  return rows
+
+
+def check_same_build(drafter_path: str, verifier_path: str) -> None:
+  """Refuses a drafter and a verifier export trained on different data builds.
+
+  Both exports' gr2jax_metadata.json "data_build" records (checkpoint.data_build_record: the
+  tokenizer digest and the prompt format) must be equal; an export without a record (older, or
+  converted) is not checked, as checkpoint.check_data_build.
+
+  Raises:
+    ValueError: the tokenizers or prompt formats differ; names both exports and each difference.
+  """
+  records = [checkpoint.load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
+  if not all(records):
+    return
+  drafter, verifier = records
+  problems = [f"tokenizer {drafter['tokenizer_sha256'][:16]} (vocab {drafter['vocab']}) vs "
+              f"{verifier['tokenizer_sha256'][:16]} (vocab {verifier['vocab']})"] if (
+    drafter["tokenizer_sha256"] != verifier["tokenizer_sha256"]) else []
+  for field in sorted(set(drafter["prompt"]) | set(verifier["prompt"])):
+    a, b = drafter["prompt"].get(field), verifier["prompt"].get(field)
+    if a != b:
+      problems.append(f"prompt.{field} {a!r} vs {b!r}")
+  if problems:
+    raise ValueError(f"drafter {drafter_path} and verifier {verifier_path} come from different "
+                     f"data builds (drafter vs verifier): {'; '.join(problems)}")
+
+
+def first_divergence(verifier: Model, prompt_tokens, prompt_lengths, tokens, reference) -> list:
+  """Where two decodes of the same prompts first differ, and how close the verifier was to a tie.
+
+  Args:
+    verifier: the Model both decodes should follow.
+    prompt_tokens: [B, P] right-padded prompts; prompt_lengths: [B].
+    tokens: [B, N] one decode's tokens (e.g. speculative_generate's).
+    reference: [B, N] the other's (e.g. generate's greedy tokens).
+
+  Returns:
+    One dict per differing row: row, index j, both tokens, and margin = |logit difference| of
+    the two tokens at j under one cache-free causal forward of [prompt | reference[:j]] (a
+    third rounding of the same numbers: a margin near 1e-6 is a float near-tie).
+  """
+  tokens, reference = np.asarray(tokens), np.asarray(reference)
+  found = []
+  for row in np.flatnonzero((tokens != reference).any(axis=1)):
+    j = int(np.argmax(tokens[row] != reference[row]))
+    n = int(prompt_lengths[row])
+    seq = np.concatenate([np.asarray(prompt_tokens[row, :n]), reference[row, :j]])[None]
+    logits = np.asarray(qwen3.forward(verifier.params, verifier.config, jnp.asarray(seq))[0])
+    last = logits[0, -1]
+    a, b = int(reference[row, j]), int(tokens[row, j])
+    found.append({"row": int(row), "index": j, "reference": a, "token": b,
+                  "margin": float(abs(last[a] - last[b]))})
+  return found
