@@ -54,7 +54,7 @@ import plan  # noqa: E402  (also puts the repository on sys.path)
 import roofline  # noqa: E402
 import targets  # noqa: E402
 
-from gr2jax import checkpoint  # noqa: E402
+from gr2jax import load  # noqa: E402
 from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data import answer, prompts  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
@@ -142,7 +142,7 @@ def load_pair():
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   models = {}
   for name, path in paths.items():
-    config, params = checkpoint.load_model(path)
+    config, params = load.load_model(path)
     if config.vocab_size != len(tok):
       raise app.UsageError(f"--{name}={path}: vocab {config.vocab_size}, the workdir's "
                            f"tokenizer {len(tok)} (another data build)")
@@ -270,8 +270,9 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 
   def diffusion(tokens, lengths):
     out = decode.block_diffusion_generate(
-      drafter.params, drafter.config, tokens, lengths, threshold=FLAGS.speed_diffusion_tau,
-      max_steps_per_block=64, max_new_tokens=response_len)
+      drafter.params, drafter.config, tokens, lengths, decode.BlockDecoding(
+        threshold=FLAGS.speed_diffusion_tau, max_steps_per_block=64,
+        max_new_tokens=response_len))
     return out.lengths, out.nfe
 
   def speculative(spec):

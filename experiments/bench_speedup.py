@@ -149,8 +149,8 @@ def record_schedules() -> dict:
   for b in map(int, FLAGS.block_sizes):
     cfg = dataclasses.replace(config, block_size=b)
     for tau in map(float, FLAGS.taus):
-      res = decode.block_diffusion_generate(params, cfg, prompts, lengths, threshold=tau,
-                                            max_steps_per_block=64, max_new_tokens=response_len)
+      res = decode.block_diffusion_generate(params, cfg, prompts, lengths, decode.BlockDecoding(
+        threshold=tau, max_steps_per_block=64, max_new_tokens=response_len))
       n, forwards = np.asarray(res.lengths), np.asarray(res.nfe) - 1  # prefill excluded
       texts = evaluation.response_texts(tok, np.asarray(res.tokens), n)
       valid = np.mean([answer.parse_answer(t, data.labels[i]).kind == "valid"
@@ -185,7 +185,7 @@ def record_schedules() -> dict:
 def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, data) -> list:
   """Draft-and-verify schedules of the trained pair at every (K, tau_d) (the module doc)."""
   sp.check_same_build(FLAGS.record_ckpt, FLAGS.record_verifier)
-  config, params = checkpoint.load_model(FLAGS.record_verifier)
+  config, params = load.load_model(FLAGS.record_verifier)
   verifier = sp.Model(params, config)
   decodes = []
   for k in map(int, FLAGS.spec_ks):
@@ -280,9 +280,10 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
 
     def run():
       out = decode.block_diffusion_generate(
-        params, cfg, prompt, prompt_lengths, threshold=entry["tau"], max_steps_per_block=64,
-        max_new_tokens=length, stop_token_ids=(), schedule=schedule, prefilled=(cache, logits),
-        head_buckets=FLAGS.head_buckets)
+        params, cfg, prompt, prompt_lengths, decode.BlockDecoding(
+          threshold=entry["tau"], max_steps_per_block=64, max_new_tokens=length,
+          stop_token_ids=(), head_buckets=FLAGS.head_buckets),
+        steering=decode.Steering(schedule=schedule, prefilled=(cache, logits)))
       return out.tokens, out.num_forwards - 1
     return run
 

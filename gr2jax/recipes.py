@@ -364,6 +364,8 @@ def _rerank_block() -> ml_collections.ConfigDict:
   r.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
   r.batch_size = 64  # decode batch size (one compiled shape)
   r.max_new_tokens = 0  # response cap (0 = the build's response length R)
+  r.verify_with = ""  # an AR export verifying ckpt's drafts, e.g. '{workdir}/ar_rl/export': the
+  #                     lossless mode (AR GR2's own answers; '' = ckpt's own decoder)
   return r
 
 
@@ -386,6 +388,7 @@ def _serve_block() -> ml_collections.ConfigDict:
   #                        balancer's idle timeout, often 60 s, so it never reuses a closing one)
   s.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
   s.max_new_tokens = 0  # response cap (0 = the build's response length R)
+  s.verify_with = ""  # an AR export verifying ckpt's drafts (the lossless mode; '' = off)
   s.model_name = ""  # the answers' "model" ('' = <stage>-step<step> from the export's metadata)
   s.compilation_cache = os.path.join("{workdir}", "serve", "jax_cache")  # JAX's persistent
   #                                                       compilation cache ('' = off)

@@ -20,6 +20,7 @@ from gr2jax.data import batches, pipeline
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.diffusion import speculative
 from gr2jax.progress import progress
 from gr2jax.train import evaluation, inputs
 from gr2jax.train import policy as policy_lib
@@ -30,7 +31,7 @@ class Reranker:
   """Everything decoding a request needs: the model and the data build it was trained on.
 
   Attributes:
-    params: the model's params.
+    params: the model's params ({"drafter", "verifier"} in the lossless mode).
     policy: the model's policy (its config, the decode spec, the response cap R).
     tokenizer: the data build's tokenizer.
     rendering: how the data build renders a request (data/requests.py).
@@ -59,7 +60,7 @@ def _recorded(export: str, field: str, given):
 
 def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
                   decode: policy_lib.DecodeSpec | None = None, items: str = "",
-                  max_new_tokens: int = 0) -> Reranker:
+                  max_new_tokens: int = 0, verify_with: str = "") -> Reranker:
   """The Reranker of an export and the data build it was trained on.
 
   Args:
@@ -71,6 +72,9 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     decode: the decode spec; default the one the export records.
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     max_new_tokens: response cap; 0 = the build's R (data/lengths.py, as the training runs).
+    verify_with: an AR export of the same data build (e.g. W/ar_rl/export): the lossless mode,
+      `export` (a block-diffusion model) drafts and this model verifies, so the answers are its
+      own greedy answers (train/policy.LosslessPolicy).
 
   Raises:
     ValueError: the export records no data build / decode spec and none is given; the data
@@ -91,7 +95,13 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   rendering = requests_lib.load_rendering(summary, data_config, items)
   exports.check_data_build(export, exports.data_build_record(tok, rendering.prompt))
   p, r = lengths_lib.static_lengths(summary)
-  policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r)
+  verifier_config = None
+  if verify_with:
+    speculative.check_same_build(export, verify_with)
+    verifier_config, verifier_params = load.load_model(verify_with)
+    params = {"drafter": params, "verifier": verifier_params}
+  policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r,
+                                  verifier_config=verifier_config)
   return Reranker(params, policy, tok, rendering, p)
 
 

@@ -30,11 +30,13 @@ A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be
 same recipe, else `UpstreamMissing` names them and why (or, with upstream='run', they run first
 under the same rules).
 
-Rows (research/papers.md §2 Table 2): pre-rank floor and rule teacher (from the data build), AR
-GR2 after SFT and after SFT + RL, Diffusion naive (the AR GR2 converted, untrained), + CFT,
-+ CFT + OPD, + CFT + OPD -> RL and the constrained-decoding ablation of the last. Each model row
-is evaluated by the one evaluation (train/evaluation.py) on every split of `table.splits` (the
-diffusion rows on `table.diffusion_splits`), cached by model digest. Writes
+Rows (Diffusion-GR2, arXiv 2607.01170, Table 2): pre-rank floor and rule teacher (from the data
+build), AR GR2 after SFT and after SFT + RL, Diffusion naive (the AR GR2 converted, untrained),
++ CFT, + CFT + OPD, + CFT + OPD -> RL, the constrained-decoding ablation of the last, and the
+lossless mode (the last drafts, AR GR2 verifies: AR GR2's own output, so its numbers). Each model
+row is evaluated by the one evaluation (train/evaluation.py) on every split of `table.splits`
+(the diffusion rows on `table.diffusion_splits`), through the workdir's evaluation cache (a
+stage's final evaluation of the same split is reused). Writes
 <results>/table2.{md,csv,json} with the paper's numbers alongside and the step timings
 (experiments/run.py then runs the recipe's `table.then` tables, gr2jax/apps/tables.py).
 """
@@ -60,18 +62,20 @@ from gr2jax.hf import convert as hf_convert
 from gr2jax.train import evaluation, inputs, loop, run_checkpoints, stages, teacher_stage
 from gr2jax.train import policy as policy_lib
 
-PAPER = {  # Diffusion-GR2 Table 2 (Amazon Beauty, Qwen3-8B, tau = 1.0), research/papers.md §2
+PAPER = {  # Diffusion-GR2 (arXiv 2607.01170) Table 2: Amazon Beauty, Qwen3-8B, tau = 1.0
   "floor": (0.2811, 0.5591, 0.4401), "teacher": None, "ar_sft": None,
   "ar_gr2": (0.2960, 0.5651, 0.4497), "naive": (0.2811, 0.5591, 0.4401),
   "cft": (0.2930, 0.5651, 0.4497), "opd": (0.2944, 0.5658, 0.4497),
-  "rl": (0.2951, 0.5671, 0.4517), "constrained": None,
+  "rl": (0.2951, 0.5671, 0.4517), "constrained": None, "lossless": None,
 }
 ROWS = (  # name, label, stage whose export is evaluated (row_policy: how it decodes)
   ("ar_sft", "AR GR2 (SFT)", "sft"), ("ar_gr2", "AR GR2 (SFT + RL)", "ar_rl"),
   ("naive", "Diffusion naive", "ar_rl"), ("cft", "+ CFT", "cft"),
   ("opd", "+ CFT + OPD", "opd"), ("rl", "+ CFT + OPD -> RL", "rl"),
   ("constrained", "+ CFT + OPD -> RL, constrained answers", "rl"),
+  ("lossless", "Diffusion draft + AR verify (lossless)", "rl"),
 )
+LOSSLESS_VERIFIER = "ar_rl"  # the lossless row: the final diffusion model drafts, AR GR2 verifies
 DIFFUSION_ROWS = ("naive", "cft", "opd", "rl", "constrained")  # decoded by block diffusion
 
 
@@ -451,10 +455,11 @@ def run_step(recipe: recipe_lib.Recipe, step: str, workdir: str, upstream: str =
 
 
 def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
-               response_len: int) -> tuple[str, policy_lib.Policy]:
+               response_len: int) -> tuple[str | dict, policy_lib.Policy]:
   """(export, policy) of a Table 2 model row: its stage's export under the recipe's decode
   spec; the naive row converts the AR GR2 to block diffusion (weights unchanged), the
-  constrained row decodes with the answer constraint."""
+  constrained row decodes with the answer constraint, the lossless row drafts with the stage's
+  export and verifies with AR GR2's (its output is AR GR2's own: the same numbers)."""
   stage = {row: stage for row, _, stage in ROWS}[name]
   export = recipe_lib.export(workdir, stage)
   config, spec = exports.load_config(export), recipe.decode
@@ -463,6 +468,11 @@ def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
                                   tokenizer_lib.mask_token_id(tokenizer))
   if name == "constrained":
     spec = dataclasses.replace(spec, constrained=True)
+  if name == "lossless":
+    verifier = recipe_lib.export(workdir, LOSSLESS_VERIFIER)
+    return ({"drafter": export, "verifier": verifier},
+            policy_lib.make_policy(config, spec, response_len,
+                                   verifier_config=exports.load_config(verifier)))
   return export, policy_lib.make_policy(config, spec, response_len)
 
 

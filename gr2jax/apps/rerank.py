@@ -29,7 +29,8 @@ def _lines_of(requests) -> Iterable:
 
 
 def rerank(requests, model, *, workdir: str | None = None, data_config=None, decode=None,
-           items: str = "", batch_size: int = 64, max_new_tokens: int = 0) -> list[dict]:
+           items: str = "", batch_size: int = 64, max_new_tokens: int = 0,
+           verify_with: str = "") -> list[dict]:
   """Re-ranks requests with a trained model (gr2jax/data/requests.py for the formats).
 
     rows = gr2jax.rerank("requests.jsonl", "W/rl/export")
@@ -44,6 +45,8 @@ def rerank(requests, model, *, workdir: str | None = None, data_config=None, dec
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     batch_size: decode batch size.
     max_new_tokens: response cap (0 = the build's longest training response).
+    verify_with: an AR export (e.g. "W/ar_rl/export") that verifies `model`'s drafts: the
+      lossless mode, whose answers are that AR model's own (reranker.load_reranker).
 
   Returns:
     One row per non-blank request line, in order: an answer or a named error.
@@ -57,7 +60,7 @@ def rerank(requests, model, *, workdir: str | None = None, data_config=None, dec
   if not isinstance(model, reranker_lib.Reranker):
     model = reranker_lib.load_reranker(
       os.fspath(model), workdir=workdir, data_config=data_config, decode=decode, items=items,
-      max_new_tokens=max_new_tokens)
+      max_new_tokens=max_new_tokens, verify_with=verify_with)
   return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size)
 
 
@@ -114,7 +117,8 @@ def run(recipe, c, workdir: str) -> dict:
   check_out_path(out, c.requests)
   reranker = reranker_lib.load_reranker(
     c.ckpt.format(workdir=workdir), workdir=workdir, data_config=recipe_lib.data_config(recipe),
-    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens)
+    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens,
+    verify_with=c.verify_with.format(workdir=workdir))
   rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size)
   write_rows(rows, out)
   summary = summarize(rows) | {"out": out}

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.diffusion import commit, decode
 from gr2jax.model import generate, qwen3, validate
 from gr2jax.model.cache import KVCache, init_cache
@@ -656,14 +656,14 @@ def schedule_from_output(out: SpecOutput, block_size: int) -> list[list[tuple[in
 def check_same_build(drafter_path: str, verifier_path: str) -> None:
   """Refuses a drafter and a verifier export trained on different data builds.
 
-  Both exports' gr2jax_metadata.json "data_build" records (checkpoint.data_build_record: the
+  Both exports' gr2jax_metadata.json "data_build" records (exports.data_build_record: the
   tokenizer digest and the prompt format) must be equal; an export without a record (older, or
-  converted) is not checked, as checkpoint.check_data_build.
+  converted) is not checked, as exports.check_data_build.
 
   Raises:
     ValueError: the tokenizers or prompt formats differ; names both exports and each difference.
   """
-  records = [checkpoint.load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
+  records = [exports.load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
   if not all(records):
     return
   drafter, verifier = records

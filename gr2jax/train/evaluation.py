@@ -230,16 +230,22 @@ def evaluate_cached(cache_dir: str, name: str, key: str, evaluate_fn) -> tuple[d
   return result, rows
 
 
-def export_id(export: str) -> str:
+def export_id(export) -> str:
   """The identity of an export for the evaluation cache: its recorded params digest (read
-  without the weights; exports.content_digest for a directory without one)."""
+  without the weights; exports.content_digest for a directory without one); of a
+  {role: export} dict (the lossless pair), every role's."""
+  if isinstance(export, dict):
+    return files.json_digest({role: export_id(path) for role, path in sorted(export.items())})
   return exports.content_digest(export)
 
 
-def evaluate_export(export: str, policy: policy_lib.Policy, data: inputs.SplitData, tokenizer,
+def evaluate_export(export, policy: policy_lib.Policy, data: inputs.SplitData, tokenizer,
                     *, batch_size: int, prompt_len: int, cache_dir: str,
                     name: str) -> tuple[dict, list[dict]]:
   """The cached evaluation (evaluate_cached) of an export's params under `policy`.
+
+  Args:
+    export: an export path, or {"drafter": path, "verifier": path} for a LosslessPolicy.
 
   The policy's config is the export's (exports.load_config) or its block-diffusion conversion
   (the naive row): the weights are the same, so they are loaded only on a cache miss.
@@ -250,7 +256,8 @@ def evaluate_export(export: str, policy: policy_lib.Policy, data: inputs.SplitDa
   key = cache_key(export_id(export), policy, data, batch_size=batch_size, prompt_len=prompt_len)
 
   def run(out_path):
-    _, params = load.load_model(export)
+    params = ({role: load.load_model(path)[1] for role, path in export.items()}
+              if isinstance(export, dict) else load.load_model(export)[1])
     return evaluate(policy, params, data, tokenizer, batch_size=batch_size,
                     prompt_len=prompt_len, out_path=out_path, desc=name)
 

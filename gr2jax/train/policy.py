@@ -25,13 +25,15 @@ is the model with its own decoder at the spec, behind three methods:
       drew them in (commit.token_log_probs at `temperature`, default spec.temperature), and the
       full distributions when asked.
 
-Two implementations, chosen by the model (`make_policy`, the only place the choice is made):
+Three implementations, chosen by the model (`make_policy`, the only place the choice is made):
   ARPolicy         an AR model (no mask token): model.generate; log-probs from the causal scorer.
   DiffusionPolicy  a block-diffusion model: block_diffusion_generate (rollouts at
                    spec.rollout_tau, the step cap); trace fields trace_tokens, commit_step,
                    commit_logprob [B, M] and replay_rounds = replay.Rounds(S), the replay's static
                    round count; log-probs from the differentiable replay of the trace
                    (gr2jax/diffusion/replay.py).
+  LosslessPolicy   a block-diffusion drafter verified by an AR model (`verifier_config`):
+                   diffusion/speculative.py, the verifier's greedy output; decode only.
 
 `causal_log_probs` is THE causal scorer: "the response given the prompt" in one forward over
 `[prompt (P slots, right-padded) | response]` (layout.two_stream_inputs with no noisy stream),
@@ -48,7 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr2jax import chunks
-from gr2jax.diffusion import commit, decode, layout, replay
+from gr2jax.diffusion import commit, decode, layout, replay, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 
@@ -70,6 +72,11 @@ class DecodeSpec:
     constrained: evaluations decode the answer under the answer constraint
       (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
     commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).
+    draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
+      AR model, LosslessPolicy; diffusion/speculative.py DraftSpec): tokens drafted per verify
+      forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
+      draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
+      acceptance (docs/results/lossless/), K = 16 with one-step drafts.
   """
   block_size: int = 32
   eval_tau: float = 1.0
@@ -78,6 +85,9 @@ class DecodeSpec:
   temperature: float = 1.0
   constrained: bool = False
   commit_order: str = "confidence"
+  draft_k: int = 16
+  draft_tau: float = 0.0
+  draft_steps: int = 8
 
   def __post_init__(self):
     for name in ("block_size", "max_steps_per_block"):
@@ -98,6 +108,19 @@ class DecodeSpec:
     if self.commit_order not in commit.ORDERS:
       raise ValueError(f"decode.commit_order={self.commit_order!r} must be one of "
                        f"{commit.ORDERS}")
+    for name in ("draft_k", "draft_steps"):
+      value = getattr(self, name)
+      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"decode.{name}={value!r} must be an int >= 1")
+    t = self.draft_tau
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
+      raise ValueError(f"decode.draft_tau={t!r} must be in [0, 1] (0 = a one-step draft)")
+
+  @property
+  def draft(self) -> speculative.DraftSpec:
+    """The lossless mode's DraftSpec."""
+    return speculative.DraftSpec(k=self.draft_k, draft_tau=self.draft_tau,
+                                 draft_steps=self.draft_steps, commit_order=self.commit_order)
 
 
 class Decoded(NamedTuple):
@@ -288,9 +311,53 @@ class DiffusionPolicy:
     return res.logp, res.log_probs
 
 
+@dataclasses.dataclass(frozen=True)
+class LosslessPolicy:
+  """A block-diffusion drafter verified by an AR model (diffusion/speculative.py): the decode is
+  the verifier's own greedy output, token for token, at the drafter's speed of acceptance.
+
+  Its params are {"drafter": ..., "verifier": ...}. It decodes only (evaluation, rerank, the
+  server): it has no rollouts or log-probs of its own (its output is the verifier's).
+
+  Attributes:
+    config: the drafter (a mask token; config.block_size >= spec.draft_k).
+    verifier_config: the AR verifier (the drafter's vocab, eos and pad ids).
+    spec: the decode spec (spec.draft: K, draft tau, draft steps; its commit order).
+    max_new_tokens: M, the response cap.
+  """
+
+  config: ModelConfig
+  verifier_config: ModelConfig
+  spec: DecodeSpec
+  max_new_tokens: int
+
+  def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
+    """Greedy draft-and-verify (speculative.speculative_generate). nfe counts both models'
+    forwards with their two prefills; denoise_steps the drafter's and verifier's forwards."""
+    if not steering.empty:
+      raise ValueError("constrained answers and a given response prefix are block-diffusion "
+                       "decoder options; the lossless mode's output is its AR verifier's")
+    out = speculative.speculative_generate(
+      speculative.Model(params["drafter"], self.config),
+      speculative.Model(params["verifier"], self.verifier_config), prompt_tokens,
+      prompt_lengths, self.spec.draft, max_new_tokens=self.max_new_tokens)
+    forwards = np.asarray(out.verify_forwards) + np.asarray(out.draft_forwards)
+    return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), forwards + 2, forwards)
+
+  def sample(self, *args, **kwargs):
+    raise NotImplementedError("LosslessPolicy decodes only: the on-policy stages sample with "
+                              "the model's own policy (make_policy without a verifier)")
+
+  def log_probs(self, *args, **kwargs):
+    raise NotImplementedError("LosslessPolicy decodes only (its output is the verifier's)")
+
+
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
-                shrink: int = 1) -> Policy:
-  """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy."""
+                shrink: int = 1, verifier_config: ModelConfig | None = None) -> Policy:
+  """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
+  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting."""
+  if verifier_config is not None:
+    return LosslessPolicy(config, verifier_config, spec, max_new_tokens)
   if config.mask_token_id is None:
     return ARPolicy(config, spec, max_new_tokens)
   return DiffusionPolicy(config, spec, max_new_tokens, shrink)

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from gr2jax import checkpoint
+from gr2jax import exports
 from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate, masks, qwen3
@@ -222,8 +222,8 @@ def test_self_speculative_equals_the_drafters_block_size_one_decode(pair_a):
   verifier = sp.self_verifier(drafter)
   out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC, max_new_tokens=MAX_NEW)
   ref = decode.block_diffusion_generate(verifier.params, verifier.config, PROMPTS, LENGTHS,
-                                        threshold=1.0, max_steps_per_block=1,
-                                        max_new_tokens=MAX_NEW)
+                                        decode.BlockDecoding(threshold=1.0, max_steps_per_block=1,
+                                                             max_new_tokens=MAX_NEW))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 
@@ -293,7 +293,7 @@ def _export(tmp_path, name, record):
   path = tmp_path / name
   path.mkdir()
   if record is not None:
-    (path / checkpoint.METADATA_FILE).write_text(json.dumps({"data_build": record}))
+    (path / exports.METADATA_FILE).write_text(json.dumps({"data_build": record}))
   return str(path)
 
 

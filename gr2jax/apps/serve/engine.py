@@ -24,6 +24,7 @@ from gr2jax import reranker as reranker_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
 from gr2jax.train import evaluation, inputs
+from gr2jax.train import policy as policy_lib
 
 _counts = {"compiles": 0, "cache_hits": 0}
 
@@ -117,7 +118,7 @@ class Engine:
   @classmethod
   def load(cls, ckpt: str, workdir: str | None = None, data_config=None, decode=None, *,
            items: str = "", max_new_tokens: int = 0, prompt_lengths: tuple[int, ...] = (),
-           name: str = "") -> "Engine":
+           name: str = "", verify_with: str = "") -> "Engine":
     """The engine of an export and its data build (reranker.load_reranker: what the export
     records, unless given).
 
@@ -130,10 +131,12 @@ class Engine:
       max_new_tokens: response cap (0 = the build's R).
       prompt_lengths: compiled prompt widths (() = the build's P, data/lengths.py).
       name: the model's name in answers ('' = from the export's metadata).
+      verify_with: an AR export verifying ckpt's drafts (the lossless mode).
     """
     reranker = reranker_lib.load_reranker(ckpt, workdir=workdir, data_config=data_config,
                                           decode=decode, items=items,
-                                          max_new_tokens=max_new_tokens)
+                                          max_new_tokens=max_new_tokens,
+                                          verify_with=verify_with)
     if not name:
       meta = exports.load_metadata(ckpt)
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
@@ -142,8 +145,11 @@ class Engine:
 
   @property
   def kind(self) -> str:
-    """'diffusion' or 'ar'."""
-    return "ar" if self.reranker.policy.config.mask_token_id is None else "diffusion"
+    """'lossless' (draft and verify), 'diffusion' or 'ar'."""
+    policy = self.reranker.policy
+    if isinstance(policy, policy_lib.LosslessPolicy):
+      return "lossless"
+    return "ar" if policy.config.mask_token_id is None else "diffusion"
 
   @property
   def num_candidates(self) -> int:

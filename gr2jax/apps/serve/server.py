@@ -407,5 +407,6 @@ def run(recipe, c, workdir: str) -> None:
   engine = engine_lib.Engine.load(
     c.ckpt.format(workdir=workdir), workdir, recipe_lib.data_config(recipe), recipe.decode,
     items=c.items_file, max_new_tokens=c.max_new_tokens,
-    prompt_lengths=tuple(c.prompt_lengths), name=c.model_name)
+    prompt_lengths=tuple(c.prompt_lengths), name=c.model_name,
+    verify_with=c.verify_with.format(workdir=workdir))
   serve(engine, settings, load_s=time.perf_counter() - start)
