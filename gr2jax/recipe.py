@@ -298,6 +298,7 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.Co
   c.diffusion_ckpt = export(workdir, "rl")
   c.results_dir = t.results_dir
   c.taus = t.taus
+  c.lossless_drafts = t.lossless_drafts
   c.speed_examples = t.speed_examples
   c.fig6 = _editable(t.fig6)
   c.remeasure = t.remeasure

@@ -209,6 +209,8 @@ def _tiny() -> ml_collections.ConfigDict:
   c.table.split = "test_1615"  # the split of Table 3, Table 4 and Figure 6
   c.table.taus = (1.0, 0.9, 0.6, 0.4)  # Table 3's diffusion commit thresholds (paper Table 3)
   c.table.speed_examples = 100  # Table 3: examples decoded alone for batch-1 tokens/s (0 = skip)
+  c.table.lossless_drafts = ((16, 0.0), (8, 0.9))  # Table 3's lossless rows, (K, tau_d) each
+  #   (the final diffusion model drafts, AR GR2 verifies; Figure 6 times decode.draft_k / tau)
   c.table.remeasure = False  # True: time Table 3's batch-1 decodes and Figure 6 again; else a
   #                            finished table's timings of the same models and settings are reused
   c.table.fig6 = ml_collections.ConfigDict()

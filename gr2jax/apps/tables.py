@@ -93,53 +93,72 @@ def load_inputs(table, workdir: str) -> Inputs:
 @dataclasses.dataclass(frozen=True)
 class Model:
   """A loaded export: its identity in the evaluation cache (evaluation.export_id), config and
-  params."""
+  params; the lossless pair: the drafter's config, both params and the verifier's config."""
 
   id: str
   config: object
   params: dict
+  verifier_config: object = None
 
 
 def load_models(table, workdir: str) -> dict[str, Model]:
-  """{'ar': Model, 'diffusion': Model} of table.ar_ckpt / table.diffusion_ckpt."""
-  out = {}
+  """{'ar': Model, 'diffusion': Model, 'lossless': the pair} of table.ar_ckpt /
+  table.diffusion_ckpt (the lossless mode: the diffusion model drafts, the AR model verifies)."""
+  out, paths = {}, {}
   for name, path in (("ar", table.ar_ckpt), ("diffusion", table.diffusion_ckpt)):
-    path = path.format(workdir=workdir)
-    config, params = load.load_model(path)
-    out[name] = Model(evaluation.export_id(path), config, params)
+    paths[name] = path.format(workdir=workdir)
+    config, params = load.load_model(paths[name])
+    out[name] = Model(evaluation.export_id(paths[name]), config, params)
   if out["diffusion"].config.mask_token_id is None:
     raise ValueError(f"{table.diffusion_ckpt}: not a diffusion model (no mask token)")
+  pair = {"drafter": paths["diffusion"], "verifier": paths["ar"]}
+  out["lossless"] = Model(evaluation.export_id(pair), out["diffusion"].config,
+                          {"drafter": out["diffusion"].params, "verifier": out["ar"].params},
+                          out["ar"].config)
   return out
 
 
-def policy_at(model: Model, table, inp: Inputs, tau: float | None = None,
-              forced_length: int = 0) -> policy_lib.Policy:
-  """The model's policy at the recipe's decode spec, at commit threshold `tau` (None = the
-  spec's eval tau; AR models ignore it); forced_length > 0 decodes exactly that many tokens
-  (the stop tokens disabled), else up to the split's R."""
+def spec_at(table, tau: float | None = None, draft: tuple[int, float] | None = None):
+  """The recipe's decode spec at commit threshold `tau` (None = its eval tau) and, for the
+  lossless mode, at draft = (K, tau_d)."""
   spec = table.decode if tau is None else dataclasses.replace(table.decode, eval_tau=tau)
-  config = (dataclasses.replace(model.config, eos_token_ids=()) if forced_length
-            else model.config)
-  return policy_lib.make_policy(config, spec, forced_length or inp.response_len)
+  if draft is not None:
+    spec = dataclasses.replace(spec, draft_k=int(draft[0]), draft_tau=float(draft[1]))
+  return spec
+
+
+def policy_at(model: Model, spec, inp: Inputs, forced_length: int = 0) -> policy_lib.Policy:
+  """The model's policy at `spec` (spec_at; AR models ignore its taus); forced_length > 0
+  decodes exactly that many tokens (the stop tokens disabled), else up to the split's R."""
+  drop = (lambda c: dataclasses.replace(c, eos_token_ids=())) if forced_length else (lambda c: c)
+  verifier = None if model.verifier_config is None else drop(model.verifier_config)
+  return policy_lib.make_policy(drop(model.config), spec, forced_length or inp.response_len,
+                                verifier_config=verifier)
+
+
+def _setting_name(model: Model, spec) -> str:
+  if model.verifier_config is not None:
+    return f"k{spec.draft_k}_taud{spec.draft_tau:g}"
+  return f"tau{spec.eval_tau:g}" if model.config.mask_token_id is not None else "ar"
 
 
 def evaluate_at(name: str, model: Model, table, inp: Inputs, workdir: str,
-                tau: float | None = None) -> tuple[dict, list[dict]]:
-  """The one evaluation of a model at tau (policy_at), through the workdir's evaluation cache
-  (evaluation.evaluate_cached): the final evaluation of the stage that wrote the export, a
-  Table 2 row or another table's run of the same settings is reused."""
-  policy = policy_at(model, table, inp, tau)
+                spec=None) -> tuple[dict, list[dict]]:
+  """The one evaluation of a model at `spec` (default the recipe's), through the workdir's
+  evaluation cache (evaluation.evaluate_cached): the final evaluation of the stage that wrote
+  the export, a Table 2 row or another table's run of the same settings is reused."""
+  policy = policy_at(model, table.decode if spec is None else spec, inp)
   batch_size = table.eval.batch_size
   key = evaluation.cache_key(model.id, policy, inp.data, batch_size=batch_size,
                              prompt_len=inp.prompt_len)
-  tau_name = f"tau{policy.spec.eval_tau:g}" if model.config.mask_token_id is not None else "ar"
+  setting = _setting_name(model, policy.spec)
 
   def run(out_path):
     return evaluation.evaluate(policy, model.params, inp.data, inp.tokenizer,
                                batch_size=batch_size, prompt_len=inp.prompt_len,
-                               out_path=out_path, desc=f"{name} {tau_name}")
+                               out_path=out_path, desc=f"{name} {setting}")
 
-  return evaluation.evaluate_cached(evaluation.cache_dir(workdir), f"{name}_{tau_name}", key, run)
+  return evaluation.evaluate_cached(evaluation.cache_dir(workdir), f"{name}_{setting}", key, run)
 
 
 # ------------------------------------------------------------------------------------ Table 3
@@ -173,7 +192,8 @@ def _timings_path(workdir: str, name: str, *key) -> str:
 
 
 def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
-  """AR and the diffusion model at every tau of table.taus.
+  """AR, the diffusion model at every tau of table.taus and the lossless mode at every
+  (K, tau_d) of table.lossless_drafts (its R@1 is AR's by construction).
 
   speedup = batched tokens/s (the evaluation's, after its compiling batch) over AR's;
   b1_tokens_per_s = the median over the first `table.speed_examples` examples of output tokens /
@@ -181,21 +201,24 @@ def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
   our timing includes the prefill), b1_speedup = that over AR's; those timings are kept in
   W/tables/ (timings_cached) unless table.remeasure.
   """
-  runs = [("AR GR2", None, "ar")] + [("Diffusion-GR2", tau, "diffusion") for tau in table.taus]
+  runs = ([("AR GR2", None, "ar", spec_at(table))]
+          + [("Diffusion-GR2", tau, "diffusion", spec_at(table, tau)) for tau in table.taus]
+          + [(f"Draft + verify (lossless), K={k} tau_d={tau_d:g}", None, "lossless",
+              spec_at(table, draft=(k, tau_d))) for k, tau_d in table.lossless_drafts])
   rows = []
-  for label, tau, name in runs:
+  for label, tau, name, spec in runs:
     model = models[name]
-    result, _ = evaluate_at(name, model, table, inp, workdir, tau)
+    result, _ = evaluate_at(name, model, table, inp, workdir, spec)
     row = {"row": label, "tau": tau, **result}
     if table.speed_examples:
-      def measure(model=model, tau=tau, name=name):
-        t = timed_decodes(policy_at(model, table, inp, tau), model.params, inp,
+      def measure(model=model, spec=spec, name=name):
+        t = timed_decodes(policy_at(model, spec, inp), model.params, inp,
                           table.speed_examples, f"table3 {name} batch 1")
         return {"b1_tokens_per_s": float(np.median(t["output_len"] / t["seconds"]))}
 
-      path = _timings_path(workdir, f"{name}_tau{tau}_b1", model.id, len(inp.data),
-                           inp.prompt_len, inp.response_len, tau, table.speed_examples,
-                           table.decode)
+      path = _timings_path(workdir, f"{name}_{_setting_name(model, spec)}_b1", model.id,
+                           len(inp.data), inp.prompt_len, inp.response_len, tau,
+                           table.speed_examples, dataclasses.asdict(spec))
       row |= timings_cached(path, measure, table.remeasure)
     paper = PAPER_TABLE3.get(tau)
     row["paper"] = (f"{paper[0]:.4f} / {paper[1]} tok/s / {paper[2]:g}x" if paper else None)
@@ -380,24 +403,29 @@ def fig6(models: dict, inp: Inputs, table) -> dict:
   by prompt length, and the forced output-length sweep (table.fig6: tau, limit, num_bins,
   output_lengths, sweep_examples)."""
   f = table.fig6
-  ar, diff = models["ar"], models["diffusion"]
-  a = timed_decodes(policy_at(ar, table, inp, f.tau), ar.params, inp, f.limit, "fig6 AR")
-  d = timed_decodes(policy_at(diff, table, inp, f.tau), diff.params, inp, f.limit,
-                    "fig6 diffusion")
-  overall = speedup_bins(a, d, np.zeros_like(d["output_len"]), 1)[0]
+  ar, diff, pair = models["ar"], models["diffusion"], models["lossless"]
+  spec = spec_at(table, f.tau)
+  a = timed_decodes(policy_at(ar, spec, inp), ar.params, inp, f.limit, "fig6 AR")
+  d = timed_decodes(policy_at(diff, spec, inp), diff.params, inp, f.limit, "fig6 diffusion")
+  v = timed_decodes(policy_at(pair, spec, inp), pair.params, inp, f.limit, "fig6 lossless")
+  drop = ("lo", "hi")
+  overall = lambda x: {k: val for k, val in speedup_bins(a, x, np.zeros_like(x["output_len"]),
+                                                          1)[0].items()
+                       if k not in (*drop, "mean")}
   sweep = []
   for length in f.output_lengths:
-    runs = [timed_decodes(policy_at(m, table, inp, f.tau, forced_length=length), m.params, inp,
+    runs = [timed_decodes(policy_at(m, spec, inp, forced_length=length), m.params, inp,
                           f.sweep_examples, f"fig6 {name} forced {length}")
             for name, m in (("AR", ar), ("diffusion", diff))]
     sweep.append(speedup_bins(*runs, runs[1]["output_len"], 1)[0])
-  drop = ("lo", "hi")
-  return {"tau": f.tau, "num": len(a["seconds"]),
-          "overall": {k: v for k, v in overall.items() if k not in (*drop, "mean")},
+  return {"tau": f.tau, "num": len(a["seconds"]), "overall": overall(d),
           "by_output_length": speedup_bins(a, d, d["output_len"], f.num_bins),
           "by_prompt_length": speedup_bins(a, d, d["prompt_len"], f.num_bins),
-          "by_forced_output_length": [{k: v for k, v in b.items() if k not in drop}
-                                      for b in sweep]}
+          "by_forced_output_length": [{k: val for k, val in b.items() if k not in drop}
+                                      for b in sweep],
+          "lossless": {"draft_k": spec.draft_k, "draft_tau": spec.draft_tau,
+                       "overall": overall(v),
+                       "by_output_length": speedup_bins(a, v, v["output_len"], f.num_bins)}}
 
 
 def fig6_png(data: dict, path: str) -> None:
@@ -419,6 +447,10 @@ def fig6_png(data: dict, path: str) -> None:
       x = [b["mean"] for b in sweep]
       ax.plot(x, [b["speedup_time"] for b in sweep], "o-", label="time, forced length")
       ax.plot(x, [b["speedup_forwards"] for b in sweep], "s--", label="forwards, forced length")
+    lossless = data.get("lossless", {}).get(key, [])
+    if lossless:
+      x = [b["mean"] for b in lossless]
+      ax.plot(x, [b["speedup_time"] for b in lossless], "^", label="lossless, time per token")
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_xlabel(label)
     ax.set_ylabel("speed-up over AR")

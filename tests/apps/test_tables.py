@@ -136,6 +136,10 @@ def toy(tmp_path_factory):
                       toy_catalog(), None)
   models = {name: tables.Model(name, *_model(tok, name == "diffusion"))
             for name in ("ar", "diffusion")}
+  models["lossless"] = tables.Model(
+    "pair", models["diffusion"].config,
+    {"drafter": models["diffusion"].params, "verifier": models["ar"].params},
+    models["ar"].config)
   return inp, models
 
 
@@ -144,11 +148,15 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   inp, models = toy
   table = ml_collections.ConfigDict(dict(
     eval=dict(batch_size=4), taus=(1.0, 0.5), speed_examples=2, remeasure=False,
+    lossless_drafts=((4, 0.0),),
     fig6=dict(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24), sweep_examples=2)))
-  table.decode = DecodeSpec(max_steps_per_block=4)
+  table.decode = DecodeSpec(max_steps_per_block=4, draft_k=4)
   workdir = str(tmp_path)
   rows = tables.table3_rows(models, inp, table, workdir)
-  assert [r["tau"] for r in rows] == [None, 1.0, 0.5]
+  assert [r["tau"] for r in rows] == [None, 1.0, 0.5, None]
+  lossless = rows[3]  # the AR model's own answers, at another speed
+  assert lossless["row"].startswith("Draft + verify") and all(
+    lossless[k] == rows[0][k] for k in ("R@1", "R@3", "N@3", "valid_rate"))
   assert rows[0]["speedup"] == pytest.approx(1.0) and rows[0]["b1_speedup"] == 1.0
   assert all(r["tokens_per_s"] and r["b1_tokens_per_s"] and r["num"] == len(USERS)
              for r in rows)
@@ -172,6 +180,7 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   assert [b["mean"] for b in data["by_forced_output_length"]] == [8, 24]  # no stop: exact
   assert sum(b["num"] for b in data["by_prompt_length"]) == 4
   assert data["overall"]["speedup_time"] > 0
+  assert data["lossless"]["overall"]["speedup_time"] > 0 and data["lossless"]["draft_k"] == 4
   tables.fig6_png(data, str(tmp_path / "fig6.png"))
   json.dumps(data)
 
