@@ -72,8 +72,11 @@ def test_table2_hf_recipe_end_to_end(hf_run):
   assert "<|mask|>" in added and "<slot_0>" in added  # the project's tokens were added
   table = json.load(open(os.path.join(workdir, "results", "table2.json")))
   rows = {(r["row"], r["split"]) for r in table["rows"]}
-  expected = {"floor", "teacher", "ar_sft", "ar_gr2", "naive", "cft", "opd", "rl", "constrained"}
+  expected = {"floor", "teacher", "ar_sft", "ar_gr2", "naive", "cft", "opd", "rl", "constrained",
+              "lossless"}
   assert rows == {(name, "test_1615") for name in expected}
+  by_row = {r["row"]: r for r in table["rows"]}  # the lossless mode answers as AR GR2 does
+  assert all(by_row["lossless"][k] == by_row["ar_gr2"][k] for k in ("R@1", "R@3", "valid_rate"))
   assert table["provenance"]["recipe"] == "qwen3_0_6b"
   for name in ("table3.md", "table4.md", "fig6.json", "table3_frontier.png"):
     assert os.path.getsize(os.path.join(workdir, "results", name)) > 0, name
