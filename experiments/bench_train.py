@@ -15,10 +15,11 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
 Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
 the stage config's optimiser), the stage's REAL loss (`stages.STAGES[name].make_loss` on the
 stage's experiments/configs/<name>.py) in the one step factory (gr2jax/train/step.py), on
-synthetic rows with the shapes the stage's own batch has (`synthetic_batch`): the
-prompt / response arrays (SFT and CFT), OPD's and RL's decoded trajectories
-(a step map over --replay_rounds rounds, replay.Rounds of that count, teacher log-probs [B, M, V],
-pi_old log-probs, advantages). Every stage gets the same rows (prompts, responses), so the
+synthetic rows with the shapes the stage's own batch has (`synthetic_batch`, a training Batch
+with every field; the step gets the fields its loss reads, `Loss.fields`, as the loop places
+them): the prompt / response arrays (SFT and CFT), OPD's and RL's decoded trajectories (a step
+map over --replay_rounds rounds, replay.Rounds of that count, teacher log-probs [B, M, V], pi_old
+log-probs, advantages). Every stage gets the same rows (prompts, responses), so the
 token counts agree across stages:
 
   response tokens = the real response tokens of the rows (--response_tokens each; for OPD / RL
@@ -56,6 +57,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import recipe  # noqa: E402
+from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.diffusion import decode, layout, replay  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
@@ -69,24 +71,15 @@ from gr2jax.train.stages import STAGES  # noqa: E402
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 FLAGS = flags.FLAGS
 
-# The fields of each stage's train batch that its loss reads (what inputs.make_train_batch or
-# the stage's `prepare` hands the step).
-PROMPT = ("prompt_tokens", "prompt_lengths", "example_mask")
-TRACE = PROMPT + ("trace_tokens", "commit_step", "response_lengths", "replay_rounds")
-FIELDS = {
-  "sft": ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",
-          "response_weights"),
-  "cft": PROMPT + ("response_tokens", "response_lengths", "response_weights"),
-  "opd": TRACE + ("teacher_log_probs",),
-  "rl": TRACE + ("logp_old", "advantages", "token_weights"),
-}
+# The stages this benchmark times (AR RL's step is RL's with an AR policy).
+STAGE_NAMES = ("sft", "cft", "opd", "rl")
 
 
 def define_flags() -> None:
   """The command-line flags (defined only when run as a script, so tests import this module
   without defining absl flags twice)."""
   flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets.")
-  flags.DEFINE_list("stages", ["sft"], f"Stages to time ({', '.join(FIELDS)}).")
+  flags.DEFINE_list("stages", ["sft"], f"Stages to time ({', '.join(STAGE_NAMES)}).")
   flags.DEFINE_integer("vocab_size", 3072, "Vocab of the tiny/small presets (the project's BPE).")
   flags.DEFINE_integer("batch_size", 16, "Rows per step (OPD / RL: trajectories).")
   flags.DEFINE_integer("seq_len", 0, "Shorthand: P = seq_len // 2, M = the rest (0 = use "
@@ -151,8 +144,8 @@ def step_map(width: int, block_size: int, rounds: int) -> np.ndarray:
   return np.where(j == 0, decode.SEED_STEP, steps).astype(np.int32)
 
 
-def synthetic_batch(name: str, config: ModelConfig, shape: Rows, seed: int = 0) -> dict:
-  """A train batch of stage `name` (FIELDS[name]) on random rows of the given shape.
+def synthetic_batch(config: ModelConfig, shape: Rows, seed: int = 0) -> Batch:
+  """A training Batch with every stage's fields on random rows of the given shape.
 
   The same seed gives every stage the same prompts and responses; OPD / RL see the response as
   the decoded trajectory (committed in full, the stop at response_tokens).
@@ -169,23 +162,17 @@ def synthetic_batch(name: str, config: ModelConfig, shape: Rows, seed: int = 0) 
   if config.mask_token_id is not None:
     teacher[..., config.mask_token_id] = -np.inf
   teacher -= np.log(np.sum(np.exp(teacher), axis=-1, keepdims=True))
-  every = {
-    "prompt_tokens": prompts,
-    "prompt_lengths": np.full((b,), lp, np.int32),
-    "example_mask": np.ones((b,), bool),
-    "response_tokens": np.where(real, responses, config.pad_token_id).astype(np.int32),
-    "response_lengths": np.full((b,), lr, np.int32),
-    "response_weights": real.astype(np.float32),
-    "trace_tokens": responses,
-    "commit_step": np.broadcast_to(step_map(m, config.block_size, shape.rounds), (b, m)),
-    "replay_rounds": replay.Rounds(shape.rounds),
-    "teacher_log_probs": teacher,
-    "logp_old": np.full((b, m), -np.log(v), np.float32),
-    "advantages": rng.standard_normal(b).astype(np.float32),
-    "token_weights": real.astype(np.float32),
-  }
-  return {k: every[k] if k == "replay_rounds" else np.ascontiguousarray(every[k])
-          for k in FIELDS[name]}
+  return Batch(
+    prompt_tokens=prompts, prompt_lengths=np.full((b,), lp, np.int32),
+    example_mask=np.ones((b,), bool),
+    response_tokens=np.where(real, responses, config.pad_token_id).astype(np.int32),
+    response_lengths=np.full((b,), lr, np.int32), response_weights=real.astype(np.float32),
+    trace_tokens=responses,
+    commit_step=np.ascontiguousarray(np.broadcast_to(
+      step_map(m, config.block_size, shape.rounds), (b, m))),
+    replay_rounds=replay.Rounds(shape.rounds), teacher_log_probs=teacher,
+    logp_old=np.full((b, m), -np.log(v), np.float32),
+    advantages=rng.standard_normal(b).astype(np.float32))
 
 
 def forward_len(name: str, config: ModelConfig, cfg, shape: Rows) -> int:
@@ -231,7 +218,7 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
   shardings = state_lib.state_shardings(config, abstract, mesh)
   init = jax.jit(lambda k: state_lib.create_state(params_lib.init_params(config, k), optimizer, 0),
                  out_shardings=shardings)
-  batch = synthetic_batch(name, config, shape)
+  batch = synthetic_batch(config, shape).select(loss_fn.fields)
   with jax.set_mesh(mesh):
     train_step = step_lib.make_train_step(
       loss_fn, optimizer, micro_batches=micro_batches, state_shardings=shardings,
@@ -303,11 +290,11 @@ def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
   causal_len = shape.prompt_width + shape.response_width
   out = []
   for s in rounds:
-    batch = synthetic_batch("opd", diff, dataclasses.replace(shape, rounds=s))
-    prompt = (params, batch["prompt_tokens"], batch["prompt_lengths"])
-    _, causal_s = timed(causal_fn, *prompt, batch["trace_tokens"], batch["response_lengths"])
+    batch = synthetic_batch(diff, dataclasses.replace(shape, rounds=s))
+    prompt = (params, batch.prompt_tokens, batch.prompt_lengths)
+    _, causal_s = timed(causal_fn, *prompt, batch.trace_tokens, batch.response_lengths)
     compile_s, replay_s = timed(
-      replay_fn, *prompt, batch["trace_tokens"], batch["commit_step"], batch["response_lengths"],
+      replay_fn, *prompt, batch.trace_tokens, batch.commit_step, batch.response_lengths,
       num_rounds=s)
     n = forward_len("rl", diff, None, dataclasses.replace(shape, rounds=s))
     row = {"rounds": s, "batch": shape.rows, "block": block_size, "replay_len": n,
@@ -335,9 +322,9 @@ REPLAY_COLS = ["rounds", "batch", "block", "replay_len", "causal_len", "token_ra
 
 def main(argv):
   del argv
-  unknown = set(FLAGS.stages) - set(FIELDS)
+  unknown = set(FLAGS.stages) - set(STAGE_NAMES)
   if unknown:
-    raise app.UsageError(f"--stages: unknown {sorted(unknown)}; expected {sorted(FIELDS)}")
+    raise app.UsageError(f"--stages: unknown {sorted(unknown)}; expected {sorted(STAGE_NAMES)}")
   mesh = mesh_lib.make_mesh()
   p, m = FLAGS.prompt_width, FLAGS.response_width
   if FLAGS.seq_len:

@@ -24,15 +24,16 @@ def chunk_size(num_rows: int, chunk_rows: int) -> int:
   return num_rows if chunk_rows == 0 or chunk_rows >= num_rows else chunk_rows
 
 
-def map_row_chunks(fn: Callable, rows: dict, chunk_rows: int, *,
+def map_row_chunks(fn: Callable, rows, chunk_rows: int, *,
                    sharding: jax.sharding.Sharding | None = None,
                    key: jax.Array | None = None):
   """fn over the rows of `rows` in chunks of chunk_rows; the outputs concatenated (module doc).
 
   Args:
-    fn: (chunk {name: [C, ...]}, key) -> a pytree of [C, ...] per-row arrays; jitted (or made of
-      jitted pieces): every call has the same C.
-    rows: {name: [B, ...] host array}.
+    fn: (chunk, key) -> a pytree of [C, ...] per-row arrays; jitted (or made of jitted pieces):
+      every call has the same C. The chunk has the structure of `rows` (leaves [C, ...]).
+    rows: a pytree of [B, ...] host arrays (a dict, a training Batch); leafless nodes (a static
+      replay.Rounds) go whole to every chunk.
     chunk_rows: C; 0 (or >= B) = one call over all B rows.
     sharding: the placement of each chunk's arrays (a leading-axis batch sharding; C must be a
       multiple of its batch shards); None passes numpy.
@@ -42,13 +43,13 @@ def map_row_chunks(fn: Callable, rows: dict, chunk_rows: int, *,
   Returns:
     fn's pytree with [B, ...] numpy leaves (in every process).
   """
-  num_rows = len(next(iter(rows.values())))
+  num_rows = len(jax.tree.leaves(rows)[0])
   size = chunk_size(num_rows, chunk_rows)
   single = size == num_rows
   outputs = []
   for i, start in enumerate(range(0, num_rows, size)):
     index = np.minimum(np.arange(start, start + size), num_rows - 1)  # pad: repeat row B - 1
-    chunk = {name: np.asarray(x)[index] for name, x in rows.items()}
+    chunk = jax.tree.map(lambda x, index=index: np.asarray(x)[index], rows)
     if sharding is not None:
       chunk = sharding_lib.global_arrays(chunk, sharding)
     chunk_key = key if key is None or single else jax.random.fold_in(key, i)

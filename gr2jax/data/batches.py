@@ -1,32 +1,105 @@
-"""Static-shape training batches: tokenized prompt + response, loss weights, answer spans.
+"""The training batch type (`Batch`) and tokenized examples.
 
-GR2's decoupled SFT loss (research/papers.md §1.4) weights reasoning tokens by lambda_r and answer
-tokens by lambda_o:
-  L = -lambda_r sum_i log P(r_i | P, r_<i) - lambda_o sum_j log P(o_j | P, r, o_<j).
-`loss_weights[b, t]` is the weight of *predicting token t* (from position t - 1's logits); prompt
-and padding tokens weigh 0. Sequences are right-padded to the smallest length bucket that holds
-the longest sequence of the batch, so a jitted step sees only a few shapes.
-
-Batch dict (numpy), B = batch size, T = bucket length, N = candidates, Lc = tokens per label:
-  tokens          [B, T] int32   prompt + reasoning + answer, then pad_id
-  positions       [B, T] int32   0..T-1
-  valid           [B, T] bool    True on the `lengths[b]` real tokens
-  loss_weights    [B, T] f32     lambda_r on reasoning tokens, lambda_o on answer tokens, else 0
-  lengths         [B]    int32   real tokens per row
-  prompt_lengths  [B]    int32   prompt tokens (the response starts here)
-  answer_start    [B]    int32   first answer token (after `</think>\\n\\n`)
-  answer_end      [B]    int32   one past the last answer token (== lengths)
-  candidate_tokens [B, N, Lc] int32  each candidate's label tokens (SID: Lc=4, slot: Lc=1)
-  target_position [B]    int32   the target's slot in D
-  example_mask    [B]    bool    False on rows that only pad a short last batch
+`Batch` is the one typed batch of every training stage (built by gr2jax/train/inputs.py
+`make_batch`, filled by the on-policy prepare of gr2jax/train/rollouts.py). `encode_examples`
+tokenizes each rendered piece (prompt, reasoning, answer, candidate labels) separately, so the
+training batch, the evaluation prompts and re-ranking requests know where each piece starts.
 """
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
+import flax.struct
+import jax
 import numpy as np
 
 from gr2jax.data.prompts import RenderedExample
+from gr2jax.diffusion import replay
+
+Array = np.ndarray | jax.Array
+
+
+@flax.struct.dataclass
+class Batch:
+  """The training batch of every stage: rows, their response, and what an on-policy stage adds.
+
+  One type for all stages (not one per stage kind): the on-policy prepare (train/rollouts.py)
+  turns the rows of `make_batch` into rollouts of the same fields (a sampled response instead of
+  the teacher's) and adds its own; the train step, micro-batching and placement treat every
+  stage's batch alike. A field nobody filled is None (a pytree without leaves). A loss
+  reads named fields and declares them (train/step.py `Loss.fields`): `select` keeps only
+  those, and only those are placed on the device.
+
+  B rows (an on-policy stage: Bp prompts x G rollouts), P prompt slots, M response slots (R of
+  the run), V the vocabulary.
+
+  Rows (make_batch; an on-policy stage repeats each G times):
+    prompt_tokens     [B, P] int32  right-padded with pad_id after prompt_lengths
+    prompt_lengths    [B] int32     rows that only pad a short batch repeat the last prompt
+    example_mask      [B] bool      False on rows that only pad a short batch
+    target_position   [B] int32     the target's slot in D (host side: the reward reads it)
+    example_index     [B] int32     the rows' split indices (BatchIterator; host side: the
+                                    reward's labels), None from make_batch
+  Response (make_batch: the teacher trace; on-policy: the policy's sample, policy.py):
+    response_tokens   [B, M] int32  pad after response_lengths (make_batch) / after the stop
+    response_lengths  [B] int32     tokens per row, the stop token included
+    response_weights  [B, M] f32    each response token's loss weight: lambda_r / lambda_o on
+                                    reasoning / answer (SFT, CFT); RL: 1 on the tokens of kept
+                                    groups' rollouts; 0 on padding; OPD: None
+  Trace (a DiffusionPolicy's sample):
+    trace_tokens      [B, M] int32  the decoder's committed canvas (the mask token where never
+                                    committed)
+    commit_step       [B, M] int32  each token's commit step (replay.py)
+    commit_logprob    [B, M] f32    the sampler's log-prob of each committed token (host side)
+    replay_rounds     replay.Rounds the replay's round count S: static (jit specialises on it)
+  RL (rollouts.prepare with a reward):
+    rewards           [B] f32       (host side: the stats)
+    advantages        [B] f32       group z-scores, 0 in dropped groups
+    logp_old          [B, M] f32    pi_old's log-probs of the sampled tokens
+  OPD (rollouts.prepare with a teacher):
+    teacher_log_probs [B, M, V] f32 or bf16  the AR teacher's distributions
+  """
+
+  prompt_tokens: Array | None = None
+  prompt_lengths: Array | None = None
+  example_mask: Array | None = None
+  target_position: np.ndarray | None = None
+  example_index: np.ndarray | None = None
+  response_tokens: Array | None = None
+  response_lengths: Array | None = None
+  response_weights: Array | None = None
+  trace_tokens: Array | None = None
+  commit_step: Array | None = None
+  commit_logprob: np.ndarray | None = None
+  replay_rounds: replay.Rounds | None = None
+  rewards: np.ndarray | None = None
+  advantages: Array | None = None
+  logp_old: Array | None = None
+  teacher_log_probs: Array | None = None
+
+  @property
+  def num_rows(self) -> int:
+    """B."""
+    return self.prompt_tokens.shape[0]
+
+  def select(self, names) -> "Batch":
+    """This batch with only the fields `names` set (every other field None).
+
+    Args:
+      names: field names (a loss's `fields`); each must be set in this batch.
+
+    Returns:
+      The Batch of those fields.
+    """
+    known = {f.name for f in dataclasses.fields(self)}
+    names = set(names)
+    for name in sorted(names):
+      if name not in known:
+        raise ValueError(f"Batch.select: no field {name!r}; fields: {sorted(known)}")
+      if getattr(self, name) is None:
+        raise ValueError(f"Batch.select: field {name!r} is not set in this batch (None)")
+    return self.replace(**{name: None for name in known - names})
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +119,6 @@ class EncodedExample:
   answer: np.ndarray
   label_tokens: np.ndarray
   target_position: int
-
-  @property
-  def length(self) -> int:
-    return len(self.prompt) + len(self.reasoning) + len(self.answer)
 
 
 def encode_examples(rendered: Sequence[RenderedExample], target_positions: Sequence[int],
@@ -85,98 +154,3 @@ def encode_examples(rendered: Sequence[RenderedExample], target_positions: Seque
     encoded.append(EncodedExample(prompts[i], reasonings[i], answers[i],
                                   np.stack(example_labels), int(target_positions[i])))
   return encoded
-
-
-def bucket_length(length: int, buckets: Sequence[int]) -> int:
-  """The smallest bucket >= length; raises when the longest bucket is too short."""
-  fitting = [b for b in sorted(buckets) if b >= length]
-  if not fitting:
-    raise ValueError(f"sequence of {length} tokens exceeds the longest length bucket "
-                     f"{max(buckets)}; raise the buckets or shorten the prompt")
-  return fitting[0]
-
-
-def make_batch(examples: Sequence[EncodedExample], *, batch_size: int, buckets: Sequence[int],
-               pad_id: int, lambda_r: float, lambda_o: float) -> dict[str, np.ndarray]:
-  """Pads up to `batch_size` examples into one static-shape batch (see the module docstring).
-
-  Args:
-    examples: 1..batch_size encoded examples with the same number of candidates and label length.
-    batch_size: B; missing rows are padding with example_mask False and zero loss weights.
-    buckets: allowed sequence lengths T.
-    pad_id: the padding token id.
-    lambda_r: loss weight of reasoning tokens.
-    lambda_o: loss weight of answer tokens.
-
-  Returns:
-    The batch dict.
-  """
-  if not 0 < len(examples) <= batch_size:
-    raise ValueError(f"{len(examples)} examples for a batch of {batch_size}")
-  label_shape = examples[0].label_tokens.shape
-  for i, ex in enumerate(examples):
-    if ex.label_tokens.shape != label_shape:
-      raise ValueError(f"batch row {i}: label tokens {ex.label_tokens.shape} != {label_shape}")
-  lengths = [ex.length for ex in examples]
-  t = bucket_length(max(lengths), buckets)
-  tokens = np.full((batch_size, t), pad_id, np.int32)
-  weights = np.zeros((batch_size, t), np.float32)
-  spans = np.zeros((batch_size, 3), np.int32)  # prompt_length, answer_start, length
-  candidate_tokens = np.zeros((batch_size, *label_shape), np.int32)
-  target_position = np.zeros((batch_size,), np.int32)
-  for b, ex in enumerate(examples):
-    p, r = len(ex.prompt), len(ex.reasoning)
-    tokens[b, :lengths[b]] = np.concatenate([ex.prompt, ex.reasoning, ex.answer])
-    weights[b, p:p + r] = lambda_r
-    weights[b, p + r:lengths[b]] = lambda_o
-    spans[b] = (p, p + r, lengths[b])
-    candidate_tokens[b] = ex.label_tokens
-    target_position[b] = ex.target_position
-  return {
-    "tokens": tokens,
-    "positions": np.broadcast_to(np.arange(t, dtype=np.int32), (batch_size, t)).copy(),
-    "valid": np.arange(t)[None, :] < spans[:, 2:3],
-    "loss_weights": weights,
-    "lengths": spans[:, 2].copy(),
-    "prompt_lengths": spans[:, 0].copy(),
-    "answer_start": spans[:, 1].copy(),
-    "answer_end": spans[:, 2].copy(),
-    "candidate_tokens": candidate_tokens,
-    "target_position": target_position,
-    "example_mask": np.arange(batch_size) < len(examples),
-  }
-
-
-def iterate_batches(examples: Sequence[EncodedExample], *, batch_size: int,
-                    buckets: Sequence[int], pad_id: int, lambda_r: float, lambda_o: float,
-                    seed: int, shuffle: bool = True, drop_remainder: bool = True,
-                    num_epochs: int | None = 1) -> Iterator[dict[str, np.ndarray]]:
-  """Batches over a split, reshuffled each epoch with a (seed, epoch)-derived permutation.
-
-  Args:
-    examples: the split's encoded examples.
-    batch_size: B.
-    buckets: allowed sequence lengths T.
-    pad_id: the padding token id.
-    lambda_r: loss weight of reasoning tokens.
-    lambda_o: loss weight of answer tokens.
-    seed: shuffling seed; the same seed gives the same batches.
-    shuffle: False keeps the split's order (evaluation).
-    drop_remainder: drop a short last batch instead of padding it (example_mask False).
-    num_epochs: passes over the data; None repeats forever.
-
-  Yields:
-    Batch dicts (see the module docstring).
-  """
-  if not examples or (drop_remainder and len(examples) < batch_size):
-    raise ValueError(f"iterate_batches got {len(examples)} examples for batches of {batch_size}")
-  epoch = 0
-  while num_epochs is None or epoch < num_epochs:
-    order = (np.random.default_rng([seed, epoch]).permutation(len(examples)) if shuffle
-             else np.arange(len(examples)))
-    stop = len(order) - len(order) % batch_size if drop_remainder else len(order)
-    for start in range(0, stop, batch_size):
-      rows = [examples[i] for i in order[start:start + batch_size]]
-      yield make_batch(rows, batch_size=batch_size, buckets=buckets, pad_id=pad_id,
-                       lambda_r=lambda_r, lambda_o=lambda_o)
-    epoch += 1

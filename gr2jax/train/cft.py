@@ -28,7 +28,7 @@ weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v
 
 Normalisation (our choice; the paper is silent): the plain weighted mean over supervised
 tokens, loss = sum_j w_j * nll_j / sum_j w_j with w_j = lambda_r on reasoning, lambda_o on answer
-tokens (data/batches.py), no 1/t weighting (Fast-dLLM v2; SDAR / BD3-LM use 1/t). With
+tokens (`Batch.response_weights`), no 1/t weighting (Fast-dLLM v2; SDAR / BD3-LM use 1/t). With
 complementary masks every real response token is supervised once, so the weight is exactly SFT's
 sum_j w_j and the loss is on SFT's scale. With B = 1 every token is a seed read from the causal
 clean stream: CFT is then exactly the SFT loss (tested).
@@ -37,10 +37,14 @@ clean stream: CFT is then exactly the SFT loss (tested).
 import jax
 import jax.numpy as jnp
 
+from gr2jax.data.batches import Batch
 from gr2jax.diffusion import layout
 from gr2jax.model.config import ModelConfig
 
 EPS = 1e-3
+# The Batch fields cft_loss reads.
+FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",
+          "response_weights", "example_mask")
 
 
 def sample_noisy(
@@ -89,7 +93,7 @@ def sample_noisy(
   return jnp.stack([s | ~real for s in streams], axis=1)[:, :, :width]
 
 
-def cft_inputs(config: ModelConfig, batch: dict, noisy: jax.Array) -> layout.Layout:
+def cft_inputs(config: ModelConfig, batch: Batch, noisy: jax.Array) -> layout.Layout:
   """The shared two-stream layout of a training batch under the given noisy streams.
 
   Args:
@@ -102,12 +106,12 @@ def cft_inputs(config: ModelConfig, batch: dict, noisy: jax.Array) -> layout.Lay
     layout.Layout.
   """
   return layout.two_stream_inputs(
-    config, batch["prompt_tokens"], batch["prompt_lengths"], batch["response_tokens"],
-    batch["response_lengths"], noisy,
+    config, batch.prompt_tokens, batch.prompt_lengths, batch.response_tokens,
+    batch.response_lengths, noisy,
   )
 
 
-def cft_targets(config: ModelConfig, batch: dict, noisy: jax.Array):
+def cft_targets(config: ModelConfig, batch: Batch, noisy: jax.Array):
   """Where each response token is read and whether it is supervised.
 
   A seed is read from the clean stream; any other token from the first noisy stream that masks
@@ -121,12 +125,12 @@ def cft_targets(config: ModelConfig, batch: dict, noisy: jax.Array):
   Returns:
     (queries [B, M] int32 layout query indices, supervised [B, M] bool, seed [1, M] bool).
   """
-  prompt_lengths = jnp.asarray(batch["prompt_lengths"], jnp.int32)
-  p = batch["prompt_tokens"].shape[1]
-  m = batch["response_tokens"].shape[1]
+  prompt_lengths = jnp.asarray(batch.prompt_lengths, jnp.int32)
+  p = batch.prompt_tokens.shape[1]
+  m = batch.response_tokens.shape[1]
   j = jnp.arange(m, dtype=jnp.int32)[None, :]
   seed = j % config.block_size == 0
-  real = j < jnp.asarray(batch["response_lengths"], jnp.int32)[:, None]
+  real = j < jnp.asarray(batch.response_lengths, jnp.int32)[:, None]
   if noisy.shape[1]:
     masked = jnp.any(noisy, axis=1) & ~seed  # [B, M]
     first = jnp.argmax(noisy, axis=1).astype(jnp.int32)
@@ -140,7 +144,7 @@ def cft_targets(config: ModelConfig, batch: dict, noisy: jax.Array):
   return queries, (seed | masked) & real, seed
 
 
-def cft_loss_from_noisy(params: dict, batch: dict, noisy: jax.Array, *, config: ModelConfig):
+def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig):
   """CFT loss under given noisy streams (module docstring), as (sum, weight, aux sums).
 
   Args:
@@ -157,10 +161,10 @@ def cft_loss_from_noisy(params: dict, batch: dict, noisy: jax.Array, *, config: 
   """
   inputs = cft_inputs(config, batch, noisy)
   queries, supervised, seed = cft_targets(config, batch, noisy)
-  targets = jnp.asarray(batch["response_tokens"], jnp.int32)
+  targets = jnp.asarray(batch.response_tokens, jnp.int32)
   logp, full = layout.score(params, config, inputs, queries, targets, return_log_probs=True)
-  w = jnp.asarray(batch["response_weights"], jnp.float32)
-  w = w * supervised * jnp.asarray(batch["example_mask"], jnp.float32)[:, None]  # [B, M]
+  w = jnp.asarray(batch.response_weights, jnp.float32)
+  w = w * supervised * jnp.asarray(batch.example_mask, jnp.float32)[:, None]  # [B, M]
   nll = -logp * w
   correct = jnp.argmax(full, axis=-1) == targets
   aux = {
@@ -173,7 +177,7 @@ def cft_loss_from_noisy(params: dict, batch: dict, noisy: jax.Array, *, config: 
 
 def cft_loss(
   params: dict,
-  batch: dict,
+  batch: Batch,
   key: jax.Array,
   *,
   config: ModelConfig,
@@ -196,8 +200,8 @@ def cft_loss(
     (loss_sum f32[], weight f32[], aux dict of f32[] sums); loss = loss_sum / weight.
   """
   noisy = sample_noisy(
-    key, jnp.asarray(batch["response_lengths"], jnp.int32),
-    width=batch["response_tokens"].shape[1], block_size=config.block_size, eps=eps,
+    key, jnp.asarray(batch.response_lengths, jnp.int32),
+    width=batch.response_tokens.shape[1], block_size=config.block_size, eps=eps,
     complementary=complementary, rate_power=rate_power,
   )
   return cft_loss_from_noisy(params, batch, noisy, config=config)

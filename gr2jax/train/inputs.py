@@ -1,18 +1,17 @@
-"""From the TFDS dataset to static-shape training and evaluation batches.
+"""From the TFDS dataset to the one typed training batch and to evaluation prompts.
 
-`load_split` reads one split of `amazon_beauty_gr2` (grain-free random access, no TensorFlow),
-re-tokenizes its rendered text with the run's tokenizer and keeps the fields evaluation needs.
-Training batches are gr2jax/data/batches.py's concatenated layout plus the prompt and the
-response as separate right-padded arrays, since every later stage decodes from prompts:
+`load_split` reads one split of `amazon_beauty_gr2` (random access, no TensorFlow), re-tokenizes
+its rendered text with the run's tokenizer and keeps the fields evaluation needs. `make_batch` is
+the one builder of training rows (gr2jax/data/batches.py `Batch`): the prompt and the response
+(reasoning + answer, end of turn included) as separate right-padded arrays, since SFT and CFT
+score the response given the prompt and every later stage decodes from the prompts. P and R are
+static per run (`prompt_len`, `response_len`; a longer example is an error naming them).
+`BatchIterator` is a seeded, epoch-reshuffled iterator whose position (epoch, index) is saved
+with each run checkpoint, so a resumed run sees the same next batch.
 
-  prompt_tokens    [B, P] int32  pad_id after prompt_lengths[b]
-  response_tokens  [B, R] int32  reasoning + answer (+ end of turn), pad_id after response_lengths
-  response_lengths [B]    int32
-  response_weights [B, R] f32    lambda_r / lambda_o per response token, 0 on padding
-
-P and R are static per run (`prompt_len`, `response_len`; a longer example is an error naming
-them). `BatchIterator` is a seeded, epoch-reshuffled iterator whose position (epoch, index) is
-saved with each run checkpoint, so a resumed run sees the same next batch.
+GR2's decoupled SFT loss (GR2, arXiv 2602.07774: L = -lambda_r sum_i log P(r_i | P, r_<i) -
+lambda_o sum_j log P(o_j | P, r, o_<j)) weights reasoning tokens by lambda_r and answer tokens
+by lambda_o: `response_weights[b, j]` is the weight of predicting response token j (0 on padding).
 """
 
 import dataclasses
@@ -21,6 +20,7 @@ import os
 import numpy as np
 
 from gr2jax.data import batches, tfds_builder
+from gr2jax.data.batches import Batch
 from gr2jax.data.prompts import RenderedExample
 
 
@@ -94,33 +94,44 @@ def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int)
   return tokens, lengths
 
 
-def make_train_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,
-                     pad_id: int, lambda_r: float, lambda_o: float) -> dict:
-  """batches.make_batch (bucket = P + R) plus the prompt / response arrays (module docstring)."""
-  for ex in examples:
-    if len(ex.prompt) > prompt_len:
-      raise ValueError(f"prompt of {len(ex.prompt)} tokens exceeds prompt_len={prompt_len}")
-    if len(ex.reasoning) + len(ex.answer) > response_len:
-      raise ValueError(f"response of {len(ex.reasoning) + len(ex.answer)} tokens exceeds "
-                       f"response_len={response_len}")
-  batch = batches.make_batch(examples, batch_size=batch_size,
-                             buckets=(prompt_len + response_len,), pad_id=pad_id,
-                             lambda_r=lambda_r, lambda_o=lambda_o)
+def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,
+               pad_id: int, lambda_r: float, lambda_o: float) -> Batch:
+  """The one training-batch builder: up to `batch_size` encoded examples as a Batch's rows.
+
+  Args:
+    examples: 1..batch_size EncodedExamples (gr2jax/data/batches.py).
+    batch_size: B; rows past len(examples) repeat the last prompt with an empty response, zero
+      weights and example_mask False.
+    prompt_len: P, the prompt slots (a longer prompt is an error naming it).
+    response_len: R, the response slots (a longer reasoning + answer is an error naming it).
+    pad_id: the padding token id.
+    lambda_r: loss weight of reasoning tokens.
+    lambda_o: loss weight of answer tokens.
+
+  Returns:
+    A Batch with the row and response fields set (example_index None; the on-policy fields
+    None).
+  """
+  if not 0 < len(examples) <= batch_size:
+    raise ValueError(f"{len(examples)} examples for a batch of {batch_size}")
   prompt_tokens, prompt_lengths = prompt_arrays(examples, batch_size, prompt_len, pad_id)
   response = np.full((batch_size, response_len), pad_id, np.int32)
   weights = np.zeros((batch_size, response_len), np.float32)
   response_lengths = np.zeros((batch_size,), np.int32)
+  target_position = np.zeros((batch_size,), np.int32)
   for b, ex in enumerate(examples):
-    tokens = np.concatenate([ex.reasoning, ex.answer])
-    response[b, :len(tokens)] = tokens
-    response_lengths[b] = len(tokens)
-    p = len(ex.prompt)
-    weights[b, :len(tokens)] = batch["loss_weights"][b, p:p + len(tokens)]
-  # Rows that only pad a short batch keep zero weights; their prompts must stay real for decoding.
-  prompt_lengths[len(examples):] = prompt_lengths[len(examples) - 1]
-  return {**batch, "prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths,
-          "response_tokens": response, "response_lengths": response_lengths,
-          "response_weights": weights}
+    r, n = len(ex.reasoning), len(ex.reasoning) + len(ex.answer)
+    if n > response_len:
+      raise ValueError(f"response of {n} tokens exceeds response_len={response_len}")
+    response[b, :n] = np.concatenate([ex.reasoning, ex.answer])
+    weights[b, :r] = lambda_r
+    weights[b, r:n] = lambda_o
+    response_lengths[b] = n
+    target_position[b] = ex.target_position
+  return Batch(prompt_tokens=prompt_tokens, prompt_lengths=prompt_lengths,
+               example_mask=np.arange(batch_size) < len(examples),
+               target_position=target_position, response_tokens=response,
+               response_lengths=response_lengths, response_weights=weights)
 
 
 class BatchIterator:
@@ -149,11 +160,10 @@ class BatchIterator:
   def __iter__(self):
     return self
 
-  def __next__(self) -> dict:
+  def __next__(self) -> Batch:
     rows = self.rows()
-    batch = make_train_batch([self.data.encoded[i] for i in rows], batch_size=self.batch_size,
-                             **self.batch_kwargs)
-    batch["example_index"] = rows.astype(np.int32)
+    batch = make_batch([self.data.encoded[i] for i in rows], batch_size=self.batch_size,
+                       **self.batch_kwargs).replace(example_index=rows.astype(np.int32))
     self.index += 1
     if self.index == self.batches_per_epoch:
       self.epoch, self.index = self.epoch + 1, 0

@@ -332,16 +332,16 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
       if prepare is not None:
         key = jax.random.fold_in(jax.random.fold_in(state.key, step_now), 1 << 20)
         batch, stats = prepare(state.params, batch, key)
-      batch = model_sharding.global_arrays(
-        {k: v for k, v in batch.items() if k != "example_index"}, batch_sharding)
+      # SFT / CFT train on [prompt | response]; an on-policy stage counts its sampled tokens.
+      tokens_seen += (batch.response_tokens.size if prepare is not None else
+                      batch.prompt_tokens.size + batch.response_tokens.size)
+      batch = model_sharding.global_arrays(batch.select(loss_fn.fields), batch_sharding)
       with jax.set_mesh(ctx.mesh):
         state, metrics = train_step(state, batch)
       metrics = jax.device_get(metrics)
       if not np.isfinite(metrics["loss"]) or not np.isfinite(metrics["grad_norm"]):
         _stop_non_finite(stage, manager, f"non-finite loss {metrics['loss']} / grad norm "
                                          f"{metrics['grad_norm']} at step {step_now}")
-      tokens_seen += int(batch["tokens"].size if "tokens" in batch else
-                         batch["response_tokens"].size)
       elapsed = time.perf_counter() - t_start
       metrics = {**metrics, **stats, "tokens_per_s": tokens_seen / max(elapsed, 1e-9),
                  "learning_rate": optim.learning_rate_schedule(config.optimizer)(step_now)}

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
+from gr2jax.data.batches import Batch
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
 from gr2jax.train.policy import DiffusionPolicy, causal_log_probs
@@ -101,10 +102,10 @@ def teacher(teacher_params: dict, teacher_config: ModelConfig, *, mask_token_id:
     dtype: storage dtype of the cached distributions (`teacher_dtype(name)`: float32, or
       bfloat16 to halve the [B, M, V] cache).
   """
-  def fn(chunk):
+  def fn(chunk: Batch):
     logp = _teacher_log_probs(
-      teacher_params, teacher_config, chunk["prompt_tokens"], chunk["prompt_lengths"],
-      chunk["response_tokens"], chunk["response_lengths"], mask_token_id=mask_token_id)
+      teacher_params, teacher_config, chunk.prompt_tokens, chunk.prompt_lengths,
+      chunk.response_tokens, chunk.response_lengths, mask_token_id=mask_token_id)
     return logp.astype(dtype)  # on the device: only the stored bytes come back
 
   return fn
@@ -127,14 +128,21 @@ def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: 
   return jnp.sum(p * (t - s), axis=-1)
 
 
-def opd_loss(params: dict, batch: dict, key: jax.Array, *, policy: DiffusionPolicy):
+def fields(policy: DiffusionPolicy) -> tuple[str, ...]:
+  """The Batch fields opd_loss reads: the student's replay (rollouts.policy_fields) and
+  example_mask, trace_tokens, teacher_log_probs."""
+  return tuple(dict.fromkeys(rollouts.policy_fields(policy) + (
+    "example_mask", "response_lengths", "trace_tokens", "teacher_log_probs")))
+
+
+def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionPolicy):
   """The OPD loss on prepared trajectories (train-step contract; module docstring).
 
   Args:
     params: the student's params.
-    batch: from rollouts.prepare with a teacher: prompt_tokens [B, P], prompt_lengths [B],
-      example_mask [B], a DiffusionPolicy's rollout fields (trace_tokens, commit_step,
-      response_lengths, replay_rounds), teacher_log_probs [B, M, V].
+    batch: from rollouts.prepare with a teacher (`fields`): prompt_tokens [B, P],
+      prompt_lengths [B], example_mask [B], a DiffusionPolicy's rollout fields (trace_tokens,
+      commit_step, response_lengths, replay_rounds), teacher_log_probs [B, M, V].
     key: unused (the trajectories are in the batch).
     policy: the student (its replay gives its distributions in its own decoding contexts).
 
@@ -144,18 +152,18 @@ def opd_loss(params: dict, batch: dict, key: jax.Array, *, policy: DiffusionPoli
   """
   del key
   logp, student = policy.log_probs(params, batch, temperature=0.0, return_log_probs=True)
-  teacher_logp = jnp.asarray(batch["teacher_log_probs"], jnp.float32)
+  teacher_logp = jnp.asarray(batch.teacher_log_probs, jnp.float32)
   kl = forward_kl(teacher_logp, student, policy.config.mask_token_id)  # [B, M]
   m = kl.shape[1]
-  lengths = jnp.asarray(batch["response_lengths"], jnp.int32)
+  lengths = jnp.asarray(batch.response_lengths, jnp.int32)
   tokens = (jnp.arange(m)[None, :] < lengths[:, None]).astype(jnp.float32)
-  row = jnp.asarray(batch["example_mask"], jnp.float32) / jnp.maximum(lengths, 1)  # [B]
+  row = jnp.asarray(batch.example_mask, jnp.float32) / jnp.maximum(lengths, 1)  # [B]
   per_token = tokens * row[:, None]  # 1/|o_i| on o_i's tokens
-  teacher_chosen = jnp.take_along_axis(teacher_logp, batch["trace_tokens"][..., None],
+  teacher_chosen = jnp.take_along_axis(teacher_logp, batch.trace_tokens[..., None],
                                        axis=-1)[..., 0]
   scored = per_token > 0  # never-committed slots hold the mask token (log-prob -inf)
   aux = {
     "student_logp": jnp.sum(jnp.where(scored, logp, 0.0) * per_token),
     "teacher_logp": jnp.sum(jnp.where(scored, teacher_chosen, 0.0) * per_token),
   }
-  return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch["example_mask"], jnp.float32)), aux
+  return jnp.sum(kl * per_token), jnp.sum(jnp.asarray(batch.example_mask, jnp.float32)), aux

@@ -232,8 +232,8 @@ class ARPolicy:
   def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
     """The causal scorer on the batch's prompts and responses."""
     return causal_log_probs(
-      params, self.config, batch["prompt_tokens"], batch["prompt_lengths"],
-      batch["response_tokens"], batch["response_lengths"],
+      params, self.config, batch.prompt_tokens, batch.prompt_lengths, batch.response_tokens,
+      batch.response_lengths,
       temperature=self.spec.temperature if temperature is None else temperature,
       return_log_probs=return_log_probs)
 
@@ -301,11 +301,10 @@ class DiffusionPolicy:
     return {**out, "response_lengths": lengths, "replay_rounds": rounds}, stats
 
   def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
-    """The replay of the batch's traces over batch['replay_rounds'].count rounds."""
+    """The replay of the batch's traces over batch.replay_rounds.count rounds."""
     res = replay.replay(
-      params, self.config, batch["prompt_tokens"], batch["prompt_lengths"],
-      batch["trace_tokens"], batch["commit_step"], batch["response_lengths"],
-      num_rounds=batch["replay_rounds"].count,
+      params, self.config, batch.prompt_tokens, batch.prompt_lengths, batch.trace_tokens,
+      batch.commit_step, batch.response_lengths, num_rounds=batch.replay_rounds.count,
       temperature=self.spec.temperature if temperature is None else temperature,
       shrink=self.shrink, return_log_probs=return_log_probs)
     return res.logp, res.log_probs

@@ -28,7 +28,8 @@ research/papers.md §1.5 (GR2) and §2 RL, §4 (TraceRL):
 import jax
 import numpy as np
 
-from gr2jax.train import grpo, rewards
+from gr2jax.data.batches import Batch
+from gr2jax.train import grpo, rewards, rollouts
 from gr2jax.train.policy import Policy
 from gr2jax.train.rollouts import RewardFn
 
@@ -44,29 +45,35 @@ def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
     alpha: the conditional format-reward weight (paper: 0.2).
 
   Returns:
-    reward_fn(tokens, lengths, rows) -> (rewards [B], {'valid_rate', 'promoted'}): rows holds
-    example_index and target_position per rollout; 'promoted' = the share of rollouts that put
-    another candidate than D's first on top.
+    reward_fn(batch) -> (rewards [B], {'valid_rate', 'promoted'}) of the rollouts' Batch
+    (response_tokens, response_lengths, example_index, target_position); 'promoted' = the share
+    of rollouts that put another candidate than D's first on top.
   """
-  def reward_fn(tokens, lengths, rows):
-    row_labels = [labels[int(i)] for i in rows["example_index"]]
+  def reward_fn(batch: Batch):
+    row_labels = [labels[int(i)] for i in batch.example_index]
     reward, valid, results = rewards.rollout_rewards(
-      tokenizer, tokens, lengths, row_labels, np.asarray(rows["target_position"]),
-      stop_token_ids, alpha=alpha)
+      tokenizer, batch.response_tokens, batch.response_lengths, row_labels,
+      np.asarray(batch.target_position), stop_token_ids, alpha=alpha)
     return reward, {"valid_rate": float(valid.mean()),
                     "promoted": float(np.mean([r.ranking[0] != 0 for r in results]))}
 
   return reward_fn
 
 
-def rl_loss(params: dict, batch: dict, key: jax.Array, *, policy: Policy, eps_low: float,
+def fields(policy: Policy) -> tuple[str, ...]:
+  """The Batch fields rl_loss reads: the policy's (rollouts.policy_fields), logp_old, advantages,
+  response_weights."""
+  return rollouts.policy_fields(policy) + ("logp_old", "advantages", "response_weights")
+
+
+def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, eps_low: float,
             eps_high: float):
   """GRPO on prepared rollouts (train-step contract; module docstring).
 
   Args:
     params: the policy's params (theta).
-    batch: from rollouts.prepare with a reward_fn: the prompts, the rollout fields, logp_old
-      [B, M], advantages [B], token_weights [B, M].
+    batch: from rollouts.prepare with a reward_fn (`fields`): the policy's fields, logp_old
+      [B, M], advantages [B], response_weights [B, M] (1 on the kept rollouts' tokens).
     key: unused (the rollouts are in the batch).
     policy: the policy that sampled them.
     eps_low: lower clip range.
@@ -77,5 +84,5 @@ def rl_loss(params: dict, batch: dict, key: jax.Array, *, policy: Policy, eps_lo
   """
   del key
   logp, _ = policy.log_probs(params, batch)
-  return grpo.policy_loss(logp, batch["logp_old"], batch["advantages"], batch["token_weights"],
+  return grpo.policy_loss(logp, batch.logp_old, batch.advantages, batch.response_weights,
                           eps_low=eps_low, eps_high=eps_high)

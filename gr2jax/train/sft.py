@@ -2,8 +2,8 @@
 
   L_SFT = -lambda_r sum_i log P(r_i | P, r_<i) - lambda_o sum_j log P(o_j | P, r, o_<j)
 
-`batch['response_weights'][b, j]` (gr2jax/train/inputs.py, from data/batches.py's loss weights) is
-the weight of predicting response token j: lambda_r on reasoning, lambda_o on the answer, 0 on
+`batch.response_weights[b, j]` (gr2jax/data/batches.py `Batch`, built by train/inputs.py) is the
+weight of predicting response token j: lambda_r on reasoning, lambda_o on the answer, 0 on
 padding. The response is scored by the one causal scorer (train/policy.py `causal_log_probs`,
 the LM head only at the R response queries). Returned as (weighted sum, weight sum): the step
 normalises per weighted token, once.
@@ -13,11 +13,16 @@ import chex
 import jax
 import jax.numpy as jnp
 
+from gr2jax.data.batches import Batch
 from gr2jax.model.config import ModelConfig
 from gr2jax.train.policy import causal_log_probs
 
+# The Batch fields sft_loss reads.
+FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",
+          "response_weights")
 
-def sft_loss(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig):
+
+def sft_loss(params: dict, batch: Batch, key: jax.Array, *, config: ModelConfig):
   """Weighted next-token cross-entropy on the response (AR shift: query t - 1 predicts token t).
 
   Args:
@@ -31,10 +36,10 @@ def sft_loss(params: dict, batch: dict, key: jax.Array, *, config: ModelConfig):
     (sum_j w_j * -log p(r_j | P, r_<j), sum_j w_j, {'accuracy': sum of w_j * [r_j is the arg-max]}).
   """
   del key
-  targets, w = batch["response_tokens"], batch["response_weights"].astype(jnp.float32)
+  targets, w = batch.response_tokens, batch.response_weights.astype(jnp.float32)
   chex.assert_equal_shape([targets, w])
-  logp, log_probs = causal_log_probs(params, config, batch["prompt_tokens"],
-                                     batch["prompt_lengths"], targets, batch["response_lengths"],
+  logp, log_probs = causal_log_probs(params, config, batch.prompt_tokens, batch.prompt_lengths,
+                                     targets, batch.response_lengths,
                                      return_log_probs=True)  # [B, R], [B, R, V]
   correct = (logp >= jnp.max(log_probs, axis=-1)).astype(jnp.float32)
   return -jnp.sum(logp * w), jnp.sum(w), {"accuracy": jnp.sum(correct * w)}

@@ -6,9 +6,10 @@
   opd    on-policy distillation from the frozen AR GR2 (train/opd.py), from the CFT export
   rl     trace-replay GRPO (train/rl.py), from the OPD export
 
-The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built from the run's
-decode spec (the view's `decode`, train/policy.py `make_policy`) and share one prepare
-(train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
+Each loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go
+to the device). The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built
+from the run's decode spec (the view's `decode`, train/policy.py `make_policy`) and share one
+prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
 import functools
@@ -18,6 +19,7 @@ from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import policy as policy_lib
 from gr2jax.train.loop import Context, Stage
+from gr2jax.train.step import Loss
 
 
 def _policy(ctx: Context) -> policy_lib.Policy:
@@ -33,13 +35,14 @@ def _chunks(ctx: Context) -> dict:
               sharding=mesh_lib.batch_sharding(ctx.mesh))
 
 
-def _sft_loss(ctx: Context):
-  return functools.partial(sft.sft_loss, config=ctx.model_config)
+def _sft_loss(ctx: Context) -> Loss:
+  return Loss(functools.partial(sft.sft_loss, config=ctx.model_config), sft.FIELDS)
 
 
-def _rl_loss(ctx: Context):
-  return functools.partial(rl.rl_loss, policy=_policy(ctx), eps_low=ctx.config.rl.eps_low,
-                           eps_high=ctx.config.rl.eps_high)
+def _rl_loss(ctx: Context) -> Loss:
+  policy = _policy(ctx)
+  return Loss(functools.partial(rl.rl_loss, policy=policy, eps_low=ctx.config.rl.eps_low,
+                                eps_high=ctx.config.rl.eps_high), rl.fields(policy))
 
 
 def _rl_prepare(ctx: Context):
@@ -50,14 +53,15 @@ def _rl_prepare(ctx: Context):
                            reward_fn=reward_fn, **_chunks(ctx))
 
 
-def _cft_loss(ctx: Context):
-  return functools.partial(cft.cft_loss, config=ctx.model_config, eps=ctx.config.cft.eps,
-                           complementary=ctx.config.cft.complementary,
-                           rate_power=ctx.config.cft.rate_power)
+def _cft_loss(ctx: Context) -> Loss:
+  return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=ctx.config.cft.eps,
+                                complementary=ctx.config.cft.complementary,
+                                rate_power=ctx.config.cft.rate_power), cft.FIELDS)
 
 
-def _opd_loss(ctx: Context):
-  return functools.partial(opd.opd_loss, policy=_policy(ctx))
+def _opd_loss(ctx: Context) -> Loss:
+  policy = _policy(ctx)
+  return Loss(functools.partial(opd.opd_loss, policy=policy), opd.fields(policy))
 
 
 def _opd_prepare(ctx: Context):

@@ -4,13 +4,16 @@ A stage supplies a loss with the contract
 
   loss_fn(params, batch, key) -> (loss_sum f32[], weight f32[], aux {name: f32[] sum})
 
-and the step sums loss_sum, weight, aux and the gradient of loss_sum over micro-batches (a
-lax.scan), then divides once: loss = sum / weight, grad = d(sum) / weight. With global arrays
-under jit the sums already span every device and host, so micro-batching and multi-host runs
-normalise exactly like one big batch. Randomness is fold_in(state.key, state.step) (then the
-micro-batch index), so a resumed run draws the same masks and samples.
+on a `Batch` (gr2jax/data/batches.py), as a `Loss`: the function and the Batch fields it reads
+(the loop places only those on the device). The step sums loss_sum, weight, aux and the gradient
+of loss_sum over micro-batches (a lax.scan), then divides once: loss = sum / weight, grad =
+d(sum) / weight. With global arrays under jit the sums already span every device and host, so
+micro-batching and multi-host runs normalise exactly like one big batch. Randomness is
+fold_in(state.key, state.step) (then the micro-batch index), so a resumed run draws the same
+masks and samples.
 """
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
@@ -18,12 +21,32 @@ import jax.numpy as jnp
 import optax
 from einops import rearrange
 
+from gr2jax.data.batches import Batch
 from gr2jax.train.state import TrainState, fp32
 
-LossFn = Callable[[dict, dict, jax.Array], tuple[jax.Array, jax.Array, dict]]
+LossFn = Callable[[dict, Batch, jax.Array], tuple[jax.Array, jax.Array, dict]]
 
 
-def split_micro_batches(batch: dict, num: int) -> dict:
+@dataclasses.dataclass(frozen=True)
+class Loss:
+  """A stage's loss and the Batch fields it reads.
+
+  Calling it runs `fn` on `batch.select(fields)`, so a loss never sees a field it does not
+  declare, and `fields` is exactly what the loop places on the device.
+
+  Attributes:
+    fn: the loss (module docstring).
+    fields: the names of the Batch fields fn reads.
+  """
+
+  fn: LossFn
+  fields: tuple[str, ...]
+
+  def __call__(self, params: dict, batch: Batch, key: jax.Array):
+    return self.fn(params, batch.select(self.fields), key)
+
+
+def split_micro_batches(batch: Batch, num: int) -> Batch:
   """[B, ...] leaves -> [B / num, num, ...], a reshape (no copy); micro-batch m = `[:, m]` holds
   rows m, m + num, ... (so every device's rows split evenly when B is sharded). Taking m inside
   the scan keeps the batch in place: a [num, B / num, ...] transpose copied every leaf (the whole
@@ -35,19 +58,19 @@ def split_micro_batches(batch: dict, num: int) -> dict:
   return jax.tree.map(split, batch)
 
 
-def micro_batch(parts: dict, m: jax.Array) -> dict:
+def micro_batch(parts: Batch, m: jax.Array) -> Batch:
   """Micro-batch m ([B / num, ...] leaves) of split_micro_batches' [B / num, num, ...] leaves."""
   return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, m, axis=1, keepdims=False),
                       parts)
 
 
-def accumulate(loss_fn: LossFn, params: dict, batch: dict, key: jax.Array, micro_batches: int):
+def accumulate(loss_fn: LossFn, params: dict, batch: Batch, key: jax.Array, micro_batches: int):
   """Sums (loss_sum, weight, aux, grad of loss_sum) over micro-batches.
 
   Args:
     loss_fn: the stage's loss (module docstring).
     params: the params to differentiate.
-    batch: the step's batch dict, leaves [B, ...].
+    batch: the step's batch, leaves [B, ...].
     key: the step's PRNG key (micro-batch m uses fold_in(key, m)).
     micro_batches: M, dividing B.
 
@@ -83,7 +106,7 @@ def apply_gradients(state: TrainState, grads: dict, optimizer: optax.GradientTra
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state)
 
 
-def train_step(state: TrainState, batch: dict, *, loss_fn: LossFn,
+def train_step(state: TrainState, batch: Batch, *, loss_fn: LossFn,
                optimizer: optax.GradientTransformation, micro_batches: int = 1):
   """One update (un-jitted; `make_train_step` jits it).
 

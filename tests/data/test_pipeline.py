@@ -98,23 +98,26 @@ def test_rerun_loads_every_step_from_cache(built):
   assert not changed["cached"]["tfds"] and changed["paths"]["tfds"] != first["paths"]["tfds"]
 
 
-def test_tfds_to_batches_to_validator(built):
-  config, _, summary = built
+def _records(summary, split):
+  """The decoded records of one split of a build's TFDS dataset, in order."""
+  source = tfds_builder.data_source(summary["paths"]["tfds"], split)
+  return [tfds_builder.decode_record(source[i]) for i in range(len(source))]
+
+
+def test_tfds_to_encoded_examples_to_validator(built):
+  _, _, summary = built
   tok = tokenizer.load_tokenizer(summary["paths"]["tokenizer"])
-  records = list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "train"))
+  records = _records(summary, "train")
   assert len(records) == NUM_USERS
   rendered = [pipeline.prompts.RenderedExample(r["prompt"], r["reasoning"], r["answer"],
                                                r["labels"]) for r in records]
   encoded = batches.encode_examples(rendered, [r["target_position"] for r in records], tok)
-  batch = next(batches.iterate_batches(encoded, batch_size=8, buckets=config.length_buckets,
-                                       pad_id=tok.pad_token_id, lambda_r=config.lambda_r,
-                                       lambda_o=config.lambda_o, seed=0))
-  assert batch["tokens"].shape[0] == 8 and batch["candidate_tokens"].shape == (8, 10, 1)
+  assert len(encoded) == NUM_USERS and encoded[0].label_tokens.shape == (10, 1)
   for r in records[:20]:
     result = answer.parse_answer(r["reasoning"] + r["answer"], r["labels"])
     assert result.valid
     np.testing.assert_array_equal(result.ranking, r["teacher_ranking"])
-  test = list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "test_1615"))
+  test = _records(summary, "test_1615")
   assert len(test) == 40 and test[0]["answer"] == ""
 
 
@@ -127,7 +130,7 @@ def test_llm_traces_replace_rule_reasoning(data_dir, tmp_path):
   config.teacher_traces = str(traces)
   summary = pipeline.run(config, str(tmp_path / "work"))
   assert summary["splits"]["train"] == 3 and summary["examples"]["traces"]["kept"] == 3
-  records = list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "train"))
+  records = _records(summary, "train")
   assert [r["user"] for r in records] == [3, 5, 8]
   assert records[1]["reasoning"] == "<think>\nLLM thought 5\n</think>\n\n"
   assert answer.parse_answer(records[0]["answer"], records[0]["labels"]).ranking[0] == 9
@@ -197,7 +200,7 @@ def test_incomplete_cached_outputs_are_rebuilt(built, data_dir, tmp_path):
   assert {k for k, hit in summary["cached"].items() if not hit} == {"examples", "tokenizer",
                                                                      "tfds"}
   assert os.path.isfile(shard) and not os.path.exists(stale)
-  assert len(list(tfds_builder.grain_dataset(summary["paths"]["tfds"], "train"))) == NUM_USERS
+  assert len(_records(summary, "train")) == NUM_USERS
   assert all(pipeline.run(_config(data_dir, data_dir / "sids.npy"), work)["cached"].values())
 
 

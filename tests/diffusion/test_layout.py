@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr2jax.data.batches import Batch
 from gr2jax.diffusion import layout, replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model import masks
@@ -36,8 +37,8 @@ _cft_inputs = jax.jit(cft.cft_inputs, static_argnums=0)
 
 
 def _cft_batch():
-  return {"prompt_tokens": PROMPTS, "prompt_lengths": PROMPT_LENGTHS, "response_tokens": TRACE,
-          "response_lengths": LENGTHS}
+  return Batch(prompt_tokens=PROMPTS, prompt_lengths=PROMPT_LENGTHS, response_tokens=TRACE,
+               response_lengths=LENGTHS)
 
 
 def _replay(rounds):

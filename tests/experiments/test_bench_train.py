@@ -48,7 +48,8 @@ def test_rl_step_replays_synthetic_trajectories(mesh):
 
 @pytest.mark.slow
 def test_every_stage_times_its_real_loss_on_the_same_rows(mesh):
-  rows = [bench_train.bench_stage(name, BASE, SHAPE, 1, 1, mesh) for name in bench_train.FIELDS]
+  rows = [bench_train.bench_stage(name, BASE, SHAPE, 1, 1, mesh)
+          for name in bench_train.STAGE_NAMES]
   bench_train.add_ratios(rows)
   by = {r["stage"]: r for r in rows}
   # forward tokens per row: [P | M]; CFT P + 3 R; replay P + (1 + S) R with R = 64 (B = 32).

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gr2jax.data.batches import Batch
 from gr2jax.diffusion import commit, layout
 from gr2jax.model import qwen3
 from gr2jax.model.config import ModelConfig
@@ -34,11 +35,9 @@ def _batch():
   weights = np.where(real, 0.5, 0.0).astype(np.float32)
   weights[0, 9:12] = 1.0  # an "answer" span weighs lambda_o
   weights[1, 7:10] = 1.0
-  return {
-    "prompt_tokens": prompts, "prompt_lengths": PROMPT_LENGTHS, "response_tokens": responses,
-    "response_lengths": RESPONSE_LENGTHS, "response_weights": weights,
-    "example_mask": np.array([True, True]),
-  }
+  return Batch(prompt_tokens=prompts, prompt_lengths=PROMPT_LENGTHS, response_tokens=responses,
+               response_lengths=RESPONSE_LENGTHS, response_weights=weights,
+               example_mask=np.array([True, True]))
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +53,7 @@ def _block_weights(batch, block, only=None):
     keep &= j % B == 0
   elif only == "rest":
     keep &= j % B != 0
-  return {**batch, "response_weights": batch["response_weights"] * keep[None, :]}
+  return batch.replace(response_weights=batch.response_weights * keep[None, :])
 
 
 @jax.jit
@@ -107,12 +106,12 @@ def test_normalisation_is_the_weighted_mean_over_supervised_tokens(params):
   noisy = _sample(jax.random.key(3), jnp.asarray(RESPONSE_LENGTHS), width=12, block_size=B)
   (loss_sum, weight, aux), _ = _loss_and_embed_grad(params, batch, noisy)
   # Complementary pairs supervise every real token once: the weight is SFT's sum of weights.
-  np.testing.assert_allclose(weight, batch["response_weights"].sum(), rtol=1e-6)
+  np.testing.assert_allclose(weight, batch.response_weights.sum(), rtol=1e-6)
   np.testing.assert_allclose(aux["seed_nll"] + aux["noisy_nll"], loss_sum, rtol=1e-5)
   assert abs(float(loss_sum / weight) - np.log(63)) < 1.0  # ~uniform at init
-  half = {**batch, "example_mask": np.array([True, False])}
+  half = batch.replace(example_mask=np.array([True, False]))
   (_, weight0, _), _ = _loss_and_embed_grad(params, half, noisy)
-  np.testing.assert_allclose(weight0, batch["response_weights"][0].sum(), rtol=1e-6)
+  np.testing.assert_allclose(weight0, batch.response_weights[0].sum(), rtol=1e-6)
 
 
 def test_block_loss_ignores_later_blocks(params):
@@ -120,10 +119,10 @@ def test_block_loss_ignores_later_blocks(params):
   noisy = _sample(jax.random.key(1), jnp.asarray(RESPONSE_LENGTHS), width=12, block_size=B)
   for block in (0, 1):
     grad = _embed_grad(params, _block_weights(batch, block), noisy)
-    later = batch["response_tokens"][:, (block + 1) * B:]
+    later = batch.response_tokens[:, (block + 1) * B:]
     later = later[later > 0]
     assert _row_norms(grad, later).max() == 0.0
-    assert _row_norms(grad, batch["prompt_tokens"][0]).min() > 0  # control: prompt matters
+    assert _row_norms(grad, batch.prompt_tokens[0]).min() > 0  # control: prompt matters
 
 
 def test_block_loss_ignores_its_own_clean_copy_except_the_seed(params):
@@ -136,7 +135,7 @@ def test_block_loss_ignores_its_own_clean_copy_except_the_seed(params):
   noisy[:, 1] = (j % B != 0) & ~own
   noisy |= j[None, None, :] >= RESPONSE_LENGTHS[:, None, None]
   grad = _embed_grad(params, _block_weights(batch, block), noisy)
-  resp = batch["response_tokens"]
+  resp = batch.response_tokens
   # Block 1's non-seed tokens are visible only in the clean stream (and in stream 1's block 1,
   # which scores nothing of block 1): no gradient reaches them.
   assert _row_norms(grad, resp[:, own].ravel()).max() == 0.0
@@ -149,7 +148,7 @@ def test_block_loss_ignores_its_own_clean_copy_except_the_seed(params):
   # Perturbing block 1's clean copy (inputs only) leaves block 1's log-probs unchanged.
   inputs = cft.cft_inputs(CONFIG, batch, noisy)
   queries, supervised, _ = cft.cft_targets(CONFIG, batch, noisy)
-  p = batch["prompt_tokens"].shape[1]
+  p = batch.prompt_tokens.shape[1]
   clean_slots = p + np.flatnonzero(j // B == block)
   other = inputs.tokens.at[:, clean_slots].set(7)
   score = jax.jit(layout.score, static_argnums=1)
@@ -171,14 +170,14 @@ def test_block_size_one_equals_sft(params):
   for row in range(2):
     pl, rl = PROMPT_LENGTHS[row], RESPONSE_LENGTHS[row]
     seqs[row, : pl + rl] = np.concatenate(
-      [batch["prompt_tokens"][row, :pl], batch["response_tokens"][row, :rl]]
+      [batch.prompt_tokens[row, :pl], batch.response_tokens[row, :rl]]
     )
   logits, _ = jax.jit(qwen3.forward, static_argnums=1)(params, config, jnp.asarray(seqs))
   logp = np.asarray(commit.token_log_probs(logits, MASK, 0.0))  # [2, 20, V], causal
   total, total_w = 0.0, 0.0
   for row in range(2):
     pl, rl = PROMPT_LENGTHS[row], RESPONSE_LENGTHS[row]
-    w = batch["response_weights"][row, :rl]
+    w = batch.response_weights[row, :rl]
     picked = logp[row, pl - 1 + np.arange(rl), seqs[row, pl : pl + rl]]
     total += float(-(picked * w).sum())
     total_w += float(w.sum())

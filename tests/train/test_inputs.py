@@ -1,4 +1,4 @@
-"""Inputs: prompt / response arrays agree with the concatenated batch; the iterator resumes."""
+"""Inputs: make_batch's rows (prompt, response, weights, padding rows); the iterator resumes."""
 
 import numpy as np
 import pytest
@@ -19,18 +19,30 @@ def _iterator(split, tok, seed=3):
                               pad_id=tok.pad_token_id, lambda_r=0.5, lambda_o=1.0)
 
 
-def test_prompt_and_response_arrays_match_the_concatenated_batch(data):
+def test_rows_hold_prompt_and_response_apart_with_lambda_weights(data):
   split, tok = data
-  batch = next(_iterator(split, tok))
-  for b in range(4):
-    p, r = batch["prompt_lengths"][b], batch["response_lengths"][b]
-    assert batch["lengths"][b] == p + r
-    np.testing.assert_array_equal(batch["tokens"][b, :p], batch["prompt_tokens"][b, :p])
-    np.testing.assert_array_equal(batch["tokens"][b, p:p + r], batch["response_tokens"][b, :r])
-    np.testing.assert_array_equal(batch["loss_weights"][b, p:p + r],
-                                  batch["response_weights"][b, :r])
-    assert np.all(batch["response_tokens"][b, r:] == tok.pad_token_id)
-    assert np.all(batch["response_weights"][b, r:] == 0)
+  p, r = toy_lengths([split])
+  examples = split.encoded[:3]
+  batch = inputs.make_batch(examples, batch_size=4, prompt_len=p, response_len=r,
+                            pad_id=tok.pad_token_id, lambda_r=0.5, lambda_o=1.0)
+  assert batch.prompt_tokens.shape == (4, p) and batch.response_tokens.shape == (4, r)
+  assert batch.example_index is None and batch.trace_tokens is None
+  for b, ex in enumerate(examples):
+    lp, nr, lr = len(ex.prompt), len(ex.reasoning), len(ex.reasoning) + len(ex.answer)
+    assert batch.prompt_lengths[b] == lp and batch.response_lengths[b] == lr
+    np.testing.assert_array_equal(batch.prompt_tokens[b, :lp], ex.prompt)
+    assert np.all(batch.prompt_tokens[b, lp:] == tok.pad_token_id)
+    np.testing.assert_array_equal(batch.response_tokens[b, :lr],
+                                  np.concatenate([ex.reasoning, ex.answer]))
+    assert np.all(batch.response_tokens[b, lr:] == tok.pad_token_id)
+    w = batch.response_weights[b]
+    assert nr > 0 and (w[:nr] == 0.5).all() and (w[nr:lr] == 1.0).all() and (w[lr:] == 0).all()
+    assert batch.target_position[b] == ex.target_position
+  # The row that only pads the batch: the last prompt again, no response, no weight.
+  assert batch.example_mask.tolist() == [True, True, True, False]
+  np.testing.assert_array_equal(batch.prompt_tokens[3], batch.prompt_tokens[2])
+  assert batch.prompt_lengths[3] == batch.prompt_lengths[2]
+  assert batch.response_lengths[3] == 0 and batch.response_weights[3].sum() == 0
 
 
 def test_iterator_state_resumes_the_same_batches(data):
@@ -39,18 +51,24 @@ def test_iterator_state_resumes_the_same_batches(data):
   for _ in range(7):  # crosses an epoch boundary (5 batches per epoch)
     next(it)
   saved = it.get_state()
-  expected = [next(it)["example_index"] for _ in range(4)]
+  expected = [next(it).example_index for _ in range(4)]
   resumed = _iterator(split, tok)
   resumed.set_state(saved)
-  got = [next(resumed)["example_index"] for _ in range(4)]
+  got = [next(resumed).example_index for _ in range(4)]
   np.testing.assert_array_equal(np.stack(got), np.stack(expected))
   with pytest.raises(ValueError, match="batch_size"):
     inputs.BatchIterator(split, batch_size=5, seed=3, prompt_len=1, response_len=1, pad_id=0,
                          lambda_r=1, lambda_o=1).set_state(saved)
 
 
-def test_too_long_prompt_is_an_error_naming_the_length(data):
-  split, tok = data
-  with pytest.raises(ValueError, match="prompt_len"):
-    inputs.make_train_batch(split.encoded[:2], batch_size=2, prompt_len=4, response_len=64,
-                            pad_id=0, lambda_r=0.5, lambda_o=1.0)
+@pytest.mark.parametrize("prompt_len,response_len,match", [
+  (4, 64, "prompt of .* tokens exceeds prompt_len=4"),
+  (128, 2, "response of .* tokens exceeds response_len=2")])
+def test_too_long_rows_are_errors_naming_the_length(data, prompt_len, response_len, match):
+  split, _ = data
+  with pytest.raises(ValueError, match=match):
+    inputs.make_batch(split.encoded[:2], batch_size=2, prompt_len=prompt_len,
+                      response_len=response_len, pad_id=0, lambda_r=0.5, lambda_o=1.0)
+  with pytest.raises(ValueError, match="3 examples for a batch of 2"):
+    inputs.make_batch(split.encoded[:3], batch_size=2, prompt_len=prompt_len,
+                      response_len=response_len, pad_id=0, lambda_r=0.5, lambda_o=1.0)

@@ -32,9 +32,10 @@ ROWS, PROMPT, LENGTH = 8, 16, 24
 
 
 def _setup():
-  """(config, optimizer, batches [numpy dicts]) shared by the workers and the reference."""
+  """(config, optimizer, batches [numpy Batches]) shared by the workers and the reference."""
   import ml_collections
 
+  from gr2jax.data.batches import Batch
   from gr2jax.model.config import ModelConfig
   from gr2jax.train import optim
 
@@ -44,25 +45,21 @@ def _setup():
     b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.01, clip_norm=1.0)))
   rng = np.random.default_rng(0)
   batches = []
-  for _ in range(STEPS + 1):  # inputs.make_train_batch's fields: [prompt | response] + both apart
-    b = {"tokens": np.zeros((ROWS, LENGTH), np.int32), "loss_weights": np.zeros((ROWS, LENGTH),
-                                                                                np.float32),
-         "positions": np.broadcast_to(np.arange(LENGTH, dtype=np.int32), (ROWS, LENGTH)).copy(),
-         "prompt_tokens": np.zeros((ROWS, PROMPT), np.int32),
-         "prompt_lengths": rng.integers(PROMPT // 2, PROMPT + 1, ROWS).astype(np.int32),
-         "response_tokens": np.zeros((ROWS, LENGTH - PROMPT), np.int32),
-         "response_lengths": rng.integers(2, LENGTH - PROMPT + 1, ROWS).astype(np.int32),
-         "response_weights": np.zeros((ROWS, LENGTH - PROMPT), np.float32)}
+  for _ in range(STEPS + 1):  # inputs.make_batch's fields that the SFT loss reads
+    prompt_lengths = rng.integers(PROMPT // 2, PROMPT + 1, ROWS).astype(np.int32)
+    response_lengths = rng.integers(2, LENGTH - PROMPT + 1, ROWS).astype(np.int32)
+    prompt_tokens = np.zeros((ROWS, PROMPT), np.int32)
+    response_tokens = np.zeros((ROWS, LENGTH - PROMPT), np.int32)
+    response_weights = np.zeros((ROWS, LENGTH - PROMPT), np.float32)
     for i in range(ROWS):
-      p, r = b["prompt_lengths"][i], b["response_lengths"][i]
+      p, r = prompt_lengths[i], response_lengths[i]
       prompt, response = rng.integers(0, config.vocab_size, (2, LENGTH))
-      w = rng.choice(np.float32([0.5, 1.0]), r)
-      b["prompt_tokens"][i, :p] = prompt[:p]
-      b["response_tokens"][i, :r] = response[:r]
-      b["response_weights"][i, :r] = w
-      b["tokens"][i, :p + r] = np.concatenate([prompt[:p], response[:r]])
-      b["loss_weights"][i, p:p + r] = w
-    batches.append(b)
+      prompt_tokens[i, :p] = prompt[:p]
+      response_tokens[i, :r] = response[:r]
+      response_weights[i, :r] = rng.choice(np.float32([0.5, 1.0]), r)
+    batches.append(Batch(prompt_tokens=prompt_tokens, prompt_lengths=prompt_lengths,
+                         example_mask=np.ones(ROWS, bool), response_tokens=response_tokens,
+                         response_lengths=response_lengths, response_weights=response_weights))
   return config, optimizer, batches
 
 
@@ -91,10 +88,10 @@ def _run(mesh, ckpt_dir=None):
                  out_shardings=shardings.params)  # created in place: no host array crosses
   state = jax.jit(lambda p: state_lib.create_state(p, optimizer, 0), out_shardings=shardings)(
     init())
-  to_global = lambda b: global_arrays(b, batch_sh)  # the loop's placement
+  loss = step_lib.Loss(functools.partial(sft.sft_loss, config=config), sft.FIELDS)  # stages.py's
+  to_global = lambda b: global_arrays(b.select(loss.fields), batch_sh)  # the loop's placement
   with jax.set_mesh(mesh):
-    step = step_lib.make_train_step(functools.partial(sft.sft_loss, config=config), optimizer,
-                                    micro_batches=2, state_shardings=shardings,
+    step = step_lib.make_train_step(loss, optimizer, micro_batches=2, state_shardings=shardings,
                                     batch_sharding=batch_sh)
   losses, checks = [], {}
   for b in batches[:STEPS]:

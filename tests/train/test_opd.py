@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from gr2jax.data.batches import Batch
 from gr2jax.diffusion import replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
@@ -24,7 +25,7 @@ CONFIG = ModelConfig.tiny(
 TEACHER = dataclasses.replace(CONFIG, block_size=1, mask_token_id=None)  # the AR model
 PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3], np.int32)
-BATCH = {"prompt_tokens": PROMPTS, "prompt_lengths": LENGTHS, "example_mask": np.ones(2, bool)}
+BATCH = Batch(prompt_tokens=PROMPTS, prompt_lengths=LENGTHS, example_mask=np.ones(2, bool))
 SPEC = DecodeSpec(block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0)
 STUDENT = DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10)
 
@@ -48,14 +49,14 @@ def test_kl_is_zero_when_the_student_is_the_teacher_with_block_size_one(params):
   student = DiffusionPolicy(dataclasses.replace(CONFIG, block_size=1),
                             dataclasses.replace(SPEC, block_size=1), max_new_tokens=10)
   train, stats = _prepare(params, jax.random.key(2), params, policy=student)
-  assert train["teacher_log_probs"].shape == (2, 10, 64) and stats["response_len"] == 10
-  assert train["replay_rounds"] == replay.Rounds(0)
+  assert train.teacher_log_probs.shape == (2, 10, 64) and stats["response_len"] == 10
+  assert train.replay_rounds == replay.Rounds(0)
   loss_sum, weight, aux = _loss_fn(student)(params, train, jax.random.key(0))
   assert abs(float(loss_sum)) < 1e-5 and float(weight) == 2.0
   np.testing.assert_allclose(aux["student_logp"], aux["teacher_logp"], atol=1e-5)
   # The teacher's scores of the sampled tokens are what the B = 1 decoder sampled them with.
-  picked = np.take_along_axis(train["teacher_log_probs"], train["trace_tokens"][..., None], -1)
-  np.testing.assert_allclose(picked[..., 0], train["commit_logprob"], atol=2e-5)
+  picked = np.take_along_axis(train.teacher_log_probs, train.trace_tokens[..., None], -1)
+  np.testing.assert_allclose(picked[..., 0], train.commit_logprob, atol=2e-5)
 
 
 def test_gradient_moves_a_toy_student_toward_the_teacher(params):
@@ -92,15 +93,15 @@ def test_chunked_prepare_scores_like_one_call(params):
   one unchunked teacher call on the same trajectories; bf16 storage rounds them."""
   teacher_params = init_params(TEACHER, jax.random.key(1))
   train, _ = _prepare(params, jax.random.key(3), teacher_params, group_size=3, chunk_rows=4)
-  assert train["trace_tokens"].shape == (6, 10)
-  assert isinstance(train["replay_rounds"], replay.Rounds)
-  whole = opd.teacher_log_probs(teacher_params, TEACHER, train["prompt_tokens"],
-                                train["prompt_lengths"], train["trace_tokens"],
-                                train["response_lengths"], mask_token_id=MASK)
-  np.testing.assert_allclose(train["teacher_log_probs"], whole, atol=1e-6)
+  assert train.trace_tokens.shape == (6, 10)
+  assert isinstance(train.replay_rounds, replay.Rounds)
+  whole = opd.teacher_log_probs(teacher_params, TEACHER, train.prompt_tokens,
+                                train.prompt_lengths, train.trace_tokens,
+                                train.response_lengths, mask_token_id=MASK)
+  np.testing.assert_allclose(train.teacher_log_probs, whole, atol=1e-6)
   half, _ = _prepare(params, jax.random.key(3), teacher_params, group_size=3, chunk_rows=4,
                      dtype=opd.teacher_dtype("bfloat16"))
-  assert half["teacher_log_probs"].dtype == jax.numpy.bfloat16
-  np.testing.assert_array_equal(half["trace_tokens"], train["trace_tokens"])  # same rollouts
-  np.testing.assert_array_equal(half["teacher_log_probs"],
-                                train["teacher_log_probs"].astype(jax.numpy.bfloat16))
+  assert half.teacher_log_probs.dtype == jax.numpy.bfloat16
+  np.testing.assert_array_equal(half.trace_tokens, train.trace_tokens)  # same rollouts
+  np.testing.assert_array_equal(half.teacher_log_probs,
+                                train.teacher_log_probs.astype(jax.numpy.bfloat16))

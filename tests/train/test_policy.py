@@ -53,7 +53,7 @@ def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepa
   recorded; the scorer refuses a block-diffusion config. (4 rows: the sampler compiled for the
   rollouts of the `prepared` fixture.)"""
   params = prepared["params"][0]
-  prompts, lengths = prepared["ar"][0]["prompt_tokens"][2:], prepared["ar"][0]["prompt_lengths"][2:]
+  prompts, lengths = prepared["ar"][0].prompt_tokens[2:], prepared["ar"][0].prompt_lengths[2:]
   out = generate.generate(params, AR, prompts, lengths, max_new_tokens=10, key=jax.random.key(1),
                           sampling=generate.Sampling(temperature=1.0))
   logp, full = jax.jit(causal_log_probs, static_argnames=("config", "return_log_probs"))(

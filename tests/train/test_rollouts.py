@@ -6,7 +6,8 @@ d57e6af, and its SFT loss, on the toy models of tests/train/toy_policy.py: recor
 `git show 244fc0b:tests/train/record_prepare_reference.py` (same seeds, 4 rows per call). The
 unified prepare, with the same decode settings as a DecodeSpec, must reproduce the rollouts
 exactly, and rewards, advantages, pi_old, the teacher's distributions and every loss to float
-precision. Renamed fields: trace_lengths -> response_lengths, replay_rounds [B, S] -> Rounds(S).
+precision. Renamed fields: trace_lengths -> response_lengths, replay_rounds [B, S] -> Rounds(S),
+token_weights -> response_weights (the train batch is a typed Batch).
 """
 
 import functools
@@ -22,7 +23,7 @@ from gr2jax.train.policy import ARPolicy, DecodeSpec
 from tests.train.toy_policy import AR, AR_POLICY, BATCH, REWARDS, STUDENT, sft_batch
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "prepare_reference.npz")
-RENAMED = {"trace_lengths": "response_lengths"}
+RENAMED = {"trace_lengths": "response_lengths", "token_weights": "response_weights"}
 
 
 @pytest.fixture(scope="module")
@@ -59,10 +60,10 @@ def test_same_rollouts_rewards_advantages_and_pi_old(reference, prepared, stage)
     want.pop(name)
   rounds = want.pop("num_rounds", None)
   if rounds is not None:
-    assert batch["replay_rounds"].count == int(rounds) == 3
+    assert batch.replay_rounds.count == int(rounds) == 3
   assert want, stage
   for name, value in want.items():
-    got = batch[RENAMED.get(name, name)]
+    got = getattr(batch, RENAMED.get(name, name))
     if value.dtype.kind in "iub":
       np.testing.assert_array_equal(got, value, err_msg=f"{stage}/{name}")
     else:
@@ -99,8 +100,8 @@ def test_chunked_ar_pi_old_is_the_one_call_score(prepared):
   """6 AR rollouts scored in calls of 4 rows (the last padded) = one unchunked causal scorer."""
   batch, _ = prepared["ar"]
   whole = jax.jit(lambda p, b: AR_POLICY.log_probs(p, b)[0])(prepared["params"][0], batch)
-  np.testing.assert_allclose(batch["logp_old"], whole, atol=1e-6)
-  np.testing.assert_array_equal(batch["prompt_lengths"], [5, 5, 5, 3, 3, 3])
+  np.testing.assert_allclose(batch.logp_old, whole, atol=1e-6)
+  np.testing.assert_array_equal(batch.prompt_lengths, [5, 5, 5, 3, 3, 3])
 
 
 def test_prepare_needs_a_target_and_sampled_rollouts(prepared):

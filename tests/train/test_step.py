@@ -7,6 +7,7 @@ import jax
 import numpy as np
 import pytest
 
+from gr2jax.data.batches import Batch
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params, init_params
 from gr2jax.train import mesh as mesh_lib
@@ -23,10 +24,9 @@ def _batch(seed=0, b=8, t=16, p=4):
   rng = np.random.default_rng(seed)
   tokens = rng.integers(0, 64, (b, t)).astype(np.int32)
   weights = rng.choice([0.0, 0.5, 1.0], size=(b, t - p)).astype(np.float32)
-  return {"tokens": tokens, "positions": np.broadcast_to(np.arange(t), (b, t)).astype(np.int32),
-          "prompt_tokens": tokens[:, :p], "prompt_lengths": np.full((b,), p, np.int32),
-          "response_tokens": tokens[:, p:], "response_lengths": np.full((b,), t - p, np.int32),
-          "response_weights": weights}
+  return Batch(prompt_tokens=tokens[:, :p], prompt_lengths=np.full((b,), p, np.int32),
+               example_mask=np.ones((b,), bool), response_tokens=tokens[:, p:],
+               response_lengths=np.full((b,), t - p, np.int32), response_weights=weights)
 
 
 def _run(mesh, micro_batches=1, steps=2):

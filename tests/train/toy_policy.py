@@ -15,6 +15,7 @@ import json
 import jax
 import numpy as np
 
+from gr2jax.data.batches import Batch
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rl, rollouts
@@ -26,10 +27,10 @@ DIFFUSION = dataclasses.replace(AR, block_size=4, mask_token_id=63)
 TEACHER = AR  # the frozen AR teacher of OPD (its own seed)
 ROUNDS = 3  # replay.rounds_needed(4, 8): B = 4, 8 steps per block
 LABELS = ("<slot_0>", "<slot_1>", "<slot_2>", "<slot_3>")
-BATCH = {"prompt_tokens": np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]], np.int32),
-         "prompt_lengths": np.array([5, 3], np.int32), "example_mask": np.ones(2, bool),
-         "example_index": np.array([0, 1], np.int32),
-         "target_position": np.array([1, 2], np.int32)}
+BATCH = Batch(prompt_tokens=np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]], np.int32),
+              prompt_lengths=np.array([5, 3], np.int32), example_mask=np.ones(2, bool),
+              example_index=np.array([0, 1], np.int32),
+              target_position=np.array([1, 2], np.int32))
 
 
 class AnswerTokenizer:
@@ -73,8 +74,8 @@ def prepare_all():
 
 
 def sft_batch():
-  """Two SFT rows (inputs.make_train_batch's fields): prompts of 3 and 4 tokens, responses of
-  5 and 4 tokens with lambda weights."""
+  """Two SFT rows (inputs.make_batch's fields): prompts of 3 and 4 tokens, responses of 5 and 4
+  tokens with lambda weights."""
   tokens = np.array([[5, 6, 7, 8, 9, 10, 11, 12, 0], [13, 14, 15, 16, 17, 18, 19, 20, 0]],
                     np.int32)
   prompt_lengths = np.array([3, 4], np.int32)
@@ -83,13 +84,10 @@ def sft_batch():
   prompt_tokens = np.zeros((2, p), np.int32)
   response = np.zeros((2, r), np.int32)
   weights = np.zeros((2, r), np.float32)
-  loss_weights = np.zeros(tokens.shape, np.float32)
   for b, (lp, lr) in enumerate(zip(prompt_lengths, response_lengths, strict=True)):
     prompt_tokens[b, :lp] = tokens[b, :lp]
     response[b, :lr] = tokens[b, lp:lp + lr]
     weights[b, :lr] = [0.5] * (lr - 2) + [1.0, 1.0]
-    loss_weights[b, lp:lp + lr] = weights[b, :lr]
-  return {"tokens": tokens, "positions": np.broadcast_to(np.arange(9), (2, 9)).astype(np.int32),
-          "loss_weights": loss_weights, "prompt_tokens": prompt_tokens,
-          "prompt_lengths": prompt_lengths, "response_tokens": response,
-          "response_lengths": response_lengths, "response_weights": weights}
+  return Batch(prompt_tokens=prompt_tokens, prompt_lengths=prompt_lengths,
+               example_mask=np.ones(2, bool), response_tokens=response,
+               response_lengths=response_lengths, response_weights=weights)
