@@ -2,14 +2,13 @@
 
 Written as array_record with `disable_shuffling=True` (record i = the i-th example of the split),
 so neither writing nor reading needs TensorFlow (research/env_feasibility.md §2). Read with
-`tfds.data_source` (random access) and `grain`; Text features come back as bytes, decoded by
+`tfds.data_source` (random access); Text features come back as bytes, decoded by
 `decode_record`. Splits: train, validation, test and test_1615 (the seeded 1,615-user subset).
 """
 
 import os
 from collections.abc import Iterable, Mapping
 
-import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -129,10 +128,3 @@ def decode_record(record: dict) -> dict:
   out["labels"] = tuple(label.decode("utf-8") for label in record["labels"])
   return out
 
-
-def grain_dataset(data_dir: str, split: str, *, seed: int | None = None) -> grain.MapDataset:
-  """A grain MapDataset of decoded records, shuffled with `seed` (None keeps the split order)."""
-  dataset = grain.MapDataset.source(data_source(data_dir, split))
-  if seed is not None:
-    dataset = dataset.shuffle(seed=seed)
-  return dataset.map(decode_record)

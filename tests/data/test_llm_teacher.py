@@ -209,7 +209,8 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
                                      "teachers": [digest]}
   from gr2jax.data import tfds_builder
 
-  records = list(tfds_builder.grain_dataset(built["paths"]["tfds"], "train"))
+  source = tfds_builder.data_source(built["paths"]["tfds"], "train")
+  records = [tfds_builder.decode_record(source[i]) for i in range(len(source))]
   assert sorted(r["user"] for r in records) == [r["user"] for r in expected]
   record = next(r for r in records if r["user"] == expected[0]["user"])
   assert record["reasoning"] == prompts.think_block(expected[0]["reasoning"])

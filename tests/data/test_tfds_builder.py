@@ -42,16 +42,6 @@ def test_round_trip_in_order_without_tensorflow(built):
   assert "tensorflow" not in sys.modules
 
 
-def test_grain_reads_and_shuffles(built):
-  data_dir, examples, _ = built
-  users = [r["user"] for r in tfds_builder.grain_dataset(data_dir, "test_1615")]
-  assert users == [ex.user for ex in examples["test_1615"]]
-  shuffled = [r["user"] for r in tfds_builder.grain_dataset(data_dir, "test_1615", seed=3)]
-  assert sorted(shuffled) == sorted(users)
-  train = list(tfds_builder.grain_dataset(data_dir, "train"))
-  assert train[0]["answer"].endswith("<|im_end|>")
-
-
 def test_unknown_split_rejected(tmp_path):
   with pytest.raises(ValueError, match="unknown splits"):
     tfds_builder.build({"dev": []}, str(tmp_path))
