@@ -109,8 +109,6 @@ def data_config() -> ml_collections.ConfigDict:
   c.tokenizer_vocab_size = 3072  # total vocab of the tiny BPE incl. ~850 SID/slot/chat tokens
   c.tokenizer_sample = 4000  # train examples (4 prompt variants) in the BPE corpus / length stats
 
-  c.length_buckets = (96, 128, 192, 256, 320, 384, 448, 512)  # static sequence lengths of
-  #                                 training batches (tiny default: <= 92 tokens -> 96)
   c.lambda_r = 0.5  # SFT loss weight of reasoning tokens (GR2: lambda_r < lambda_o)
   c.lambda_o = 1.0  # SFT loss weight of answer tokens
   return c

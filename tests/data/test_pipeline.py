@@ -51,7 +51,6 @@ def _config(data_dir, sids_file=""):
                            kmeans_iters=2, reset_every=0))
   config.tokenizer_vocab_size = 1500
   config.tokenizer_sample = 50
-  config.length_buckets = (512, 1024)
   return config
 
 
