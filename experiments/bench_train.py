@@ -210,7 +210,7 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
                 mesh, peak_tflops: float | None = None) -> dict:
   """Times stage `name`'s jitted train step on synthetic rows (module docstring): one row."""
   cfg = stage_config(name)
-  config = base if name == "sft" else diffusion_model(base, cfg.block_size)
+  config = base if name == "sft" else diffusion_model(base, cfg.decode.block_size)
   ctx = Context(cfg, config, None, None, None, shape.prompt_width, shape.response_width, mesh, "")
   loss_fn = STAGES[name].make_loss(ctx)
   optimizer = optim.make_optimizer(cfg.optimizer)
