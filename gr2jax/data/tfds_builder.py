@@ -1,9 +1,9 @@
 """TFDS dataset `amazon_beauty_gr2`: re-ranking examples with their rendered prompt and target.
 
 Written as array_record with `disable_shuffling=True` (record i = the i-th example of the split),
-so neither writing nor reading needs TensorFlow (research/env_feasibility.md §2). Read with
-`tfds.data_source` (random access); Text features come back as bytes, decoded by
-`decode_record`. Splits: train, validation, test and test_1615 (the seeded 1,615-user subset).
+so neither writing nor reading needs TensorFlow. Read with `tfds.data_source` (random access);
+Text features come back as bytes, decoded by `decode_record`. Splits: train, validation, test
+and test_1615 (the seeded 1,615-user subset).
 """
 
 import os
