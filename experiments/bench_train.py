@@ -1,13 +1,13 @@
 r"""Train-step benchmark: tokens/s of every stage's train step, compile time, micro-batches, MFU.
 
-CPU, the stages side by side (tiny, fp32, the tiny default's shapes; issue #8):
+CPU, the stages side by side (tiny, fp32, the tiny default's shapes):
   python experiments/bench_train.py --presets=tiny --stages=sft,cft,opd,rl --batch_size=16 \
       --micro_batches=2 --steps=3 --prompt_width=64 --prompt_tokens=57 --response_width=48 \
       --response_tokens=35 --replay_rounds=16 --replay_sweep=2,4,8,16,31 \
-      --json_out=docs/benchmarks/bench_train_stages.json \
-      --md_out=docs/benchmarks/bench_train_stages.md
+      --json_out=docs/results/benchmarks/bench_train_stages.json \
+      --md_out=docs/results/benchmarks/bench_train_stages.md
 CPU, SFT micro-batch scaling (tiny + small):
-  python experiments/bench_train.py --json_out=docs/benchmarks/bench_train.json
+  python experiments/bench_train.py --json_out=docs/results/benchmarks/bench_train.json
 GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
   python experiments/bench_train.py --presets=qwen3_8b --dtype=bfloat16 --remat=full \
       --batch_size=8 --prompt_width=1024 --response_width=1024 --micro_batches=1,2 --peak_tflops=989
@@ -35,7 +35,7 @@ dense (6 x matmul params x processed tokens + 12 x L x N^2 x heads x head_dim fo
 every key scored as our attention does, + the LM head at the M response queries);
 MFU = FLOPs / step time / peak.
 
-Replay (--replay_sweep, issue #8 (b)): the forward of `replay.replay` (as OPD calls it, with the
+Replay (--replay_sweep): the forward of `replay.replay` (as OPD calls it, with the
 [B, M, V] distributions) over trajectories of S rounds vs the AR teacher's one causal forward over
 [prompt | response] (`opd.teacher_log_probs`) for the same rows and the same model weights; the
 cost ratio next to the token ratio (P + (1 + S) R) / (P + M).
@@ -89,7 +89,7 @@ def define_flags() -> None:
   flags.DEFINE_integer("response_width", 48, "M: response slots per row.")
   flags.DEFINE_integer("response_tokens", 0, "Real response tokens per row (0 = M).")
   flags.DEFINE_integer("replay_rounds", 16, "S: the replay rounds of the OPD / RL rows (the "
-                       "tiny default's trained rollouts need 16: docs/benchmarks/"
+                       "tiny default's trained rollouts need 16: docs/results/benchmarks/"
                        "bench_train_stages.md).")
   flags.DEFINE_list("replay_sweep", [], "Round counts of the replay-vs-causal-forward section "
                     "(empty = skipped).")
