@@ -118,6 +118,8 @@ def _concrete_batch(stage, rows: int, shapes, sharding):
   import jax
   import numpy as np
 
+  from gr2jax.data.batches import Batch
+
   rng = np.random.default_rng(0)
   vocab = stage.config.vocab_size - 2  # below the mask token
   full = {"prompt_lengths": shapes.prompt_len, "response_lengths": shapes.response_len}
@@ -125,14 +127,12 @@ def _concrete_batch(stage, rows: int, shapes, sharding):
   for name, (shape, dtype) in stage.batch(rows).items():
     if name in full:
       x = np.full(shape, full[name], np.int32)
-    elif name == "positions":
-      x = np.broadcast_to(np.arange(shape[1], dtype=np.int32), shape).copy()
     elif np.dtype(dtype) == np.int32:
       x = rng.integers(0, vocab, shape, dtype=np.int32)
     else:
       x = np.ones(shape, np.dtype(dtype))
     out[name] = jax.device_put(x, sharding)
-  return out
+  return Batch(**out)
 
 
 def _mode(config, devices: int, limit) -> str:

@@ -58,6 +58,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import chunks  # noqa: E402
+from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.diffusion import (  # noqa: E402
   layout,
@@ -355,29 +356,27 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
     return {**prompt_fields(n), "trace_tokens": ((n, r), i32), "commit_step": ((n, r), i32),
             "response_lengths": ((n,), i32)}
 
-  # What inputs.make_train_batch gives every stage (a loss reads what it needs).
-  sft_batch = lambda n: {"tokens": ((n, p + r), i32), "positions": ((n, p + r), i32),
-                         "loss_weights": ((n, p + r), f32), **prompt_fields(n),
-                         "response_tokens": ((n, r), i32), "response_lengths": ((n,), i32),
-                         "response_weights": ((n, r), f32)}
+  # The Batch fields each stage's loss reads (what the loop places: step.Loss.fields).
+  sft_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
+                         "response_lengths": ((n,), i32), "response_weights": ((n, r), f32)}
   ar_rl_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
                            "response_lengths": ((n,), i32), "advantages": ((n,), f32),
-                           "token_weights": ((n, r), f32), "logp_old": ((n, r), f32)}
+                           "response_weights": ((n, r), f32), "logp_old": ((n, r), f32)}
   cft_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
                          "response_lengths": ((n,), i32), "response_weights": ((n, r), f32),
                          "example_mask": ((n,), f32)}
   opd_batch = lambda n: {**trace_fields(n), "example_mask": ((n,), f32),
                          "teacher_log_probs": ((n, r, diff.vocab_size), teacher_dtype)}
   rl_batch = lambda n: {**trace_fields(n), "logp_old": ((n, r), f32), "advantages": ((n,), f32),
-                        "token_weights": ((n, r), f32)}
+                        "response_weights": ((n, r), f32)}
 
   # The policies of the RL / OPD losses; the replayed batches replay s.rounds rounds.
   spec = DecodeSpec(block_size=s.block_size, max_steps_per_block=s.max_steps_per_block)
   ar_policy = ARPolicy(ar, dataclasses.replace(spec, block_size=1), r)
   student = DiffusionPolicy(diff, spec, r)
   rounds = replay.Rounds(s.rounds)
-  replayed = lambda loss: lambda params, batch, key: loss(params, {**batch,
-                                                                   "replay_rounds": rounds}, key)
+  replayed = lambda loss: lambda params, batch, key: loss(
+    params, batch.replace(replay_rounds=rounds), key)
   # [prompt | response], causal; the LM head at the R response queries (sft.py, the AR policy).
   ar_scored = Work(p + r, causal_pairs(p + r), (p + r) ** 2, r)
   n_cft = p + 3 * rp
@@ -456,9 +455,9 @@ def _compile(lowered, target: targets.Target, opt_level: int, fixes: dict | None
       fixes.update(new)
 
 
-def _specs(fields: dict, sharding) -> dict:
-  return {k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
-          for k, (shape, dtype) in fields.items()}
+def _specs(fields: dict, sharding) -> Batch:
+  return Batch(**{k: jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+                  for k, (shape, dtype) in fields.items()})
 
 
 def compile_train_step(stage: TrainStage, mesh, micro_rows: int, opt_level: int = 0,

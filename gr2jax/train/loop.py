@@ -80,7 +80,8 @@ class Stage:
 
   Attributes:
     name: the stage's directory under the workdir.
-    make_loss: Context -> loss_fn(params, batch, key) -> (sum, weight, aux) (train/step.py).
+    make_loss: Context -> step.Loss (the loss (params, batch, key) -> (sum, weight, aux) and
+      the batch fields it reads; train/step.py).
     make_prepare: Context -> prepare(params, batch, key) -> (batch, stats), or None
       (the batch it gets holds config.train.batch_size training rows: prompts, for rollouts).
     diffusion: the stage trains a block-diffusion model (an AR init is converted to

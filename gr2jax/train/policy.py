@@ -50,6 +50,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr2jax import chunks
+from gr2jax.data import batches
 from gr2jax.diffusion import commit, decode, layout, replay, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
@@ -184,7 +185,7 @@ class Policy(Protocol):
   def sample(self, params: dict, prompt_tokens, prompt_lengths, key: jax.Array, *,
              chunk_rows: int = 0, sharding=None) -> tuple[dict, dict]: ...
 
-  def log_probs(self, params: dict, batch: dict, *, temperature: float | None = None,
+  def log_probs(self, params: dict, batch: batches.Batch, *, temperature: float | None = None,
                 return_log_probs: bool = False) -> tuple[jax.Array, jax.Array | None]: ...
 
 

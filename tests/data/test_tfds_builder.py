@@ -1,4 +1,4 @@
-"""Tests for gr2jax/data/tfds_builder.py: write array_record, read back with data_source + grain."""
+"""Tests for gr2jax/data/tfds_builder.py: write array_record, read back with data_source."""
 
 import sys
 
