@@ -20,8 +20,8 @@ Forwards per output token are the trained tiny Diffusion-GR2's, read from result
 for its AR GR2 row. The prediction for a 256-token response after the 2,200-token prompt:
 AR tok/s = 256 / (prefill + 256 x f_AR x t_AR), diffusion the same with f_tau x t_block; the
 prefill is a roofline of its analytic FLOPs and the weights. Printed next to the paper's AR
-71 tok/s and 2.4x / 3.3x / 3.5x (research/papers.md §2), with the paper's AR as a fraction of
-the predicted roofline.
+71 tok/s and 2.4x / 3.3x / 3.5x (Diffusion-GR2, arXiv 2607.01170), with the paper's AR as a fraction
+of the predicted roofline.
 """
 
 import dataclasses

@@ -4,7 +4,7 @@
   jax.jit(f).lower(<ShapeDtypeStructs sharded on mesh>).compile(target.compiler_options())
 
 A GPU or TPU target is XLA's own compiler for that chip, run deviceless on this CPU machine
-(`jax.experimental.topologies`; shared/research/aot_targets.md): the compiled program's
+(`jax.experimental.topologies`; docs/plan_qwen3_8b.md): the compiled program's
 `memory_analysis()` is that compiler's buffer assignment, nothing runs. It needs the compile-only
 packages of requirements-aot.txt (jax-cuda12-plugin + jax-cuda12-pjrt + nvidia-cuda-nvcc-cu12 for
 the ptxas; libtpu); `JAX_PLATFORMS=cpu` keeps the default backend on the CPU while they are

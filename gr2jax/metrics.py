@@ -1,4 +1,4 @@
-"""Ranking metrics: the one place Recall@K and NDCG@K are computed (research/papers.md §1.1).
+"""Ranking metrics: the one place Recall@K and NDCG@K are computed (GR2, arXiv 2602.07774).
 
 Everything is a function of the target's 1-based rank r in a ranking (0 = target absent):
   Recall@K = [1 <= r <= K],   NDCG@K = [1 <= r <= K] / log2(r + 1)   (one relevant item, IDCG = 1).

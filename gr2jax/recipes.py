@@ -18,8 +18,8 @@ command line: `--config.stages.cft.train.steps=100`, `--config.decode.eval_tau=0
 Recipes: `tiny` (the CPU default: a from-scratch `tiny` model on the terse prompt) and
 `qwen3_0_6b`, `qwen3_1_7b`, `qwen3_4b`, `qwen3_8b`, which start from a local HF Qwen3 directory
 (`--config.hf_dir`; the model's dimensions come from its config.json) and use the paper's prompt.
-The 8B hyper-parameters are the paper's (research/papers.md §2: CFT 3 epochs, OPD constant lr
-1e-6 at 128 prompts x 1.5k steps, RL G = 8, eps 0.2, alpha 0.2, 600 steps at lr 5e-7) or, where
+The 8B hyper-parameters are the paper's (Diffusion-GR2, arXiv 2607.01170: CFT 3 epochs, OPD constant
+lr 1e-6 at 128 prompts x 1.5k steps, RL G = 8, eps 0.2, alpha 0.2, 600 steps at lr 5e-7) or, where
 the paper gives none (SFT, AR RL), ours; micro-batches and rollout chunks are the AOT plan's
 (docs/plan_qwen3_8b.md, 8 x 80 GB). The smaller scales are scaled choices of ours, not from a
 paper and not tuned: the 8B schedule and batches, learning rates raised as the model shrinks
@@ -285,7 +285,7 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   # (0.6B OPD, one chip); with this flag every 8B / 0.6B program compiled (docs/plan_qwen3_8b.md
   # "On the real compilers"). XLA parses it on every platform; only GPU compiles read it.
   c.xla_flags = ("--xla_gpu_enable_triton_gemm=false",)
-  p = c.data.prompt  # the paper's prompt (research/papers.md §1.3)
+  p = c.data.prompt  # the paper's prompt (GR2, arXiv 2602.07774)
   p.style = "chat"
   p.answer_format = "sid"
   p.evidence = "raw"
@@ -305,7 +305,7 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   s.ar_rl.optimizer.learning_rate = 1e-6 * lr_factor
   s.cft.train.update(dict(steps=860, batch_size=32))  # paper: 3 epochs of 9.2k at batch 32
   s.cft.optimizer.learning_rate = 1e-5 * lr_factor
-  s.cft.cft.rate_power = 1.0  # t ~ U(eps, 1), as proposed (research/papers.md §2, CFT):
+  s.cft.cft.rate_power = 1.0  # t ~ U(eps, 1), as proposed (Diffusion-GR2, arXiv 2607.01170, CFT):
   #                             the tiny model's p = 2 is a CPU measurement, untested at scale
   s.opd.train.update(dict(steps=1500, batch_size=128, micro_batches=32 // divisor,
                           prepare_chunk=256))  # paper: 128 prompts x ~1.5k steps, 1 epoch

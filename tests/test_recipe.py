@@ -60,7 +60,7 @@ def test_every_stage_reads_one_data_build_prompt_and_decode_spec(variant, hf_dir
     assert view.data.to_dict() == data and view.decode == table.decode
   assert recipe_lib.evaluation_config(table).data.to_dict() == data
   assert recipe_lib.evaluation_config(table).decode == table.decode
-  if table.name != "tiny":  # the paper's prompt (research/papers.md §1.3), the HF tokenizer
+  if table.name != "tiny":  # the paper's prompt (GR2, arXiv 2602.07774), the HF tokenizer
     assert data["prompt"]["style"] == "chat" and data["prompt"]["answer_format"] == "sid"
     assert data["prompt"]["history_items"] == 20 and data["tokenizer_base"] == hf_dir
 

@@ -1,4 +1,4 @@
-"""AR GR2 SFT (research/papers.md §1.4): the decoupled lambda_r / lambda_o loss; the SFT stage of
+"""AR GR2 SFT (GR2, arXiv 2602.07774): the decoupled lambda_r / lambda_o loss; the SFT stage of
 a recipe (gr2jax/recipes.py: its settings are `stages.sft`).
 
   python experiments/run.py --config=sft.py --workdir=W

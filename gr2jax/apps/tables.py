@@ -6,8 +6,9 @@
 
 The models are W/ar_rl/export (AR GR2) and W/rl/export (the final Diffusion-GR2), read from the
 data build of W (the same `data` config as table2.py; reused from W's cache).
-- Table 3 (research/papers.md §2): the final diffusion model at each tau of `taus` plus AR, each
-  scored by the one evaluation (train/evaluation.evaluate): R@1, valid rate, forwards per output
+- Table 3 (Diffusion-GR2, arXiv 2607.01170): the final diffusion model at each tau of `taus` plus
+  AR, each scored by the one evaluation (train/evaluation.evaluate): R@1, valid rate, forwards per
+  output
   token (prefill and commit forwards included), the paper's NFE per token (denoising steps),
   tokens/s (batched, after the compiling batch) and the speed-up over AR in tokens/s; markdown +
   a PNG accuracy-speed frontier.

@@ -4,7 +4,7 @@ The answer is the JSON object `{"ranking": [label, ...]}` after the `<think>` bl
 prompts.py), where labels are candidate SID strings or slot tokens; the validator only compares
 strings, so both answer formats go through the same code. A valid permutation of D gives the
 ranking; anything else falls back to D's own order (identity) and is counted by kind
-(research/papers.md §1.3, Diffusion-GR2 "valid-JSON rate").
+(GR2, arXiv 2602.07774; Diffusion-GR2 (arXiv 2607.01170) "valid-JSON rate").
 """
 
 import collections

@@ -1,9 +1,10 @@
-"""Candidate lists D: the target plus N-1 negatives, ordered by the retriever (feasibility_data.md).
+"""Candidate lists D: the target plus N-1 negatives, ordered by the retriever (docs/choices.md,
+"Candidate lists").
 
 Negatives are drawn uniformly, without replacement, from the items the user never interacted with
 (anywhere in the sequence): from the whole catalogue (default) or from the retriever's top-K of
 those items. All N items are ordered by retriever score, ties broken AT RANDOM (seeded): breaking
-them by popularity sends cold targets last (the addendum of feasibility_data.md), and building D
+them by popularity sends cold targets last (docs/choices.md, "Candidate lists"), and building D
 as "target + the retriever's own top-9" puts the target last in ~92% of lists. Every build reports
 the target-position histogram and the best fixed-position Recall@1, and raises on a late-position
 spike (target more often last than first) unless `accept_position_leak=True`.

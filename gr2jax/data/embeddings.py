@@ -1,4 +1,4 @@
-"""Item content embeddings: the input of the RQ-VAE (TIGER; research/papers.md §3).
+"""Item content embeddings: the input of the RQ-VAE (TIGER; TIGER, Rajput et al., NeurIPS 2023).
 
 TIGER embeds each item's "title, price, brand, category" text with Sentence-T5. We cannot load a
 sentence encoder offline, so the default is a deterministic stand-in built from the shipped

@@ -1,7 +1,7 @@
 """Per-candidate evidence: recency-weighted brand / leaf / category-path matches with the history.
 
 For candidate c and the last `window` history items h_0 (newest), h_1, ... with weights
-w_k = decay^k (research/feasibility_data.md "Teacher features", feasibility_lm2.md prompt F):
+w_k = decay^k (docs/results/data_build.md):
   brand = sum_k w_k [brand(h_k) == brand(c), brand known] / sum_k w_k
   leaf  = sum_k w_k [category path(h_k) == category path(c)] / sum_k w_k   (same leaf node)
   path  = sum_k w_k min(shared path depth below "Beauty", 3) / 3 / sum_k w_k

@@ -1,7 +1,7 @@
 """Learned-model headroom: a pointwise GBDT on the teacher's features (issue #3 item 8).
 
 The rule teacher must beat D's floor; a learned model on the same per-candidate features shows how
-much a re-ranker can win (research/feasibility_data.md "Learned": .481/.726/.623 against the floor
+much a re-ranker can win (docs/results/data_build.md: .481/.726/.623 against the floor
 .393/.592/.508). A HistGradientBoostingClassifier (100 iterations -- 200 gave the same metrics at
 1.3x the cost -- 31 leaves, no early stopping, seeded, one OpenMP thread: the same model, and
 10-14x faster than two threads on a 2-core machine that is busy with anything else, where OpenMP's

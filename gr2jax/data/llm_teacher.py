@@ -1,4 +1,5 @@
-"""GR2's teacher stage: reasoning traces written by a local LLM, rejection-sampled (papers.md §1.4).
+"""GR2's teacher stage: reasoning traces written by a local LLM, rejection-sampled (GR2, arXiv
+2602.07774).
 
   python experiments/run.py --config=teacher.py --config.teacher.hf_dir=/models/Qwen3-32B \
       --workdir=W
@@ -10,7 +11,8 @@ build (`pipeline.training_lists`: none dropped by the rule teacher, as a build t
 by the project's answer parser (data/answer.py); rejection sampling (GR2) draws up to `attempts`
 samples per user and keeps the FIRST VALID ATTEMPT WHOSE TOP-1 IS THE TARGET. That criterion is
 our reading: the paper says only that the teacher's "predicted item" must equal the ground truth,
-and gives no attempt budget (research/papers.md §1.4 [I]). Each attempt gets a kind: 'accepted',
+and gives no attempt budget (GR2, arXiv 2602.07774; our reading). Each attempt gets a kind:
+'accepted',
 'wrong_top1' (valid, another top-1), 'no_reasoning' (valid ranking, no reasoning text) or the
 parser's failure kind (malformed_json, duplicate, omitted, out_of_set, truncated).
 

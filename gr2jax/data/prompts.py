@@ -1,4 +1,4 @@
-"""GR2 chat prompt, teacher reasoning and JSON answer rendering (research/papers.md §1.2-1.4).
+"""GR2 chat prompt, teacher reasoning and JSON answer rendering (GR2, arXiv 2602.07774).
 
 One example renders to three strings that are tokenized separately and concatenated:
 
@@ -8,7 +8,7 @@ One example renders to three strings that are tokenized separately and concatena
   answer    = {"ranking":[label, ...]}<|im_end|>                (loss weight lambda_o)
 
 Qwen3's own `<think>` block holds the short reasoning (the choice that keeps the 8B path's native
-format; research/papers.md §1.3 leaves it open), and the JSON object holds only the ranked labels.
+format; GR2, arXiv 2602.07774 leaves it open), and the JSON object holds only the ranked labels.
 `style='chat'` is the paper-like prompt (system turn, headers, an instruction line, citations with
 their brand/category text); `style='terse'` (the tiny default, measured in
 docs/calibration_tiny_prompt.md) keeps only the chat markup, one line per item and citations as
@@ -48,7 +48,7 @@ NO_BRAND = "(no brand)"
 
 SYSTEM_PROMPT = "You are an expert re-ranker of Amazon Beauty products for a user's next purchase."
 NO_MATCH = "No history match; keep the retriever order."  # chat style; terse: an empty think block
-REJECTION_SYSTEM = (  # GR2 principle (1), domain-knowledge priming (research/papers.md §1.3)
+REJECTION_SYSTEM = (  # GR2 principle (1), domain-knowledge priming (GR2, arXiv 2602.07774)
   "You are an expert in Amazon Beauty products and in how people shop for them: which products "
   "complete a routine (shampoo -> conditioner -> styling; cleanser -> toner -> moisturiser), when "
   "a shopper stays with a brand, and when they move on to a neighbouring category.")
@@ -261,7 +261,7 @@ def render_prompt(example: RerankExample, catalog: Catalog, sids: np.ndarray,
 
 def render_rejection_messages(example: RerankExample, catalog: Catalog, sids: np.ndarray,
                               config: PromptConfig) -> list[dict[str, str]]:
-  """GR2's rejection-sampling teacher prompt as chat messages (research/papers.md §1.3-1.4).
+  """GR2's rejection-sampling teacher prompt as chat messages (GR2, arXiv 2602.07774).
 
   The principles of GR2's teacher prompt: (1) domain-knowledge priming (the system turn,
   REJECTION_SYSTEM), (2) items cited by their SID tokens, (3) the full shown history and all

@@ -1,4 +1,4 @@
-"""Co-occurrence + recency retriever (research/feasibility_data.md, "cooc + recency").
+"""Co-occurrence + recency retriever (docs/choices.md, "Retriever").
 
 Fit on the training sequences only (`split.training_sequences`):
   C[i, j] = sum over users and positions a < b <= a + window of   1/(b-a)        for i=s_a, j=s_b

@@ -1,4 +1,4 @@
-"""RQ-VAE semantic IDs (TIGER; research/papers.md §3), in Flax + optax.
+"""RQ-VAE semantic IDs (TIGER; TIGER, Rajput et al., NeurIPS 2023), in Flax + optax.
 
 Design (TIGER): an MLP encoder in -> 512 -> 256 -> 128 -> 32 (ReLU between layers), L=3 levels of
 residual quantisation with K=256 codes of dim 32, a mirrored decoder, and the loss

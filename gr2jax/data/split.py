@@ -1,10 +1,11 @@
-"""TIGER leave-one-out split and the seeded 1,615-user evaluation subset (research/papers.md §3).
+"""TIGER leave-one-out split and the seeded 1,615-user evaluation subset (TIGER, Rajput et al.,
+NeurIPS 2023).
 
 Per user sequence s (oldest first, length L >= 4):
   test:       target s[L-1], history s[:L-1]
   validation: target s[L-2], history s[:L-2]
   train:      targets s[1..L-3], each with its prefix as history; by default only the LAST one,
-              s[L-3] ("trainex" in research/feasibility_data.md), one example per user.
+              s[L-3] ("trainex"), one example per user.
 Models fit on training data (the retriever, the teacher's thresholds) see only s[:L-2]
 (`training_sequences`). Histories keep the most recent `max_history` items.
 """

@@ -1,10 +1,10 @@
-"""Rule teacher: an offline stand-in for GR2's Qwen3-32B reasoning traces (research/papers.md §1.4).
+"""Rule teacher: an offline stand-in for GR2's Qwen3-32B reasoning traces (GR2, arXiv 2602.07774).
 
 It never sees the target. Candidate at slot p of D (N slots) scores
   rank * (N-1-p)/(N-1) + brand * brandW + leaf * leafW + path * pathW
 with the recency-weighted evidence levels of `evidence.py`; its ranking sorts the slots by score
 (ties keep D's order). Weights are tuned by a small grid on VALIDATION NDCG@3 (measured best in
-research/feasibility_data.md: rank .5, brand 2, leaf .5, path .5 at decay .8). It cites the
+docs/results/data_build.md: rank .5, brand 2, leaf .5, path .5 at decay .8). It cites the
 evidence of the candidates it promotes above their place in D. GR2's rejection sampling keeps an
 example only when the teacher's top-1 is the target (`accepted`); LLM-written traces go through
 the same filter (`load_traces`).

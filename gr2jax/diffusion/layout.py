@@ -13,7 +13,7 @@ the OPD teacher). Noisy stream k holds the response with the positions `noisy[:,
 by the mask token.
 
 RoPE positions: prompt slot i has position i; response index j has position prompt_length + j in
-the clean stream and in every noisy stream (research/anchors_diffusion.md §1(a): identical
+the clean stream and in every noisy stream (BD3-LM / Fast-dLLM v2: identical
 positions in each half). Block alignment is response-relative (`masks.block_ids`): the prompt is
 causal, response index j belongs to block j // B.
 
@@ -30,8 +30,8 @@ i, response index j block P + j // B: the order of `masks.block_ids` on every va
 key_valid)` with the static `two_stream_pattern`, which is `attention.Pattern`'s one rule and what
 the attention kernels take (gr2jax/model/attention.py).
 
-Reading predictions (AR token shift, research/papers.md §2): response token j is predicted by
-the query before it. A block's seed (j % B == 0) is predicted from the clean stream (query j - 1,
+Reading predictions (AR token shift, Diffusion-GR2, arXiv 2607.01170): response token j is predicted
+by the query before it. A block's seed (j % B == 0) is predicted from the clean stream (query j - 1,
 the previous block's last token, or the prompt's last token for j = 0): that is the decoder's
 commit forward (or prefill). Any other token is predicted in a noisy stream at query j - 1, which
 lies in j's own block. `prediction_queries` gives these indices; `score` runs the forward with the

@@ -1,4 +1,5 @@
-"""Differentiable replay of a block-diffusion trace (TraceRL; research/papers.md §2 RL and §4).
+"""Differentiable replay of a block-diffusion trace (TraceRL; Diffusion-GR2, arXiv 2607.01170, RL;
+TraceRL, Gen-Verse dLLM-RL).
 
 The decoder (gr2jax/diffusion/decode.py) records, per response token j, the denoising step
 *within j's block* at which it was committed (`commit_step`; SEED_STEP for a block's seed,

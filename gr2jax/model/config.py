@@ -106,7 +106,7 @@ class ModelConfig:
 
   @classmethod
   def tiny(cls, **overrides) -> "ModelConfig":
-    """The CPU default: 1.44M params with an untied head (research/feasibility_perf.md preset a)."""
+    """The CPU default: 1.44M params with an untied head (docs/results/benchmarks.md)."""
     return cls(**{**dict(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=32, intermediate_size=384), **overrides})
 
@@ -122,7 +122,7 @@ class ModelConfig:
 
   @classmethod
   def small(cls, **overrides) -> "ModelConfig":
-    """5.25M params untied (feasibility_perf.md preset b): longer CPU runs, GPU smoke tests."""
+    """5.25M params untied (docs/results/benchmarks.md): longer CPU runs, GPU smoke tests."""
     return cls(**{**dict(vocab_size=4096, hidden_size=256, num_layers=4, num_heads=4,
                          num_kv_heads=2, head_dim=64, intermediate_size=768), **overrides})
 

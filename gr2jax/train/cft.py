@@ -1,8 +1,9 @@
-"""Masked block-diffusion fine-tuning (CFT) of the converted model; research/papers.md §2 CFT.
+"""Masked block-diffusion fine-tuning (CFT) of the converted model; Diffusion-GR2, arXiv
+2607.01170, CFT.
 
 The paper gives the stage (masked-diffusion objective on the assistant message, GR2's decoupled
 weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v2 and BD3-LM
-(research/anchors_diffusion.md §1(d), §6):
+(the BD3-LM / Fast-dLLM v2 / SDAR x_t + x_0 layout):
 
   - Per response block b a masking rate t_b ~ U(eps, 1) (eps = 1e-3); every position of the block
     except its seed (block index 0) is masked with probability t_b. `rate_power` p != 1 draws
@@ -21,7 +22,7 @@ weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v
     seed is predicted from the clean stream (the last token of the previous clean block, or the
     prompt's last token for block 0): exactly how the decoder seeds a block. No other clean query
     and no unmasked noisy position carries a loss; the last noisy position of a block does not
-    predict the next block's seed (anchors_diffusion.md §6 open point: dropped, as the decoder
+    predict the next block's seed (an open point of the published recipes: dropped, as the decoder
     never uses it).
   - Log-probs through `commit.token_log_probs` (mask token suppressed, temperature 1): training,
     decoding and replay share one distribution.

@@ -4,8 +4,9 @@
   rho_t = exp(clip(log pi_theta - log pi_old, -10, 10))                      (TraceRL's clamp)
   J     = (1 / sum_i |o_i|) sum_i sum_t min(rho_t A_i, clip(rho_t, 1 - eps_low, 1 + eps_high) A_i)
 
-research/papers.md §1.5 (DAPO: token-level normalisation, clip-higher) and §2 RL (G = 8,
-symmetric eps = 0.2, zero-variance groups dropped). The loss follows the train step's contract:
+GR2 (arXiv 2602.07774; DAPO: token-level normalisation, clip-higher) and Diffusion-GR2 (arXiv
+2607.01170) RL (G = 8, symmetric eps = 0.2, zero-variance groups dropped). The loss follows the
+train step's contract:
 it returns the *sum* of per-token terms and the token count, and the step divides once after
 micro-batches and hosts, so the normalisation is by the total tokens of the kept groups.
 """

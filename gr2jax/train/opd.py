@@ -1,4 +1,5 @@
-"""On-policy distillation (OPD) from the frozen AR GR2 teacher; research/papers.md §2 OPD.
+"""On-policy distillation (OPD) from the frozen AR GR2 teacher; Diffusion-GR2, arXiv 2607.01170,
+OPD.
 
   L_OPD = E_P E_{o ~ pi_theta} [ (1/|o|) sum_t KL( pi_AR(. | P, o_<t) || pi_theta(. | ctx_t) ) ]
 

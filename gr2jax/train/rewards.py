@@ -1,4 +1,4 @@
-"""The GR2 re-ranking reward (research/papers.md §1.5), one function for AR and diffusion RL.
+"""The GR2 re-ranking reward (GR2, arXiv 2602.07774), one function for AR and diffusion RL.
 
   R_rank = (r^D - r^o) / N          rank of the target in D minus its rank in the output
   R      = R_rank + alpha * R_fmt   if R_rank > 0 or (r^D = 1 and r^o = 1)   (conditional format)

@@ -1,6 +1,6 @@
 """GRPO on a policy: AR RL of the GR2 teacher and TraceRL-style diffusion RL, one objective.
 
-research/papers.md §1.5 (GR2) and §2 RL, §4 (TraceRL):
+GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Verse dLLM-RL):
 
   J = E[ (1 / sum_i |o_i|) sum_i sum_t min(rho_it A_i, clip(rho_it, 1 - eps_lo, 1 + eps_hi) A_i) ]
 

@@ -1,4 +1,4 @@
-"""GR2's decoupled SFT loss on the assistant message (research/papers.md §1.4).
+"""GR2's decoupled SFT loss on the assistant message (GR2, arXiv 2602.07774).
 
   L_SFT = -lambda_r sum_i log P(r_i | P, r_<i) - lambda_o sum_j log P(o_j | P, r, o_<j)
 
