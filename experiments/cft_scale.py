@@ -1,4 +1,4 @@
-r"""CFT validity vs model size at one fixed budget (issue #19, Part 1): the curve, JSON + PNG.
+r"""CFT validity vs model size at one fixed budget: the curve, JSON + PNG.
 
 Each point is a chain workdir W of the tiny recipe with another model preset and the same step
 counts for every size (README of docs/benchmarks/cft_validity, "Validity vs model size"):

@@ -1,4 +1,4 @@
-r"""Answer validity of CFT models without a constrained decoder: decode-side causes (issue #19).
+r"""Answer validity of CFT models without a constrained decoder: decode-side causes.
 
   python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export \
       --specs=1.0:confidence:32,1.0:left_to_right:32,0.9:confidence:32 --out=OUT.json

@@ -114,7 +114,7 @@ def define_flags() -> None:
   flags.DEFINE_float("mfu", 0.4, "Model-FLOP utilisation of the time prediction.")
   flags.DEFINE_float("reserve", 0.1, "Fraction of each card kept free (not given to XLA).")
   flags.DEFINE_float("forwards_per_token", 0.5, "Block-diffusion rollout forwards per output "
-                     "token (denoising + commit; issue #8's tau = 0.9 target), time model.")
+                     "token (denoising + commit; the tau = 0.9 target), time model.")
   flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
                        "faster compiles; buffer sizes do not depend on it).")
   flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with beyond "

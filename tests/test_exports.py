@@ -55,7 +55,7 @@ def test_save_restore_round_trip(saved, params):
 
 
 def test_metadata_records_the_params_digest_and_older_dirs_still_load(tmp_path, saved, params):
-  """Exports record what they are (gr2jax_metadata.json, issue 16); a directory written before
+  """Exports record what they are (gr2jax_metadata.json); a directory written before
   the file existed loads as before and has an empty record."""
   path = str(tmp_path / "model")
   exports.save(path, CONFIG, params, metadata={"stage": "cft", "kind": "diffusion"})
@@ -164,7 +164,7 @@ def _siblings(path):
 
 
 def test_directories_get_umask_permissions(tmp_path, params):
-  """Issue #11 class 6: tempfile.mkdtemp made every checkpoint 0700."""
+  """tempfile.mkdtemp made every checkpoint 0700."""
   path = str(tmp_path / "model")
   exports.save(path, CONFIG, params)
   umask = os.umask(0)

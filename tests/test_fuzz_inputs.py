@@ -1,4 +1,4 @@
-"""Fuzz of the public entry points with random shapes, dtypes and out-of-range values (issue #11).
+"""Fuzz of the public entry points with random shapes, dtypes and out-of-range values.
 
 Each call either returns finite output of the documented shape (when its input is valid by the
 entry point's contract) or raises ValueError / TypeError whose message names the bad argument:

@@ -1,4 +1,4 @@
-"""Learned-model headroom: a pointwise GBDT on the teacher's features (issue #3 item 8).
+"""Learned-model headroom: a pointwise GBDT on the teacher's features.
 
 The rule teacher must beat D's floor; a learned model on the same per-candidate features shows how
 much a re-ranker can win (docs/results/data_build.md: .481/.726/.623 against the floor

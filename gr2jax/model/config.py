@@ -112,12 +112,14 @@ class ModelConfig:
 
   @classmethod
   def tiny_deep(cls, **overrides) -> "ModelConfig":
-    """`tiny` with 4 layers instead of 2 (issue #19's validity-vs-size curve)."""
+    """`tiny` with 4 layers instead of 2 (the CFT validity-vs-size curve,
+    docs/results/cft_validity_and_speedup.md)."""
     return cls.tiny(**{**dict(num_layers=4), **overrides})
 
   @classmethod
   def tiny_wide(cls, **overrides) -> "ModelConfig":
-    """`tiny` at twice the width: hidden, head and MLP widths x2, 2 layers (issue #19's curve)."""
+    """`tiny` at twice the width: hidden, head and MLP widths x2, 2 layers (the CFT
+    validity-vs-size curve)."""
     return cls.tiny(**{**dict(hidden_size=256, head_dim=64, intermediate_size=768), **overrides})
 
   @classmethod

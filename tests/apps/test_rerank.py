@@ -228,7 +228,7 @@ def no_decoding(monkeypatch):
 
 
 def test_out_that_is_the_requests_file_is_refused(tmp_path, no_decoding):
-  """Issue 16 class 7: rerank.out == requests used to overwrite the requests."""
+  """rerank.out == requests used to overwrite the requests."""
   requests = os.path.join(tmp_path, "req.jsonl")
   with open(requests, "w") as f:
     f.write(json.dumps(_good(0)) + "\n")

@@ -165,7 +165,7 @@ def test_bad_trace_rows_are_named_and_no_usable_row_fails_before_tfds(data_dir, 
 
 
 def test_workdir_is_locked_by_the_run(data_dir, tmp_path):
-  """Issue #11 class 5: a second run on the same workdir is refused while the first holds it."""
+  """a second run on the same workdir is refused while the first holds it."""
   from tests.test_workdir import _holder
 
   holder = _holder(str(tmp_path))
@@ -179,7 +179,7 @@ def test_workdir_is_locked_by_the_run(data_dir, tmp_path):
 
 
 def test_incomplete_cached_outputs_are_rebuilt(built, data_dir, tmp_path):
-  """Issue #11 class 5: a deleted TFDS shard, a truncated pickle, a killed run's temp dir and an
+  """a deleted TFDS shard, a truncated pickle, a killed run's temp dir and an
   output without a completion record are each detected, not reused."""
   _, first_workdir, first = built
   work = str(tmp_path / "work")

@@ -194,7 +194,7 @@ def test_bad_input_raises():
     )
 
 
-BAD_ARGUMENTS = {  # issue #11 classes 2 and 4: each was accepted (and misbehaved) before
+BAD_ARGUMENTS = {  # each was once accepted (and misbehaved)
   "tau_zero": (dict(threshold=0.0), ValueError, r"threshold=0.0 must be in \(0, 1\]"),
   "tau_negative": (dict(threshold=-0.5), ValueError, r"threshold=-0.5 must be in \(0, 1\]"),
   "tau_above_one": (dict(threshold=1.5), ValueError, r"threshold=1.5 must be in \(0, 1\]"),
@@ -232,7 +232,7 @@ def test_bad_arguments_are_named_before_tracing(case):
 
 
 def test_tau_one_commits_one_token_per_step_on_a_peaked_model(params):
-  """Issue #8 item 6: with a peaked LM head fp32 confidences round to exactly 1.0; `conf >= tau`
+  """with a peaked LM head fp32 confidences round to exactly 1.0; `conf >= tau`
   then committed several tokens per step at tau = 1.0. Each step must commit exactly one."""
   peaked = {**params, "lm_head": params["lm_head"] * 1e4}
   out = _decode(peaked, threshold=1.0)

@@ -94,7 +94,7 @@ def test_bad_arguments():
 
 
 def test_bad_prompts_are_named_before_tracing():
-  """Issue #11 class 2: under jit an id >= V made the row's logits NaN, a negative id wrapped."""
+  """under jit an id >= V made the row's logits NaN, a negative id wrapped."""
   for bad, value in ((64, 64), (-1, -1)):
     with pytest.raises(ValueError, match=rf"generate: prompt_tokens\[1, 2\] = {value} is outside "
                                          r"the vocab \[0, 63\]"):

@@ -1,6 +1,6 @@
 """gr2jax/model/validate.py and the checks forward / ragged_prefill run before tracing.
 
-Each case here was accepted by the code before issue #11 and gave a silently wrong result
+Each case here was accepted by the code before its check was added and gave a silently wrong result
 (clamped or NaN logits, a wrapped id, a length of 0 reading position -1).
 """
 

@@ -1,5 +1,5 @@
 """check_stage_config: every shipped recipe passes; each bad size or rate is a ValueError naming
-its field (issue 16, class 6), raised by recipe.from_config before anything is built."""
+its field, raised by recipe.from_config before anything is built."""
 
 import importlib
 import types

@@ -1,5 +1,5 @@
 """The training loop: resume after SIGKILL, fallback past a broken checkpoint, NaN stops the run,
-final export + evaluation files; the run's integrity (issue 16): one run per stage directory,
+final export + evaluation files; the run's integrity: one run per stage directory,
 nothing non-finite saved or exported, a resume that refuses a changed run, a finished rerun that
 does nothing, sizes validated, exports that record their kind and data build."""
 

@@ -92,7 +92,7 @@ def test_resume_below_the_saved_step_is_refused():
 
 
 def test_broken_newest_step_is_moved_aside_and_saved_again(tmp_path, capsys):
-  """Issue 16 class 3: the fallback used to leave the broken step in place, so saving it again
+  """the fallback used to leave the broken step in place, so saving it again
   raised StepAlreadyExistsError on every rerun."""
   directory = str(tmp_path / "checkpoints")
   manager, record = _saved_run(directory)

@@ -91,7 +91,7 @@ def test_bad_input(ar_ckpt, tmp_path):
 
 @pytest.mark.parametrize("role,added", [("eos", {"<|mask|>": 2}), ("pad", {"<|mask|>": 0})])
 def test_mask_token_that_stops_or_pads_is_refused(tmp_path, role, added):
-  """Issue #11 class 3: the decoder never proposes the mask token: a mask = eos row never ends."""
+  """the decoder never proposes the mask token: a mask = eos row never ends."""
   ckpt = _ar_checkpoint(str(tmp_path / "ar"), ["<unk>", "a"], added=added)
   out = str(tmp_path / "out")
   with pytest.raises(ValueError, match=rf"'<\|mask\|>'.*\b{added['<|mask|>']}\b.*{role}"):

@@ -141,7 +141,7 @@ def test_add_tokens_takes_ids_from_the_tokenizer(hf_untied, tmp_path):
 
 
 def test_add_tokens_refuses_tokens_the_model_already_has(hf_untied, tmp_path):
-  """Issue #11 class 1: an existing token is an error naming it; its trained row is untouched."""
+  """an existing token is an error naming it; its trained row is untouched."""
   _, hf_dir = hf_untied
   tok_dir = word_tokenizer(tmp_path / "tok", added=["<new>"])
   token_file = tmp_path / "tokens.txt"
@@ -161,7 +161,7 @@ def test_add_tokens_refuses_tokens_the_model_already_has(hf_untied, tmp_path):
 
 
 def test_tokenizer_dir(tmp_path):
-  """Issue #11 class 7: a missing --tokenizer_dir is an error; without it --hf_dir's tokenizer
+  """a missing --tokenizer_dir is an error; without it --hf_dir's tokenizer
   gives the ids, and the copied tokenizer agrees with added_token_ids.json."""
   hf_dir = str(tmp_path / "hf")
   save_hf(hf_dir, seed=1)
