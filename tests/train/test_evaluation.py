@@ -1,0 +1,51 @@
+"""gr2jax/train/evaluation.py's cache: keyed by what decides a result, found by its key alone."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from gr2jax.train import evaluation, inputs
+from gr2jax.train.policy import DecodeSpec, make_policy
+from tests.train.toy_policy import AR, DIFFUSION
+
+
+def _data(source="tfds-abc/test_1615[:4]"):
+  return inputs.SplitData(encoded=[], users=np.arange(4), labels=[], teacher_top1=np.zeros(4),
+                          source=source)
+
+
+def test_the_key_covers_model_spec_data_and_shapes():
+  policy = make_policy(AR, DecodeSpec(), 16)
+  key = evaluation.cache_key("m", policy, _data(), batch_size=8, prompt_len=64)
+  others = [
+    evaluation.cache_key("m2", policy, _data(), batch_size=8, prompt_len=64),
+    evaluation.cache_key("m", make_policy(AR, DecodeSpec(eval_tau=0.9), 16), _data(),
+                         batch_size=8, prompt_len=64),
+    evaluation.cache_key("m", make_policy(DIFFUSION, DecodeSpec(), 16), _data(), batch_size=8,
+                         prompt_len=64),
+    evaluation.cache_key("m", make_policy(AR, DecodeSpec(), 32), _data(), batch_size=8,
+                         prompt_len=64),
+    evaluation.cache_key("m", policy, _data("tfds-abc/test[:4]"), batch_size=8, prompt_len=64),
+    evaluation.cache_key("m", policy, _data(), batch_size=4, prompt_len=64),
+    evaluation.cache_key("m", policy, _data(), batch_size=8, prompt_len=80)]
+  assert len({key, *others}) == 1 + len(others)
+  with pytest.raises(ValueError, match="no source"):
+    evaluation.cache_key("m", policy, dataclasses.replace(_data(), source=""), batch_size=8,
+                         prompt_len=64)
+
+
+def test_a_result_is_computed_once_and_found_under_any_name(tmp_path):
+  calls = []
+
+  def run(out_path):
+    calls.append(out_path)
+    with open(out_path, "w") as f:
+      f.write('{"user": 1}\n')
+    return {"R@1": 0.5}
+
+  first = evaluation.evaluate_cached(str(tmp_path), "sft_test", "k1", run)
+  again = evaluation.evaluate_cached(str(tmp_path), "ar_sft_test", "k1", run)  # another name
+  assert first == again == ({"R@1": 0.5, "cache_key": "k1"}, [{"user": 1}]) and len(calls) == 1
+  evaluation.evaluate_cached(str(tmp_path), "sft_test", "k2", run)
+  assert len(calls) == 2
