@@ -21,13 +21,13 @@ import pytest
 
 from gr2jax import exports, load
 from gr2jax.data import answer
-from gr2jax.hf import safetensors_io
 from gr2jax.hf import table as hf_table
 from gr2jax.model import generate, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
 from tests.diffusion import helpers
+from tests.hf import safetensors_files
 
 V, MASK = 32, 31
 CONFIG = ModelConfig.tiny(vocab_size=V, hidden_size=32, head_dim=8, intermediate_size=64,
@@ -200,7 +200,7 @@ def _hf_dir(directory, config, params):
   with open(os.path.join(directory, "config.json"), "w") as f:
     json.dump({**config.to_hf_dict(), "dtype": "float32"}, f)
   tensors = dict(hf_table.export_tensors(jax.tree.map(np.asarray, params)))
-  safetensors_io.write_file(os.path.join(directory, "model.safetensors"), tensors,
+  safetensors_files.write_file(os.path.join(directory, "model.safetensors"), tensors,
                             {"format": "pt"})
   return directory
 

@@ -119,19 +119,6 @@ class Reader:
     return array
 
 
-def iter_tensors(path: str) -> Iterator[tuple[str, np.ndarray]]:
-  """Yields (name, array) for each tensor of a safetensors file, one at a time, in file order."""
-  with Reader(path) as reader:
-    for name in reader.entries:
-      yield name, reader.read(name)
-
-
-def write_file(path: str, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
-  """Writes a dict of tensors to a safetensors file (see `write_stream`)."""
-  specs = [(name, a.shape, a.dtype) for name, a in tensors.items()]
-  write_stream(path, specs, iter(tensors.values()), metadata)
-
-
 def write_stream(path: str, specs: Sequence[tuple[str, tuple[int, ...], np.dtype]],
                  arrays: Iterator[np.ndarray], metadata: Mapping[str, str]) -> None:
   """Writes tensors to a safetensors file one at a time, never holding more than one in memory.

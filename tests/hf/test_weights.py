@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from gr2jax import exports, load
-from gr2jax.hf import convert, safetensors_io
+from gr2jax.hf import convert
 from gr2jax.hf import weights as hf_weights
+from tests.hf import safetensors_files
 from tests.weights_conversion.conftest import leftovers, save_hf, word_tokenizer
 
 
@@ -32,8 +33,8 @@ def _copy_with(src: str, dst, change) -> str:
     if name != "model.safetensors":
       with open(os.path.join(src, name), "rb") as f, open(os.path.join(dst, name), "wb") as g:
         g.write(f.read())
-  tensors = dict(safetensors_io.iter_tensors(os.path.join(src, "model.safetensors")))
-  safetensors_io.write_file(os.path.join(dst, "model.safetensors"),
+  tensors = dict(safetensors_files.iter_tensors(os.path.join(src, "model.safetensors")))
+  safetensors_files.write_file(os.path.join(dst, "model.safetensors"),
                             {n: change(n, a) for n, a in tensors.items()}, {"format": "pt"})
   return str(dst)
 

@@ -18,6 +18,7 @@ from gr2jax.hf import table as hf_table
 from gr2jax.hf import weights as hf_weights
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
+from tests.hf import safetensors_files
 from tests.weights_conversion.conftest import leftovers, run_main, save_hf, word_tokenizer
 from weights_conversion import convert_hf
 
@@ -188,9 +189,9 @@ def test_tokenizer_dir(tmp_path):
 def _rewrite(hf_dir, edit):
   """Applies `edit(dict of tensors)` to model.safetensors."""
   file = os.path.join(hf_dir, "model.safetensors")
-  tensors = dict(safetensors_io.iter_tensors(file))
+  tensors = dict(safetensors_files.iter_tensors(file))
   edit(tensors)
-  safetensors_io.write_file(file, tensors, {"format": "pt"})
+  safetensors_files.write_file(file, tensors, {"format": "pt"})
 
 
 def _edit_config(hf_dir, **fields):
@@ -246,7 +247,7 @@ def test_duplicate_tensor_across_shards(tmp_path):
   hf_dir = str(tmp_path / "hf")
   save_hf(hf_dir, seed=4)
   os.rename(os.path.join(hf_dir, "model.safetensors"), os.path.join(hf_dir, "a.safetensors"))
-  safetensors_io.write_file(os.path.join(hf_dir, "b.safetensors"),
+  safetensors_files.write_file(os.path.join(hf_dir, "b.safetensors"),
                             {"model.norm.weight": np.ones(32, np.float32)}, {"format": "pt"})
   with pytest.raises(ValueError, match="'model.norm.weight' appears more than once"):
     convert_hf.load_hf(hf_dir)
