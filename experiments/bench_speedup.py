@@ -3,10 +3,10 @@ Diffusion-GR2's commit schedule step for step (an emulation of the trained model
 
   # 1. record the trained tiny model's schedules (real prompts; writes --schedules)
   python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
-      --schedules=docs/benchmarks/speedup/schedules.json --runs=
+      --schedules=docs/results/benchmarks/speedup/schedules.json --runs=
   # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
-  python experiments/bench_speedup.py --schedules=docs/benchmarks/speedup/schedules.json \
-      --report_dir=docs/benchmarks/speedup --table3_results=results
+  python experiments/bench_speedup.py --schedules=docs/results/benchmarks/speedup/schedules.json \
+      --report_dir=docs/results/benchmarks/speedup --table3_results=results
   # draft-and-verify too: record with the AR verifier, replay as above
   python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_verifier=W/ar_rl/export \
       --record_workdir=W --schedules=docs/results/lossless/schedules.json --runs=
@@ -87,7 +87,7 @@ from gr2jax.model.config import ModelConfig  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("schedules", "docs/benchmarks/speedup/schedules.json",
+flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json",
                     "Recorded schedules (written with --record_ckpt, read otherwise).")
 flags.DEFINE_string("record_ckpt", None, "A trained diffusion export: record its schedules.")
 flags.DEFINE_string("record_workdir", None, "The data build (workdir) the checkpoint's prompts "

@@ -1,7 +1,7 @@
 r"""CFT validity vs model size at one fixed budget: the curve, JSON + PNG.
 
 Each point is a chain workdir W of the tiny recipe with another model preset and the same step
-counts for every size (README of docs/benchmarks/cft_validity, "Validity vs model size"):
+counts for every size (README of docs/results/benchmarks/cft_validity, "Validity vs model size"):
 
   python experiments/run.py --config=cft.py --workdir=W --config.upstream=run \
       --config.model.preset=PRESET --config.data.sids_file=results/sids_table2.npy \
@@ -9,7 +9,7 @@ counts for every size (README of docs/benchmarks/cft_validity, "Validity vs mode
       --config.stages.cft.train.steps=300
   python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export --specs=0.9:confidence:32 \
       --out=W/tau09.json
-  python experiments/cft_scale.py --points=W1,W2,W3 --scale_dir=docs/benchmarks/cft_validity/scale
+  python experiments/cft_scale.py --points=W1,W2,W3 --scale_dir=docs/results/benchmarks/cft_validity/scale
 
 A point reads (W is read only): W/cft/export's model config (parameter count, layers, width),
 W/cft/eval_final.json (the CFT stage's own evaluation: tau = the recipe's eval_tau, 1.0),

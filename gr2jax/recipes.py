@@ -256,7 +256,7 @@ def _tiny() -> ml_collections.ConfigDict:
     complementary=True,  # also train the inverted mask (every token supervised per pair)
     rate_power=2.0))  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
   #                     masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
-  #                     docs/benchmarks/cft_validity/README.md (h))
+  #                     docs/results/benchmarks/cft_validity/README.md (h))
   # OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
   # .702 -> .733 in 20 steps (README)
   c.stages.opd = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
