@@ -9,7 +9,8 @@ counts for every size (README of docs/results/benchmarks/cft_validity, "Validity
       --config.stages.cft.train.steps=300
   python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export --specs=0.9:confidence:32 \
       --out=W/tau09.json
-  python experiments/cft_scale.py --points=W1,W2,W3 --scale_dir=docs/results/benchmarks/cft_validity/scale
+  python experiments/cft_scale.py --points=W1,W2,W3 \
+      --scale_dir=docs/results/benchmarks/cft_validity/scale
 
 A point reads (W is read only): W/cft/export's model config (parameter count, layers, width),
 W/cft/eval_final.json (the CFT stage's own evaluation: tau = the recipe's eval_tau, 1.0),

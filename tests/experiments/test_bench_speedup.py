@@ -55,10 +55,11 @@ def test_merge_writes_one_report_over_the_runs_and_refuses_a_configuration_twice
 def test_flags_without_a_recorded_schedule_are_one_line_errors(tmp_path):
   """A block size or tau with no recorded schedule and --repeats < 1 name the flag and what it
   allows, before any model is built; nothing is written (no fresh report directory)."""
-  cases = {"--block_sizes=64": "--block_sizes=64: no recorded schedule in "
-                               "docs/results/benchmarks/speedup/schedules.json (recorded: 4, 8, 16, 32)",
-           "--taus=0.95": "--taus=0.95: no recorded schedule in "
-                          "docs/results/benchmarks/speedup/schedules.json (recorded: 0.4, 0.6, 0.9)",
+  schedules = "docs/results/benchmarks/speedup/schedules.json"
+  cases = {"--block_sizes=64": f"--block_sizes=64: no recorded schedule in {schedules} "
+                               "(recorded: 4, 8, 16, 32)",
+           "--taus=0.95": f"--taus=0.95: no recorded schedule in {schedules} "
+                          "(recorded: 0.4, 0.6, 0.9)",
            "--repeats=0": "--repeats=0: each must be an int in [1, 1048576]"}
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "TMPDIR": str(tmp_path)}
   procs = {flag: subprocess.Popen([sys.executable, SCRIPT, flag, "--hf_check=false"], cwd=REPO,
