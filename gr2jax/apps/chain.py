@@ -591,19 +591,20 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
   return md
 
 
-def provenance(summary: dict) -> dict:
+def provenance(summary: dict, workdir: str) -> dict:
   """Digests of what every number depends on: the tokenizer (`vocab_sha256`, the same digest
   every export of the build records: exports.data_build_record; `tokenizer_json_sha256`, of its
   tokenizer.json file), the SIDs file the prompts were rendered with (pin it on another machine
   with --config.data.sids_file=<that file>) and, when the SFT data are LLM traces
-  (data.teacher_traces), that file and the teachers that wrote it."""
+  (data.teacher_traces), that file and the teachers that wrote it. Paths inside the workdir are
+  written relative to it ({workdir}/...)."""
   paths, sids = summary["paths"], summary["sids"]
   traces = summary.get("teacher_traces") or {}
   tokenizer = tokenizer_lib.load_tokenizer(paths["tokenizer"])
   return {"vocab_sha256": exports.vocab_digest(tokenizer)[:16],
           "tokenizer_json_sha256": files.file_sha256(
             os.path.join(paths["tokenizer"], "tokenizer.json"))[:16],
-          "sids_sha256": files.file_sha256(paths["sids"])[:16], "sids_file": paths["sids"],
+          "sids_sha256": files.file_sha256(paths["sids"])[:16], "sids_file": run_checkpoints.portable(paths["sids"], workdir),
           "sids_collision_rate": sids["collision_rate"],
           "sids_max_collisions": sids["max_collisions"],
           "teacher_traces_sha256": traces.get("sha256", "")[:16] or "rule teacher",
@@ -620,6 +621,6 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
           + evaluate_rows(recipe, workdir, summary))
   timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
   results_dir = recipe.table.results_dir.format(workdir=workdir)
-  md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary)}, results_dir)
+  md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)}, results_dir)
   print(md, flush=True)
   return md

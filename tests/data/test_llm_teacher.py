@@ -214,7 +214,8 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert sorted(r["user"] for r in records) == [r["user"] for r in expected]
   record = next(r for r in records if r["user"] == expected[0]["user"])
   assert record["reasoning"] == prompts.think_block(expected[0]["reasoning"])
-  provenance = chain.provenance(built)
+  provenance = chain.provenance(built, str(tmp_path / "student"))
+  assert provenance["sids_file"].startswith("{workdir}/")  # no path of this machine
   assert provenance["teacher_traces_sha256"] == built["teacher_traces"]["sha256"][:16]
   assert provenance["teacher_digests"] == digest
 
