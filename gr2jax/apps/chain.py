@@ -604,7 +604,8 @@ def provenance(summary: dict, workdir: str) -> dict:
   return {"vocab_sha256": exports.vocab_digest(tokenizer)[:16],
           "tokenizer_json_sha256": files.file_sha256(
             os.path.join(paths["tokenizer"], "tokenizer.json"))[:16],
-          "sids_sha256": files.file_sha256(paths["sids"])[:16], "sids_file": run_checkpoints.portable(paths["sids"], workdir),
+          "sids_sha256": files.file_sha256(paths["sids"])[:16],
+          "sids_file": run_checkpoints.portable(paths["sids"], workdir),
           "sids_collision_rate": sids["collision_rate"],
           "sids_max_collisions": sids["max_collisions"],
           "teacher_traces_sha256": traces.get("sha256", "")[:16] or "rule teacher",
@@ -621,6 +622,7 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
           + evaluate_rows(recipe, workdir, summary))
   timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
   results_dir = recipe.table.results_dir.format(workdir=workdir)
-  md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)}, results_dir)
+  md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)},
+                    results_dir)
   print(md, flush=True)
   return md
