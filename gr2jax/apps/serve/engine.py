@@ -64,18 +64,8 @@ def use_compilation_cache(directory: str) -> None:
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
-class InputError(ValueError):
-  """A request the model cannot answer.
-
-  Attributes:
-    kind: requests.ERROR_KINDS or 'prompt_too_long'.
-    field: the request field at fault ('history[3]', 'candidates', ...).
-  """
-
-  def __init__(self, kind: str, field: str, message: str):
-    super().__init__(message)
-    self.kind = kind
-    self.field = field
+InputError = requests_lib.RequestError  # a request the model cannot answer: kind (ERROR_KINDS
+#                                        or 'prompt_too_long') and the field at fault
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +152,7 @@ class Engine:
     [parsed] = requests_lib.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
     if not isinstance(parsed, requests_lib.Request):
       error = parsed["error"]
-      raise InputError(error["kind"], error["field"], error["message"])
+      raise InputError(error["kind"], error["message"], error["field"])
     [rendered] = requests_lib.render([parsed], r)
     with self._tokenizer_lock:
       ids = self.reranker.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
@@ -181,10 +171,10 @@ class Engine:
     parsed, encoded, labels = self._render(obj)
     fits = [p for p in self.prompt_lengths if p >= len(encoded.prompt)]
     if not fits:
-      raise InputError("prompt_too_long", "history",
+      raise InputError("prompt_too_long",
                        f"the request's prompt is {len(encoded.prompt)} tokens, longer than the "
                        f"compiled prompt lengths {self.prompt_lengths} (serve.prompt_lengths); "
-                       "send fewer history items")
+                       "send fewer history items", "history")
     return Prepared(parsed, encoded, labels, fits[0],
                     max(len(parsed.history) - self.reranker.rendering.max_history, 0))
 
