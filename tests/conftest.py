@@ -1,11 +1,15 @@
-"""Test setup: 8 host devices for sharding tests, offline HF, fp32 matmuls.
+"""Test setup: 8 host devices for sharding tests, offline HF, fp32 matmuls, quick compiles.
 
-The XLA flag must be set before the JAX backend initialises, so it lives here at import time.
+The XLA flags must be set before the JAX backend initialises, so they live here at import time.
+`--xla_backend_optimization_level=0` compiles without LLVM's optimisation passes: most of a
+test's time is compiling small programs, and this cut it by about a quarter (the programs are
+the same HLO; only the machine code is less optimised). Benchmarks and runs never set it.
 """
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault(
+    "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0")
 # The CPU backend even where the compile-only GPU / TPU plugins (requirements-aot.txt) are
 # installed: tests/test_targets.py compiles for those targets through jax.experimental.topologies.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")

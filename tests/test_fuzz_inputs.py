@@ -29,6 +29,8 @@ from gr2jax.model.params import abstract_params
 from tests.diffusion import helpers
 from tests.hf import safetensors_files
 
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
+
 V, MASK = 32, 31
 CONFIG = ModelConfig.tiny(vocab_size=V, hidden_size=32, head_dim=8, intermediate_size=64,
                           eos_token_ids=(2,), pad_token_id=0, mask_token_id=MASK, block_size=4)

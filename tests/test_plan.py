@@ -19,6 +19,8 @@ import plan  # noqa: E402
 
 from gr2jax.train import mesh as mesh_lib  # noqa: E402
 
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
+
 
 def test_flop_formula_matches_cost_analysis_on_one_trip_configs():
   rows = plan.verify_flops(("sft", "cft"))

@@ -23,6 +23,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import plan  # noqa: E402
 import targets  # noqa: E402
 
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
+
 PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc", "nvidia.cudnn"),
             "tpu": ("libtpu",)}
 CHECK = {"h100": ("1x1x2", 2), "tpu_v5e": ("2x2", 4)}  # target: (topology, fsdp)

@@ -251,6 +251,7 @@ def test_two_runs_on_one_output_are_refused(build, tmp_path):
     holder.wait()
 
 
+@pytest.mark.integration
 def test_real_path_on_a_random_qwen3_in_the_hf_layout(build, tmp_path):
   """The default sampler: load_model of an HF dir, sharded params, generate in static batches
   (the last padded), the chat template with thinking off."""

@@ -14,6 +14,8 @@ from gr2jax.diffusion import replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import mesh as mesh_lib
 
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
+
 BASE = ModelConfig.tiny(vocab_size=64, num_layers=1, attention_chunk_bytes=8 << 20)
 SHAPE = bench_train.Rows(rows=2, prompt_width=8, prompt_tokens=6, response_width=40,
                          response_tokens=35, rounds=3)

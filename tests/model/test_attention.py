@@ -247,6 +247,7 @@ _FORWARD = jax.jit(jax.value_and_grad(_forward_outputs, argnums=1, has_aux=True)
                    static_argnums=0)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("impl", KERNELS)
 def test_forward_with_each_kernel_equals_the_reference(impl):
   """qwen3.forward with each kernel: causal logits and two-stream log-probs with their

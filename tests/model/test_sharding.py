@@ -24,6 +24,8 @@ from gr2jax.model.sharding import (
   shard_params,
 )
 
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
+
 CONFIG = ModelConfig.tiny(vocab_size=256)
 
 

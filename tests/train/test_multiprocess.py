@@ -23,6 +23,9 @@ import sys
 import time
 
 import numpy as np
+import pytest
+
+pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 NUM_PROCESSES = 2

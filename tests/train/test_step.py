@@ -53,6 +53,7 @@ def single():
   return _run(mesh_lib.make_mesh(fsdp=1, devices=jax.devices()[:1]))
 
 
+@pytest.mark.integration
 def test_sharded_step_equals_single_device(single):
   mesh = mesh_lib.make_mesh(data=1, fsdp=4, tp=2)
   losses, params, state = _run(mesh)

@@ -201,6 +201,7 @@ def process(tok_dir):
   p.wait()
 
 
+@pytest.mark.integration
 def test_sigterm_drains_in_flight_requests(process):
   """SIGTERM with requests in the queue: all are answered, then no new connection is
   accepted, and the process exits."""
