@@ -331,7 +331,8 @@ def _compile_forward(fn, config, width: int, s, target_name: str) -> dict:
             jax.ShapeDtypeStruct((1,), np.int32, sharding=rep)]
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(plan._param_specs(config, mesh), *shapes)
+    lowered = jax.jit(fn, donate_argnums=1).lower(roofline.decoder_param_specs(config, mesh),
+                                                  *shapes)
     compiled, _ = plan._compile(lowered, target, 0)
   mem = plan._memory(compiled)
   return {"bytes": mem["argument"] + mem["output"] - mem["alias"], "memory": mem,

@@ -42,7 +42,7 @@ from gr2jax.apps.tables import PAPER_TABLE3  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
-from gr2jax.model.cache import KVCache  # noqa: E402
+from gr2jax.model.cache import KVCache, init_cache  # noqa: E402
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -56,9 +56,22 @@ def define_flags() -> None:
 
 
 def _cache_spec(config, sharding, slots: int) -> KVCache:
-  shape = (config.num_layers, 1, slots, config.num_kv_heads, config.head_dim)
-  kv = jax.ShapeDtypeStruct(shape, jnp.dtype(config.compute_dtype), sharding=sharding)
-  return KVCache(k=kv, v=kv, lengths=jax.ShapeDtypeStruct((1,), jnp.int32, sharding=sharding))
+  """The batch-1 cache as ShapeDtypeStructs (init_cache's layout), every buffer on `sharding`."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                      jax.eval_shape(lambda: init_cache(config, 1, slots)))
+
+
+def decoder_param_specs(config, mesh) -> dict:
+  """The params as the decoders take them (params.layer_list: one buffer per layer), as
+  ShapeDtypeStructs with plan's shardings less the leading L axis."""
+  def one_layer(x):
+    spec = jax.sharding.PartitionSpec(*x.sharding.spec[1:])
+    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
+                                sharding=jax.sharding.NamedSharding(mesh, spec))
+
+  specs = plan._param_specs(config, mesh)
+  layer = jax.tree.map(one_layer, specs["layers"])
+  return {**specs, "layers": (layer,) * config.num_layers}
 
 
 def compile_step(kind: str, s: plan.Shapes, target_name: str) -> dict:
@@ -90,7 +103,7 @@ def compile_step(kind: str, s: plan.Shapes, target_name: str) -> dict:
       return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths)
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(plan._param_specs(config, mesh), cache,
+    lowered = jax.jit(fn, donate_argnums=1).lower(decoder_param_specs(config, mesh), cache,
                                                   tokens, prompt_lengths)
     compiled, record = plan._compile(lowered, target, 0)
   mem = plan._memory(compiled)

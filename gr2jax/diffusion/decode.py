@@ -51,6 +51,7 @@ from jax import lax
 
 from gr2jax.diffusion import commit, constrain
 from gr2jax.model import attention, masks, qwen3, validate
+from gr2jax.model import params as params_lib
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 
@@ -585,7 +586,8 @@ def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: j
   static = _Static(max_new_tokens=max_new_tokens, temperature=temperature,
                    cache_size=cache_size, head_buckets=head_buckets,
                    commit_order=decoding.commit_order)
-  return _generate(params, config, prompt_tokens, prompt_lengths, traced, static=static)
+  return _generate(params_lib.layer_list(params), config, prompt_tokens, prompt_lengths, traced,
+                   static=static)
 
 
 def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:

@@ -68,6 +68,7 @@ from gr2jax.diffusion import commit, decode
 from gr2jax.model import generate, qwen3, validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import layer_list
 
 FIRST_STEP = -1  # token_step of the first token (the verifier's prefill proposes it)
 NO_STEP = 2**30  # token_step after a row's length
@@ -534,7 +535,8 @@ def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max
                          "(speculative.prefill)")
     validate.check_shape(where, "prefilled[1]", v_logits, shape=(b, verifier.config.vocab_size))
   stop = verifier.config.eos_token_ids
-  return _decode(drafter.params, verifier.params, prompt_tokens, prompt_lengths,
+  return _decode(layer_list(drafter.params), layer_list(verifier.params), prompt_tokens,
+                 prompt_lengths,
                  jnp.asarray(stop or (-1,), jnp.int32),
                  jax.random.key(0) if key is None else key, schedule, prefilled,
                  config_d=drafter.config, config_v=verifier.config, spec=spec,
@@ -597,7 +599,8 @@ def prefill(drafter: Model, verifier: Model, prompt_tokens: jax.Array, prompt_le
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  return _prefill(drafter.params, verifier.params, prompt_tokens, prompt_lengths,
+  return _prefill(layer_list(drafter.params), layer_list(verifier.params), prompt_tokens,
+                  prompt_lengths,
                   config_d=drafter.config, config_v=verifier.config,
                   max_new_tokens=max_new_tokens)
 

@@ -5,8 +5,9 @@
 
   reference  the einsum path: query-chunked, each chunk rematerialised in the backward pass,
              exact for any [B, T, S + T] bool mask; the cache and the new keys are scored
-             separately and share one softmax (no K/V concatenation). The CPU path and the
-             ground truth of tests/model/test_attention.py.
+             separately and share one softmax (no K/V concatenation). The CPU path, the path of
+             every forward that reads a cache (below), and the ground truth of
+             tests/model/test_attention.py.
   cudnn      `jax.nn.dot_product_attention(implementation='cudnn')` (cuDNN flash attention,
              bf16/fp16 only). A causal mask without padding is cuDNN's CAUSAL mask type (no
              mask tensor); every other mask -- padding, the cached block decode, the two-stream
@@ -23,11 +24,17 @@
              float32: cuDNN has no fp32 kernel), 'tpu' -> splash, otherwise reference. A
              compile-only target (AOT from a CPU host) must name its kernel explicitly.
 
+A forward that reads a cache (the decode steps: T <= B + 1 queries over S slots) runs the reference
+whatever the setting: it is bound by reading the cache, which the einsums read in place from the
+per-layer buffers (model/cache.py), once for the scores and once for the values; a kernel needs one
+[cache | new] K/V tensor, i.e. a copy of the whole cache per layer per step. The kernels serve the
+cache-free forwards (training, scoring, the empty-cache prefill).
+
 Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
 Pattern (per-slot block and stream ids, one rule) shared by every row, and-ed with a per-row key
 validity [B, S + T]. The kernels need the factored form; the reference needs only the dense mask.
 Every row must see at least one key (true of every library mask; a splash row without one would
-divide by zero). The kernels read one K/V tensor, [cache | new | zero padding] (`_all_keys`).
+divide by zero). The kernels read one K/V tensor, [new keys | zero padding] (`_padded_keys`).
 
 Numerics: softmax in f32 in every path; masked scores are K_MASK in the reference (finite: a
 fully masked row gives a uniform softmax rather than NaN).
@@ -184,22 +191,27 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   Args:
     q: [B, K, G, C, H] scaled queries, grouped by KV head.
     k, v: [B, T, K, H] keys / values of the new tokens.
-    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    k_cache, v_cache: [B*K, H, S] cached keys, [B*K, S, H] values (model/cache.py: the rows
+      are the one batch dim of both dots), or None (S = 0).
     mask: [B, C, S + T] bool, the mask rows of these C queries.
 
   Returns:
     [B, K, G, C, H] f32.
   """
+  b, num_kv, g, c, h = q.shape
+  rows = lambda x: x.reshape(b * num_kv, *x.shape[2:])  # [B, K, ...] -> [B*K, ...]
+  heads = lambda x: x.reshape(b, num_kv, *x.shape[1:])  # and back
   scores = jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32)
   if k_cache is not None:
-    cache_scores = jnp.einsum("BKGCH,BSKH->BKGCS", q, k_cache, preferred_element_type=F32)
-    scores = jnp.concatenate([cache_scores, scores], axis=-1)  # [B, K, G, C, S + T]
+    cache_scores = jnp.einsum("RGCH,RHS->RGCS", rows(q), k_cache, preferred_element_type=F32)
+    scores = jnp.concatenate([heads(cache_scores), scores], axis=-1)  # [B, K, G, C, S + T]
   scores = jnp.where(mask[:, None, None], scores, K_MASK)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  s = 0 if k_cache is None else k_cache.shape[1]
+  s = 0 if k_cache is None else v_cache.shape[1]
   out = jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
   if k_cache is not None:
-    out += jnp.einsum("BKGCS,BSKH->BKGCH", probs[..., :s], v_cache, preferred_element_type=F32)
+    out += heads(jnp.einsum("RGCS,RSH->RGCH", rows(probs[..., :s]), v_cache,
+                            preferred_element_type=F32))
   return out
 
 
@@ -252,7 +264,7 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | Non
   Args:
     q: [B, T, N, H] queries (after norm + RoPE).
     k, v: [B, T, K, H] keys / values of the new tokens.
-    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    k_cache, v_cache: [B*K, H, S] cached keys, [B*K, S, H] values, or None (S = 0).
     mask: [B, T, S + T] bool.
     chunk_bytes: the f32 score budget of one query chunk (score_chunk_bytes).
 
@@ -283,14 +295,10 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | Non
 # ---- kernels -----------------------------------------------------------------------------------
 
 
-def _all_keys(new: jax.Array, cache: jax.Array | None, size: int) -> jax.Array:
-  """[B, size, K, H]: the one key (value) tensor of a kernel, [cache slots | new keys | zeros],
-  built by one concatenation (the zero keys are masked: the kernel's padding)."""
-  parts = ([] if cache is None else [cache.astype(new.dtype)]) + [new]
-  pad = size - sum(x.shape[1] for x in parts)
-  if pad:
-    parts.append(jnp.zeros((new.shape[0], pad) + new.shape[2:], new.dtype))
-  return parts[0] if len(parts) == 1 else jnp.concatenate(parts, axis=1)
+def _padded_keys(new: jax.Array, size: int) -> jax.Array:
+  """[B, size, K, H]: a kernel's key (value) tensor, the new keys then masked zero keys (the
+  kernel's padding)."""
+  return jnp.pad(new, ((0, 0), (0, size - new.shape[1]), (0, 0), (0, 0)))
 
 
 def cudnn_arguments(mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
@@ -467,10 +475,10 @@ def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None) -> di
     pattern: the mask's static structure (apply_pattern), or None for an arbitrary mask.
 
   Returns:
-    {'impl': the kernel that runs, **its mask arguments}: splash without a pattern is the
-    reference (module docstring).
+    {'impl': the kernel that runs, **its mask arguments}: a forward that reads cache slots
+    (S > 0) and splash without a pattern run the reference (module docstring).
   """
-  impl = resolve_impl(config)
+  impl = resolve_impl(config) if mask.shape[-1] == mask.shape[1] else "reference"
   if impl == "cudnn":
     return {"impl": impl, **cudnn_arguments(mask, pattern)}
   if impl == "splash" and pattern is not None:
@@ -485,7 +493,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   Args:
     q: [B, T, N, H] queries (after norm + RoPE).
     k, v: [B, T, K, H] keys / values of the new tokens.
-    k_cache, v_cache: [B, S, K, H] cached keys / values, or None (S = 0).
+    k_cache, v_cache: [B*K, H, S] cached keys, [B*K, S, H] values, or None (S = 0; a kernel
+      runs only then).
     prepared: prepare(config, mask, pattern).
 
   Returns:
@@ -494,6 +503,6 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   impl = prepared["impl"]
   if impl == "reference":
     return reference(q, k, v, k_cache, v_cache, prepared["mask"], prepared["chunk_bytes"])
-  k, v = (_all_keys(x, cache, prepared["keys"]) for x, cache in ((k, k_cache), (v, v_cache)))
+  k, v = (_padded_keys(x, prepared["keys"]) for x in (k, v))
   out = (cudnn if impl == "cudnn" else splash)(q, k, v, prepared)
   return out.astype(q.dtype)

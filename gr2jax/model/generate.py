@@ -17,6 +17,7 @@ from jax import lax
 from gr2jax.model import validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import layer_list
 from gr2jax.model.qwen3 import forward, ragged_prefill
 
 
@@ -124,21 +125,19 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
   The inputs are checked before tracing (`validate.prompts`; errors name the argument).
   """
   tokens, lengths = validate.prompts("prefill", config, tokens, lengths)
-  return _prefill(params, config, tokens, lengths, cache)
+  return _prefill(layer_list(params), config, tokens, lengths, cache)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
-                                             "eos_token_ids"), donate_argnames="cache")
 def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array, key: jax.Array,
            *, max_new_tokens: int, sampling: Sampling,
            eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
   """Samples up to max_new_tokens tokens after a prefilled cache, in one on-device while loop.
 
-  Jitted and fed by `prefill`: its inputs are device values, not checked here (`generate` checks
-  everything before it calls the two).
+  Jitted (the cache donated) and fed by `prefill`: its inputs are device values, not checked here
+  (`generate` checks everything before it calls the two).
 
   Args:
-    params: the param pytree.
+    params: the param pytree (stacked layers are converted by params.layer_list first).
     config: the model (static).
     cache: the prefilled cache (donated) with room for max_new_tokens - 1 more tokens.
     logits: [B, V] f32 next-token logits from the prefill.
@@ -151,6 +150,15 @@ def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array,
     (GenerateOutput with nfe counting the decode steps only (generate adds the prefill), the
     cache holding the prompt and every generated token but the last).
   """
+  return _decode(layer_list(params), config, cache, logits, key, max_new_tokens=max_new_tokens,
+                 sampling=sampling, eos_token_ids=eos_token_ids)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
+                                             "eos_token_ids"), donate_argnames="cache")
+def _decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array, key: jax.Array,
+            *, max_new_tokens: int, sampling: Sampling,
+            eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
   b = logits.shape[0]
   eos = jnp.asarray(eos_token_ids, jnp.int32)
   pad = config.pad_token_id
@@ -237,8 +245,9 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
   validate.prng_key(where, "key", key)
   eos = validate.token_ids(where, "config.eos_token_ids", config.eos_token_ids,
                            config.vocab_size)
+  params = layer_list(params)
   logits, cache = _prefill(params, config, prompt_tokens, prompt_lengths,
                            init_cache(config, b, cache_len))
-  out, _ = decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,
+  out, _ = _decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,
                   sampling=sampling, eos_token_ids=eos)
   return out.replace(nfe=out.nfe + 1)

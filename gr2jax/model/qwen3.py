@@ -4,8 +4,10 @@ WORKSPACE.md "Forward" is the contract. Numerics follow HF `Qwen3ForCausalLM`: R
 logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP. Layers are scanned.
 
 Keys are `[cache slots S | the T new tokens]`; attention (the einsum reference or a kernel,
-config.attention_impl) is gr2jax/model/attention.py. The new K/V are written into the cache after
-the layer scan with one scatter at slots `lengths[b] + arange(T)` (in place when donated;
+config.attention_impl) is gr2jax/model/attention.py. Stacked layer params ([L, ...], training) are
+scanned; per-layer params (`params.layer_list`, the decoders) run as an unrolled loop, each layer
+reading its own weight and cache buffers in place. The new K/V of each layer are written into its
+cache buffer with one scatter at slots `lengths[b] + arange(T)` (in place when donated;
 out-of-range writes are dropped, never clamped onto valid slots).
 """
 
@@ -17,6 +19,7 @@ import numpy as np
 from jax import lax
 
 from gr2jax.model import attention, validate
+from gr2jax.model import params as params_lib
 from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.masks import padding_mask
@@ -79,8 +82,18 @@ def shard_activations(x: jax.Array) -> jax.Array:
 
 
 def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: dict, p: dict,
-           k_cache: jax.Array | None, v_cache: jax.Array | None):
-  """One decoder layer. x [B, T, D] -> (x [B, T, D], (k, v) [B, T, K, H] of the new tokens)."""
+           cache_kv: tuple[jax.Array, jax.Array] | None, read: bool,
+           write_at: jax.Array | None):
+  """One decoder layer: x [B, T, D] -> (x [B, T, D], cache_kv).
+
+  cache_kv: this layer's (keys [B*K, H, S], values [B*K, S, H]) buffers, or None; `read`
+  attends to them. With write_at ([B], cache.lengths) the new k, v are first written at slots
+  write_at + arange(T) and the attention reads the written buffers. Those slots are >= lengths,
+  hidden by the mask (forward's contract), so the result is that of reading the old buffers; and
+  the old buffers' only reader is then the write, which XLA does in place. Written after the
+  reads instead, the in-place update would have no data dependency on them, and XLA copies both
+  buffers of every layer on every step (docs/results/memory_limit.md).
+  """
   x = shard_activations(x)
   dt, eps = x.dtype, config.rms_norm_eps
   w = lambda name: p[name].astype(dt)
@@ -90,33 +103,38 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: di
   v = jnp.einsum("BTD,DKH->BTKH", h, w("v"))
   q = apply_rope(rms_norm(q, p["q_norm"], eps), positions, config.rope_theta)
   k = apply_rope(rms_norm(k, p["k_norm"], eps), positions, config.rope_theta)
-  attn = attention.attend(q, k, v, k_cache, v_cache, prepared)
-  x = x + jnp.einsum("BTNH,NHD->BTD", attn, w("o"))
+  if write_at is not None:
+    cache_kv = (_write_cache(cache_kv[0], k, write_at, keys=True),
+                _write_cache(cache_kv[1], v, write_at, keys=False))
+  attn = attention.attend(q, k, v, *(cache_kv if read else (None, None)), prepared)
+  b, t, n, h = attn.shape  # [N, H] flattened: one contraction, the weight read in place
+  x = x + jnp.einsum("BTE,ED->BTD", attn.reshape(b, t, n * h), w("o").reshape(n * h, -1))
   h = rms_norm(x, p["post_attn_norm"], eps)
   gate = jnp.einsum("BTD,DF->BTF", h, w("gate"))
   up = jnp.einsum("BTD,DF->BTF", h, w("up"))
   x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w("down"))
-  return x, (k, v)
+  return x, cache_kv
 
 
-def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array) -> jax.Array:
-  """Writes new [L, B, T, K, H] into buf [L, B, S, K, H] at slots lengths[b] + arange(T).
+def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array, keys: bool) -> jax.Array:
+  """Writes one layer's new [B, T, K, H] into its buf at slots lengths[b] + arange(T): the keys'
+  [B*K, H, S] (keys=True) or the values' [B*K, S, H] (model/cache.py).
 
-  One scatter whose batching dimensions are the layer and the row (vmapped over L, then B):
-  - XLA's SPMD partitioner splits a scatter along a batching dimension, so a cache sharded over
-    B stays sharded; a scatter indexed by (row, slot) pairs is replicated instead (the whole
-    cache on every device: docs/plan_qwen3_8b.md finding 5);
-  - L and B are the buffer's leading dimensions, in order, so XLA scatters into the donated
-    buffer in place (vmapping over B alone makes it transpose B to the front: two copies of the
-    whole cache per write; a vmapped dynamic_update_slice copies it too).
+  One scatter whose batching dimension is the buffer row (vmapped over B*K, the leading
+  dimension): XLA's SPMD partitioner splits it along the rows, so a cache sharded over B stays
+  sharded (a scatter indexed by (row, slot) pairs is replicated: docs/plan_qwen3_8b.md finding
+  5), and XLA scatters into the donated buffer in place.
   """
-  slots = lengths[:, None] + jnp.arange(new.shape[2], dtype=jnp.int32)[None, :]  # [B, T]
+  b, t, k, h = new.shape
+  new = new.transpose(0, 2, 3, 1) if keys else new.transpose(0, 2, 1, 3)  # [B, K, H|T, T|H]
+  new = new.reshape(b * k, *new.shape[2:])
+  slots = jnp.repeat(lengths, k)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B*K, T]
 
-  def write(buf_row, new_row, slots_row):  # [S, K, H], [T, K, H], [T]
-    return buf_row.at[slots_row].set(new_row.astype(buf_row.dtype), indices_are_sorted=True,
-                                     unique_indices=True)
+  def write(buf_row, new_row, slots_row):  # [H, S] | [S, H], [H, T] | [T, H], [T]
+    at = buf_row.at[:, slots_row] if keys else buf_row.at[slots_row]
+    return at.set(new_row.astype(buf_row.dtype), indices_are_sorted=True, unique_indices=True)
 
-  return jax.vmap(jax.vmap(write), in_axes=(0, 0, None))(buf, new, slots)
+  return jax.vmap(write)(buf, new, slots)
 
 
 def _check_tokens(where: str, params: dict, config: ModelConfig, tokens) -> jax.Array:
@@ -138,9 +156,16 @@ def _check_cache(where: str, config: ModelConfig, cache, b: int, t: int,
   if not isinstance(cache, KVCache):
     raise TypeError(f"{where}: cache must be a KVCache (gr2jax.model.cache.init_cache), got "
                     f"{type(cache).__name__}")
-  validate.check_shape(where, "cache.k", cache.k, shape=(config.num_layers, b, cache.max_len,
-                                                         config.num_kv_heads, config.head_dim))
-  validate.check_shape(where, "cache.v", cache.v, shape=cache.k.shape)
+  for name in ("k", "v"):
+    layers = getattr(cache, name)
+    if not isinstance(layers, tuple) or len(layers) != config.num_layers:
+      raise ValueError(f"{where}: cache.{name} must be a tuple of num_layers="
+                       f"{config.num_layers} arrays (init_cache), got "
+                       f"{len(layers) if isinstance(layers, tuple) else type(layers).__name__}")
+    rows, s, h = b * config.num_kv_heads, cache.max_len, config.head_dim
+    for i, x in enumerate(layers):
+      validate.check_shape(where, f"cache.{name}[{i}]", x,
+                           shape=(rows, h, s) if name == "k" else (rows, s, h))
   validate.integer_array(where, "cache.lengths", cache.lengths, shape=(b,))
   validate.check_range(where, "cache.lengths", cache.lengths, 0, cache.max_len + 1)
   length_range = validate.concrete_range(cache.lengths) if update_cache else None
@@ -163,7 +188,8 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     positions: [B, T] int positions; default arange(T), after `cache.lengths` when a cache is given.
     mask: [B, T, S + T] bool over keys [cache slots | new tokens] (S = 0 without a cache); default
       the valid cache slots plus causal over the new tokens in slot order
-      (attention.causal_pattern; causal by position for increasing positions).
+      (attention.causal_pattern; causal by position for increasing positions). Cache slots >=
+      cache.lengths must be hidden (they hold stale keys, or with update_cache the new ones).
     cache: optional KVCache read by every layer.
     update_cache: write the T new K/V at slots `cache.lengths + arange(T)` and return the cache
       with `lengths + T`; otherwise the input cache is returned untouched.
@@ -216,20 +242,28 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
   x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)  # [B, T, D]
   prepared = attention.prepare(config, mask, mask_pattern)  # the kernel's mask, once per forward
 
+  write_at = cache.lengths if update_cache else None
+
   def body(x, layer):
-    p, k_cache, v_cache = layer
-    x, kv = _layer(config, x, positions, prepared, p, k_cache, v_cache)
-    return x, (kv, x if return_hidden else None)
+    p, cache_kv = layer
+    x, cache_kv = _layer(config, x, positions, prepared, p, cache_kv, s > 0, write_at)
+    return x, (cache_kv, x if return_hidden else None)
 
   if config.remat == "full":
     body = jax.checkpoint(body, prevent_cse=False)  # recompute each layer in the backward pass
 
-  layers = (params["layers"], None, None) if s == 0 else (params["layers"], cache.k, cache.v)
-  x_out, ((k_new, v_new), hidden) = lax.scan(body, x, layers)  # k_new [L, B, T, K, H]
-
-  if update_cache:
-    cache = KVCache(k=_write_cache(cache.k, k_new, cache.lengths),
-                    v=_write_cache(cache.v, v_new, cache.lengths), lengths=cache.lengths + t)
+  if cache is None and not isinstance(params["layers"], tuple):
+    x_out, (_, hidden) = lax.scan(body, x, (params["layers"], None))
+  else:  # per-layer buffers (module docstring); stacked params are sliced here, once per call
+    hidden, written = [], []
+    for i, p in enumerate(params_lib.layer_list(params)["layers"]):
+      x, (cache_kv, h) = body(x, (p, None if cache is None else (cache.k[i], cache.v[i])))
+      hidden.append(h)
+      written.append(cache_kv)
+    x_out, hidden = x, jnp.stack(hidden) if return_hidden else None
+    if update_cache:
+      k, v = zip(*written, strict=True)
+      cache = KVCache(k=k, v=v, lengths=cache.lengths + t)
 
   h = rms_norm(x_out, params["final_norm"], config.rms_norm_eps)
   if logits_at is not None:

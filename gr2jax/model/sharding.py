@@ -1,4 +1,4 @@
-"""Mesh ('fsdp', 'tp') and the PartitionSpecs of the param tree, the batch and the KV cache.
+"""The PartitionSpecs of the param tree and of the batch on a mesh with 'fsdp' and 'tp' axes.
 
 FSDP shards the hidden axis D of every matrix; TP shards the vocab, the heads and the MLP width F
 (Megatron-style). Norm scales are replicated. Axes are `AxisType.Auto`: XLA's sharding propagation
@@ -12,9 +12,8 @@ read-back of results for single- and multi-process runs.
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
 
@@ -33,28 +32,6 @@ _SPECS = {
     "gate": (None, FSDP, TP), "up": (None, FSDP, TP),  # [L, D, F]
     "down": (None, TP, FSDP),  # [L, F, D]
 }
-
-
-def make_mesh(fsdp: int = -1, tp: int = 1, devices=None) -> Mesh:
-  """A 2-D mesh with axes ('fsdp', 'tp'), both AxisType.Auto.
-
-  Args:
-    fsdp: size of the fsdp axis; -1 = all devices not used by tp.
-    tp: size of the tp axis.
-    devices: the devices to use (default all of jax.devices()).
-
-  Returns:
-    The Mesh.
-  """
-  devices = list(jax.devices() if devices is None else devices)
-  n = len(devices)
-  if fsdp == -1:
-    if n % tp:
-      raise ValueError(f"make_mesh: tp={tp} does not divide the {n} devices")
-    fsdp = n // tp
-  if fsdp * tp != n:
-    raise ValueError(f"make_mesh: fsdp={fsdp} x tp={tp} != {n} devices")
-  return jax.make_mesh((fsdp, tp), (FSDP, TP), axis_types=(AxisType.Auto,) * 2, devices=devices)
 
 
 def _spec(path: tuple, shape: tuple, mesh: Mesh | None = None) -> PartitionSpec:
@@ -81,29 +58,9 @@ def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
                       is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def shard_params(params: dict, mesh: Mesh) -> dict:
-  """Places each param on `mesh` with its spec.
-
-  Args:
-    params: the param pytree (host or device arrays).
-    mesh: a ('fsdp', 'tp') mesh.
-
-  Returns:
-    The same tree, sharded.
-  """
-  return jax.tree_util.tree_map_with_path(
-      lambda p, x: jax.device_put(x, NamedSharding(mesh, _spec(p, x.shape, mesh))), params)
-
-
 def data_spec() -> PartitionSpec:
   """Spec of batch-major arrays ([B, ...] tokens, positions, masks, lengths): B on 'fsdp'."""
   return PartitionSpec(FSDP)
-
-
-def cache_spec() -> KVCache:
-  """KVCache of specs: k/v [L, B, S, K, H] with B on 'fsdp' and K on 'tp'; lengths on 'fsdp'."""
-  kv = PartitionSpec(None, FSDP, None, TP, None)
-  return KVCache(k=kv, v=kv, lengths=data_spec())
 
 
 def global_arrays(tree, sharding: jax.sharding.Sharding):

@@ -101,9 +101,10 @@ def test_cached_block_equals_cache_free_block_causal_forward(params):
     np.testing.assert_allclose(logits[row], ref, atol=1e-5, rtol=1e-5)
   # The decoder keeps the input lengths for a denoising row: the valid cache is untouched.
   kept = written.replace(lengths=cache.lengths)
-  valid = masks.padding_mask(cache.lengths, cache.max_len)[None, :, :, None, None]
-  np.testing.assert_array_equal(jnp.where(valid, kept.k, 0), jnp.where(valid, cache.k, 0))
-  np.testing.assert_array_equal(jnp.where(valid, kept.v, 0), jnp.where(valid, cache.v, 0))
+  valid = np.repeat(masks.padding_mask(cache.lengths, cache.max_len), CONFIG.num_kv_heads, 0)
+  for name, where in (("k", valid[None, :, None, :]), ("v", valid[None, :, :, None])):
+    np.testing.assert_array_equal(jnp.where(where, np.stack(getattr(kept, name)), 0),  # L,B*K,..
+                                  jnp.where(where, np.stack(getattr(cache, name)), 0))
   again, _ = step(params, CONFIG, kept, resp[:, t:], LENGTHS)
   np.testing.assert_allclose(again, logits, atol=1e-6)
 

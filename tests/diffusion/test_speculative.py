@@ -108,8 +108,11 @@ def test_greedy_equals_generate_shape_b_batch_4():
 
 
 def _valid_slots(cache, row: int, n: int) -> np.ndarray:
-  """[2, L, n, K, H] keys and values of a row's first n slots (the one reader of cache.k / .v)."""
-  return np.stack([np.asarray(cache.k[:, row, :n]), np.asarray(cache.v[:, row, :n])])
+  """[2, L, K, n, H] keys and values of a row's first n slots (the one reader of cache.k / .v)."""
+  k = len(cache.v[0]) // cache.batch
+  rows = slice(row * k, (row + 1) * k)
+  return np.stack([np.stack([np.asarray(x[rows, :, :n]).swapaxes(1, 2) for x in cache.k]),
+                   np.stack([np.asarray(x[rows, :n]) for x in cache.v])])
 
 
 _fresh = jax.jit(qwen3.forward, static_argnums=1, static_argnames=("update_cache", "read_cache"))

@@ -103,41 +103,37 @@ def _packed_replay():
   return 0, inputs.mask, inputs.pattern
 
 
-MASKS = {"causal_prefill": _causal_prefill, "ragged_prefill": _ragged_prefill,
-         "ragged_prompt_response": _ar_rl_sequence,
-         "block_decode": _block_decode, "cft_two_stream": _cft_two_stream,
-         "packed_replay": _packed_replay}
+MASKS = {"causal_prefill": _causal_prefill, "ragged_prompt_response": _ar_rl_sequence,
+         "cft_two_stream": _cft_two_stream, "packed_replay": _packed_replay}  # cache-free
+CACHED_MASKS = {"ragged_prefill": _ragged_prefill, "block_decode": _block_decode}
 
 
-def _inputs(cache_slots: int, t: int):
+def _inputs(t: int):
   rng = np.random.default_rng(t)  # numpy: eager jax.random compiles per shape (seconds)
   normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
-  q = normal(B, t, N, H)
-  new = [normal(B, t, K, H) for _ in range(2)]
-  cache = [normal(B, cache_slots, K, H) if cache_slots else None for _ in range(2)]
-  return q, new, cache, normal(B, t, N, H)
+  return normal(B, t, N, H), [normal(B, t, K, H) for _ in range(2)], normal(B, t, N, H)
 
 
-def _run(impl, mask, pattern, q, new, cache, weights):
+def _run(impl, mask, pattern, q, new, weights):
   config = ModelConfig.tiny(attention_impl=impl)
 
-  def loss(q, k, v, k_cache, v_cache):
-    out = attention.attend(q, k, v, k_cache, v_cache, attention.prepare(config, mask, pattern))
+  def loss(q, k, v):
+    out = attention.attend(q, k, v, None, None, attention.prepare(config, mask, pattern))
     return jnp.sum(out * weights), out
 
-  grad = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4), has_aux=True)
-  (_, out), grads = jax.jit(grad)(q, *new, *cache)
+  grad = jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True)
+  (_, out), grads = jax.jit(grad)(q, *new)
   return out, grads
 
 
 @pytest.mark.parametrize("kind", sorted(MASKS))
 def test_kernels_equal_the_reference(kind):
-  """Every mask kind: output and d/d(q, k, v, cache k, cache v) of each kernel == reference."""
-  cache_slots, mask, pattern = MASKS[kind]()
+  """Every cache-free mask kind: output and d/d(q, k, v) of each kernel == reference."""
+  _, mask, pattern = MASKS[kind]()
   assert jnp.all(jnp.any(mask, axis=-1)), "every row sees a key"
   np.testing.assert_array_equal(
     attention.apply_pattern(pattern, jnp.any(mask, axis=1)), mask)  # the factored form
-  args = _inputs(cache_slots, mask.shape[1])
+  args = _inputs(mask.shape[1])
   want, want_grads = _run("reference", mask, pattern, *args)
   for impl in KERNELS:
     got, got_grads = _run(impl, mask, pattern, *args)
@@ -145,6 +141,16 @@ def test_kernels_equal_the_reference(kind):
     jax.tree.map(lambda x, y, impl=impl: np.testing.assert_allclose(x, y, atol=ATOL,
                                                                     err_msg=impl),
                  got_grads, want_grads)
+
+
+@pytest.mark.parametrize("kind", sorted(CACHED_MASKS))
+def test_a_forward_that_reads_a_cache_runs_the_reference(kind):
+  """Whatever the kernel setting: the einsums read the cache in place (attention.py); the
+  reference itself is checked against the cache-free forward in test_qwen3 / test_decode."""
+  _, mask, pattern = CACHED_MASKS[kind]()
+  for impl in KERNELS:
+    assert attention.prepare(ModelConfig.tiny(attention_impl=impl), mask, pattern)["impl"] == \
+      "reference", impl
 
 
 def test_kernel_arguments():
@@ -198,7 +204,7 @@ def test_resolve_impl_and_config():
 def test_splash_runs_per_batch_shard():
   """Under a mesh with a batch axis the kernel runs in jax.shard_map: rows stay sharded."""
   _, mask, pattern = _ar_rl_sequence()
-  q, (k, v), _, _ = _inputs(0, mask.shape[1])
+  q, (k, v), _ = _inputs(mask.shape[1])
   config = ModelConfig.tiny(attention_impl="splash")
   want = attention.attend(q, k, v, None, None, attention.prepare(ModelConfig.tiny(), mask, None))
   mesh = jax.make_mesh((2,), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,),
@@ -215,7 +221,7 @@ def test_splash_runs_per_batch_shard():
 def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
   monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "cudnn")
   _, mask, pattern = _causal_prefill()
-  q, new, _, _ = _inputs(0, 10)
+  q, new, _ = _inputs(10)
   with pytest.raises(ValueError, match="compute_dtype"):
     attention.cudnn(q, *new, attention.cudnn_arguments(mask, pattern))
 
@@ -235,8 +241,10 @@ def _forward_outputs(config, params):
                                       PROMPT_LENGTHS, PROMPTS.shape[1], 8)
   scored, _ = layout.score(params, config, inputs, queries, RESPONSES)
   cache = init_cache(config, B, 16)
-  cache = cache.replace(k=jax.random.normal(jax.random.key(2), cache.k.shape),  # traced: cheap
-                        v=jax.random.normal(jax.random.key(3), cache.v.shape),
+  cache = cache.replace(k=tuple(jax.random.normal(jax.random.key(2 + i), x.shape)  # traced: cheap
+                              for i, x in enumerate(cache.k)),
+                        v=tuple(jax.random.normal(jax.random.key(9 + i), x.shape)
+                              for i, x in enumerate(cache.v)),
                         lengths=jnp.asarray(PROMPT_LENGTHS))  # a prefilled prompt
   block, _ = decode.block_forward(jax.lax.stop_gradient(params), config, cache,
                                   jnp.full((B, BLOCK), MASK_ID), PROMPT_LENGTHS)
@@ -274,7 +282,7 @@ def test_query_chunked_attention_is_exact_for_any_mask(monkeypatch, cached, caus
   normal = lambda *shape: rng.standard_normal(shape).astype(np.float32)
   q = normal(b, t, n, h)
   kv = [normal(b, t, k, h) for _ in range(2)]
-  cache_kv = [normal(b, s, k, h) if cached else None for _ in range(2)]
+  cache_kv = [normal(b * k, h, s), normal(b * k, s, h)] if cached else [None, None]
   if causal:
     mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t))
     mask = jnp.concatenate([jnp.ones((b, t, s), bool), mask], -1) if cached else mask
@@ -320,9 +328,9 @@ def test_splash_bf16_kernel_traces_at_default_precision_under_highest():
   backward kernels trace at 'default' (attention._at_precision), and the interpreted kernel's
   output and gradients equal the reference's."""
   assert jax.config.jax_default_matmul_precision == "highest"
-  cache_slots, mask, pattern = _packed_replay()
-  q, new, cache, weights = (jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), a)
-                            for a in _inputs(cache_slots, mask.shape[1]))
+  _, mask, pattern = _packed_replay()
+  q, new, weights = (jax.tree.map(lambda x: jnp.asarray(x, jnp.bfloat16), a)
+                     for a in _inputs(mask.shape[1]))
   config = ModelConfig.tiny(attention_impl="splash", compute_dtype="bfloat16")
 
   def loss(q, k, v):
@@ -332,7 +340,7 @@ def test_splash_bf16_kernel_traces_at_default_precision_under_highest():
   dots = _kernel_dots(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, *new).jaxpr)
   assert len(dots) >= 3 and "bfloat16" in {d for _, types in dots for d in types}  # fwd + bwd
   assert {p for p, _ in dots} == {(lax.Precision.DEFAULT,) * 2}, dots
-  want, got = (_run(impl, mask, pattern, q, new, cache, weights)
+  want, got = (_run(impl, mask, pattern, q, new, weights)
                for impl in ("reference", "splash"))  # outputs and gradients, bf16
   jax.tree.map(lambda x, y: np.testing.assert_allclose(np.float32(x), np.float32(y), atol=3e-2),
                got, want)

@@ -10,8 +10,10 @@ from gr2jax.model.config import ModelConfig
 
 def test_init_cache():
   cache = init_cache(ModelConfig.tiny(compute_dtype="bfloat16"), batch=3, max_len=10)
-  assert cache.k.shape == cache.v.shape == (2, 3, 10, 2, 32)
-  assert cache.k.dtype == jnp.bfloat16
+  assert len(cache.k) == len(cache.v) == 2  # one buffer per layer: [B*K, H, S], [B*K, S, H]
+  assert {x.shape for x in cache.k} == {(6, 32, 10)} and {x.shape for x in cache.v} == {(6, 10, 32)}
+  assert cache.batch == 3 and cache.max_len == 10
+  assert {x.dtype for x in cache.k + cache.v} == {jnp.dtype(jnp.bfloat16)}
   assert cache.lengths.dtype == jnp.int32 and cache.lengths.shape == (3,)
   assert (cache.max_len, cache.batch) == (10, 3)
 
@@ -19,7 +21,7 @@ def test_init_cache():
 def test_is_a_pytree():
   cache = init_cache(ModelConfig.tiny(), batch=1, max_len=4)
   leaves, treedef = jax.tree.flatten(cache)
-  assert len(leaves) == 3
+  assert len(leaves) == 2 * 2 + 1  # k and v of the 2 layers, lengths
   again = jax.tree.unflatten(treedef, leaves)
   assert isinstance(again, KVCache)
   bumped = jax.jit(lambda c: c.replace(lengths=c.lengths + 1))(cache)

@@ -60,9 +60,10 @@ def test_write_past_the_cache_is_dropped_under_jit():
   cache = init_cache(CONFIG, batch=2, max_len=6)
   _, cache = FWD(PARAMS, CONFIG, TOKENS[:, :4], cache=cache, update_cache=True)
   _, after = FWD(PARAMS, CONFIG, TOKENS[:, 4:7], cache=cache, update_cache=True)
-  np.testing.assert_array_equal(after.k[:, :, :4], cache.k[:, :, :4])  # valid slots intact
+  k_after, k_before = np.stack(after.k), np.stack(cache.k)  # [L, B*K, H, S]
+  np.testing.assert_array_equal(k_after[..., :4], k_before[..., :4])  # valid slots intact
   _, ref = FWD(PARAMS, CONFIG, TOKENS[:, :6], cache=init_cache(CONFIG, 2, 6), update_cache=True)
-  np.testing.assert_allclose(after.k, ref.k, atol=1e-5)  # slots 4, 5 written, the 7th dropped
+  np.testing.assert_allclose(k_after, np.stack(ref.k), atol=1e-5)  # slots 4, 5 written, 7th dropped
 
 
 def test_block_mask_with_cache_equals_training_forward():
@@ -116,9 +117,9 @@ def test_jit_and_bf16():
   assert logits.dtype == jnp.float32
   assert float(jnp.max(jnp.abs(logits - ref))) < 0.05 * float(jnp.max(jnp.abs(ref))) + 1e-3
   cache = init_cache(config, 2, 12)
-  assert cache.k.dtype == jnp.bfloat16
+  assert cache.k[0].dtype == jnp.bfloat16
   _, cache = FWD(params, config, TOKENS, cache=cache, update_cache=True)
-  assert cache.k.dtype == jnp.bfloat16
+  assert cache.k[0].dtype == jnp.bfloat16
 
 
 # Fields consumed outside the forward: by init_cache / generate / gr2jax.diffusion / the tokenizer.
@@ -177,7 +178,7 @@ def test_prefill_without_reading_empty_cache_is_exact():
   logits_a, cache_a = ragged_prefill(params, CONFIG, tokens, lengths, fresh)
   logits_b, cache_b = ragged_prefill(params, CONFIG, tokens, lengths, fresh, read_cache=False)
   np.testing.assert_allclose(logits_a, logits_b, atol=1e-5)
-  np.testing.assert_allclose(cache_a.k, cache_b.k, atol=1e-6)
+  np.testing.assert_allclose(np.stack(cache_a.k), np.stack(cache_b.k), atol=1e-6)
   np.testing.assert_array_equal(cache_a.lengths, cache_b.lengths)
 
 

@@ -14,28 +14,21 @@ from gr2jax.model.generate import generate
 from gr2jax.model.params import init_params
 from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
-  cache_spec,
   data_spec,
   global_arrays,
   host_arrays,
-  make_mesh,
   param_shardings,
   param_specs,
-  shard_params,
 )
+from gr2jax.train.mesh import make_mesh
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
 CONFIG = ModelConfig.tiny(vocab_size=256)
 
 
-def test_make_mesh():
-  mesh = make_mesh(fsdp=-1, tp=2)
-  assert dict(mesh.shape) == {"fsdp": 4, "tp": 2}
-  with pytest.raises(ValueError, match="tp=3"):
-    make_mesh(tp=3)
-  with pytest.raises(ValueError, match="fsdp=3"):
-    make_mesh(fsdp=3, tp=2)
+def shard_params(params, mesh):
+  return jax.device_put(params, param_shardings(CONFIG, mesh))
 
 
 def test_specs_match_the_param_tree():
@@ -63,13 +56,15 @@ def test_sharded_forward_equals_unsharded():
   assert sharded["layers"]["gate"].sharding.spec == PartitionSpec(None, "fsdp", "tp")
   assert jax.tree.map(lambda x: x.sharding, sharded) == param_shardings(CONFIG, mesh)
   tokens_s = jax.device_put(tokens, NamedSharding(mesh, data_spec()))
-  cache_s = jax.device_put(init_cache(CONFIG, 4, 8), jax.tree.map(
-      lambda s: NamedSharding(mesh, s), cache_spec(),
-      is_leaf=lambda x: isinstance(x, PartitionSpec)))
+  rows = NamedSharding(mesh, PartitionSpec(("fsdp", "tp")))  # [B*K, ...]: B on fsdp, K on tp
+  cache_s = init_cache(CONFIG, 4, 8)
+  cache_s = jax.device_put(cache_s, cache_s.replace(
+    k=(rows,) * CONFIG.num_layers, v=(rows,) * CONFIG.num_layers,
+    lengths=NamedSharding(mesh, data_spec())))
   logits, _ = fwd(sharded, CONFIG, tokens_s)
   np.testing.assert_allclose(logits, ref, atol=1e-5)
   _, cache = fwd(sharded, CONFIG, tokens_s, cache=cache_s, update_cache=True)
-  np.testing.assert_allclose(cache.k, ref_cache.k, atol=1e-5)
+  np.testing.assert_allclose(np.stack(cache.k), np.stack(ref_cache.k), atol=1e-5)
   assert len(jnp.asarray(logits).sharding.device_set) == 8
 
 
@@ -88,8 +83,8 @@ def test_sharded_generate_equals_unsharded():
 def test_cache_write_is_split_by_row():
   """The prefill's K/V write on an 8-way batch-sharded mesh (the cache created inside jit, as the
   decoders do): every device handles only its rows. A scatter indexed by (row, slot) pairs made
-  XLA's partitioner replicate it, with [L, B, ...] arrays of all rows on every device (the 8B
-  decoders' replicated KV cache, docs/plan_qwen3_8b.md)."""
+  XLA's partitioner replicate it, with arrays of all rows on every device (the 8B decoders'
+  replicated KV cache, docs/plan_qwen3_8b.md)."""
   rows, prompt, slots = 24, 256, 320  # 24 rows: no param dimension is 24
   mesh = make_mesh(fsdp=8, tp=1)
   batch = NamedSharding(mesh, data_spec())
@@ -105,9 +100,9 @@ def test_cache_write_is_split_by_row():
     hlo = jax.jit(prefill).lower(
       params, jax.ShapeDtypeStruct((rows, prompt), jnp.int32, sharding=batch),
       jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch)).compile().as_text()
-  layers = CONFIG.num_layers
-  assert f"[{layers},{rows // 8},{slots}," in hlo  # the cache, split by row
-  assert f"[{layers},{rows}," not in hlo  # no layer-stacked array of all rows
+  k, h = CONFIG.num_kv_heads, CONFIG.head_dim
+  assert f"[{rows * k // 8},{h},{slots}]" in hlo and f"[{rows * k // 8},{slots},{h}]" in hlo
+  assert f"[{rows * k}," not in hlo  # no buffer of all rows: the cache split by row
 
 
 def test_global_arrays_and_host_arrays_round_trip():
