@@ -1,0 +1,147 @@
+r"""Decode steps against the machine's limits, measured in one run: bytes per second vs a copy.
+
+  python experiments/bench_memory.py                       # 0.6B shape, P 256 + 2200, fp32 + bf16
+  python experiments/bench_memory.py --preset=tiny --prompt_lens=64 --dtypes=float32   # seconds
+
+At batch 1 a decode step streams every weight and the KV cache once, so its speed limit is the
+memory bandwidth. For each dtype, prompt length P and step it times, after a warm-up call:
+
+  ar     one token after a cache of P + 64 slots (`qwen3.forward`, as generate's loop body);
+  block  one block of 32 tokens after the same cache (`diffusion.decode.block_forward`, the
+         block-diffusion denoising step, logits at all 32 positions).
+
+Random weights in the decoders' layout (params.layer_list), the cache donated as the decoders do.
+bytes = the weights (a tied head's embedding once; an untied model's embedding table only for
+the B rows it gathers) + the whole cache buffer (the attention scores every slot) + the f32
+logits. Right after each step, in the same process, a numpy copy of --copy_mib MiB gives the copy
+rate (bytes read + written / time, best of 3) and a jitted [512, 4096] x [4096, 4096] matmul the
+matmul rate, so both fractions are ratios measured side by side:
+
+  frac_copy    (bytes / step time) / copy rate       (the memory roof; 1.0 = at the limit)
+  frac_matmul  (FLOPs / step time) / matmul rate     (the compute roof; plan.forward_flops)
+
+A step with frac_matmul near 1 is compute-bound: no layout of the bytes makes it faster there.
+Prints one JSON line per row and a table; --json_out writes the rows.
+"""
+
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import plan  # noqa: E402  (also puts the repository on sys.path)
+
+from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
+from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax.model import qwen3  # noqa: E402
+from gr2jax.model.cache import init_cache  # noqa: E402
+from gr2jax.model.config import ModelConfig  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("preset", "qwen3_0_6b", "ModelConfig preset.")
+flags.DEFINE_list("prompt_lens", ["256", "2200"], "Prompt lengths P (cache slots P + 64).")
+flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Param and compute dtypes.")
+flags.DEFINE_list("steps", ["ar", "block"], "Steps to time: ar (1 token), block (32 tokens).")
+flags.DEFINE_integer("repeats", 5, "Timed calls per step after the warm-up (the best is kept).")
+flags.DEFINE_integer("copy_mib", 1024, "Size of the numpy copy of the copy-rate probe.")
+flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
+
+BLOCK, NEW_SLOTS = 32, 64
+
+
+def copy_rate_gbs(mib: int) -> float:
+  """A numpy copy of `mib` MiB: (bytes read + written) / seconds / 1e9, best of 3."""
+  src = np.ones(mib << 18, np.float32)
+  dst = np.empty_like(src)
+  best = min(_seconds(lambda: np.copyto(dst, src)) for _ in range(3))
+  return 2 * src.nbytes / best / 1e9
+
+
+def matmul_rate_gflops(dtype: str) -> float:
+  """A jitted [512, 4096] x [4096, 4096] matmul in `dtype`: GFLOP/s, best of 3 after a warm-up."""
+  a, b = (jnp.ones(shape, dtype) for shape in ((512, 4096), (4096, 4096)))
+  fn = jax.jit(lambda a, b: a @ b)
+  fn(a, b).block_until_ready()
+  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
+  return 2 * 512 * 4096 * 4096 / best / 1e9
+
+
+def _seconds(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def step_bytes(config: ModelConfig, params: dict, cache, width: int) -> int:
+  """Bytes a step must move at least: weights + the cache buffer + f32 logits (module doc)."""
+  weights = sum(x.nbytes for x in jax.tree.leaves(params))
+  if not config.tie_word_embeddings:  # the table itself is only gathered: B rows
+    weights -= params["embed"].nbytes - cache.batch * width * params["embed"][0].nbytes
+  kv = sum(x.nbytes for x in cache.k + cache.v)
+  return int(weights + kv + cache.batch * width * config.vocab_size * 4)
+
+
+def time_step(config: ModelConfig, params: dict, kind: str, p: int) -> dict:
+  """The best of FLAGS.repeats warm calls of one step at batch 1 after a cache of P slots."""
+  width = 1 if kind == "ar" else BLOCK
+  slots = p + NEW_SLOTS
+  if kind == "ar":
+    fn = lambda params, cache, tokens: qwen3.forward(params, config, tokens, cache=cache,
+                                                     update_cache=True)
+  else:
+    fn = lambda params, cache, tokens: diffusion_decode.block_forward(params, config, cache,
+                                                                      tokens, cache.lengths)
+  step = jax.jit(fn, donate_argnums=1)
+  cache = init_cache(config, 1, slots)
+  tokens = jnp.zeros((1, width), jnp.int32)
+  nbytes = step_bytes(config, params, cache, width)
+  times = []
+  for _ in range(FLAGS.repeats + 1):
+    cache = cache.replace(lengths=jnp.full((1,), p, jnp.int32))  # the same P every call
+    start = time.perf_counter()
+    logits, cache = step(params, cache, tokens)
+    logits.block_until_ready()
+    times.append(time.perf_counter() - start)
+  seconds = min(times[1:])
+  flops = plan.forward_flops(config, width, width * slots, width)
+  return {"step_s": seconds, "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "flops": flops,
+          "gflops": flops / seconds / 1e9}
+
+
+def main(argv):
+  del argv
+  rows = []
+  for dtype in FLAGS.dtypes:
+    config = getattr(ModelConfig, FLAGS.preset)(param_dtype=dtype, compute_dtype=dtype)
+    params = params_lib.layer_list(
+      jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0)))
+    for p in map(int, FLAGS.prompt_lens):
+      for kind in FLAGS.steps:
+        row = {"preset": FLAGS.preset, "dtype": dtype, "prompt": p, "step": kind,
+               "device": jax.devices()[0].device_kind, **time_step(config, params, kind, p)}
+        row["copy_gbs"] = copy_rate_gbs(FLAGS.copy_mib)
+        row["matmul_gflops"] = matmul_rate_gflops(dtype)
+        row["frac_copy"] = row["gbs"] / row["copy_gbs"]
+        row["frac_matmul"] = row["gflops"] / row["matmul_gflops"]
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+  if FLAGS.json_out:
+    with open(FLAGS.json_out, "w") as f:
+      json.dump(rows, f, indent=1)
+  cols = [("dtype", "{}"), ("prompt", "{}"), ("step", "{}"), ("step_s", "{:.3f}"),
+          ("bytes", "{:.3g}"), ("gbs", "{:.1f}"), ("copy_gbs", "{:.1f}"), ("frac_copy", "{:.2f}"),
+          ("gflops", "{:.1f}"), ("matmul_gflops", "{:.1f}"), ("frac_matmul", "{:.2f}")]
+  print("| " + " | ".join(c for c, _ in cols) + " |")
+  print("|" + "---|" * len(cols))
+  for row in rows:
+    print("| " + " | ".join(f.format(row[c]) for c, f in cols) + " |")
+
+
+if __name__ == "__main__":
+  app.run(main)
