@@ -192,7 +192,10 @@ def test_two_processes_equal_one(tmp_path):
     params = np.load(tmp_path / f"params_{i}.npz")
     assert set(params.files) == set(flat_ref)
     for k, ref in flat_ref.items():
-      np.testing.assert_allclose(params[k], ref, rtol=1e-5, atol=1e-6, err_msg=k)
+      # Adam moves a param by ~lr whatever its gradient's size, so a near-zero gradient summed in
+      # another order by the two-process collectives moves it by a small fraction of lr (1e-2):
+      # seen up to 1.7e-6 in one element of 10^5; atol = 1e-3 x lr.
+      np.testing.assert_allclose(params[k], ref, rtol=1e-5, atol=1e-5, err_msg=k)
   assert sorted(os.listdir(tmp_path / "ckpt")) == [str(STEPS)]
 
 
