@@ -18,6 +18,8 @@ both sides run identical weights. Prints one JSON line per row and a table at th
 Model-bandwidth utilisation (with --peak_bw_gbs): bytes that must be read per decode step =
 all weights except the embedding table (only B rows of it are read; a tied head counts once) +
 the valid KV cache (mean length prompt + new/2), divided by the measured step time and the peak.
+Every row also has frac_copy: the same GB/s over a 1 GiB numpy copy timed right after the row in
+the same process (experiments/limits.py), a ratio to this machine's limit.
 """
 
 import dataclasses
@@ -33,6 +35,9 @@ import numpy as np
 from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import limits  # noqa: E402
 
 from gr2jax import load  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
@@ -159,7 +164,9 @@ def bandwidth(config: ModelConfig, params, b: int, p: int, new: int, step_s: flo
   itemsize = jnp.dtype(config.compute_dtype).itemsize
   kv = 2 * config.num_layers * b * (p + new / 2) * config.num_kv_heads * config.head_dim * itemsize
   gbs = (weights + kv) / step_s / 1e9
-  row = {"bytes_per_step": int(weights + kv), "achieved_gbs": gbs}
+  copy_gbs = limits.copy_rate_gbs(1024)
+  row = {"bytes_per_step": int(weights + kv), "achieved_gbs": gbs, "copy_gbs": copy_gbs,
+         "frac_copy": gbs / copy_gbs}
   if FLAGS.peak_bw_gbs:
     row["mbu"] = gbs / FLAGS.peak_bw_gbs
   return row
@@ -197,7 +204,7 @@ def print_table(rows: list[dict]) -> None:
           ("gr2jax_compile_s", "{:.1f}"), ("hf_tok_s", "{:.0f}"), ("hf_decode_tok_s", "{:.0f}"),
           ("hf_prefill_s", "{:.3f}"), ("hf_threads", "{}"), ("speedup", "{:.2f}x"),
           ("speedup_vs_t2", "{:.2f}x"), ("same_tokens_frac", "{:.2f}"),
-          ("achieved_gbs", "{:.1f}"), ("mbu", "{:.1%}")]
+          ("achieved_gbs", "{:.1f}"), ("frac_copy", "{:.2f}"), ("mbu", "{:.1%}")]
   cols = [(c, f) for c, f in cols if any(c in r for r in rows)]
   print("| " + " | ".join(c for c, _ in cols) + " |")
   print("|" + "---|" * len(cols))

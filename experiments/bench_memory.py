@@ -31,10 +31,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import limits  # noqa: E402
 import plan  # noqa: E402  (also puts the repository on sys.path)
 
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
@@ -53,29 +53,6 @@ flags.DEFINE_integer("copy_mib", 1024, "Size of the numpy copy of the copy-rate 
 flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
 
 BLOCK, NEW_SLOTS = 32, 64
-
-
-def copy_rate_gbs(mib: int) -> float:
-  """A numpy copy of `mib` MiB: (bytes read + written) / seconds / 1e9, best of 3."""
-  src = np.ones(mib << 18, np.float32)
-  dst = np.empty_like(src)
-  best = min(_seconds(lambda: np.copyto(dst, src)) for _ in range(3))
-  return 2 * src.nbytes / best / 1e9
-
-
-def matmul_rate_gflops(dtype: str) -> float:
-  """A jitted [512, 4096] x [4096, 4096] matmul in `dtype`: GFLOP/s, best of 3 after a warm-up."""
-  a, b = (jnp.ones(shape, dtype) for shape in ((512, 4096), (4096, 4096)))
-  fn = jax.jit(lambda a, b: a @ b)
-  fn(a, b).block_until_ready()
-  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
-  return 2 * 512 * 4096 * 4096 / best / 1e9
-
-
-def _seconds(fn) -> float:
-  start = time.perf_counter()
-  fn()
-  return time.perf_counter() - start
 
 
 def step_bytes(config: ModelConfig, params: dict, cache, width: int) -> int:
@@ -125,8 +102,8 @@ def main(argv):
       for kind in FLAGS.steps:
         row = {"preset": FLAGS.preset, "dtype": dtype, "prompt": p, "step": kind,
                "device": jax.devices()[0].device_kind, **time_step(config, params, kind, p)}
-        row["copy_gbs"] = copy_rate_gbs(FLAGS.copy_mib)
-        row["matmul_gflops"] = matmul_rate_gflops(dtype)
+        row["copy_gbs"] = limits.copy_rate_gbs(FLAGS.copy_mib)
+        row["matmul_gflops"] = limits.matmul_rate_gflops(dtype)
         row["frac_copy"] = row["gbs"] / row["copy_gbs"]
         row["frac_matmul"] = row["gflops"] / row["matmul_gflops"]
         print(json.dumps(row), flush=True)

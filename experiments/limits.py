@@ -1,0 +1,34 @@
+"""The machine's limits, measured in the benchmark's own process: a copy rate and a matmul rate.
+
+Benchmarks divide what a step achieves by these, timed right after it, so a figure is a ratio to
+this machine's limit at that moment (bench_memory.py, bench_decode.py).
+"""
+
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+def _seconds(fn) -> float:
+  start = time.perf_counter()
+  fn()
+  return time.perf_counter() - start
+
+
+def copy_rate_gbs(mib: int = 1024) -> float:
+  """A numpy copy of `mib` MiB: (bytes read + written) / seconds / 1e9, best of 3."""
+  src = np.ones(mib << 18, np.float32)
+  dst = np.empty_like(src)
+  best = min(_seconds(lambda: np.copyto(dst, src)) for _ in range(3))
+  return 2 * src.nbytes / best / 1e9
+
+
+def matmul_rate_gflops(dtype: str) -> float:
+  """A jitted [512, 4096] x [4096, 4096] matmul in `dtype`: GFLOP/s, best of 3 after a warm-up."""
+  a, b = (jnp.ones(shape, dtype) for shape in ((512, 4096), (4096, 4096)))
+  fn = jax.jit(lambda a, b: a @ b)
+  fn(a, b).block_until_ready()
+  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
+  return 2 * 512 * 4096 * 4096 / best / 1e9
