@@ -31,7 +31,8 @@ class Reranker:
   """Everything decoding a request needs: the model and the data build it was trained on.
 
   Attributes:
-    params: the model's params ({"drafter", "verifier"} in the lossless mode).
+    params: the model's params in the decoders' layout (policy.decoding_params; {"drafter",
+      "verifier"} in the lossless mode).
     policy: the model's policy (its config, the decode spec, the response cap R).
     tokenizer: the data build's tokenizer.
     rendering: how the data build renders a request (data/requests.py).
@@ -102,7 +103,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     params = {"drafter": params, "verifier": verifier_params}
   policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r,
                                   verifier_config=verifier_config)
-  return Reranker(params, policy, tok, rendering, p)
+  return Reranker(policy.decoding_params(params), policy, tok, rendering, p)
 
 
 def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *, batch_size: int,

@@ -51,7 +51,7 @@ def layer_list(params: dict) -> dict:
   [1024, 3072] matmuls at batch 1: ~0.6 of the copy rate as a scan, ~0.5 with the layers sliced
   inside the jit, ~1.0 with each layer its own argument buffer). Called outside jit (one jitted
   slicing, a copy of the layer weights) by the decoders' entry points; callers that decode many
-  times convert once and pass the result.
+  batches convert once (train/policy `decoding_params`) and pass the result.
 
   Args:
     params: the param pytree (stacked or already per layer).

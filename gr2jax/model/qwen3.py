@@ -1,7 +1,8 @@
 """The Qwen3 decoder as one pure function of (params, tokens, positions, mask, cache).
 
 WORKSPACE.md "Forward" is the contract. Numerics follow HF `Qwen3ForCausalLM`: RMSNorm, softmax and
-logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP. Layers are scanned.
+logits in fp32; q/k RMSNorm per head before RoPE (rotate-half); SwiGLU MLP. Layers are scanned
+or looped (below).
 
 Keys are `[cache slots S | the T new tokens]`; attention (the einsum reference or a kernel,
 config.attention_impl) is gr2jax/model/attention.py. Stacked layer params ([L, ...], training) are
@@ -107,8 +108,9 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: di
     cache_kv = (_write_cache(cache_kv[0], k, write_at, keys=True),
                 _write_cache(cache_kv[1], v, write_at, keys=False))
   attn = attention.attend(q, k, v, *(cache_kv if read else (None, None)), prepared)
-  b, t, n, h = attn.shape  # [N, H] flattened: one contraction, the weight read in place
-  x = x + jnp.einsum("BTE,ED->BTD", attn.reshape(b, t, n * h), w("o").reshape(n * h, -1))
+  heads = attn.shape[2] * attn.shape[3]  # [N, H] flattened: one contraction, o read in place
+  x = x + jnp.einsum("BTE,ED->BTD", attn.reshape(*attn.shape[:2], heads),
+                     w("o").reshape(heads, -1))
   h = rms_norm(x, p["post_attn_norm"], eps)
   gate = jnp.einsum("BTD,DF->BTF", h, w("gate"))
   up = jnp.einsum("BTD,DF->BTF", h, w("up"))
@@ -156,13 +158,13 @@ def _check_cache(where: str, config: ModelConfig, cache, b: int, t: int,
   if not isinstance(cache, KVCache):
     raise TypeError(f"{where}: cache must be a KVCache (gr2jax.model.cache.init_cache), got "
                     f"{type(cache).__name__}")
+  rows, s, h = b * config.num_kv_heads, cache.max_len, config.head_dim
   for name in ("k", "v"):
     layers = getattr(cache, name)
     if not isinstance(layers, tuple) or len(layers) != config.num_layers:
       raise ValueError(f"{where}: cache.{name} must be a tuple of num_layers="
                        f"{config.num_layers} arrays (init_cache), got "
                        f"{len(layers) if isinstance(layers, tuple) else type(layers).__name__}")
-    rows, s, h = b * config.num_kv_heads, cache.max_len, config.head_dim
     for i, x in enumerate(layers):
       validate.check_shape(where, f"cache.{name}[{i}]", x,
                            shape=(rows, h, s) if name == "k" else (rows, s, h))

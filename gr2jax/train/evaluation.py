@@ -143,6 +143,7 @@ def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, to
   """
   results, rows, lengths, nfes, steps = [], [], [], [], []
   decode_s, decoded_tokens = 0.0, 0
+  params = policy.decoding_params(params)  # once for every batch
   start = time.perf_counter()
   bar = progress(len(data), desc=desc)
   for first in range(0, len(data), batch_size):

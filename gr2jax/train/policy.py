@@ -54,6 +54,7 @@ from gr2jax.data import batches
 from gr2jax.diffusion import commit, decode, layout, replay, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import layer_list
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +180,10 @@ class Policy(Protocol):
   spec: DecodeSpec
   max_new_tokens: int
 
+  def decoding_params(self, params: dict) -> dict:
+    """params in the decoders' layout (model/params.layer_list), converted once by a caller that
+    decodes many batches (the decoders convert per call otherwise: a copy of the weights)."""
+
   def decode(self, params: dict, prompt_tokens, prompt_lengths, *,
              steering: decode.Steering = decode.NO_STEERING) -> Decoded: ...
 
@@ -203,6 +208,9 @@ class ARPolicy:
   spec: DecodeSpec
   max_new_tokens: int
 
+  def decoding_params(self, params):
+    return layer_list(params)
+
   def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
     """Greedy decoding (module docstring); one forward per token (denoise_steps = lengths)."""
     if not steering.empty:
@@ -218,6 +226,7 @@ class ARPolicy:
   def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
     """Rollouts {response_tokens, response_lengths} (module docstring) and no stats."""
     sampling = generate.Sampling(temperature=self.spec.temperature)
+    params = self.decoding_params(params)  # once for every chunk
 
     def rollouts(chunk, chunk_key):
       out = generate.generate(params, self.config, chunk["prompt_tokens"],
@@ -260,6 +269,9 @@ class DiffusionPolicy:
     if self.config.mask_token_id is None:
       raise ValueError("DiffusionPolicy: config.mask_token_id is None (an AR model: ARPolicy)")
 
+  def decoding_params(self, params):
+    return layer_list(params)
+
   def decoding(self, tau: float, temperature: float = 0.0) -> decode.BlockDecoding:
     """The block decoder's settings at commit threshold tau."""
     return decode.BlockDecoding(threshold=tau, max_steps_per_block=self.spec.max_steps_per_block,
@@ -282,6 +294,7 @@ class DiffusionPolicy:
   def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
     """Rollouts with their traces, checked to fit the replay (module docstring); stats
     {'forwards_per_token'}: the decoder's forwards (prefill, denoising and commit) per token."""
+    params = self.decoding_params(params)  # once for every chunk
 
     def rollouts(chunk, chunk_key):
       out = decode.block_diffusion_generate(
@@ -330,6 +343,9 @@ class LosslessPolicy:
   verifier_config: ModelConfig
   spec: DecodeSpec
   max_new_tokens: int
+
+  def decoding_params(self, params):
+    return {name: layer_list(params[name]) for name in ("drafter", "verifier")}
 
   def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
     """Greedy draft-and-verify (speculative.speculative_generate). nfe counts both models'

@@ -7,6 +7,7 @@ import pytest
 
 from gr2jax import recipe, recipes
 from gr2jax.model import generate
+from gr2jax.model.params import init_params
 from gr2jax.train.policy import (
   ARPolicy,
   DecodeSpec,
@@ -46,6 +47,16 @@ def test_make_policy_is_the_models_own_decoder():
   assert isinstance(student, DiffusionPolicy) and student.max_rounds == 2  # 3 steps, 2 per round
   with pytest.raises(ValueError, match="mask_token_id is None"):
     DiffusionPolicy(AR, DecodeSpec(block_size=1), 10)
+
+
+def test_decoding_params_are_the_decoders_layout_converted_once():
+  params = init_params(AR, jax.random.key(0))
+  for policy in (make_policy(AR, DecodeSpec(block_size=1), 10),
+                 make_policy(DIFFUSION, DecodeSpec(block_size=4), 10)):
+    converted = policy.decoding_params(params)
+    assert isinstance(converted["layers"], tuple) and len(converted["layers"]) == AR.num_layers
+    assert policy.decoding_params(converted) is converted  # a no-op once converted
+    np.testing.assert_array_equal(converted["layers"][0]["q"], params["layers"]["q"][0])
 
 
 def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepared):
