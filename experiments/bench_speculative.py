@@ -331,7 +331,7 @@ def _compile_forward(fn, config, width: int, s, target_name: str) -> dict:
             jax.ShapeDtypeStruct((1,), np.int32, sharding=rep)]
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(roofline.decoder_param_specs(config, mesh),
+    lowered = jax.jit(fn, donate_argnums=1).lower(plan.param_specs(config, mesh, decoding=True),
                                                   *shapes)
     compiled, _ = plan._compile(lowered, target, 0)
   mem = plan._memory(compiled)
@@ -347,7 +347,7 @@ def run_roofline(grid_rows: list[dict]) -> dict:
   target = targets.get_target(target_name)
   ar_config = dataclasses.replace(s.model, remat="none")
   d_config = dataclasses.replace(s.diffusion(), remat="none")
-  steps = {"ar": roofline.compile_step("ar", s, target_name)}
+  steps = {"ar": roofline.compile_step("ar", s, target_name)[1]}
   ks = sorted({r["k"] for r in grid_rows})
 
   def draft_fn(k):

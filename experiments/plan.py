@@ -519,10 +519,13 @@ def fit_micro_rows(points: list[dict], rows: int, multiple: int, budget: float):
 # ---- decoders --------------------------------------------------------------------------------
 
 
-def _param_specs(config, mesh):
+def param_specs(config, mesh, *, decoding: bool = False) -> dict:
+  """The params as ShapeDtypeStructs with their shardings on `mesh`; `decoding`: in the decoders'
+  layout (params.layer_list: a buffer per layer, q, k and v fused), as a decode step takes them."""
+  abstract = (params_lib.abstract_decoding_params if decoding else params_lib.abstract_params)
   return jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
-                      params_lib.abstract_params(config), model_sharding.param_shardings(config,
-                                                                                         mesh))
+                      abstract(config),
+                      model_sharding.param_shardings(config, mesh, decoding=decoding))
 
 
 def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
@@ -533,7 +536,7 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
   prompts."""
   config = (s.model if kind == "ar_decode" else s.diffusion())
   config = dataclasses.replace(config, remat="none")
-  params = _param_specs(config, mesh)
+  params = param_specs(config, mesh)
   p, r = s.prompt_len, s.response_len
   batch_sh = mesh_lib.batch_sharding(mesh)
   tokens = jax.ShapeDtypeStruct((rows, p), jnp.int32, sharding=batch_sh)
@@ -550,7 +553,7 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
   elif kind == "speculative_decode":
     verifier = dataclasses.replace(s.model, remat="none")
     spec = speculative.DraftSpec(k=s.block_size, draft_tau=0.9, draft_steps=s.max_steps_per_block)
-    params = (params, _param_specs(verifier, mesh))
+    params = (params, param_specs(verifier, mesh))
 
     def fn(params, tokens, lengths, key):
       return speculative.speculative_generate(

@@ -61,31 +61,20 @@ def _cache_spec(config, sharding, slots: int) -> KVCache:
                       jax.eval_shape(lambda: init_cache(config, 1, slots)))
 
 
-def decoder_param_specs(config, mesh) -> dict:
-  """The params as the decoders take them (params.layer_list: one buffer per layer), as
-  ShapeDtypeStructs with plan's shardings less the leading L axis."""
-  def one_layer(x):
-    spec = jax.sharding.PartitionSpec(*x.sharding.spec[1:])
-    return jax.ShapeDtypeStruct(x.shape[1:], x.dtype,
-                                sharding=jax.sharding.NamedSharding(mesh, spec))
-
-  specs = plan._param_specs(config, mesh)
-  layer = jax.tree.map(one_layer, specs["layers"])
-  return {**specs, "layers": (layer,) * config.num_layers}
-
-
-def compile_step(kind: str, s: plan.Shapes, target_name: str) -> dict:
+def compile_step(kind: str, s: plan.Shapes, target_name: str):
   """Compiles one decoder step at batch 1 for one device of the target; its bytes and FLOPs.
 
   Args:
     kind: 'ar' (one token) or 'block' (one block of s.block_size tokens).
     s: the shapes (prompt, response, block size, the model).
-    target_name: a GPU targets.TARGETS key.
+    target_name: a targets.TARGETS key (GPU or TPU; one chip of it).
 
   Returns:
-    {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options'}.
+    (compiled, {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options', 'failures'}).
   """
-  mesh, target = targets.target_mesh(target_name, "1x1x1", 1, 1)
+  target = targets.get_target(target_name)
+  one_chip = "x".join("1" for _ in target.default_topology.split("x"))
+  mesh, target = targets.target_mesh(target_name, one_chip, 1, 1)
   config = s.model if kind == "ar" else s.diffusion()
   config = dataclasses.replace(config, remat="none")
   width = 1 if kind == "ar" else s.block_size
@@ -103,14 +92,14 @@ def compile_step(kind: str, s: plan.Shapes, target_name: str) -> dict:
       return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths)
   start = time.perf_counter()
   with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(decoder_param_specs(config, mesh), cache,
-                                                  tokens, prompt_lengths)
+    lowered = jax.jit(fn, donate_argnums=1).lower(
+      plan.param_specs(config, mesh, decoding=True), cache, tokens, prompt_lengths)
     compiled, record = plan._compile(lowered, target, 0)
   mem = plan._memory(compiled)
-  return {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
-          "flops": plan.forward_flops(config, width, width * slots, width), "tokens": width,
-          "compile_s": time.perf_counter() - start, "options": record["options"],
-          "failures": record["failures"]}
+  return compiled, {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
+                    "flops": plan.forward_flops(config, width, width * slots, width),
+                    "tokens": width, "compile_s": time.perf_counter() - start,
+                    "options": record["options"], "failures": record["failures"]}
 
 
 def forwards_per_token(table3_rows: list[dict]) -> dict:
@@ -184,7 +173,7 @@ def main(argv):
     fpt = forwards_per_token(json.load(f)["rows"])
   steps = {}
   for kind in ("ar", "block"):
-    steps[kind] = compile_step(kind, s, FLAGS.target)
+    _, steps[kind] = compile_step(kind, s, FLAGS.target)
     print(f"[roofline] {kind}: {steps[kind]['bytes'] / 1e9:.2f} GB, compile "
           f"{steps[kind]['compile_s']:.0f} s", flush=True)
   out = {"target": FLAGS.target, "device_kind": targets.devices(target, "1x1x1")[0].device_kind,

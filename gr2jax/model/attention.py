@@ -190,7 +190,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
 
   Args:
     q: [B, K, G, C, H] scaled queries, grouped by KV head.
-    k, v: [B, T, K, H] keys / values of the new tokens.
+    k, v: [B, T, K, H] keys / values of the new tokens (T = 0: the buffers hold them).
     k_cache, v_cache: [B*K, H, S] cached keys, [B*K, S, H] values (model/cache.py: the rows
       are the one batch dim of both dots), or None (S = 0).
     mask: [B, C, S + T] bool, the mask rows of these C queries.
@@ -201,17 +201,22 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   b, num_kv, g, c, h = q.shape
   rows = lambda x: x.reshape(b * num_kv, *x.shape[2:])  # [B, K, ...] -> [B*K, ...]
   heads = lambda x: x.reshape(b, num_kv, *x.shape[1:])  # and back
-  scores = jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32)
-  if k_cache is not None:
-    cache_scores = jnp.einsum("RGCH,RHS->RGCS", rows(q), k_cache, preferred_element_type=F32)
-    scores = jnp.concatenate([heads(cache_scores), scores], axis=-1)  # [B, K, G, C, S + T]
+  s = 0 if k_cache is None else k_cache.shape[-1]
+  scores = []  # [B, K, G, C, S | T]: the cache's, then the new keys'
+  if s:
+    scores.append(heads(jnp.einsum("RGCH,RHS->RGCS", rows(q), k_cache,
+                                   preferred_element_type=F32)))
+  if k.shape[1]:
+    scores.append(jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32))
+  scores = jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]
   scores = jnp.where(mask[:, None, None], scores, K_MASK)
   probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-  s = 0 if k_cache is None else v_cache.shape[1]
-  out = jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
-  if k_cache is not None:
+  out = 0.0
+  if s:
     out += heads(jnp.einsum("RGCS,RSH->RGCH", rows(probs[..., :s]), v_cache,
                             preferred_element_type=F32))
+  if k.shape[1]:
+    out += jnp.einsum("BKGCT,BTKH->BKGCH", probs[..., s:], v, preferred_element_type=F32)
   return out
 
 
@@ -287,7 +292,8 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | Non
     bounds = [int(c[0]) * chunk for c in np.array_split(np.arange((t + pad) // chunk),
                                                         KEY_GROUPS) if len(c)] + [t + pad]
     groups = [_attend_group(q[:, :, :, lo:hi], k, v, k_cache, v_cache, mask[:, lo:hi], chunk,
-                            min(hi, t)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+                            min(hi, k.shape[1]))
+              for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
     out = jnp.concatenate(groups, axis=3)[:, :, :, :t]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
 
@@ -466,13 +472,40 @@ def splash(q: jax.Array, k: jax.Array, v: jax.Array, arguments: dict[str, Any]) 
 # ---- dispatch ----------------------------------------------------------------------------------
 
 
-def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None) -> dict[str, Any]:
+def buffer_mask(mask: jax.Array, lengths: jax.Array) -> jax.Array:
+  """A mask over [cache slots S | T new keys] as the mask over the cache buffer alone, once the T
+  new keys are written into it at slots lengths[b] + arange(T) (qwen3._layer).
+
+  Slot lengths[b] + j takes new key j's column; every other slot keeps its own (slots >= lengths
+  are hidden by forward's contract). Written past the buffer, a new key is dropped with its write.
+
+  Args:
+    mask: [B, T, S + T] bool.
+    lengths: [B] int, the cache lengths before the write.
+
+  Returns:
+    [B, T, S] bool.
+  """
+  b, t, width = mask.shape
+  s = width - t
+  j = jnp.arange(s, dtype=jnp.int32)[None, :] - lengths[:, None]  # [B, S]: new key j at slot s
+  index = jnp.broadcast_to(jnp.clip(j, 0, t - 1)[:, None, :], (b, t, s))
+  new = jnp.take_along_axis(mask[..., s:], index, axis=2)
+  return jnp.where(((j >= 0) & (j < t))[:, None, :], new, mask[..., :s])
+
+
+def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None,
+            written_at: jax.Array | None = None) -> dict[str, Any]:
   """The kernel and its mask arguments, computed once per forward (shared by every layer).
 
   Args:
     config: the model (attention_impl, attention_chunk_bytes).
     mask: [B, T, S + T] bool.
     pattern: the mask's static structure (apply_pattern), or None for an arbitrary mask.
+    written_at: [B] cache lengths of a forward that writes its T new K/V into the cache buffers at
+      slots written_at + arange(T) before attending (qwen3._layer): the attention then reads the
+      buffers alone, under `buffer_mask` (one score and one value dot over S slots per layer, no
+      [cache | new] concatenation of keys or scores).
 
   Returns:
     {'impl': the kernel that runs, **its mask arguments}: a forward that reads cache slots
@@ -483,7 +516,10 @@ def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None) -> di
     return {"impl": impl, **cudnn_arguments(mask, pattern)}
   if impl == "splash" and pattern is not None:
     return {"impl": impl, **splash_arguments(mask, pattern)}
-  return {"impl": "reference", "mask": mask, "chunk_bytes": score_chunk_bytes(config)}
+  if written_at is not None:
+    mask = buffer_mask(mask, written_at)
+  return {"impl": "reference", "mask": mask, "chunk_bytes": score_chunk_bytes(config),
+          "new_keys": written_at is None}
 
 
 def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
@@ -492,16 +528,19 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
 
   Args:
     q: [B, T, N, H] queries (after norm + RoPE).
-    k, v: [B, T, K, H] keys / values of the new tokens.
+    k, v: [B, T, K, H] keys / values of the new tokens (not read when `prepare` was given
+      written_at: the buffers hold them).
     k_cache, v_cache: [B*K, H, S] cached keys, [B*K, S, H] values, or None (S = 0; a kernel
       runs only then).
-    prepared: prepare(config, mask, pattern).
+    prepared: prepare(config, mask, pattern[, written_at]).
 
   Returns:
     [B, T, N, H] in q.dtype.
   """
   impl = prepared["impl"]
   if impl == "reference":
+    if not prepared["new_keys"]:
+      k, v = k[:, :0], v[:, :0]
     return reference(q, k, v, k_cache, v_cache, prepared["mask"], prepared["chunk_bytes"])
   k, v = (_padded_keys(x, prepared["keys"]) for x in (k, v))
   out = (cudnn if impl == "cudnn" else splash)(q, k, v, prepared)

@@ -2,7 +2,8 @@
 
 Letters: V vocab, D hidden, L layers, N query heads, K kv heads, H head_dim, F MLP width. Layer
 params are stacked on a leading L axis so the forward scans over layers (training, the stored and
-converted layout). Decoders take them as a tuple of L per-layer dicts instead (`layer_list`).
+converted layout). Decoders take them as a tuple of L per-layer dicts instead, q, k and v fused
+(`layer_list`).
 """
 
 import math
@@ -42,32 +43,50 @@ def param_shapes(config: ModelConfig) -> dict:
 
 
 def layer_list(params: dict) -> dict:
-  """The params with 'layers' as a tuple of L per-layer dicts (no leading L axis): the decoders'
-  layout. A no-op when 'layers' is already a tuple.
+  """The params in the decoders' layout: 'layers' as a tuple of L per-layer dicts (no leading L
+  axis), each layer's q, k and v fused into one 'qkv' weight (`fuse_qkv`). A no-op when 'layers'
+  is already a tuple.
 
   Why: a decode step is bound by reading the weights once. A scan over the stacked layers slices
   each layer's weights out of the [L, ...] buffers on every step, a copy per layer, and slices
   taken inside the jitted decode loop are copies too (measured on XLA CPU, a 28-layer stack of
   [1024, 3072] matmuls at batch 1: ~0.6 of the copy rate as a scan, ~0.5 with the layers sliced
-  inside the jit, ~1.0 with each layer its own argument buffer). Called outside jit (one jitted
-  slicing, a copy of the layer weights) by the decoders' entry points; callers that decode many
-  batches convert once (train/policy `decoding_params`) and pass the result.
+  inside the jit, ~1.0 with each layer its own argument buffer). Separate q, k and v buffers are
+  merged by XLA GPU's dot-merger into one GEMM by concatenating the three weights, on every step
+  (docs/results/memory_limit.md); fused once here, the step reads one weight in place. Called
+  outside jit (one jitted copy of the layer weights) by the decoders' entry points; callers that
+  decode many batches convert once (train/policy `decoding_params`) and pass the result.
 
   Args:
     params: the param pytree (stacked or already per layer).
 
   Returns:
-    The same pytree with 'layers': ({name: [...] without L}, ...) of length L.
+    The same pytree with 'layers': ({name: [...] without L, 'qkv' for q, k, v}, ...) of length L.
   """
   if isinstance(params["layers"], tuple):
     return params
   return {**params, "layers": _unstack(params["layers"])}
 
 
+def fuse_qkv(layer: dict) -> dict:
+  """One layer's q [D, N, H], k and v [D, K, H] as one 'qkv' [D, K, G + 2, H] (G = N / K).
+
+  Kv head j's slot holds its G query heads (query head j * G + g: the grouping of the attention),
+  then its key, then its value. Sharded over K on 'tp' (model/sharding), every shard holds its own
+  heads' q, k and v, so the split after the GEMM needs no communication.
+  """
+  rest = {name: x for name, x in layer.items() if name not in ("q", "k", "v")}
+  d, n, h = layer["q"].shape
+  k = layer["k"].shape[1]
+  q = layer["q"].reshape(d, k, n // k, h)
+  return {**rest, "qkv": jnp.concatenate([q, layer["k"][:, :, None], layer["v"][:, :, None]],
+                                         axis=2)}
+
+
 @jax.jit
 def _unstack(layers: dict) -> tuple[dict, ...]:
   num_layers = jax.tree.leaves(layers)[0].shape[0]
-  return tuple(jax.tree.map(lambda x, i=i: x[i], layers) for i in range(num_layers))
+  return tuple(fuse_qkv(jax.tree.map(lambda x, i=i: x[i], layers)) for i in range(num_layers))
 
 
 def _is_norm(path: tuple) -> bool:
@@ -107,6 +126,11 @@ def abstract_params(config: ModelConfig) -> dict:
     The param pytree with ShapeDtypeStruct leaves.
   """
   return jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+
+
+def abstract_decoding_params(config: ModelConfig) -> dict:
+  """The params in the decoders' layout (`layer_list`) as `jax.ShapeDtypeStruct`s."""
+  return jax.eval_shape(layer_list, abstract_params(config))
 
 
 def param_count(config: ModelConfig) -> int:

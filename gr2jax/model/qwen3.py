@@ -89,19 +89,19 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: di
 
   cache_kv: this layer's (keys [B*K, H, S], values [B*K, S, H]) buffers, or None; `read`
   attends to them. With write_at ([B], cache.lengths) the new k, v are first written at slots
-  write_at + arange(T) and the attention reads the written buffers. Those slots are >= lengths,
-  hidden by the mask (forward's contract), so the result is that of reading the old buffers; and
-  the old buffers' only reader is then the write, which XLA does in place. Written after the
+  write_at + arange(T) and the attention reads them there, in the written buffers alone
+  (`prepared` holds attention.buffer_mask: the new tokens' mask columns moved to their slots).
+  The old buffers' only reader is then the write, which XLA does in place; written after the
   reads instead, the in-place update would have no data dependency on them, and XLA copies both
-  buffers of every layer on every step (docs/results/memory_limit.md).
+  buffers of every layer on every step. And one score and one value dot over the S slots leave
+  XLA nothing to concatenate: scored apart, the cache and the new keys were merged into one dot
+  over a [cache | new] copy of the keys, and their scores concatenated, on every step
+  (docs/results/memory_limit.md).
   """
   x = shard_activations(x)
   dt, eps = x.dtype, config.rms_norm_eps
   w = lambda name: p[name].astype(dt)
-  h = rms_norm(x, p["input_norm"], eps)
-  q = jnp.einsum("BTD,DNH->BTNH", h, w("q"))
-  k = jnp.einsum("BTD,DKH->BTKH", h, w("k"))
-  v = jnp.einsum("BTD,DKH->BTKH", h, w("v"))
+  q, k, v = _project_qkv(rms_norm(x, p["input_norm"], eps), p)
   q = apply_rope(rms_norm(q, p["q_norm"], eps), positions, config.rope_theta)
   k = apply_rope(rms_norm(k, p["k_norm"], eps), positions, config.rope_theta)
   if write_at is not None:
@@ -116,6 +116,19 @@ def _layer(config: ModelConfig, x: jax.Array, positions: jax.Array, prepared: di
   up = jnp.einsum("BTD,DF->BTF", h, w("up"))
   x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, w("down"))
   return x, cache_kv
+
+
+def _project_qkv(h: jax.Array, p: dict) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """h [B, T, D] -> q [B, T, N, H], k and v [B, T, K, H] of one layer's params: one GEMM over the
+  decoders' fused 'qkv' [D, K, G + 2, H] (params.fuse_qkv), three over the stored q, k, v."""
+  w = lambda name: p[name].astype(h.dtype)
+  if "qkv" in p:
+    qkv = jnp.einsum("BTD,DKGH->BTKGH", h, w("qkv"))
+    b, t, kv_heads, g, head_dim = qkv.shape
+    q = qkv[:, :, :, :g - 2].reshape(b, t, kv_heads * (g - 2), head_dim)
+    return q, qkv[:, :, :, g - 2], qkv[:, :, :, g - 1]
+  return (jnp.einsum("BTD,DNH->BTNH", h, w("q")), jnp.einsum("BTD,DKH->BTKH", h, w("k")),
+          jnp.einsum("BTD,DKH->BTKH", h, w("v")))
 
 
 def _write_cache(buf: jax.Array, new: jax.Array, lengths: jax.Array, keys: bool) -> jax.Array:
@@ -242,9 +255,10 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     validate.check_range("forward", "logits_at", logits_at, 0, t)
 
   x = jnp.take(params["embed"], tokens, axis=0).astype(config.compute_dtype)  # [B, T, D]
-  prepared = attention.prepare(config, mask, mask_pattern)  # the kernel's mask, once per forward
-
   write_at = cache.lengths if update_cache else None
+  # The kernel's mask, once per forward; a forward that writes and reads the cache attends over
+  # the written buffers alone (_layer).
+  prepared = attention.prepare(config, mask, mask_pattern, write_at if s > 0 else None)
 
   def body(x, layer):
     p, cache_kv = layer

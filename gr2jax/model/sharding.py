@@ -15,7 +15,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.params import abstract_params
+from gr2jax.model.params import abstract_decoding_params, abstract_params
 
 FSDP, TP = "fsdp", "tp"
 
@@ -28,6 +28,7 @@ _SPECS = {
     "q_norm": (None, None), "k_norm": (None, None),  # [L, H]
     "q": (None, FSDP, TP, None), "k": (None, FSDP, TP, None),  # [L, D, N|K, H]
     "v": (None, FSDP, TP, None),
+  "qkv": (None, FSDP, TP, None, None),  # [L, D, K, G + 2, H] (the decoders' fused q, k, v)
     "o": (None, TP, None, FSDP),  # [L, N, H, D]
     "gate": (None, FSDP, TP), "up": (None, FSDP, TP),  # [L, D, F]
     "down": (None, TP, FSDP),  # [L, F, D]
@@ -35,26 +36,31 @@ _SPECS = {
 
 
 def _spec(path: tuple, shape: tuple, mesh: Mesh | None = None) -> PartitionSpec:
-  """The spec of the param at `path`; with a mesh, axes that do not divide a dim are dropped."""
+  """The spec of the param at `path`; with a mesh, axes that do not divide a dim are dropped.
+  A layer of the decoders' layout (a tuple index in the path: params.layer_list) has no L axis."""
   name = path[-1].key
-  if name not in _SPECS or len(_SPECS[name]) != len(shape):
+  axes = _SPECS.get(name)
+  if axes and any(isinstance(k, jax.tree_util.SequenceKey) for k in path):
+    axes = axes[1:]
+  if axes is None or len(axes) != len(shape):
     raise ValueError(f"sharding: no spec for param {jax.tree_util.keystr(path)} of shape {shape}")
-  axes = _SPECS[name]
   if mesh is not None:
     axes = tuple(a if a is None or dim % mesh.shape[a] == 0 else None
                  for a, dim in zip(axes, shape, strict=True))
   return PartitionSpec(*axes)
 
 
-def param_specs(config: ModelConfig, mesh: Mesh | None = None) -> dict:
-  """The param tree of PartitionSpecs (fitted to `mesh`'s axis sizes when given)."""
-  return jax.tree_util.tree_map_with_path(lambda p, x: _spec(p, x.shape, mesh),
-                                          abstract_params(config))
+def param_specs(config: ModelConfig, mesh: Mesh | None = None, *, decoding: bool = False) -> dict:
+  """The param tree of PartitionSpecs (fitted to `mesh`'s axis sizes when given); `decoding`:
+  of the decoders' layout (params.layer_list) instead of the stored one."""
+  abstract = abstract_decoding_params(config) if decoding else abstract_params(config)
+  return jax.tree_util.tree_map_with_path(lambda p, x: _spec(p, x.shape, mesh), abstract)
 
 
-def param_shardings(config: ModelConfig, mesh: Mesh) -> dict:
+def param_shardings(config: ModelConfig, mesh: Mesh, *, decoding: bool = False) -> dict:
   """The param tree of NamedShardings on `mesh` (e.g. for a sharded orbax restore)."""
-  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(config, mesh),
+  return jax.tree.map(lambda s: NamedSharding(mesh, s),
+                      param_specs(config, mesh, decoding=decoding),
                       is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 

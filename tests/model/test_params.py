@@ -5,7 +5,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.params import abstract_params, init_params, param_count
+from gr2jax.model.params import (
+  abstract_decoding_params,
+  abstract_params,
+  init_params,
+  layer_list,
+  param_count,
+)
 from tests.model.test_config import QWEN3_8B_JSON
 
 
@@ -22,6 +28,28 @@ def test_layout_and_init():
   assert abs(float(jnp.std(params["layers"]["gate"])) - 0.02) < 1e-3
   # Distinct params get distinct draws.
   assert not np.allclose(params["layers"]["gate"], params["layers"]["up"])
+
+
+def test_decoding_layout_fuses_qkv_grouped_by_kv_head():
+  """layer_list: one dict per layer; query head n at qkv[:, n // G, n % G], kv head j's key and
+  value at qkv[:, j, G] and qkv[:, j, G + 1] (the grouping of the attention); the rest as is."""
+  config = ModelConfig.tiny()
+  params = init_params(config, jax.random.key(0))
+  layers = layer_list(params)["layers"]
+  assert isinstance(layers, tuple) and len(layers) == config.num_layers
+  g = config.num_heads // config.num_kv_heads
+  for i, layer in enumerate(layers):
+    assert set(layer) == set(params["layers"]) - {"q", "k", "v"} | {"qkv"}
+    assert layer["qkv"].shape == (128, config.num_kv_heads, g + 2, 32)
+    for n in range(config.num_heads):
+      np.testing.assert_array_equal(layer["qkv"][:, n // g, n % g], params["layers"]["q"][i, :, n])
+    np.testing.assert_array_equal(layer["qkv"][:, :, g], params["layers"]["k"][i])
+    np.testing.assert_array_equal(layer["qkv"][:, :, g + 1], params["layers"]["v"][i])
+    np.testing.assert_array_equal(layer["o"], params["layers"]["o"][i])
+  converted = layer_list(params)
+  assert layer_list(converted) is converted  # a no-op once converted
+  assert jax.tree.map(lambda x: x.shape, abstract_decoding_params(config)) == jax.tree.map(
+    lambda x: x.shape, converted)
 
 
 def test_tied_has_no_lm_head_and_dtype():

@@ -11,7 +11,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.generate import generate
-from gr2jax.model.params import init_params
+from gr2jax.model.params import init_params, layer_list
 from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
   data_spec,
@@ -42,6 +42,10 @@ def test_specs_match_the_param_tree():
   # A vocab the tp axis does not divide is replicated on that dimension only.
   odd = param_specs(dataclasses.replace(CONFIG, vocab_size=257), make_mesh(tp=2))
   assert odd["embed"] == PartitionSpec(None, "fsdp")
+  # The decoders' layout: per layer (no L axis), the fused q, k, v sharded over kv heads.
+  decoding = param_specs(CONFIG, decoding=True)
+  assert decoding["layers"][0]["qkv"] == PartitionSpec("fsdp", "tp", None, None)
+  assert decoding["layers"][1]["o"] == PartitionSpec("tp", None, "fsdp")
 
 
 def test_sharded_forward_equals_unsharded():
@@ -66,6 +70,10 @@ def test_sharded_forward_equals_unsharded():
   _, cache = fwd(sharded, CONFIG, tokens_s, cache=cache_s, update_cache=True)
   np.testing.assert_allclose(np.stack(cache.k), np.stack(ref_cache.k), atol=1e-5)
   assert len(jnp.asarray(logits).sharding.device_set) == 8
+  # The decoders' layout, placed by its own shardings: the same cached forward.
+  decoding = jax.device_put(layer_list(params), param_shardings(CONFIG, mesh, decoding=True))
+  _, cache = fwd(decoding, CONFIG, tokens_s, cache=cache_s, update_cache=True)
+  np.testing.assert_allclose(np.stack(cache.k), np.stack(ref_cache.k), atol=1e-5)
 
 
 def test_sharded_generate_equals_unsharded():

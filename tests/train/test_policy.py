@@ -56,7 +56,7 @@ def test_decoding_params_are_the_decoders_layout_converted_once():
     converted = policy.decoding_params(params)
     assert isinstance(converted["layers"], tuple) and len(converted["layers"]) == AR.num_layers
     assert policy.decoding_params(converted) is converted  # a no-op once converted
-    np.testing.assert_array_equal(converted["layers"][0]["q"], params["layers"]["q"][0])
+    np.testing.assert_array_equal(converted["layers"][0]["qkv"][:, :, -1], params["layers"]["v"][0])
 
 
 def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepared):
