@@ -42,12 +42,16 @@ import targets  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "qwen3_8b", f"plan.PRESETS shapes: {sorted(plan.PRESETS)}.")
-flags.DEFINE_list("targets", ["h100", "tpu_v5p"],
-                  f"targets.TARGETS keys: {sorted(targets.TARGETS)}.")
-flags.DEFINE_list("steps", ["ar", "block"], "Steps: ar (one token), block (one block of B).")
-flags.DEFINE_float("min_mib", None, "Smallest op result counted (MiB); default one layer's K.")
-flags.DEFINE_string("out", None, "Also write the JSON here.")
+
+
+def define_flags() -> None:
+  flags.DEFINE_string("preset", "qwen3_8b", f"plan.PRESETS shapes: {sorted(plan.PRESETS)}.")
+  flags.DEFINE_list("targets", ["h100", "tpu_v5p"],
+                    f"targets.TARGETS keys: {sorted(targets.TARGETS)}.")
+  flags.DEFINE_list("steps", ["ar", "block"], "Steps: ar (one token), block (one block of B).")
+  flags.DEFINE_float("min_mib", None, "Smallest op result counted (MiB); default one layer's K.")
+  flags.DEFINE_string("out", None, "Also write the JSON here.")
+
 
 IN_PLACE = ("scatter", "dynamic-update-slice")
 ON_CHIP = "S(1)"  # an HLO layout's memory space 1: TPU VMEM
@@ -191,4 +195,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)
