@@ -320,26 +320,6 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 # ---- roofline ---------------------------------------------------------------------------------
 
 
-def _compile_forward(fn, config, width: int, s, target_name: str) -> dict:
-  """One forward of `width` tokens after a batch-1 cache of prompt + response slots, compiled for
-  one device of a GPU target: bytes moved (roofline.py's measure) and analytic FLOPs."""
-  mesh, target = targets.target_mesh(target_name, "1x1x1", 1, 1)
-  rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  slots = s.prompt_len + s.response_len
-  shapes = [roofline._cache_spec(config, rep, slots),
-            jax.ShapeDtypeStruct((1, width), np.int32, sharding=rep),
-            jax.ShapeDtypeStruct((1,), np.int32, sharding=rep)]
-  start = time.perf_counter()
-  with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(plan.param_specs(config, mesh, decoding=True),
-                                                  *shapes)
-    compiled, _ = plan._compile(lowered, target, 0)
-  mem = plan._memory(compiled)
-  return {"bytes": mem["argument"] + mem["output"] - mem["alias"], "memory": mem,
-          "flops": plan.forward_flops(config, width, width * slots, width), "tokens": width,
-          "compile_s": time.perf_counter() - start}
-
-
 def run_roofline(grid_rows: list[dict]) -> dict:
   """The roofline section (module doc)."""
   target_name = "h100"
@@ -361,8 +341,9 @@ def run_roofline(grid_rows: list[dict]) -> dict:
     return qwen3.forward(params, ar_config, tokens, cache=cache, update_cache=True)
 
   for k in ks:
-    steps[f"draft_k{k}"] = _compile_forward(draft_fn(k), d_config, s.block_size, s, target_name)
-    steps[f"verify_k{k}"] = _compile_forward(verify_fn, ar_config, k + 1, s, target_name)
+    steps[f"draft_k{k}"] = roofline.compile_forward(draft_fn(k), d_config, s.block_size, s,
+                                                   target_name)[1]
+    steps[f"verify_k{k}"] = roofline.compile_forward(verify_fn, ar_config, k + 1, s, target_name)[1]
     print(f"[roofline] K={k}: draft {steps[f'draft_k{k}']['bytes'] / 1e9:.2f} GB, verify "
           f"{steps[f'verify_k{k}']['bytes'] / 1e9:.2f} GB", flush=True)
   t = {name: max(x["bytes"] / target.hbm_bytes_s, x["flops"] / target.peak_flops)

@@ -61,28 +61,40 @@ def _cache_spec(config, sharding, slots: int) -> KVCache:
                       jax.eval_shape(lambda: init_cache(config, 1, slots)))
 
 
-def compile_step(kind: str, s: plan.Shapes, target_name: str):
-  """Compiles one decoder step at batch 1 for one device of the target; its bytes and FLOPs.
-
-  Args:
-    kind: 'ar' (one token) or 'block' (one block of s.block_size tokens).
-    s: the shapes (prompt, response, block size, the model).
-    target_name: a targets.TARGETS key (GPU or TPU; one chip of it).
+def compile_forward(fn, config, width: int, s: plan.Shapes, target_name: str):
+  """Compiles `fn(params, cache, tokens [1, width], prompt_lengths [1])` at batch 1 for one device
+  of the target, with the batch-1 cache of s.prompt_len + s.response_len slots donated and the
+  recipe's XLA flags (s.xla_flags, the target's platform's only: targets.recipe_options).
 
   Returns:
-    (compiled, {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options', 'failures'}).
+    (compiled, {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options', 'failures'}):
+    bytes = arguments + outputs not aliased; FLOPs analytic (plan.forward_flops).
   """
   target = targets.get_target(target_name)
   one_chip = "x".join("1" for _ in target.default_topology.split("x"))
   mesh, target = targets.target_mesh(target_name, one_chip, 1, 1)
-  config = s.model if kind == "ar" else s.diffusion()
-  config = dataclasses.replace(config, remat="none")
-  width = 1 if kind == "ar" else s.block_size
   slots = s.prompt_len + s.response_len
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  cache = _cache_spec(config, rep, slots)
-  tokens = jax.ShapeDtypeStruct((1, width), jnp.int32, sharding=rep)
-  prompt_lengths = jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)
+  shapes = [_cache_spec(config, rep, slots),
+            jax.ShapeDtypeStruct((1, width), jnp.int32, sharding=rep),
+            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)]
+  start = time.perf_counter()
+  with jax.set_mesh(mesh):
+    lowered = jax.jit(fn, donate_argnums=1).lower(
+      plan.param_specs(config, mesh, decoding=True), *shapes)
+    compiled, record = plan._compile(lowered, target, 0,
+                                     targets.recipe_options(target, s.xla_flags))
+  mem = plan._memory(compiled)
+  return compiled, {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
+                    "flops": plan.forward_flops(config, width, width * slots, width),
+                    "tokens": width, "compile_s": time.perf_counter() - start,
+                    "options": record["options"], "failures": record["failures"]}
+
+
+def compile_step(kind: str, s: plan.Shapes, target_name: str):
+  """compile_forward of one decoder step: 'ar' (one token after the cache, `generate`'s loop
+  body) or 'block' (one block of s.block_size tokens, `diffusion.decode.block_forward`)."""
+  config = dataclasses.replace(s.model if kind == "ar" else s.diffusion(), remat="none")
   if kind == "ar":
     def fn(params, cache, tokens, prompt_lengths):
       del prompt_lengths
@@ -90,16 +102,7 @@ def compile_step(kind: str, s: plan.Shapes, target_name: str):
   else:
     def fn(params, cache, tokens, prompt_lengths):
       return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths)
-  start = time.perf_counter()
-  with jax.set_mesh(mesh):
-    lowered = jax.jit(fn, donate_argnums=1).lower(
-      plan.param_specs(config, mesh, decoding=True), cache, tokens, prompt_lengths)
-    compiled, record = plan._compile(lowered, target, 0)
-  mem = plan._memory(compiled)
-  return compiled, {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
-                    "flops": plan.forward_flops(config, width, width * slots, width),
-                    "tokens": width, "compile_s": time.perf_counter() - start,
-                    "options": record["options"], "failures": record["failures"]}
+  return compile_forward(fn, config, 1 if kind == "ar" else s.block_size, s, target_name)
 
 
 def forwards_per_token(table3_rows: list[dict]) -> dict:

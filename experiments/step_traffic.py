@@ -96,27 +96,58 @@ def parse_hlo(text: str) -> tuple[dict, str | None]:
   return computations, entry
 
 
+def tuple_elements(shape: str) -> list[str]:
+  """A tuple shape's top-level element shapes ('(f32[2]{0}, s8[4]{0})' -> two); a non-tuple
+  shape is one element."""
+  shape = re.sub(r"/\*.*?\*/", "", shape).strip()
+  if not shape.startswith("("):
+    return [shape]
+  elements, depth, start = [], 0, 1
+  for i, c in enumerate(shape):
+    depth += 1 if c in "([{" else -1 if c in ")]}" else 0
+    if (c == "," and depth == 1) or (c == ")" and depth == 0):
+      elements.append(shape[start:i].strip())
+      start = i + 1
+  return [e for e in elements if e]
+
+
+def _entry_outputs(instructions: list) -> set:
+  """The (op, tuple index or None) results the entry computation returns, looked up through
+  bitcasts and get-tuple-elements (a cuBLAS call's (result, workspace) tuple: the result)."""
+  lines = {name: (opcode, line) for name, _, opcode, line in instructions}
+  root = next(line for _, _, _, line in instructions if line.lstrip().startswith("ROOT "))
+  out = set()
+  for name in re.findall(r"%([\w.\-]+)", root.split(" = ", 1)[1]):
+    index = None
+    while name in lines and lines[name][0] in ("bitcast", "get-tuple-element"):
+      opcode, line = lines[name]
+      if opcode == "get-tuple-element":
+        index = int(re.search(r"index=(\d+)", line).group(1))
+      name = re.search(r"\(%?([\w.\-]+)", line.split(" = ", 1)[1]).group(1)
+    out.add((name, index))
+  return out
+
+
 def large_ops(text: str, min_bytes: int) -> dict:
-  """{kind: {'count', 'bytes'}} of the ops outside fusion bodies whose result has >= min_bytes,
-  the entry's outputs left out; a fusion's kind is its root op's ('fusion:concatenate'), a
-  cuBLAS / cuDNN call's its target, a result in on-chip memory 'on-chip:<kind>'."""
+  """{kind: {'count', 'bytes'}} of the results of ops outside fusion bodies with >= min_bytes
+  (each element of a tuple result on its own), the entry's outputs left out; a fusion's kind is
+  its root op's ('fusion:concatenate'), a cuBLAS / cuDNN / kernel call's its target, a result
+  in on-chip memory 'on-chip:<kind>'."""
   computations, entry = parse_hlo(text)
-  fused, roots, outputs = set(), {}, set()
+  fused, roots = set(), {}
   for name, instructions in computations.items():
     for _, _, opcode, line in instructions:
       if opcode == "fusion":
         fused.update(re.findall(r"calls=%?([\w.\-]+)", line))
       if line.lstrip().startswith("ROOT "):
         roots[name] = opcode
-        if name == entry:  # the step's outputs: part of the minimum
-          outputs.update(re.findall(r"%([\w.\-]+)", line.split(" = ", 1)[1]))
+  outputs = _entry_outputs(computations[entry])
   out = {}
   for name, instructions in computations.items():
     if name in fused:
       continue
     for result, shape, opcode, line in instructions:
-      nbytes = shape_bytes(shape)
-      if opcode in _NOT_WRITES or nbytes < min_bytes or result in outputs:
+      if opcode in _NOT_WRITES:
         continue
       kind = opcode
       if opcode == "fusion":
@@ -125,11 +156,15 @@ def large_ops(text: str, min_bytes: int) -> dict:
       elif opcode == "custom-call":
         target = re.search(r'custom_call_target="([^"]+)"', line)
         kind = f"custom-call:{target.group(1) if target else '?'}"
-      if ON_CHIP in shape:
-        kind = f"on-chip:{kind}"
-      entry = out.setdefault(kind, {"count": 0, "bytes": 0})
-      entry["count"] += 1
-      entry["bytes"] += nbytes
+      elements = tuple_elements(shape)
+      for i, element in enumerate(elements):
+        nbytes = shape_bytes(element)
+        if nbytes < min_bytes or (result, i if len(elements) > 1 else None) in outputs:
+          continue
+        element_kind = f"on-chip:{kind}" if ON_CHIP in shape else kind  # a prefetch's tuple
+        entry_ops = out.setdefault(element_kind, {"count": 0, "bytes": 0})
+        entry_ops["count"] += 1
+        entry_ops["bytes"] += nbytes
   return out
 
 

@@ -284,12 +284,16 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
   h = rms_norm(x_out, params["final_norm"], config.rms_norm_eps)
   if logits_at is not None:
     h = jnp.take_along_axis(h, jnp.asarray(logits_at, jnp.int32)[:, :, None], axis=1)
+  # bf16 inputs, f32 accumulation and logits, also named as the dot's algorithm: without it XLA
+  # GPU's cuBLAS path upcasts a 1-row LM head's weight to f32 on every decode step (a [D, V] f32
+  # copy, 2.5 GB at 8B; docs/results/memory_limit.md). The same numbers on every backend.
+  precision = lax.DotAlgorithmPreset.BF16_BF16_F32 if h.dtype == jnp.bfloat16 else None
   if config.tie_word_embeddings:
     logits = jnp.einsum("BTD,VD->BTV", h, params["embed"].astype(h.dtype),
-                        preferred_element_type=F32)
+                        preferred_element_type=F32, precision=precision)
   else:
     logits = jnp.einsum("BTD,DV->BTV", h, params["lm_head"].astype(h.dtype),
-                        preferred_element_type=F32)
+                        preferred_element_type=F32, precision=precision)
   if return_hidden:
     return logits, cache, jnp.concatenate([x[None], hidden], axis=0)
   return logits, cache

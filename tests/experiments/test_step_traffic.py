@@ -9,7 +9,8 @@ import plan  # noqa: E402
 import step_traffic  # noqa: E402
 
 # A written module: a concatenate, an in-place update (an output of the step), a cuBLAS gemm with
-# its workspace, a weight prefetched into TPU VMEM (S(1)) and an op below the threshold.
+# its workspace, one whose result is an output, a weight prefetched into TPU VMEM (S(1)) and an op
+# below the threshold.
 HLO = """HloModule step, is_scheduled=true
 
 %fused_concat (p0: bf16[64,32], p1: bf16[64,16]) -> bf16[64,48] {
@@ -34,7 +35,10 @@ ENTRY %main (a: bf16[64,32], b: bf16[64,16], c: f32[8,128], d: f32[8,1]) -> f32[
   %g = (bf16[64,64]{1,0}, s8[1024]{0}) custom-call(%fusion, %a), custom_call_target="__cublas$gemm"
   %copy-start = (bf16[64,32]{1,0:T(8,128)(2,1)S(1)}, bf16[64,32]{1,0}, u32[]) copy-start(%a)
   %small = f32[2]{0} copy(%x)
-  ROOT %t = (f32[8,128]{1,0}) tuple(%fusion.1)
+  %h = (f32[64,64]{1,0}, s8[512]{0}) custom-call(%fusion, %a), custom_call_target="__cublas$gemm"
+  %gte = f32[64,64]{1,0} get-tuple-element(%h), index=0
+  %logits = f32[1,64,64]{2,1,0} bitcast(%gte)
+  ROOT %t = (f32[8,128]{1,0}, f32[1,64,64]{2,1,0}) tuple(%fusion.1, %logits)
 }
 """
 
@@ -47,10 +51,13 @@ def test_shape_bytes():
 
 def test_large_ops_by_kind_and_extra_traffic():
   ops = step_traffic.large_ops(HLO, min_bytes=1000)
+  # Each element of a tuple result on its own: the gemm's result and its workspace; the second
+  # gemm's result is the step's output (through a get-tuple-element and a bitcast), its workspace
+  # below the threshold; the prefetch's destination and source alias are on chip.
   assert ops == {"fusion:concatenate": {"count": 1, "bytes": 64 * 48 * 2},
-                 "custom-call:__cublas$gemm": {"count": 1, "bytes": 64 * 64 * 2 + 1024},
-                 "on-chip:copy-start": {"count": 1, "bytes": 2 * 64 * 32 * 2 + 4}}
-  # The concatenate and the gemm's result are extra, written + read; the prefetch is not.
+                 "custom-call:__cublas$gemm": {"count": 2, "bytes": 64 * 64 * 2 + 1024},
+                 "on-chip:copy-start": {"count": 2, "bytes": 2 * 64 * 32 * 2}}
+  # The concatenate and the first gemm's results are extra, written + read; the prefetch is not.
   assert step_traffic.extra_bytes(ops) == 2 * (64 * 48 * 2 + 64 * 64 * 2 + 1024)
   assert not step_traffic.is_extra("fusion:scatter")  # in place into a donated buffer
   assert not step_traffic.is_extra("dynamic-update-slice")
