@@ -5,6 +5,10 @@ r"""The GPU check: one prepared run that measures what experiments/plan.py can o
 
 Sections, each a subprocess with its own time limit (PRESETS[...]['budget_s']; the qwen3_8b
 limits sum to under 10 min), so one that fails or runs over leaves the others' numbers:
+  decode_kernel  this file --section=decode_kernel: the GPU decode kernel
+             (gr2jax/model/decode_attention.py, which the decode sections below run) against the
+             einsum reference over the same bf16 cache buffers, at the AR step's and the block
+             step's shapes: max |difference| and the time of each (the Pallas interpreter on CPU).
   ar_decode  experiments/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
              utilisation, MBU = (weights + KV cache bytes read per step) / step time / peak HBM
              bandwidth of the device (target >= 70%).
@@ -19,7 +23,7 @@ limits sum to under 10 min), so one that fails or runs over leaves the others' n
              train state (~24 bytes per param incl. the update's fp32 temporaries; 8B: ~200 GB)
              does not fit 3/4 of the local memory (fewer than ~4 H100s), the section times the
              full-depth forward + backward alone (mode 'grad'; reported per row).
-Then OUT/gpu_check.json (everything) and OUT/gpu_check.md (three tables).
+Then OUT/gpu_check.json (everything) and OUT/gpu_check.md (four tables).
 """
 
 import json
@@ -38,7 +42,8 @@ sys.path.insert(0, os.path.join(REPO, "experiments"))  # plan.py
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
 flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
-flags.DEFINE_enum("section", "all", ["all", "ar_decode", "diffusion", "train", "report"],
+flags.DEFINE_enum("section", "all", ["all", "decode_kernel", "ar_decode", "diffusion", "train",
+                                     "report"],
                   "'all' runs every section as a subprocess, then the report.")
 flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
                   "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
@@ -51,9 +56,10 @@ STATE_BYTES_PER_PARAM = 24  # bf16 params + grads, fp32 mu + nu, the update's fp
 
 PRESETS = {
   "qwen3_8b": dict(prompt_len=2200, new_tokens=128, block_size=32, repeats=2,
-                   max_rows_per_device=16, budget_s=dict(ar_decode=150, diffusion=200, train=220)),
+                   max_rows_per_device=16,
+                   budget_s=dict(decode_kernel=40, ar_decode=150, diffusion=200, train=200)),
   "tiny": dict(prompt_len=64, new_tokens=32, block_size=8, repeats=1, max_rows_per_device=2,
-               budget_s=dict(ar_decode=300, diffusion=400, train=400)),
+               budget_s=dict(decode_kernel=200, ar_decode=300, diffusion=400, train=400)),
 }
 
 
@@ -72,6 +78,8 @@ def _commands(out_dir: str) -> dict[str, list[str]]:
   p = PRESETS[FLAGS.preset]
   py = sys.executable
   return {
+    "decode_kernel": [py, os.path.abspath(__file__), f"--preset={FLAGS.preset}",
+                      "--section=decode_kernel", f"--out_dir={out_dir}"],
     "ar_decode": [py, os.path.join(REPO, "experiments", "bench_decode.py"),
                   f"--presets={FLAGS.preset}", "--random_weights", "--hf=false",
                   "--dtype=bfloat16", "--batch_sizes=1", f"--prompt_lens={p['prompt_len']}",
@@ -108,6 +116,55 @@ def run_sections(out_dir: str) -> dict:
     print(f"[gpu_check] {name}: {state} in {status[name]['seconds']:.0f} s "
           f"(log {os.path.join(out_dir, name + '.log')})", flush=True)
   return status
+
+
+# ---- decode kernel section -------------------------------------------------------------------
+
+
+def _best_s(fn, *args, repeats: int = 5) -> float:
+  fn(*args).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    fn(*args).block_until_ready()
+    times.append(time.perf_counter() - start)
+  return min(times)
+
+
+def decode_kernel_section(out_dir: str) -> list[dict]:
+  """The decode kernel vs the reference at the preset's step shapes (OUT/decode_kernel.json)."""
+  import jax
+  import jax.numpy as jnp
+
+  from gr2jax.model import attention, decode_attention
+  from gr2jax.model.config import ModelConfig
+
+  decode_attention.DECODE_INTERPRET = jax.default_backend() != "gpu"
+  cfg = PRESETS[FLAGS.preset]
+  config = getattr(ModelConfig, FLAGS.preset)()
+  n, kv, h = config.num_heads, config.num_kv_heads, config.head_dim
+  prompt, slots = cfg["prompt_len"], cfg["prompt_len"] + cfg["new_tokens"]
+  keys = jax.random.split(jax.random.key(0), 3)
+  k_cache = jax.random.normal(keys[1], (kv, h, slots), jnp.bfloat16)
+  v_cache = jax.random.normal(keys[2], (kv, slots, h), jnp.bfloat16)
+  no_new = jnp.zeros((1, 0, kv, h), jnp.bfloat16)
+  reference = jax.jit(lambda q, k, v, m: attention.reference(q, no_new, no_new, k, v, m, 1 << 30))
+  kernel = jax.jit(decode_attention.decode_attention)
+  rows = []
+  for step, t in (("ar", 1), ("block", cfg["block_size"])):
+    q = jax.random.normal(keys[0], (1, t, n, h), jnp.bfloat16)
+    seen = prompt + (jnp.arange(t) + 1 if step == "ar" else jnp.full(t, t))  # after the write
+    mask = jnp.arange(slots)[None, None, :] < seen[None, :, None]  # [1, T, S]
+    want, got = reference(q, k_cache, v_cache, mask), kernel(q, k_cache, v_cache, mask)
+    rows.append({"step": step, "device": jax.devices()[0].device_kind, "queries": t,
+                 "slots": slots, "max_abs_diff": float(jnp.max(jnp.abs(
+                   got.astype(jnp.float32) - want.astype(jnp.float32)))),
+                 "reference_ms": 1e3 * _best_s(reference, q, k_cache, v_cache, mask),
+                 "kernel_ms": 1e3 * _best_s(kernel, q, k_cache, v_cache, mask)})
+    print(json.dumps(rows[-1]), flush=True)
+  with open(os.path.join(out_dir, "decode_kernel.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  return rows
 
 
 # ---- train section ---------------------------------------------------------------------------
@@ -302,14 +359,21 @@ def report(out_dir: str, status: dict) -> dict:
   ar = _load(os.path.join(out_dir, "ar_decode.json")) or []
   diffusion = _load(os.path.join(out_dir, "diffusion", "bench_diffusion.json")) or {}
   train = _load(os.path.join(out_dir, "train.json")) or []
+  kernel = _load(os.path.join(out_dir, "decode_kernel.json")) or []
   for r in ar:
     _, bw = peaks(r.get("device", ""))
     r["mbu"] = r["achieved_gbs"] * 1e9 / bw if bw else None
-  result = {"preset": FLAGS.preset, "status": status, "ar_decode": ar,
+  result = {"preset": FLAGS.preset, "status": status, "decode_kernel": kernel, "ar_decode": ar,
             "diffusion": diffusion.get("e2e", []), "train": train}
   lines = [f"# GPU check ({FLAGS.preset})", "",
            "| section | status | seconds |", "|---|---|---|"]
   lines += [f"| {k} | {v['status']} | {v['seconds']:.0f} |" for k, v in status.items()]
+  lines += ["", "## Decode kernel vs the reference (one layer's attention, bf16 cache)", "",
+            "| step | device | queries | slots | max abs diff | reference ms | kernel ms |",
+            "|---|---|---|---|---|---|---|"]
+  lines += [f"| {r['step']} | {r['device']} | {r['queries']} | {r['slots']} | "
+            f"{r['max_abs_diff']:.3g} | {r['reference_ms']:.3f} | {r['kernel_ms']:.3f} |"
+            for r in kernel]
   lines += ["", "## AR decode, batch 1 (target MBU >= 70%)", "",
             "| device | prompt | new | decode tok/s | ms/token | GB/s | MBU |",
             "|---|---|---|---|---|---|---|"]
@@ -347,6 +411,8 @@ def main(argv):
   os.makedirs(out_dir, exist_ok=True)
   if FLAGS.section == "train":
     train_section(out_dir)
+  elif FLAGS.section == "decode_kernel":
+    decode_kernel_section(out_dir)
   elif FLAGS.section in ("ar_decode", "diffusion"):
     cmd = _commands(out_dir)[FLAGS.section]
     sys.exit(subprocess.run(cmd, cwd=REPO).returncode)

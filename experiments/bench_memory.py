@@ -14,13 +14,17 @@ Random weights in the decoders' layout (params.layer_list), the cache donated as
 bytes = the weights (a tied head's embedding once; an untied model's embedding table only for
 the B rows it gathers) + the whole cache buffer (the attention scores every slot) + the f32
 logits. Right after each step, in the same process, a numpy copy of --copy_mib MiB gives the copy
-rate (bytes read + written / time, best of 3) and a jitted [512, 4096] x [4096, 4096] matmul the
-matmul rate, so both fractions are ratios measured side by side:
+rate (bytes read + written / time, best of 3), a jitted [512, 4096] x [4096, 4096] matmul the
+matmul rate, and a GEMM at the step's own row count over the model's LM-head weight
+([1 or 32, D] x [D, V]: larger than the CPU's caches at 0.6B) the rate XLA reaches at that row
+count, so every fraction is a ratio measured side by side:
 
   frac_copy    (bytes / step time) / copy rate       (the memory roof; 1.0 = at the limit)
   frac_matmul  (FLOPs / step time) / matmul rate     (the compute roof; plan.forward_flops)
+  frac_gemm    (FLOPs / step time) / the step-row GEMM's rate
 
-A step with frac_matmul near 1 is compute-bound: no layout of the bytes makes it faster there.
+A step with frac_matmul near 1 is compute-bound: no layout of the bytes makes it faster there;
+one with frac_gemm near 1 runs as fast as GEMMs of its row count run on this machine.
 Prints one JSON line per row and a table; --json_out writes the rows.
 """
 
@@ -106,6 +110,9 @@ def main(argv):
         row["matmul_gflops"] = limits.matmul_rate_gflops(dtype)
         row["frac_copy"] = row["gbs"] / row["copy_gbs"]
         row["frac_matmul"] = row["gflops"] / row["matmul_gflops"]
+        row["gemm_gflops"] = limits.gemm_rate_gflops(1 if kind == "ar" else BLOCK,
+                                                     config.hidden_size, config.vocab_size, dtype)
+        row["frac_gemm"] = row["gflops"] / row["gemm_gflops"]
         print(json.dumps(row), flush=True)
         rows.append(row)
   if FLAGS.json_out:
@@ -113,7 +120,8 @@ def main(argv):
       json.dump(rows, f, indent=1)
   cols = [("dtype", "{}"), ("prompt", "{}"), ("step", "{}"), ("step_s", "{:.3f}"),
           ("bytes", "{:.3g}"), ("gbs", "{:.1f}"), ("copy_gbs", "{:.1f}"), ("frac_copy", "{:.2f}"),
-          ("gflops", "{:.1f}"), ("matmul_gflops", "{:.1f}"), ("frac_matmul", "{:.2f}")]
+          ("gflops", "{:.1f}"), ("matmul_gflops", "{:.1f}"), ("frac_matmul", "{:.2f}"),
+          ("gemm_gflops", "{:.1f}"), ("frac_gemm", "{:.2f}")]
   print("| " + " | ".join(c for c, _ in cols) + " |")
   print("|" + "---|" * len(cols))
   for row in rows:

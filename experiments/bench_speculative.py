@@ -323,7 +323,7 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 def run_roofline(grid_rows: list[dict]) -> dict:
   """The roofline section (module doc)."""
   target_name = "h100"
-  s = plan.PRESETS["qwen3_8b"]
+  s = roofline.decode_shapes(plan.PRESETS["qwen3_8b"], target_name)
   target = targets.get_target(target_name)
   ar_config = dataclasses.replace(s.model, remat="none")
   d_config = dataclasses.replace(s.diffusion(), remat="none")

@@ -1,4 +1,4 @@
-"""The machine's limits, measured in the benchmark's own process: a copy rate and a matmul rate.
+"""The machine's limits, measured in the benchmark's own process: a copy rate and matmul rates.
 
 Benchmarks divide what a step achieves by these, timed right after it, so a figure is a ratio to
 this machine's limit at that moment (bench_memory.py, bench_decode.py).
@@ -32,3 +32,13 @@ def matmul_rate_gflops(dtype: str) -> float:
   fn(a, b).block_until_ready()
   best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
   return 2 * 512 * 4096 * 4096 / best / 1e9
+
+
+def gemm_rate_gflops(rows: int, depth: int, width: int, dtype: str) -> float:
+  """A jitted [rows, depth] x [depth, width] matmul in `dtype` (a decode step's GEMM at its own
+  row count, e.g. the LM head's shape): GFLOP/s, best of 3 after a warm-up."""
+  a, b = (jnp.ones(shape, dtype) for shape in ((rows, depth), (depth, width)))
+  fn = jax.jit(lambda a, b: a @ b)
+  fn(a, b).block_until_ready()
+  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
+  return 2 * rows * depth * width / best / 1e9

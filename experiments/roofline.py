@@ -91,9 +91,19 @@ def compile_forward(fn, config, width: int, s: plan.Shapes, target_name: str):
                     "options": record["options"], "failures": record["failures"]}
 
 
+def decode_shapes(s: plan.Shapes, target_name: str) -> plan.Shapes:
+  """The shapes as the target decodes them: attention_impl 'auto' resolves to the platform's
+  kernel on its own backend (targets.Target.kernel), which a compile from this host must name;
+  a decode step then runs the GPU's decode kernel (model/decode_attention.py), the TPU's
+  reference (model/attention.py)."""
+  return plan.with_attention(s, targets.get_target(target_name).kernel)
+
+
 def compile_step(kind: str, s: plan.Shapes, target_name: str):
   """compile_forward of one decoder step: 'ar' (one token after the cache, `generate`'s loop
-  body) or 'block' (one block of s.block_size tokens, `diffusion.decode.block_forward`)."""
+  body) or 'block' (one block of s.block_size tokens, `diffusion.decode.block_forward`), with
+  the target's attention (decode_shapes)."""
+  s = decode_shapes(s, target_name)
   config = dataclasses.replace(s.model if kind == "ar" else s.diffusion(), remat="none")
   if kind == "ar":
     def fn(params, cache, tokens, prompt_lengths):

@@ -1,6 +1,7 @@
 """scripts/gpu_check.sh --preset=tiny runs end to end on CPU and writes its table (slow: ~2-4 min).
 
-The GPU session then spends its minutes measuring, not debugging: every section (AR decode MBU,
+The GPU session then spends its minutes measuring, not debugging: every section (the decode
+kernel against the reference, AR decode MBU,
 block diffusion vs AR with the forced schedule, SFT / CFT train-step MFU) runs through the same
 code as on a GPU, only with the tiny model.
 """
@@ -24,7 +25,11 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   result = json.loads((tmp_path / "gpu_check.json").read_text())
   assert {k: v["status"] for k, v in result["status"].items()} == {
-    "ar_decode": "ok", "diffusion": "ok", "train": "ok"}
+    "decode_kernel": "ok", "ar_decode": "ok", "diffusion": "ok", "train": "ok"}
+
+  assert [r["step"] for r in result["decode_kernel"]] == ["ar", "block"]
+  for r in result["decode_kernel"]:  # the Pallas interpreter on CPU; bf16 outputs
+    assert r["max_abs_diff"] < 2e-2 and r["kernel_ms"] > 0 and r["reference_ms"] > 0
 
   (ar,) = result["ar_decode"]
   assert ar["batch"] == 1 and ar["gr2jax_decode_tok_s"] > 0 and ar["achieved_gbs"] > 0
@@ -48,6 +53,6 @@ def test_gpu_check_tiny_on_cpu(tmp_path):
     assert r["fits"] and r["mode"] == "train_step" and r["step_s"] > 0 and r["mfu"] is None
 
   table = (tmp_path / "gpu_check.md").read_text()
-  for heading in ("## AR decode", "## Block diffusion vs AR", "## Train step"):
+  for heading in ("## Decode kernel", "## AR decode", "## Block diffusion vs AR", "## Train step"):
     assert heading in table
   assert "| diffusion forced K=3 | 0.9 |" in table

@@ -155,3 +155,15 @@ def test_recipe_xla_flags_become_the_platforms_compile_options():
     assert targets.recipe_options(targets.TARGETS["h100"], plan.PRESETS[preset].xla_flags) == {
       "xla_gpu_enable_triton_gemm": False}
   assert plan.PRESETS["tiny"].xla_flags == ()
+
+
+@pytest.mark.parametrize("program", ("ar_decode", "diffusion_decode", "speculative_decode"))
+def test_tiny_gpu_decoders_run_the_decode_kernel(target_mesh, program):
+  # With the target's kernel, every decode step on the GPU (the AR step, the block step, the
+  # drafter's and the verifier's forwards) attends in model/decode_attention.py's Triton kernel,
+  # run per batch shard (fsdp 2); the TPU's decode steps keep the reference (model/attention.py).
+  mesh, target = target_mesh
+  if target.platform != "cuda":
+    pytest.skip("the decode kernel is the GPU's")
+  calls = plan.custom_calls(compile_program(program, mesh, target, target.kernel)["compiled"])
+  assert any("triton" in name for name in calls), calls

@@ -24,11 +24,16 @@
              float32: cuDNN has no fp32 kernel), 'tpu' -> splash, otherwise reference. A
              compile-only target (AOT from a CPU host) must name its kernel explicitly.
 
-A forward that reads a cache (the decode steps: T <= B + 1 queries over S slots) runs the reference
-whatever the setting: it is bound by reading the cache, which the einsums read in place from the
-per-layer buffers (model/cache.py), once for the scores and once for the values; a kernel needs one
-[cache | new] K/V tensor, i.e. a copy of the whole cache per layer per step. The kernels serve the
-cache-free forwards (training, scoring, the empty-cache prefill).
+A forward that reads a cache (the decode steps: T <= B + 1 queries over S slots) is bound by
+reading the cache, which it must read in place from the per-layer buffers (model/cache.py): the
+cuDNN and splash kernels need one [cache | new] K/V tensor, i.e. a copy of the whole cache per
+layer per step, so they serve the cache-free forwards only (training, scoring, the empty-cache
+prefill). A decode step writes its new K/V first and attends over the buffers alone
+(`prepare(..., written_at=)`): with 'cudnn' it runs `decode` (model/decode_attention.py, a Pallas
+Triton flash-decoding kernel: without it XLA's H100 compiler writes each layer's f32 scores and
+bf16 probabilities to HBM); everywhere else the reference, whose two dots read the buffers in
+place (on the TPU compiler the probabilities stay on chip). Other cached forwards run the
+reference.
 
 Masks: every mask the library builds is `apply_pattern(pattern, key_valid)`: a static [T, S + T]
 Pattern (per-slot block and stream ids, one rule) shared by every row, and-ed with a per-row key
@@ -508,9 +513,16 @@ def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None,
       [cache | new] concatenation of keys or scores).
 
   Returns:
-    {'impl': the kernel that runs, **its mask arguments}: a forward that reads cache slots
-    (S > 0) and splash without a pattern run the reference (module docstring).
+    {'impl': the kernel that runs, **its mask arguments}: a forward that writes and reads the
+    cache runs the decode kernel on GPU ('decode', model/decode_attention.py; the reference for
+    the shapes it does not support: decode_attention.supports) and the reference elsewhere;
+    any other forward that reads cache slots (S > 0), and splash without a pattern,
+    run the reference (module docstring).
   """
+  if written_at is not None and resolve_impl(config) == "cudnn":
+    from gr2jax.model import decode_attention  # Pallas: imported by a GPU decode step only
+    if decode_attention.supports(config.head_dim, mask.shape[-1] - mask.shape[1]):
+      return {"impl": "decode", "mask": buffer_mask(mask, written_at)}
   impl = resolve_impl(config) if mask.shape[-1] == mask.shape[1] else "reference"
   if impl == "cudnn":
     return {"impl": impl, **cudnn_arguments(mask, pattern)}
@@ -538,6 +550,9 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
     [B, T, N, H] in q.dtype.
   """
   impl = prepared["impl"]
+  if impl == "decode":
+    from gr2jax.model import decode_attention
+    return decode_attention.decode_attention(q, k_cache, v_cache, prepared["mask"])
   if impl == "reference":
     if not prepared["new_keys"]:
       k, v = k[:, :0], v[:, :0]

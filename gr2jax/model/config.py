@@ -47,7 +47,8 @@ class ModelConfig:
       jax.default_backend() (decoding); training configs set it explicitly so a train step
       traces the same on every backend.
     attention_impl: the attention kernel (gr2jax/model/attention.py): 'reference' (the einsum
-      path, the CPU default), 'cudnn' (GPU, bf16), 'splash' (TPU Pallas) or 'auto' (by
+      path, the CPU default), 'cudnn' (GPU, bf16; its decode steps run the Pallas Triton
+      decode kernel, gr2jax/model/decode_attention.py), 'splash' (TPU Pallas) or 'auto' (by
       jax.default_backend()); exact up to float error, never written to config.json.
   """
 

@@ -1,6 +1,6 @@
 """experiments/bench_memory.py end to end on the tiny preset: one row per (dtype, prompt, step),
 the bytes of a step as its definition says (weights + the whole cache + f32 logits), ratios to a
-copy and a matmul timed in the same run. The benchmark itself (0.6B shape) is a script."""
+copy and matmuls timed in the same run. The benchmark itself (0.6B shape) is a script."""
 
 import json
 import os
@@ -30,6 +30,8 @@ def test_rows_bytes_and_ratios(tmp_path):
   for row, width in zip(rows, (1, 32), strict=True):
     weights = (param_count(c) - c.vocab_size * c.hidden_size * (1 - width / c.vocab_size)) * 4
     assert row["bytes"] == int(weights + kv + width * c.vocab_size * 4)
-    for name in ("copy_gbs", "matmul_gflops", "frac_copy", "frac_matmul"):
+    for name in ("copy_gbs", "matmul_gflops", "gemm_gflops", "frac_copy", "frac_matmul",
+                 "frac_gemm"):
       assert row[name] > 0
     assert row["frac_copy"] == pytest.approx(row["gbs"] / row["copy_gbs"])
+    assert row["frac_gemm"] == pytest.approx(row["gflops"] / row["gemm_gflops"])

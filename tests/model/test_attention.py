@@ -16,7 +16,7 @@ from jax import lax
 from gr2jax import exports
 from gr2jax.diffusion import decode, layout, replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
-from gr2jax.model import attention, masks, qwen3
+from gr2jax.model import attention, decode_attention, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
@@ -39,6 +39,7 @@ COMMIT_STEP = np.array([[SEED_STEP, 1, 0, 2, SEED_STEP, 0, 1, NEVER_STEP],
 def _kernels_on_cpu(monkeypatch):
   monkeypatch.setattr(attention, "CUDNN_IMPLEMENTATION", "xla")
   monkeypatch.setattr(attention, "SPLASH_INTERPRET", True)
+  monkeypatch.setattr(decode_attention, "DECODE_INTERPRET", True)  # the 'cudnn' decode steps
 
 
 def _causal_prefill():
