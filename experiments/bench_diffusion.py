@@ -199,10 +199,10 @@ def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_bucke
   tokens, lengths = _prompts(config, batch, prompt_len)
   config = dataclasses.replace(config, block_size=block_size)  # B comes from the model config
   max_steps = FLAGS.max_steps_per_block if max_steps is None else max_steps
-  fn = lambda: decode.block_diffusion_generate(
-      params, config, tokens, lengths, threshold=tau,
-      max_steps_per_block=max_steps, max_new_tokens=max_new,
-      stop_token_ids=() if not FLAGS.ckpt else None, head_buckets=head_buckets)
+  decoding = decode.BlockDecoding(
+    threshold=tau, max_steps_per_block=max_steps, max_new_tokens=max_new,
+    stop_token_ids=() if not FLAGS.ckpt else None, head_buckets=head_buckets)
+  fn = lambda: decode.block_diffusion_generate(params, config, tokens, lengths, decoding)
   first, warm, out = _timed(fn, FLAGS.repeats)
   generated = int(jnp.sum(out.lengths))
   return dict(batch=batch, prompt_len=prompt_len, max_new=max_new, block=block_size, tau=tau,

@@ -8,7 +8,10 @@ memory bandwidth. For each dtype, prompt length P and step it times, after a war
 
   ar     one token after a cache of P + 64 slots (`qwen3.forward`, as generate's loop body);
   block  one block of 32 tokens after the same cache (`diffusion.decode.block_forward`, the
-         block-diffusion denoising step, logits at all 32 positions).
+         block-diffusion denoising step, logits at all 32 positions);
+  generate  a token through the public API: (time of `gr2jax.generate` for 1 + N new tokens
+         - time for 1) / N, N = --generate_tokens, greedy, no stop ids, best of --generate_repeats
+         each after a warm-up (the prefill cancels; the cache is generate's own, P + 1 + N slots).
 
 Random weights in the decoders' layout (params.layer_list), the cache donated as the decoders do.
 bytes = the weights (a tied head's embedding once; an untied model's embedding table only for
@@ -28,6 +31,7 @@ one with frac_gemm near 1 runs as fast as GEMMs of its row count run on this mac
 Prints one JSON line per row and a table; --json_out writes the rows.
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -42,6 +46,7 @@ import limits  # noqa: E402
 import plan  # noqa: E402  (also puts the repository on sys.path)
 
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
+from gr2jax.model import generate as generate_lib  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
@@ -51,7 +56,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "qwen3_0_6b", "ModelConfig preset.")
 flags.DEFINE_list("prompt_lens", ["256", "2200"], "Prompt lengths P (cache slots P + 64).")
 flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Param and compute dtypes.")
-flags.DEFINE_list("steps", ["ar", "block"], "Steps to time: ar (1 token), block (32 tokens).")
+flags.DEFINE_list("steps", ["ar", "block", "generate"],
+                  "Steps to time: ar (1 token), block (32 tokens), generate (the public API).")
+flags.DEFINE_integer("generate_tokens", 32, "N of the generate step (module docstring).")
+flags.DEFINE_integer("generate_repeats", 2, "Timed generate calls per length after the warm-up.")
 flags.DEFINE_integer("repeats", 5, "Timed calls per step after the warm-up (the best is kept).")
 flags.DEFINE_integer("copy_mib", 1024, "Size of the numpy copy of the copy-rate probe.")
 flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
@@ -95,6 +103,32 @@ def time_step(config: ModelConfig, params: dict, kind: str, p: int) -> dict:
           "gflops": flops / seconds / 1e9}
 
 
+def time_generate(config: ModelConfig, params: dict, p: int) -> dict:
+  """The per-token cost of gr2jax.generate at batch 1 after a P-token prompt (module doc)."""
+  config = dataclasses.replace(config, eos_token_ids=())  # every call runs all its tokens
+  prompt = jnp.ones((1, p), jnp.int32)
+  n = FLAGS.generate_tokens
+
+  def best(new_tokens):
+    times = []
+    for _ in range(FLAGS.generate_repeats + 1):
+      start = time.perf_counter()
+      jax.block_until_ready(generate_lib.generate(params, config, prompt,
+                                                  max_new_tokens=new_tokens))
+      times.append(time.perf_counter() - start)
+    return min(times[1:])
+
+  seconds = (best(1 + n) - best(1)) / n
+  if seconds <= 0:
+    raise RuntimeError(f"bench_memory: generate for {1 + n} tokens was not slower than for 1 "
+                       "(timing noise above the decode time): raise --generate_tokens")
+  slots = p + 1 + n
+  nbytes = step_bytes(config, params, init_cache(config, 1, slots), 1)
+  flops = plan.forward_flops(config, 1, slots, 1)
+  return {"step_s": seconds, "bytes": nbytes, "gbs": nbytes / seconds / 1e9, "flops": flops,
+          "gflops": flops / seconds / 1e9}
+
+
 def main(argv):
   del argv
   rows = []
@@ -105,12 +139,14 @@ def main(argv):
     for p in map(int, FLAGS.prompt_lens):
       for kind in FLAGS.steps:
         row = {"preset": FLAGS.preset, "dtype": dtype, "prompt": p, "step": kind,
-               "device": jax.devices()[0].device_kind, **time_step(config, params, kind, p)}
+               "device": jax.devices()[0].device_kind,
+               **(time_generate(config, params, p) if kind == "generate"
+                  else time_step(config, params, kind, p))}
         row["copy_gbs"] = limits.copy_rate_gbs(FLAGS.copy_mib)
         row["matmul_gflops"] = limits.matmul_rate_gflops(dtype)
         row["frac_copy"] = row["gbs"] / row["copy_gbs"]
         row["frac_matmul"] = row["gflops"] / row["matmul_gflops"]
-        row["gemm_gflops"] = limits.gemm_rate_gflops(1 if kind == "ar" else BLOCK,
+        row["gemm_gflops"] = limits.gemm_rate_gflops(BLOCK if kind == "block" else 1,
                                                      config.hidden_size, config.vocab_size, dtype)
         row["frac_gemm"] = row["gflops"] / row["gemm_gflops"]
         print(json.dumps(row), flush=True)

@@ -1,9 +1,10 @@
-"""scripts/gpu_check.sh --preset=tiny runs end to end on CPU and writes its table (slow: ~2-4 min).
+"""scripts/gpu_check.sh --preset=tiny runs end to end on CPU and writes its tables (~40 s).
 
 The GPU session then spends its minutes measuring, not debugging: every section (the decode
 kernel against the reference, AR decode MBU,
 block diffusion vs AR with the forced schedule, SFT / CFT train-step MFU) runs through the same
-code as on a GPU, only with the tiny model.
+code as on a GPU, only with the tiny model. An integration test (CI runs it after the default
+tests): a decoder API change that a section's call missed broke the diffusion section once.
 """
 
 import json
@@ -15,7 +16,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.slow
+@pytest.mark.integration
 def test_gpu_check_tiny_on_cpu(tmp_path):
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)  # one CPU device per section, as one GPU would be

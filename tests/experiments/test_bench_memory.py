@@ -21,13 +21,15 @@ def test_rows_bytes_and_ratios(tmp_path):
   out = tmp_path / "rows.json"
   subprocess.run([sys.executable, os.path.join(REPO, "experiments", "bench_memory.py"),
                   "--preset=tiny", "--prompt_lens=16", "--dtypes=float32", "--repeats=1",
-                  "--copy_mib=16", f"--json_out={out}"], check=True, capture_output=True,
+                  "--copy_mib=16", "--generate_tokens=32", "--generate_repeats=2",
+                  f"--json_out={out}"], check=True, capture_output=True,
                  env={**os.environ, "PYTHONPATH": REPO})
   rows = json.loads(out.read_text())
-  assert [(r["step"], r["prompt"]) for r in rows] == [("ar", 16), ("block", 16)]
+  assert [(r["step"], r["prompt"]) for r in rows] == [("ar", 16), ("block", 16),
+                                                      ("generate", 16)]
   c = ModelConfig.tiny()
-  kv = 2 * c.num_layers * (16 + 64) * c.num_kv_heads * c.head_dim * 4
-  for row, width in zip(rows, (1, 32), strict=True):
+  for row, width, slots in zip(rows, (1, 32, 1), (16 + 64, 16 + 64, 16 + 1 + 32), strict=True):
+    kv = 2 * c.num_layers * slots * c.num_kv_heads * c.head_dim * 4
     weights = (param_count(c) - c.vocab_size * c.hidden_size * (1 - width / c.vocab_size)) * 4
     assert row["bytes"] == int(weights + kv + width * c.vocab_size * 4)
     for name in ("copy_gbs", "matmul_gflops", "gemm_gflops", "frac_copy", "frac_matmul",
