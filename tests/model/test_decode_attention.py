@@ -130,3 +130,31 @@ def test_decode_steps_with_the_kernel_equal_the_reference_forward():
     runs[name] = (ar, blk)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=2e-5, rtol=2e-5),
                runs["kernel"], runs["reference"])
+
+
+def test_the_decoders_with_the_kernel_write_the_references_tokens():
+  """generate, block_diffusion_generate and draft-and-verify with attention_impl 'cudnn' (the
+  cache-free prefill through cuDNN's arguments, every decode step through the kernel) write the
+  reference decoders' greedy tokens, ragged batch of 2."""
+  from gr2jax.diffusion import speculative
+  from gr2jax.model import generate as generate_lib
+
+  reference = ModelConfig.tiny(vocab_size=128, block_size=8, mask_token_id=127,
+                               eos_token_ids=())
+  kernel = dataclasses.replace(reference, attention_impl="cudnn")
+  params = params_lib.init_params(reference, jax.random.key(3))
+  prompts = jax.random.randint(jax.random.key(4), (2, 12), 1, 100)
+  lengths = jnp.array([12, 7], jnp.int32)
+  decoding = decode.BlockDecoding(threshold=0.9, max_steps_per_block=8, max_new_tokens=16)
+  spec = speculative.DraftSpec(k=4, draft_tau=0.0, draft_steps=1)
+  runs = {}
+  for name, config in (("reference", reference), ("kernel", kernel)):
+    ar = generate_lib.generate(params, config, prompts, lengths, max_new_tokens=16)
+    diffusion = decode.block_diffusion_generate(params, config, prompts, lengths, decoding)
+    lossless = speculative.speculative_generate(
+      speculative.Model(params, config),
+      speculative.Model(params, dataclasses.replace(config, block_size=1)), prompts, lengths,
+      spec, max_new_tokens=16)
+    runs[name] = (ar.tokens, diffusion.tokens, lossless.tokens)
+  for got, want in zip(runs["kernel"], runs["reference"], strict=True):
+    np.testing.assert_array_equal(got, want)
