@@ -121,20 +121,11 @@ def run_sections(out_dir: str) -> dict:
 # ---- decode kernel section -------------------------------------------------------------------
 
 
-def _best_s(fn, *args, repeats: int = 5) -> float:
-  fn(*args).block_until_ready()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn(*args).block_until_ready()
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
 def decode_kernel_section(out_dir: str) -> list[dict]:
   """The decode kernel vs the reference at the preset's step shapes (OUT/decode_kernel.json)."""
   import jax
   import jax.numpy as jnp
+  import limits
 
   from gr2jax.model import attention, decode_attention
   from gr2jax.model.config import ModelConfig
@@ -159,8 +150,10 @@ def decode_kernel_section(out_dir: str) -> list[dict]:
     rows.append({"step": step, "device": jax.devices()[0].device_kind, "queries": t,
                  "slots": slots, "max_abs_diff": float(jnp.max(jnp.abs(
                    got.astype(jnp.float32) - want.astype(jnp.float32)))),
-                 "reference_ms": 1e3 * _best_s(reference, q, k_cache, v_cache, mask),
-                 "kernel_ms": 1e3 * _best_s(kernel, q, k_cache, v_cache, mask)})
+                 "reference_ms": 1e3 * limits.best_seconds(reference, q, k_cache, v_cache, mask,
+                                                           repeats=5),
+                 "kernel_ms": 1e3 * limits.best_seconds(kernel, q, k_cache, v_cache, mask,
+                                                        repeats=5)})
     print(json.dumps(rows[-1]), flush=True)
   with open(os.path.join(out_dir, "decode_kernel.json"), "w") as f:
     json.dump(rows, f, indent=1)

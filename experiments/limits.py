@@ -25,20 +25,19 @@ def copy_rate_gbs(mib: int = 1024) -> float:
   return 2 * src.nbytes / best / 1e9
 
 
-def matmul_rate_gflops(dtype: str) -> float:
-  """A jitted [512, 4096] x [4096, 4096] matmul in `dtype`: GFLOP/s, best of 3 after a warm-up."""
-  a, b = (jnp.ones(shape, dtype) for shape in ((512, 4096), (4096, 4096)))
-  fn = jax.jit(lambda a, b: a @ b)
-  fn(a, b).block_until_ready()
-  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
-  return 2 * 512 * 4096 * 4096 / best / 1e9
+def best_seconds(fn, *args, repeats: int = 3) -> float:
+  """The best of `repeats` timed calls of the jitted fn(*args) after a warm-up (blocking)."""
+  fn(*args).block_until_ready()
+  return min(_seconds(lambda: fn(*args).block_until_ready()) for _ in range(repeats))
 
 
 def gemm_rate_gflops(rows: int, depth: int, width: int, dtype: str) -> float:
-  """A jitted [rows, depth] x [depth, width] matmul in `dtype` (a decode step's GEMM at its own
-  row count, e.g. the LM head's shape): GFLOP/s, best of 3 after a warm-up."""
+  """A jitted [rows, depth] x [depth, width] matmul in `dtype` (e.g. a decode step's GEMM at its
+  own row count over the LM head's shape): GFLOP/s, best of 3 after a warm-up."""
   a, b = (jnp.ones(shape, dtype) for shape in ((rows, depth), (depth, width)))
-  fn = jax.jit(lambda a, b: a @ b)
-  fn(a, b).block_until_ready()
-  best = min(_seconds(lambda: fn(a, b).block_until_ready()) for _ in range(3))
-  return 2 * rows * depth * width / best / 1e9
+  return 2 * rows * depth * width / best_seconds(jax.jit(lambda a, b: a @ b), a, b) / 1e9
+
+
+def matmul_rate_gflops(dtype: str) -> float:
+  """A jitted [512, 4096] x [4096, 4096] matmul in `dtype`: GFLOP/s, best of 3 after a warm-up."""
+  return gemm_rate_gflops(512, 4096, 4096, dtype)

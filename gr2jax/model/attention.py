@@ -519,11 +519,13 @@ def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None,
     any other forward that reads cache slots (S > 0), and splash without a pattern,
     run the reference (module docstring).
   """
-  if written_at is not None and resolve_impl(config) == "cudnn":
+  impl = resolve_impl(config)
+  if written_at is not None and impl == "cudnn":
     from gr2jax.model import decode_attention  # Pallas: imported by a GPU decode step only
     if decode_attention.supports(config.head_dim, mask.shape[-1] - mask.shape[1]):
       return {"impl": "decode", "mask": buffer_mask(mask, written_at)}
-  impl = resolve_impl(config) if mask.shape[-1] == mask.shape[1] else "reference"
+  if mask.shape[-1] != mask.shape[1]:  # reads cache slots
+    impl = "reference"
   if impl == "cudnn":
     return {"impl": impl, **cudnn_arguments(mask, pattern)}
   if impl == "splash" and pattern is not None:
