@@ -261,6 +261,9 @@ def _tiny() -> ml_collections.ConfigDict:
   # .702 -> .733 in 20 steps (README)
   c.stages.opd = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
     group_size=4,  # G' student trajectories per prompt (paper: 4)
+    context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
+    #                         canvas when t was committed) | 'left_clean' (the paper's (P, o_<t):
+    #                         o_<t clean, the rest masked; B - 1 replay rounds); train/opd.py
     teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
   #                              'bfloat16' (half the memory; the loss reads f32)
   c.stages.opd.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory

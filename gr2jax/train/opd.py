@@ -12,12 +12,16 @@ included; tokens the decoder committed after the stop are context, not terms).
   - Teacher: scores each trajectory ONCE with the one causal scorer over [prompt | o]
     (`teacher_log_probs`, the `teacher` part of `prepare`); its full distributions at the
     committed positions are cached in the batch ([B, M, V]; `teacher_dtype` may halve them).
-  - Student context ctx_t: its replayed decoding canvas (gr2jax/diffusion/replay.py), i.e.
-    "its own decoding context" of the paper: the prompt, the clean earlier blocks and the
-    block's canvas at the step t was committed (the tokens committed at earlier steps visible,
-    the rest masked); a block's seed is read where the decoder proposed it (the previous block's
-    commit forward, or the prefill). Both sides use the AR token shift, so they are read at the
-    same index (the query before t).
+  - Student context ctx_t (`context`, config opd.context), read by replaying the trajectory
+    (gr2jax/diffusion/replay.py); a block's seed is read where the decoder proposed it (the
+    previous block's commit forward, or the prefill) in both:
+      'commit_step'  its own decoding canvas: the prompt, the clean earlier blocks and the
+                     block's canvas at the step t was committed (the tokens committed at earlier
+                     steps visible, the rest masked), "its own decoding context";
+      'left_clean'   the paper's literal (P, o_<t): the block's canvas with o_<t clean and the
+                     rest masked, i.e. the replay of a left-to-right commit order
+                     (`left_to_right_steps`); B - 1 replay rounds per trajectory.
+    Both sides use the AR token shift, so they are read at the same index (the query before t).
   - Both distributions are `commit.token_log_probs` at temperature 1 (the mask token removed
     from both sides, renormalised over the rest). Our choice: the KL compares the untempered
     policies; the sampling temperature only decides which trajectories are visited.
@@ -34,6 +38,8 @@ import ml_dtypes
 import numpy as np
 
 from gr2jax.data.batches import Batch
+from gr2jax.diffusion import replay
+from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
 from gr2jax.train.policy import DiffusionPolicy, causal_log_probs
@@ -51,6 +57,48 @@ def teacher_dtype(name: str) -> np.dtype:
   if name not in TEACHER_DTYPES:
     raise ValueError(f"opd.teacher_dtype={name!r}: expected one of {sorted(TEACHER_DTYPES)}")
   return TEACHER_DTYPES[name]
+
+
+# config.opd.context: the student's context of each distilled token (module docstring).
+CONTEXTS = ("commit_step", "left_clean")
+
+
+def check_context(name: str) -> str:
+  """config.opd.context, checked (CONTEXTS); ValueError naming the field otherwise."""
+  if name not in CONTEXTS:
+    raise ValueError(f"opd.context={name!r}: expected one of {list(CONTEXTS)}")
+  return name
+
+
+def left_to_right_steps(commit_step: np.ndarray, block_size: int) -> np.ndarray:
+  """The step map of a left-to-right commit order over the same committed tokens.
+
+  Round s of its replay masks, in every block, the tokens at in-block index >= s + 1 and scores
+  index s + 1 at the query before it: token t is read with o_<t of its block clean and the rest
+  masked. Seeds (index 0) and never-committed slots keep their marks.
+
+  Args:
+    commit_step: [B, M] int the decoder's trace (DiffusionOutput.commit_step).
+    block_size: B.
+
+  Returns:
+    [B, M] int32: in-block index - 1 where a token was denoised, else commit_step's mark.
+  """
+  steps = np.asarray(commit_step, np.int32)
+  index = np.arange(steps.shape[1], dtype=np.int32) % block_size
+  denoised = (steps != SEED_STEP) & (steps != NEVER_STEP)
+  return np.where(denoised, index[None, :] - 1, steps).astype(np.int32)
+
+
+def student_context(batch: Batch, context: str, policy: DiffusionPolicy) -> Batch:
+  """The prepared batch with the trace replayed in `context` (module docstring): unchanged for
+  'commit_step'; 'left_clean' replaces commit_step by `left_to_right_steps` and the replay's
+  round count by the bucket those steps need."""
+  if check_context(context) == "commit_step":
+    return batch
+  steps = left_to_right_steps(batch.commit_step, policy.config.block_size)
+  rounds = replay.round_bucket(steps, policy.max_rounds, policy.shrink)
+  return batch.replace(commit_step=steps, replay_rounds=replay.Rounds(rounds))
 
 
 def teacher_log_probs(

@@ -66,11 +66,19 @@ def _opd_loss(ctx: Context) -> Loss:
 
 def _opd_prepare(ctx: Context):
   dtype = opd.teacher_dtype(ctx.config.opd.teacher_dtype)  # checked before loading
+  context = opd.check_context(ctx.config.opd.context)
   teacher_config, teacher_params = load.load_model(ctx.config.opd.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
                         mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)
-  return functools.partial(rollouts.prepare, policy=_policy(ctx),
-                           group_size=ctx.config.opd.group_size, teacher=teacher, **_chunks(ctx))
+  policy = _policy(ctx)
+
+  def prepare(params, batch, key):
+    train, stats = rollouts.prepare(params, batch, key, policy=policy,
+                                    group_size=ctx.config.opd.group_size, teacher=teacher,
+                                    **_chunks(ctx))
+    return opd.student_context(train, context, policy), stats
+
+  return prepare
 
 
 STAGES = {

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gr2jax.data.batches import Batch
-from gr2jax.diffusion import replay
+from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rollouts
@@ -105,3 +105,40 @@ def test_chunked_prepare_scores_like_one_call(params):
   np.testing.assert_array_equal(half.trace_tokens, train.trace_tokens)  # same rollouts
   np.testing.assert_array_equal(half.teacher_log_probs,
                                 train.teacher_log_probs.astype(jax.numpy.bfloat16))
+
+
+def test_left_to_right_steps_keep_seeds_and_never_committed_slots():
+  never, seed = replay.NEVER_STEP, replay.SEED_STEP
+  steps = np.array([[seed, 2, 0, 1, seed, 0, never, never]])
+  np.testing.assert_array_equal(opd.left_to_right_steps(steps, 4),
+                                [[seed, 0, 1, 2, seed, 0, never, never]])
+  with pytest.raises(ValueError, match="opd.context='left'"):
+    opd.check_context("left")
+
+
+def test_left_clean_context_reads_each_token_with_its_left_context_clean(params):
+  """Each distilled token t of the 'left_clean' replay scores as one forward of [prompt |
+  clean blocks before t's | t's block with o_<t clean and the rest masked] would."""
+  train, _ = _prepare(params, jax.random.key(4), params)
+  left = opd.student_context(train, "left_clean", STUDENT)
+  assert opd.student_context(train, "commit_step", STUDENT) is train
+  logp, _ = STUDENT.log_probs(params, left, temperature=0.0)
+  steps = np.asarray(left.commit_step)
+  b_size = CONFIG.block_size
+  checked = 0
+  for row in range(2):
+    for t in range(train.trace_tokens.shape[1]):
+      if steps[row, t] in (replay.SEED_STEP, replay.NEVER_STEP):
+        continue
+      j = np.arange(train.trace_tokens.shape[1])
+      noisy = (j >= t) & (j // b_size == t // b_size) | (j // b_size > t // b_size)
+      inputs = layout.two_stream_inputs(
+        CONFIG, PROMPTS[row:row + 1], LENGTHS[row:row + 1], train.trace_tokens[row:row + 1],
+        train.response_lengths[row:row + 1], noisy[None])
+      r = layout.padded_width(len(j), b_size)
+      queries = np.array([[PROMPTS.shape[1] + r + t - 1]])
+      want, _ = layout.score(params, CONFIG, inputs, queries,
+                             train.trace_tokens[row:row + 1, t:t + 1])
+      np.testing.assert_allclose(logp[row, t], want[0, 0], atol=2e-5)
+      checked += 1
+  assert checked >= 10
