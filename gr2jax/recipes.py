@@ -46,6 +46,10 @@ def data_config() -> ml_collections.ConfigDict:
   #               HF-layout run: eval_subset_size must then be <= N)
   c.seed = 0  # seeds negatives, tie-breaking, embeddings, RQ-VAE and the BPE corpus sample
   c.max_history = 20  # history items kept per example (TIGER: 20)
+  c.drop_unusable_users = False  # True drops (and counts in the summary's dataset row) the users
+  #                                no example can be built for: fewer than 4 items (the split) or
+  #                                fewer than num_candidates - 1 items they never touched (D's
+  #                                negatives); False stops naming them by file, line and user id
   c.eval_subset_size = 1615  # Diffusion-GR2's test subset (split.eval_subset, seed 0)
 
   c.retriever = ml_collections.ConfigDict()

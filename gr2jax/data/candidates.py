@@ -107,13 +107,40 @@ def _contains(sorted_keys: np.ndarray, keys: np.ndarray) -> np.ndarray:
   return sorted_keys[pos] == keys
 
 
+class TooFewUnseenError(ValueError):
+  """A user has fewer unseen items than D needs negatives (drawing them could never finish)."""
+
+
+def check_unseen(users: np.ndarray, interaction_keys: np.ndarray, num_items: int,
+                 num: int) -> None:
+  """Raises TooFewUnseenError when a user of `users` never touched fewer than `num` items.
+
+  Args:
+    users: [E] user of each example.
+    interaction_keys: `_interaction_keys` of the sequences.
+    num_items: I.
+    num: negatives per example.
+  """
+  users = np.unique(users).astype(np.int64)
+  touched = (np.searchsorted(interaction_keys, (users + 1) * num_items)
+             - np.searchsorted(interaction_keys, users * num_items))
+  short = users[num_items - touched < num]
+  if short.size:
+    raise TooFewUnseenError(
+      f"users at 0-based indices {short[:5].tolist()} (of {short.size}) never touched fewer "
+      f"than the {num} items D needs as negatives in a catalogue of {num_items} (the data "
+      "build names them by file, line and user id, and drops them with "
+      "data.drop_unusable_users=True)")
+
+
 def sample_catalogue_negatives(rng: np.random.Generator, users: np.ndarray,
                                interaction_keys: np.ndarray, num_items: int,
                                num: int) -> np.ndarray:
   """`num` distinct items per example drawn uniformly from the items its user never touched.
 
   Rejection sampling: draw with replacement, drop interacted items and repeats, keep the first
-  `num`; rows short of `num` are redrawn with twice as many draws.
+  `num`; rows short of `num` are redrawn with twice as many draws (`num` unseen items exist for
+  every user, checked first, so it ends).
 
   Args:
     rng: the generator.
@@ -124,7 +151,11 @@ def sample_catalogue_negatives(rng: np.random.Generator, users: np.ndarray,
 
   Returns:
     [E, num] int32 items.
+
+  Raises:
+    TooFewUnseenError: a user never touched fewer than `num` items.
   """
+  check_unseen(users, interaction_keys, num_items, num)
   out = np.full((users.size, num), -1, np.int32)
   todo = np.arange(users.size)
   draws = 2 * num + 8
@@ -200,10 +231,12 @@ def build_lists(retriever: retriever_lib.CoocRetriever, examples: SplitExamples,
 
   Raises:
     PositionLeakError: a late-position spike, unless config.accept_position_leak.
+    TooFewUnseenError: a user never touched fewer than N-1 items.
   """
   num_items, n = retriever.num_items, config.num_candidates
   rng = np.random.default_rng([config.seed, SPLITS.index(examples.split)])
   keys = _interaction_keys(sequences, num_items)
+  check_unseen(examples.users, keys, num_items, n - 1)
   if config.negative_pool == "catalogue":
     negatives = sample_catalogue_negatives(rng, examples.users, keys, num_items, n - 1)
   items = np.empty((len(examples), n), np.int32)

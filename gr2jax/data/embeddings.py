@@ -69,8 +69,9 @@ def item_embeddings(catalog: Catalog, dim: int = 256, seed: int = 0) -> np.ndarr
   tfidf = TfidfVectorizer(ngram_range=(1, 2), min_df=2, sublinear_tf=True, dtype=np.float32)
   counts = tfidf.fit_transform(texts)  # [I, vocab] sparse
   if dim >= min(counts.shape):
-    raise ValueError(f"item_embeddings: dim={dim} must be < min(items, vocabulary) = "
-                     f"{min(counts.shape)} (TF-IDF matrix {counts.shape})")
+    raise ValueError(f"data.embedding_dim={dim} must be < min(items, TF-IDF vocabulary) = "
+                     f"{min(counts.shape)} (TF-IDF matrix {counts.shape}): set "
+                     f"--config.data.embedding_dim={min(counts.shape) - 1} or less")
   svd = TruncatedSVD(n_components=dim, algorithm="randomized", n_iter=7, random_state=seed)
   emb = svd.fit_transform(counts).astype(np.float32)  # [I, dim]
   norms = np.linalg.norm(emb, axis=1, keepdims=True)

@@ -85,6 +85,28 @@ class ExampleSpec:
   learned_headroom: bool
 
 
+def unusable_users(sequences: list[np.ndarray], num_items: int,
+                   num_candidates: int) -> dict[int, str]:
+  """The users no example can be built for, and why.
+
+  Args:
+    sequences: per user int32 items, oldest first (distinct within a user).
+    num_items: I.
+    num_candidates: N, the length of D (the target + N-1 negatives the user never touched).
+
+  Returns:
+    {0-based user index: why}: fewer than split.MIN_ITEMS items, or fewer than N-1 unseen items.
+  """
+  lengths = np.array([len(s) for s in sequences], np.int64)
+  out = {int(u): f"has {lengths[u]} items; the split needs >= {split_lib.MIN_ITEMS}"
+         for u in split_lib.short_users(sequences)}
+  for u in np.flatnonzero(num_items - lengths < num_candidates - 1):
+    out.setdefault(int(u), f"touched {lengths[u]} of the {num_items} items, leaving "
+                           f"{num_items - lengths[u]} unseen; D needs {num_candidates - 1} "
+                           "negatives")
+  return out
+
+
 def build_examples(catalog: Catalog, sequences: list[np.ndarray], spec: ExampleSpec,
                    teacher_weights: teacher_lib.TeacherWeights | None = None,
                    ) -> tuple[dict[str, list[RerankExample]], dict]:

@@ -427,7 +427,8 @@ def resolve_workdir(config, workdir: str):
 
 
 def _raw(steps: _Steps, config) -> tuple:
-  """(catalog, sequences, raw key): the raw files, loaded once per content (a cached step)."""
+  """(catalog, usable sequences, raw key, users dropped): the raw files, loaded once per content
+  (a cached step), then `_usable_users` and `check_sizes`."""
   items_path = _catalog_path(config)
   sequences_path = os.path.join(config.data_dir, "sequences.txt.gz")
   raw_key = _key(files.file_sha256(items_path), files.file_sha256(sequences_path), _code(raw))
@@ -438,7 +439,53 @@ def _raw(steps: _Steps, config) -> tuple:
 
   catalog, sequences = steps.value("raw", raw_key, load_raw)
   sequences = sequences[:config.users] if config.users else sequences
-  return catalog, sequences, raw_key
+  sequences, dropped = _usable_users(config, catalog, sequences, sequences_path)
+  check_sizes(config, catalog.num_items, len(sequences))
+  return catalog, sequences, raw_key, dropped
+
+
+def _usable_users(config, catalog: Catalog, sequences: list[np.ndarray],
+                  path: str) -> tuple[list[np.ndarray], int]:
+  """The sequences of the users the build can use (examples.unusable_users), and how many were
+  dropped. The examples' cache key needs no field for it: with users to drop, the build either
+  drops them (data.drop_unusable_users) or stops.
+
+  Raises:
+    raw.RawDataError: there are unusable users and data.drop_unusable_users is off; names the
+      first few by file, 1-based line and user id.
+  """
+  bad = examples.unusable_users(sequences, catalog.num_items, config.num_candidates)
+  if not bad:
+    return sequences, 0
+  named = raw.name_users(path, bad)
+  if not config.get("drop_unusable_users", False):
+    raise raw.RawDataError(
+      f"{len(bad)} of {len(sequences)} users cannot be used: {named}. Set "
+      "--config.data.drop_unusable_users=True to drop them (counted in the build's summary)")
+  log.warning("dropping %d of %d users (data.drop_unusable_users): %s", len(bad),
+              len(sequences), named)
+  return [s for u, s in enumerate(sequences) if u not in bad], len(bad)
+
+
+def check_sizes(config, num_items: int, num_users: int) -> None:
+  """Refuses sizes the catalogue or the users cannot fill, before any step runs.
+
+  Raises:
+    ValueError: one line naming each field at fault (data.eval_subset_size,
+      data.embedding_dim, data.rqvae.codebook_size) and the largest value that fits.
+  """
+  rules = [("eval_subset_size", config.eval_subset_size, num_users, f"{num_users} users")]
+  if not config.sids_file:
+    rules.append(("rqvae.codebook_size", config.rqvae.codebook_size, num_items,
+                  f"{num_items} items (the RQ-VAE's k-means needs an item per code)"))
+    if not config.item_embeddings:
+      rules.append(("embedding_dim", config.embedding_dim, num_items - 1,
+                    f"{num_items} items (TF-IDF + SVD: at most items - 1 dimensions)"))
+  wrong = [f"data.{name}={value} does not fit the build's {what}: set "
+           f"--config.data.{name}={fits} or less"
+           for name, value, fits, what in rules if not 0 < value <= fits]
+  if wrong:
+    raise ValueError("; ".join(wrong))
 
 
 def _example_field(config, name: str):
@@ -478,7 +525,7 @@ def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
   unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
   with lock_workdir(workdir):
     steps = _Steps(workdir)
-    catalog, sequences, raw_key = _raw(steps, config)
+    catalog, sequences, raw_key, _ = _raw(steps, config)
     by_split, _, _ = _examples(steps, unfiltered, catalog, sequences, raw_key)
   return catalog, by_split["train"]
 
@@ -515,7 +562,7 @@ def load_traces(config, train: list[RerankExample]) -> tuple[list, dict]:
 def _run(config, workdir: str) -> dict:
   steps = _Steps(workdir)
   start = time.perf_counter()
-  catalog, sequences, raw_key = _raw(steps, config)
+  catalog, sequences, raw_key, dropped = _raw(steps, config)
   by_split, example_stats, examples_key = _examples(steps, config, catalog, sequences, raw_key)
   reasonings, traces_digest, traces_provenance = {}, "", None
   if config.teacher_traces:
@@ -562,7 +609,7 @@ def _run(config, workdir: str) -> dict:
   steps.timings["total"] = time.perf_counter() - start
   summary = {
     "dataset": split.dataset_stats(sequences, catalog.num_items)
-               | {"missing_titles": raw.num_missing_titles(catalog)},
+               | {"missing_titles": raw.num_missing_titles(catalog), "dropped_users": dropped},
     "examples": example_stats,
     "splits": {name: len(exs) for name, exs in by_split.items()},
     "sids": {"unique": int(len(np.unique(sids, axis=0))), **sid_stats},

@@ -141,3 +141,27 @@ def load_sequences(path: str | pathlib.Path = SEQUENCES_PATH,
   if not sequences:
     raise RawDataError(f"{path}: no users")
   return sequences
+
+
+def name_users(path: str | pathlib.Path, users: dict[int, str], limit: int = 5) -> str:
+  """`file:line: user 'ID' <why>` for the first `limit` of `users`, then how many more.
+
+  Args:
+    path: the sequences file the users were read from (`load_sequences`: user u is line u + 1).
+    users: {0-based user index: why it is named}, e.g. "has 3 items".
+    limit: users named in full.
+
+  Returns:
+    One '; '-joined string.
+  """
+  path = pathlib.Path(path)
+  wanted = sorted(users)[:limit]
+  ids, look_for = {}, set(wanted)
+  for lineno, line in _lines(path):
+    if lineno - 1 in look_for:
+      ids[lineno - 1] = line.split(maxsplit=1)[0]
+    if len(ids) == len(wanted):
+      break
+  named = [f"{path}:{u + 1}: user {ids.get(u, '?')!r} {users[u]}" for u in wanted]
+  more = f"; ... and {len(users) - len(wanted)} more" if len(users) > len(wanted) else ""
+  return "; ".join(named) + more

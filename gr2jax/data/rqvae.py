@@ -398,7 +398,9 @@ def train_rqvae(embeddings: np.ndarray, config: RQVAEConfig, seed: int = 0) -> t
     raise ValueError(f"train_rqvae: embeddings must be a finite float [I, d] array, got "
                      f"{x.dtype} {x.shape}")
   if x.shape[0] < config.codebook_size:
-    raise ValueError(f"train_rqvae: {x.shape[0]} items < codebook_size {config.codebook_size}")
+    raise ValueError(f"data.rqvae.codebook_size={config.codebook_size} exceeds the "
+                     f"{x.shape[0]} items (k-means needs an item per code): set "
+                     f"--config.data.rqvae.codebook_size={x.shape[0]} or less")
   start = time.perf_counter()
   x = jnp.asarray(x, jnp.float32)
   k_init, k_kmeans, k_train = jax.random.split(jax.random.key(seed), 3)

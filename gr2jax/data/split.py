@@ -53,11 +53,21 @@ class SplitExamples:
                                targets=self.targets[index], histories=self.histories[index])
 
 
+MIN_ITEMS = 4  # 1 history item + the train, validation and test targets
+
+
+def short_users(sequences: list[np.ndarray]) -> np.ndarray:
+  """[k] int indices of the users with fewer than MIN_ITEMS items (the split cannot use them)."""
+  return np.flatnonzero(np.array([len(s) for s in sequences], np.int64) < MIN_ITEMS)
+
+
 def _check_lengths(sequences: list[np.ndarray]) -> None:
-  short = [u for u, s in enumerate(sequences) if len(s) < 4]
-  if short:
-    raise ValueError(f"TIGER split needs >= 4 items per user (1 history + train + validation + "
-                     f"test); users {short[:5]} (of {len(short)}) have fewer")
+  short = short_users(sequences)
+  if short.size:
+    raise ValueError(f"TIGER split needs >= {MIN_ITEMS} items per user (1 history + train + "
+                     f"validation + test); users at 0-based indices {short[:5].tolist()} (of "
+                     f"{short.size}) have fewer (the data build names them by file, line and "
+                     "user id, and drops them with data.drop_unusable_users=True)")
 
 
 def training_sequences(sequences: list[np.ndarray]) -> list[np.ndarray]:

@@ -79,6 +79,19 @@ def test_catalogue_negatives_deterministic_and_unseen():
   assert len(set(neg[1])) == 5 and set(neg[1]) <= {0, 1, 2, 5, 6, 7}
 
 
+def test_too_few_unseen_items_stop_at_once_naming_the_user():
+  """A user who touched 45 of 50 items leaves 5 unseen for 9 negatives: refused up front (the
+  redraw loop would never end, doubling its draws)."""
+  seqs = [np.arange(5, dtype=np.int32), np.arange(45, dtype=np.int32)]
+  keys = candidates._interaction_keys(seqs, 50)
+  with pytest.raises(candidates.TooFewUnseenError, match=r"indices \[1\] \(of 1\)"):
+    candidates.sample_catalogue_negatives(np.random.default_rng(0), np.array([0, 1]), keys,
+                                          50, 9)
+  neg = candidates.sample_catalogue_negatives(np.random.default_rng(0), np.array([1]), keys,
+                                              50, 5)
+  assert sorted(neg[0]) == list(range(45, 50))  # exactly enough unseen items is fine
+
+
 def test_config_errors():
   with pytest.raises(ValueError, match="negative_pool"):
     candidates.CandidateConfig(negative_pool="popular")

@@ -41,7 +41,7 @@ def test_item_embeddings_deterministic_unit_norm():
 
 
 def test_item_embeddings_dim_too_large():
-  with pytest.raises(ValueError, match="dim=500"):
+  with pytest.raises(ValueError, match=r"data\.embedding_dim=500 .*--config\.data\.embedding_dim="):
     embeddings.item_embeddings(_catalog(), dim=500)
 
 

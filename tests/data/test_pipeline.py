@@ -7,12 +7,13 @@ import gzip
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
 
 from gr2jax import recipes, workdir
-from gr2jax.data import answer, batches, pipeline, rqvae, teacher, tfds_builder, tokenizer
+from gr2jax.data import answer, batches, pipeline, raw, rqvae, teacher, tfds_builder, tokenizer
 
 NUM_ITEMS, NUM_USERS = 300, 160
 
@@ -208,3 +209,65 @@ def test_rqvae_path(data_dir, tmp_path):
   summary = pipeline.run(_config(data_dir), str(tmp_path))
   assert summary["sids"]["unique"] == NUM_ITEMS and "recon_loss" in summary["sids"]
   assert not summary["cached"]["embeddings"]
+
+
+def _write_small_catalogue(path, heavy: int, short: int) -> None:
+  """A 50-item catalogue and 40 users of 5-8 items, but user `heavy` touched 45 items (5
+  unseen, D needs 9 negatives) and user `short` has 3 (the split needs 4)."""
+  rng = np.random.default_rng(1)
+  with gzip.open(os.path.join(path, "items.jsonl.gz"), "wt") as f:
+    for i in range(50):
+      f.write(json.dumps({"asin": f"S{i:03d}", "title": f"Lipstick shade {i % 7} no {i}",
+                          "brand": f"Brand{i % 5}", "categories": ["Beauty", "Makeup"],
+                          "price": float(i % 9)}) + "\n")
+  with gzip.open(os.path.join(path, "sequences.txt.gz"), "wt") as f:
+    for u in range(40):
+      length = {heavy: 45, short: 3}.get(u, int(rng.integers(5, 9)))
+      f.write(f"U{u} " + " ".join(f"S{i:03d}" for i in rng.permutation(50)[:length]) + "\n")
+
+
+def _small_config(data_dir, **overrides):
+  config = _config(data_dir)
+  config.eval_subset_size = 20
+  config.embedding_dim = 8
+  config.rqvae.update(dict(codebook_size=8, epochs=2))
+  config.update(overrides)
+  return config
+
+
+def test_unusable_users_are_named_by_file_line_and_id_within_seconds(tmp_path):
+  _write_small_catalogue(tmp_path, heavy=7, short=12)
+  start = time.perf_counter()
+  with pytest.raises(raw.RawDataError) as e:
+    pipeline.run(_small_config(tmp_path), str(tmp_path / "work"))
+  assert time.perf_counter() - start < 10
+  message = str(e.value)
+  assert "2 of 40 users cannot be used" in message and "drop_unusable_users=True" in message
+  assert "sequences.txt.gz:8: user 'U7' touched 45 of the 50 items, leaving 5 unseen" in message
+  assert "sequences.txt.gz:13: user 'U12' has 3 items; the split needs >= 4" in message
+
+
+def test_dropped_users_are_counted_and_the_build_finishes(tmp_path):
+  _write_small_catalogue(tmp_path, heavy=7, short=12)
+  codes = np.random.default_rng(0).integers(0, 8, size=(50, 3))
+  rqvae.save_sids(tmp_path / "sids.npy", rqvae.semantic_ids(codes))
+  config = _small_config(tmp_path, drop_unusable_users=True, sids_file=str(tmp_path / "sids.npy"))
+  summary = pipeline.run(config, str(tmp_path / "work"))
+  assert summary["dataset"]["users"] == 38 and summary["dataset"]["dropped_users"] == 2
+  assert summary["splits"]["test"] == 38
+
+
+@pytest.mark.parametrize("overrides,match", [
+  (dict(eval_subset_size=1615), r"data\.eval_subset_size=1615 does not fit the build's 40 users: "
+                                r"set --config\.data\.eval_subset_size=40 or less"),
+  (dict(embedding_dim=256), r"data\.embedding_dim=256 .* 50 items .*embedding_dim=49 or less"),
+  (dict(codebook_size=256), r"data\.rqvae\.codebook_size=256 .* 50 items .*codebook_size=50 "),
+])
+def test_sizes_the_build_cannot_fill_name_the_field(tmp_path, overrides, match):
+  _write_small_catalogue(tmp_path, heavy=-1, short=-1)
+  config = _small_config(tmp_path)
+  if "codebook_size" in overrides:
+    config.rqvae.codebook_size = overrides.pop("codebook_size")
+  config.update(overrides)
+  with pytest.raises(ValueError, match=match):
+    pipeline.run(config, str(tmp_path / "work"))

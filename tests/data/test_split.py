@@ -51,7 +51,7 @@ def test_no_test_or_validation_target_in_training(sequences):
 
 
 def test_short_sequence_error():
-  with pytest.raises(ValueError, match=r"users \[1\]"):
+  with pytest.raises(ValueError, match=r"indices \[1\].*data\.drop_unusable_users"):
     split.make_split([np.arange(5), np.arange(3)], "test")
 
 
