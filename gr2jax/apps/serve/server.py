@@ -18,12 +18,16 @@ many items went. The event loop validates (pydantic, then the engine's catalogue
 checks), admits into the bounded queue and answers; the one decode worker (batching.py) owns
 the devices. Errors never take the server down:
 
-  400 malformed JSON; 413 a body over serve.max_body_bytes; 415 a Content-Type other than
-  JSON (a body without one is read as JSON); 422 a field of the wrong type, a
-  missing field, an unknown item, a wrong number of candidates, duplicated candidates, a prompt
-  longer than every compiled length: {"error": {"kind", "field", "message"}}
+  400 a body that is not JSON this server reads (malformed, not UTF-8, an integer past
+  Python's 4,300 digits, nesting past its recursion limit); 404 / 405 an unknown path or
+  method; 413 a body over serve.max_body_bytes; 415 a Content-Type other than JSON (a body
+  without one is read as JSON); 422 a field of the wrong type (a string with a lone UTF-16
+  surrogate included), a missing field, an unknown item, a wrong number of candidates,
+  duplicated candidates, a prompt longer than every compiled length
   503 + Retry-After: the queue is full, or the server is warming up or draining
   504: the request waited past serve.timeout_s
+  Every error body is {"error": {"kind", "field", "message"}}, and every error of a rerank
+  endpoint is counted in /metrics. HEAD answers wherever GET does.
 
 SIGTERM stops accepting connections, answers every admitted request, then exits (uvicorn's
 graceful shutdown, then the worker drains).
@@ -44,6 +48,7 @@ import pydantic
 import uvicorn
 from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
+from starlette import exceptions as starlette_exceptions
 
 from gr2jax.apps.serve import batching
 from gr2jax.apps.serve import engine as engine_lib
@@ -51,9 +56,16 @@ from gr2jax.apps.serve import metrics as metrics_lib
 
 
 def _item_id(value):
-  """An item id or request id: an int (not a bool) or a string."""
+  """An item id or request id: an int (not a bool) or a string of text (no lone UTF-16
+  surrogate such as "\\ud800", which JSON can spell but no answer could carry back)."""
   if isinstance(value, bool) or not isinstance(value, int | str):
     raise ValueError(f"expected an int or a string, got {json.dumps(value)[:80]}")
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError:
+      raise ValueError(f"{json.dumps(value)[:80]} holds a lone UTF-16 surrogate, which is not "
+                       "text: send valid Unicode") from None
   return value
 
 
@@ -147,6 +159,22 @@ class _Refused(Exception):
     self.body = {"error": {"kind": kind, "field": field, "message": message}}
 
 
+def _endpoint(path: str) -> str | None:
+  """The metrics' endpoint label of a request path (None: not a rerank endpoint)."""
+  return {"/v1/rerank": "rerank", "/v1/rerank:batch": "rerank_batch"}.get(path)
+
+
+def _unreadable(exc: BaseException | None) -> str:
+  """Why a body that FastAPI could not parse is not JSON this server reads."""
+  if isinstance(exc, UnicodeDecodeError):
+    return f"the body is not UTF-8 ({exc.reason} at byte {exc.start})"
+  if isinstance(exc, RecursionError):
+    return "the JSON nests deeper than the parser's recursion limit"
+  if isinstance(exc, ValueError):  # e.g. an integer past Python's int_max_str_digits
+    return f"not JSON this server reads: {str(exc).split(';')[0]}"
+  return f"the body could not be read: {exc!r}"
+
+
 def _field(loc) -> str:
   """'candidates[3]' / '[2].history' of a pydantic error location (after 'body')."""
   out = ""
@@ -157,17 +185,18 @@ def _field(loc) -> str:
 
 class _BodyLimit:
   """ASGI middleware: reads each request body (at most `limit` bytes, declared or streamed)
-  before the application sees it; a larger one gets a 413 without being read further."""
+  before the application sees it; a larger one gets a 413 without being read further, and
+  `on_refused(path)` is called (the metrics count it)."""
 
-  def __init__(self, app, limit: int):
-    self.app, self.limit = app, limit
+  def __init__(self, app, limit: int, on_refused):
+    self.app, self.limit, self.on_refused = app, limit, on_refused
 
   async def __call__(self, scope, receive, send):
     if scope["type"] != "http":
       return await self.app(scope, receive, send)
     declared = dict(scope["headers"]).get(b"content-length", b"0")
     if declared.isdigit() and int(declared) > self.limit:
-      return await self._refuse(send)
+      return await self._refuse(scope, send)
     chunks, size, more = [], 0, True
     while more:
       message = await receive()
@@ -177,7 +206,7 @@ class _BodyLimit:
       size += len(chunks[-1])
       more = message.get("more_body", False)
       if size > self.limit:
-        return await self._refuse(send)
+        return await self._refuse(scope, send)
     replayed = iter([{"type": "http.request", "body": b"".join(chunks), "more_body": False}])
 
     async def replay():
@@ -185,7 +214,8 @@ class _BodyLimit:
 
     return await self.app(scope, replay, send)
 
-  async def _refuse(self, send):
+  async def _refuse(self, scope, send):
+    self.on_refused(scope["path"])
     body = json.dumps(_Refused(413, "bad_request", "body_too_large", "the body exceeds "
                                f"serve.max_body_bytes={self.limit}", "body").body)
     await send({"type": "http.response.start", "status": 413,
@@ -239,11 +269,30 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
 
   app = fastapi.FastAPI(title="gr2jax re-ranker", lifespan=lifespan,
                         strict_content_type=False)  # a body without Content-Type is JSON
-  app.add_middleware(_BodyLimit, limit=settings.max_body_bytes)
   app.state.batcher, app.state.metrics = batcher, metrics
+
+  def count_bad(path: str) -> None:
+    if _endpoint(path) is not None:
+      metrics.requests.labels(_endpoint(path), "bad_request").inc()
+
+  app.add_middleware(_BodyLimit, limit=settings.max_body_bytes, on_refused=count_bad)
 
   def refused(e: _Refused) -> responses.JSONResponse:
     return responses.JSONResponse(e.body, status_code=e.status, headers=e.headers)
+
+  @app.exception_handler(starlette_exceptions.HTTPException)
+  async def http_error(request: fastapi.Request, exc: starlette_exceptions.HTTPException):
+    """FastAPI's own errors in the server's format: a body it could not parse (400), an
+    unknown path (404) or method (405)."""
+    if exc.status_code == 400:
+      e = _Refused(400, "bad_request", "malformed_json", _unreadable(exc.__cause__), "body")
+    else:
+      kind = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+      e = _Refused(exc.status_code, "bad_request", kind,
+                   f"{request.method} {request.url.path}: {exc.detail}", "path",
+                   dict(exc.headers or {}))
+    count_bad(request.url.path)
+    return refused(e)
 
   @app.exception_handler(fastapi_exceptions.RequestValidationError)
   async def invalid(request: fastapi.Request, exc: fastapi_exceptions.RequestValidationError):
@@ -259,8 +308,7 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       kind = "missing_field" if first["type"] == "missing" else "bad_field"
       field = _field(first["loc"])
       e = _Refused(422, "bad_request", kind, f"{field}: {first['msg']}", field)
-    endpoint = "rerank_batch" if request.url.path.endswith(":batch") else "rerank"
-    metrics.requests.labels(endpoint, "bad_request").inc()
+    count_bad(request.url.path)
     return refused(e)
 
   async def answer(requests: list[RerankRequest], prefix) -> list[dict]:
@@ -296,11 +344,13 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
              "timings": {"queue_ms": 1e3 * queue_s, "decode_ms": 1e3 * decode_s}}
             for p, (row, queue_s, decode_s, _) in zip(prepared, results, strict=True)]
 
-  async def measured(endpoint: str, requests: list[RerankRequest], prefix):
+  async def measured(endpoint: str, requests: list[RerankRequest], prefix,
+                     body) -> responses.Response:
+    """The response to `requests`, made here (the body rendered too), then counted."""
     start = time.perf_counter()
     try:
-      out = await answer(requests, prefix)
-      outcome = "ok"
+      rows = await answer(requests, prefix)
+      out, outcome = responses.JSONResponse(body(rows)), "ok"
     except _Refused as e:
       out, outcome = refused(e), e.outcome
     except Exception as e:  # a decode failure: answered, counted, and the server goes on
@@ -309,14 +359,13 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
     metrics.requests.labels(endpoint, outcome).inc()
     if outcome == "ok":
       metrics.latency.labels(endpoint).observe(time.perf_counter() - start)
-      for row in out:
+      for row in rows:
         metrics.queue.observe(row["timings"]["queue_ms"] / 1e3)
     return out
 
   @app.post("/v1/rerank", response_model=Answer)
   async def rerank_one(request: RerankRequest):
-    out = await measured("rerank", [request], lambda i: "")
-    return out if isinstance(out, responses.Response) else out[0]
+    return await measured("rerank", [request], lambda i: "", lambda rows: rows[0])
 
   @app.post("/v1/rerank:batch", response_model=list[Answer])
   async def rerank_batch(requests: list[RerankRequest]):
@@ -325,9 +374,9 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
                    f"{settings.queue_bound} requests, got {len(requests)}", "body")
       metrics.requests.labels("rerank_batch", "bad_request").inc()
       return refused(e)
-    return await measured("rerank_batch", requests, lambda i: f"[{i}].")
+    return await measured("rerank_batch", requests, lambda i: f"[{i}].", lambda rows: rows)
 
-  @app.get("/healthz")
+  @app.api_route("/healthz", methods=["GET", "HEAD"])
   async def healthz():
     if batcher.warm_error is not None:
       status = "failed"
@@ -340,7 +389,7 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
             "queue_depth": batcher.depth, "startup": state["startup"]}
     return responses.JSONResponse(body, status_code=200 if status == "ready" else 503)
 
-  @app.get("/metrics")
+  @app.api_route("/metrics", methods=["GET", "HEAD"])
   async def prometheus_metrics():
     return responses.Response(metrics.text(), media_type="text/plain; version=0.0.4")
 

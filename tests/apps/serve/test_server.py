@@ -100,6 +100,16 @@ BAD = [  # (path, body, status, kind, field)
    "[1].history"),
   ("/v1/rerank:batch", "[]", 422, "bad_batch_size", "body"),
   ("/v1/rerank", b"x" * (2 << 20), 413, "body_too_large", "body"),
+  ("/v1/rerank", json.dumps(_good(0) | {"id": "\ud800"}), 422, "bad_field", "id"),
+  ("/v1/rerank:batch", json.dumps([_good(0), _good(1) | {"id": "a\ud800"}]), 422, "bad_field",
+   "[1].id"),
+  ("/v1/rerank", json.dumps(_good(0) | {"history": ["\udfff"]}), 422, "bad_field",
+   "history[0]"),
+]
+UNREADABLE = [  # bodies FastAPI itself cannot parse: (body, what the message says)
+  (GOOD[:-1] + ', "n": ' + "7" * 5001 + "}", "4300 digits"),
+  (b"[" * 100_000 + b"]" * 100_000, "nests deeper"),
+  (b'{"id": "\xff\xfe", "history": [], "candidates": []}', "not UTF-8"),
 ]
 
 
@@ -110,6 +120,40 @@ def test_bad_input_names_the_field_and_the_server_goes_on(srv, path, body, statu
   error = r.json()["error"]
   assert (error["kind"], error["field"]) == (kind, field) and error["message"]
   assert httpx.post(f"{srv.url}/v1/rerank", content=GOOD, timeout=60).status_code == 200
+
+
+@pytest.mark.parametrize("path", ["/v1/rerank", "/v1/rerank:batch"])
+@pytest.mark.parametrize("body,says", UNREADABLE)
+def test_unreadable_bodies_get_400_in_the_servers_format_and_are_counted(srv, path, body, says):
+  before = scrape(srv.url)
+  r = httpx.post(f"{srv.url}{path}", content=body, headers={"content-type": "application/json"})
+  assert r.status_code == 400, r.text
+  error = r.json()["error"]
+  assert (error["kind"], error["field"]) == ("malformed_json", "body") and says in error["message"]
+  key = ("gr2jax_serve_requests_total",
+         (("endpoint", path.rsplit("/", 1)[1].replace(":", "_")), ("outcome", "bad_request")))
+  assert scrape(srv.url)[key] - before.get(key, 0.0) == 1
+
+
+def test_a_lone_surrogate_is_counted_as_a_bad_request_not_ok(srv):
+  before = scrape(srv.url)
+  r = httpx.post(f"{srv.url}/v1/rerank", content=json.dumps(_good(0) | {"id": "\ud800"}))
+  assert r.status_code == 422 and "surrogate" in r.json()["error"]["message"]
+  after = scrape(srv.url)
+  for outcome, want in (("ok", 0), ("bad_request", 1), ("error", 0)):
+    key = ("gr2jax_serve_requests_total", (("endpoint", "rerank"), ("outcome", outcome)))
+    assert after[key] - before.get(key, 0.0) == want, outcome
+
+
+def test_head_answers_where_get_does_and_unknown_routes_use_the_error_format(srv):
+  for path in ("/healthz", "/metrics"):
+    r = httpx.head(f"{srv.url}{path}")
+    assert r.status_code == 200 and r.content == b""
+  r = httpx.get(f"{srv.url}/nope")
+  assert r.status_code == 404 and r.json()["error"]["kind"] == "not_found"
+  r = httpx.delete(f"{srv.url}/v1/rerank")
+  assert r.status_code == 405 and r.json()["error"]["kind"] == "method_not_allowed"
+  assert "POST" in r.headers["allow"]
 
 
 def test_a_streamed_body_over_the_limit_gets_413(srv):
