@@ -117,7 +117,7 @@ def _run_eval(config, workdir):
   exports.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
   block_size = r.decode.block_size if e.convert else 0
   ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None, block_size)
-  name = f"{view.eval.split}_tau{view.eval.tau:g}" + (f"_B{block_size}" if block_size else "")
+  name = f"{view.eval.split}_tau{view.decode.eval_tau:g}" + (f"_B{block_size}" if block_size else "")
   result = loop.run_evaluation(ctx, params, 0, name, e.out_dir or ckpt)
   print(json.dumps({k: v for k, v in result.items() if k != "counts"}, indent=1))
   return result
@@ -282,17 +282,19 @@ def main(argv):
   logging.info("stage=%s workdir=%s", stage, os.path.abspath(_WORKDIR.value))
   start = time.perf_counter()
   from gr2jax.apps.chain import StepError, UpstreamMissing
-  from gr2jax.data.teacher import TraceError
 
   try:
     STAGES[stage](config, _WORKDIR.value)
   except UpstreamMissing as e:  # one line, no traceback: what is missing and how to make it
     raise SystemExit(f"{e} under {_WORKDIR.value}: run {upstream_commands(sys.argv, e.missing)} "
                      "(or add --config.upstream=run to run them first)") from None
-  except (StepError, TraceError) as e:  # a refusal that names what is wrong and the ways on
+  except StepError as e:  # a refusal that names what is wrong and the ways on
     raise SystemExit(str(e)) from None
   logging.info("stage %s finished in %.1f s", stage, time.perf_counter() - start)
 
 
 if __name__ == "__main__":
-  app.run(main, argv=resolve_config_arg(sys.argv), flags_parser=parse_flags)
+  from gr2jax import cli
+
+  app.run(cli.one_line_refusals()(main), argv=resolve_config_arg(sys.argv),
+          flags_parser=parse_flags)

@@ -319,6 +319,25 @@ def data_build_record(tokenizer, prompt) -> dict[str, Any]:
           "prompt": prompt}
 
 
+def recorded_vocab_digest(record: Mapping[str, Any]) -> str | None:
+  """The vocabulary digest of a data build record (`data_build_record`); exports written before
+  the field's name said what it hashes call it `tokenizer_sha256`."""
+  return record.get("vocab_sha256", record.get("tokenizer_sha256"))
+
+
+def data_build_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+  """How two data build records (`data_build_record`) differ, one phrase per field, a's value
+  first: the tokenizer (digest and size) and each prompt field."""
+  digest_a, digest_b = recorded_vocab_digest(a), recorded_vocab_digest(b)
+  problems = [f"tokenizer vocab_sha256 {digest_a[:16]} (vocab {a['vocab']}) vs "
+              f"{digest_b[:16]} (vocab {b['vocab']})"] if digest_a != digest_b else []
+  prompt_a, prompt_b = a["prompt"], b["prompt"]
+  for field in sorted(set(prompt_a) | set(prompt_b)):
+    if prompt_a.get(field) != prompt_b.get(field):
+      problems.append(f"prompt.{field} {prompt_a.get(field)!r} vs {prompt_b.get(field)!r}")
+  return problems
+
+
 def check_data_build(path: str, current: Mapping[str, Any]) -> None:
   """Refuses to use the checkpoint at `path` with a data build other than its training one.
 
@@ -331,18 +350,7 @@ def check_data_build(path: str, current: Mapping[str, Any]) -> None:
     ValueError: the tokenizers or the prompt formats differ; names both.
   """
   recorded = load_metadata(path).get("data_build") if os.path.isdir(path) else None
-  if not recorded:
-    return
-  problems = []
-  # exports written before the field's name said what it hashes call it tokenizer_sha256
-  digest = recorded.get("vocab_sha256", recorded.get("tokenizer_sha256"))
-  if digest != current["vocab_sha256"]:
-    problems.append(f"tokenizer vocab_sha256 {digest[:16]} (vocab {recorded['vocab']}) vs "
-                    f"{current['vocab_sha256'][:16]} (vocab {current['vocab']})")
-  prompt_a, prompt_b = recorded["prompt"], current["prompt"]
-  for field in sorted(set(prompt_a) | set(prompt_b)):
-    if prompt_a.get(field) != prompt_b.get(field):
-      problems.append(f"prompt.{field} {prompt_a.get(field)!r} vs {prompt_b.get(field)!r}")
+  problems = data_build_differences(recorded, current) if recorded else []
   if problems:
     raise ValueError(f"{path} was trained on another data build than this one (checkpoint vs "
                      f"this run): {'; '.join(problems)}. Pass the data settings of its training "

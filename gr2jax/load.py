@@ -1,10 +1,12 @@
-"""`load_model`: (config, params) from a gr2jax export or a local HF Qwen3 directory.
+"""`load_model`: (config, params) from a gr2jax export or a local HF Qwen3 directory;
+`find_tokenizer`: the tokenizer an export was trained with.
 
 The one loader every command and the public API use: an export (gr2jax/exports.py) is restored,
 an HF directory is converted in memory with the table of gr2jax/hf/table.py (the one
 weights_conversion/convert_hf.py streams to disk).
 """
 
+import json
 import os
 from typing import Any
 
@@ -60,3 +62,40 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
     return config, exports.unflatten(leaves)
   raise exports.CheckpointError(f"{path}: neither a gr2jax checkpoint ({exports.CONFIG_FILE}) "
                                 "nor an HF directory (config.json)")
+
+
+def _has_tokenizer(directory: str) -> bool:
+  return os.path.isfile(os.path.join(directory, hf_weights.TOKENIZER_JSON))
+
+
+def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
+  """The directory of the tokenizer an export was trained with: `tokenizer_dir` if given, else
+  the export's own tokenizer files (a converted checkpoint has them), else, for a stage export
+  W/<stage>/export, the tokenizer of W's data build (W/summary.json). A tokenizer whose
+  vocabulary is not the one the export records (exports.recorded_vocab_digest) is not taken.
+
+  Raises:
+    FileNotFoundError: --tokenizer_dir has no tokenizer.json, or no tokenizer was found.
+    ValueError: --tokenizer_dir's vocabulary is not the one the export records.
+  """
+  recorded = exports.recorded_vocab_digest(exports.load_metadata(ckpt).get("data_build") or {})
+  if tokenizer_dir is not None:
+    if not _has_tokenizer(tokenizer_dir):
+      raise FileNotFoundError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json")
+    candidates = [tokenizer_dir]
+  else:
+    summary = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt))),
+                           "summary.json")
+    build = json.load(open(summary))["paths"]["tokenizer"] if os.path.isfile(summary) else None
+    candidates = [d for d in (ckpt, build) if d and _has_tokenizer(d)]
+  for source in candidates:
+    digest = exports.vocab_digest(hf_weights.load_tokenizer_json(source))
+    if not recorded or digest == recorded:
+      return source
+    if source == tokenizer_dir:
+      raise ValueError(f"--tokenizer_dir={source}: its vocabulary (vocab_sha256 {digest[:16]}) "
+                       f"is not the one {ckpt} was trained with ({recorded[:16]}); pass that "
+                       "data build's tokenizer directory (W/tokenizer-<key>/)")
+  raise FileNotFoundError(f"{ckpt}: no tokenizer found (none in the checkpoint, and no data build "
+                          "of its workdir with its vocabulary); pass --tokenizer_dir=<the data "
+                          "build's tokenizer directory, W/tokenizer-<key>/>")

@@ -4,11 +4,13 @@
 tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
 metadata written by gr2jax/train/loop.py); `rerank_lines` answers JSONL lines or request dicts in
 input order, each an answer row or a named error row (data/requests.py). Requests are decoded
-by the model's policy (gr2jax/train/policy.py: AR, or block diffusion at the spec's eval tau) in
+by the model's policy (gr2jax/train/policy.py: AR, or block diffusion at the spec's eval tau,
+with the answer constraint of the request's candidates when the spec is constrained) in
 batches of one static shape [batch, P]: P is the data build's prompt width, so the offline tool
 (gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/) decode a request identically.
 """
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Iterable
@@ -79,7 +81,11 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
 
   Raises:
     ValueError: the export records no data build / decode spec and none is given; the data
-      build is not the export's (exports.check_data_build).
+      build is not the export's (exports.check_data_build); with verify_with, a pair the
+      lossless mode cannot decode, named (another data build: speculative.check_same_build; a
+      drafter without a mask token, a verifier that is not AR, decode.draft_k over the
+      drafter's block size: speculative.check_pair); decode.constrained with a model that is
+      not block diffusion.
   """
   export = os.fspath(export)
   data_config = _recorded(export, "data_config", data_config)
@@ -100,10 +106,38 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   if verify_with:
     speculative.check_same_build(export, verify_with)
     verifier_config, verifier_params = load.load_model(verify_with)
+    speculative.check_pair(f"the lossless mode (drafter {export}, verifier verify_with="
+                           f"{verify_with}, decode.draft_k={decode.draft_k})", model_config,
+                           verifier_config, decode.draft)
     params = {"drafter": params, "verifier": verifier_params}
   policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r,
                                   verifier_config=verifier_config)
+  if decode.constrained and not isinstance(policy, policy_lib.DiffusionPolicy):
+    raise ValueError("decode.constrained=True constrains a block-diffusion decoder's answers; "
+                     + ("the lossless mode answers as its AR verifier" if verify_with else
+                        f"{export} is an AR model") + ": pass decode.constrained=False")
   return Reranker(policy.decoding_params(params), policy, tok, rendering, p)
+
+
+def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,
+                 tokenizer_lock=None) -> policy_lib.Decoded:
+  """Decodes encoded requests as one [rows, prompt_len] batch (rows past the list repeat its
+  last prompt, inputs.prompt_arrays), under the answer constraint of each request's candidates
+  when the decode spec is constrained (evaluation.steering, as every evaluation builds it).
+
+  Args:
+    reranker: the Reranker.
+    encoded: 1..rows batches.EncodedExample (their prompts and candidate label tokens).
+    rows: the batch's static row count.
+    prompt_len: the static prompt width.
+    tokenizer_lock: held while the tokenizer is read (the server encodes on another thread);
+      None: no lock.
+  """
+  policy = reranker.policy
+  tokens, lengths = inputs.prompt_arrays(encoded, rows, prompt_len, policy.config.pad_token_id)
+  with tokenizer_lock or contextlib.nullcontext():
+    steering = evaluation.steering(policy, reranker.tokenizer, encoded, rows)
+  return policy.decode(reranker.params, tokens, lengths, steering=steering)
 
 
 def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *, batch_size: int,
@@ -116,15 +150,12 @@ def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *,
   encoded = batches.encode_examples(rendered, [0] * len(rendered), reranker.tokenizer)
   prompt_len = max(reranker.prompt_len,
                    lengths_lib.round_up(max(len(e.prompt) for e in encoded)))
-  policy = reranker.policy
   rows_per_batch = min(batch_size, len(encoded))
   rows = []
   bar = progress(len(requests), desc=desc, unit="request")
   for first in range(0, len(requests), batch_size):
     chunk = encoded[first:first + batch_size]
-    tokens, lengths = inputs.prompt_arrays(chunk, rows_per_batch, prompt_len,
-                                           policy.config.pad_token_id)
-    out = policy.decode(reranker.params, tokens, lengths)
+    out = decode_batch(reranker, chunk, rows_per_batch, prompt_len)
     texts = evaluation.response_texts(reranker.tokenizer, out.tokens[:len(chunk)],
                                       out.lengths[:len(chunk)])
     for i, text in enumerate(texts):

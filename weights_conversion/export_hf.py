@@ -26,7 +26,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import exports  # noqa: E402
+from gr2jax import exports, load  # noqa: E402
 from gr2jax.hf import safetensors_io  # noqa: E402
 from gr2jax.hf import table as hf_table  # noqa: E402
 from gr2jax.hf import weights as hf_weights  # noqa: E402
@@ -50,41 +50,6 @@ def write_hf(directory: str, config: ModelConfig, params) -> None:
                               (a for _, a in hf_table.export_tensors(params)), {"format": "pt"})
 
 
-def _has_tokenizer(directory: str) -> bool:
-  return os.path.isfile(os.path.join(directory, hf_weights.TOKENIZER_JSON))
-
-
-def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
-  """The directory whose tokenizer goes next to the exported weights (module docstring).
-
-  Raises:
-    FileNotFoundError: --tokenizer_dir has no tokenizer.json, or no tokenizer was found.
-    ValueError: --tokenizer_dir's vocabulary is not the one the export records.
-  """
-  recorded = exports.load_metadata(ckpt).get("data_build") or {}
-  recorded = recorded.get("vocab_sha256", recorded.get("tokenizer_sha256"))
-  if tokenizer_dir is not None:
-    if not _has_tokenizer(tokenizer_dir):
-      raise FileNotFoundError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json")
-    candidates = [tokenizer_dir]
-  else:
-    summary = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt))),
-                           "summary.json")
-    build = json.load(open(summary))["paths"]["tokenizer"] if os.path.isfile(summary) else None
-    candidates = [d for d in (ckpt, build) if d and _has_tokenizer(d)]
-  for source in candidates:
-    digest = exports.vocab_digest(hf_weights.load_tokenizer_json(source))
-    if not recorded or digest == recorded:
-      return source
-    if source == tokenizer_dir:
-      raise ValueError(f"--tokenizer_dir={source}: its vocabulary (vocab_sha256 {digest[:16]}) "
-                       f"is not the one {ckpt} was trained with ({recorded[:16]}); pass that "
-                       "data build's tokenizer directory (W/tokenizer-<key>/)")
-  raise FileNotFoundError(f"{ckpt}: no tokenizer found (none in the checkpoint, and no data build "
-                          "of its workdir with its vocabulary); pass --tokenizer_dir=<the data "
-                          "build's tokenizer directory, W/tokenizer-<key>/>")
-
-
 def export(ckpt: str, out_dir: str, *, tokenizer_dir: str | None = None,
            allow_diffusion: bool = False) -> ModelConfig:
   """gr2jax checkpoint directory -> HF directory (atomic; out_dir must not exist).
@@ -92,7 +57,7 @@ def export(ckpt: str, out_dir: str, *, tokenizer_dir: str | None = None,
   Args:
     ckpt: the gr2jax checkpoint directory.
     out_dir: the HF directory to create.
-    tokenizer_dir: the tokenizer to write next to the weights (default: find_tokenizer).
+    tokenizer_dir: the tokenizer to write next to the weights (default: load.find_tokenizer).
     allow_diffusion: export a block-diffusion model anyway (module docstring: what is lost).
 
   Returns:
@@ -100,7 +65,7 @@ def export(ckpt: str, out_dir: str, *, tokenizer_dir: str | None = None,
 
   Raises:
     ValueError: a diffusion checkpoint without allow_diffusion; a tokenizer of another
-      vocabulary (find_tokenizer) or one that does not fit the config (ids past vocab_size, no
+      vocabulary (load.find_tokenizer) or one that does not fit the config (ids past vocab_size, no
       eos / pad token: gr2jax/hf/weights.check_tokenizer).
     FileNotFoundError: no tokenizer.
   """
@@ -112,7 +77,7 @@ def export(ckpt: str, out_dir: str, *, tokenizer_dir: str | None = None,
       "autoregressively with causal attention: its block-diffusion decoding is lost in HF. Pass "
       "--allow_diffusion to export the weights anyway (config.json keeps block_size and "
       "mask_token_id for convert_hf.py)")
-  source = find_tokenizer(ckpt, tokenizer_dir)
+  source = load.find_tokenizer(ckpt, tokenizer_dir)
   hf_weights.check_tokenizer(source, config, config_file=os.path.join(ckpt, exports.CONFIG_FILE))
   config, params = exports.restore(ckpt)
 

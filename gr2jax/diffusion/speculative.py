@@ -473,9 +473,13 @@ def _as_model(where: str, name: str, model) -> Model:
   return Model(params, config)
 
 
-def _check_pair(where: str, drafter: Model, verifier: Model, spec: DraftSpec) -> None:
-  """The drafter is a block-diffusion model, the verifier an AR one, on the same tokens."""
-  cd, cv = drafter.config, verifier.config
+def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, spec: DraftSpec) -> None:
+  """The drafter (config cd) is a block-diffusion model, the verifier (cv) an AR one, on the
+  same tokens, and spec's K fits the drafter's block.
+
+  Raises:
+    ValueError / TypeError: starting with `where`, naming the model and the field.
+  """
   if cd.mask_token_id is None:
     raise ValueError(f"{where}: the drafter has no mask token (config.mask_token_id is None): "
                      "it must be a block-diffusion model")
@@ -502,7 +506,7 @@ def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max
   drafter cache)."""
   drafter = _as_model(where, "drafter", drafter)
   verifier = _as_model(where, "verifier", verifier)
-  _check_pair(where, drafter, verifier, spec)
+  check_pair(where, drafter.config, verifier.config, spec)
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
   b, p = prompt_tokens.shape
@@ -667,16 +671,7 @@ def check_same_build(drafter_path: str, verifier_path: str) -> None:
     ValueError: the tokenizers or prompt formats differ; names both exports and each difference.
   """
   records = [exports.load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
-  if not all(records):
-    return
-  drafter, verifier = records
-  problems = [f"tokenizer {drafter['tokenizer_sha256'][:16]} (vocab {drafter['vocab']}) vs "
-              f"{verifier['tokenizer_sha256'][:16]} (vocab {verifier['vocab']})"] if (
-    drafter["tokenizer_sha256"] != verifier["tokenizer_sha256"]) else []
-  for field in sorted(set(drafter["prompt"]) | set(verifier["prompt"])):
-    a, b = drafter["prompt"].get(field), verifier["prompt"].get(field)
-    if a != b:
-      problems.append(f"prompt.{field} {a!r} vs {b!r}")
+  problems = exports.data_build_differences(*records) if all(records) else []
   if problems:
     raise ValueError(f"drafter {drafter_path} and verifier {verifier_path} come from different "
                      f"data builds (drafter vs verifier): {'; '.join(problems)}")

@@ -20,12 +20,14 @@ import pytest
 import scipy.stats
 
 from gr2jax import exports
+from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from tests.train.toy import PROMPT, toy_tokenizer
 
 V = 256
 MASK = V - 1
@@ -300,16 +302,30 @@ def _export(tmp_path, name, record):
   return str(path)
 
 
-def test_exports_of_different_data_builds_are_refused_by_name(tmp_path):
-  build = {"tokenizer_sha256": "a" * 64, "vocab": 300, "prompt": {"answer": "sid",
-                                                                   "evidence": "flags"}}
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+  """Two data build records as the exports' writer makes them (exports.data_build_record): the
+  toy build, and one with a token more and SID answers."""
+  out = str(tmp_path_factory.mktemp("tok"))
+  toy_tokenizer(out)
+  tok = tokenizer_lib.load_tokenizer(out)
+  build = exports.data_build_record(tok, PROMPT)
+  tok.add_tokens(["<another_token>"])
+  return build, exports.data_build_record(tok, dataclasses.replace(PROMPT, answer_format="sid"))
+
+
+def test_exports_of_different_data_builds_are_refused_by_name(tmp_path, builds):
+  build, other_build = builds
   drafter = _export(tmp_path, "rl", build)
   sp.check_same_build(drafter, _export(tmp_path, "same", build))
   sp.check_same_build(drafter, _export(tmp_path, "older", None))  # no record: not checked
-  other = _export(tmp_path, "ar_rl", dict(build, tokenizer_sha256="b" * 64, vocab=301,
-                                          prompt={"answer": "slot", "evidence": "flags"}))
+  older_name = {("tokenizer_sha256" if k == "vocab_sha256" else k): v for k, v in build.items()}
+  sp.check_same_build(drafter, _export(tmp_path, "older_name", older_name))  # the field's old name
+  other = _export(tmp_path, "ar_rl", other_build)
+  digest, vocab = build["vocab_sha256"][:16], build["vocab"]
   with pytest.raises(ValueError, match=(
       rf"drafter {os.path.join(tmp_path, 'rl')} and verifier {os.path.join(tmp_path, 'ar_rl')} "
-      r"come from different data builds .*tokenizer a{16} \(vocab 300\) vs b{16} \(vocab 301\); "
-      r"prompt.answer 'sid' vs 'slot'")):
+      rf"come from different data builds .*tokenizer vocab_sha256 {digest} \(vocab {vocab}\) vs "
+      rf"{other_build['vocab_sha256'][:16]} \(vocab {vocab + 1}\); "
+      r"prompt.answer_format 'slot' vs 'sid'")):
     sp.check_same_build(drafter, other)

@@ -13,6 +13,7 @@ batch); a repeated row finishes when its source does, so padding never lengthens
 """
 
 import dataclasses
+import logging
 import os
 import threading
 
@@ -23,7 +24,7 @@ from gr2jax import exports
 from gr2jax import reranker as reranker_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
-from gr2jax.train import evaluation, inputs
+from gr2jax.train import evaluation
 from gr2jax.train import policy as policy_lib
 
 _counts = {"compiles": 0, "cache_hits": 0}
@@ -57,8 +58,14 @@ def cache_hits() -> int:
 
 def use_compilation_cache(directory: str) -> None:
   """JAX's persistent compilation cache in `directory`, every program cached (before the first
-  compile of the process: JAX reads the setting once)."""
-  os.makedirs(directory, exist_ok=True)
+  compile of the process: JAX reads the setting once). A directory that cannot be created (a
+  read-only workdir) is logged and served without; an existing read-only one is still read."""
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as e:
+    logging.warning("serve.compilation_cache=%s: cannot create it (%s); serving without the "
+                    "persistent compilation cache", directory, e.strerror)
+    return
   jax.config.update("jax_compilation_cache_dir", directory)
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -146,8 +153,9 @@ class Engine:
     return self.reranker.rendering.num_candidates
 
   def _render(self, obj: dict) -> tuple[requests_lib.Request, batches.EncodedExample, tuple]:
-    """The request, its prompt tokenized as batches.encode_examples tokenizes prompts (the
-    other fields empty: nothing else is decoded) and its candidates' labels."""
+    """The request, encoded as the offline tool encodes it (batches.encode_examples: its prompt
+    and its candidates' label tokens, what the answer constraint reads) and its candidates'
+    labels."""
     r = self.reranker.rendering
     [parsed] = requests_lib.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
     if not isinstance(parsed, requests_lib.Request):
@@ -155,10 +163,7 @@ class Engine:
       raise InputError(error["kind"], error["message"], error["field"])
     [rendered] = requests_lib.render([parsed], r)
     with self._tokenizer_lock:
-      ids = self.reranker.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
-    empty = np.zeros((0,), np.int32)
-    encoded = batches.EncodedExample(np.asarray(ids, np.int32), empty, empty,
-                                     np.zeros((0, 0), np.int32), 0)
+      [encoded] = batches.encode_examples([rendered], [0], self.reranker.tokenizer)
     return parsed, encoded, rendered.labels
 
   def parse(self, obj: dict) -> Prepared:
@@ -189,9 +194,7 @@ class Engine:
 
   def _decode(self, encoded: list, bucket: int, prompt_len: int) -> tuple[list[str], object]:
     r = self.reranker
-    tokens, lengths = inputs.prompt_arrays(encoded, bucket, prompt_len,
-                                           r.policy.config.pad_token_id)
-    out = r.policy.decode(r.params, tokens, lengths)
+    out = reranker_lib.decode_batch(r, encoded, bucket, prompt_len, self._tokenizer_lock)
     n = len(encoded)
     with self._tokenizer_lock:
       texts = evaluation.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
