@@ -45,7 +45,11 @@ def _read_pid(fd: int) -> int | None:
 def _acquire(path: str, what: str) -> int:
   """Opens, flocks and stamps `path` with our pid; returns the fd (InUseError if held)."""
   while True:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+      fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:  # a read-only directory or filesystem
+      raise type(e)(e.errno, f"{what}: cannot open its lock file {path} ({e.strerror}); a run "
+                    "that writes there needs it writable") from None
     try:
       fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

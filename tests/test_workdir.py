@@ -54,3 +54,14 @@ def test_reentrant_within_a_process(tmp_path):
   new = tmp_path / "new" / "dir"
   with workdir.lock_workdir(str(new)):  # creates the workdir
     assert new.is_dir()
+
+
+def test_an_unwritable_directory_names_the_lock_file(tmp_path, monkeypatch):
+  def read_only_open(path, flags, *args):
+    raise OSError(30, "Read-only file system", path)
+
+  monkeypatch.setattr(workdir.os, "open", read_only_open)
+  with pytest.raises(OSError, match=rf"workdir {tmp_path}: cannot open its lock file "
+                                    r".*\.lock \(Read-only file system\)"):
+    with workdir.lock_workdir(str(tmp_path)):
+      pass

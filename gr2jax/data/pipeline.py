@@ -16,6 +16,7 @@ and every file it lists still has its size -- a deleted TFDS shard, a truncated 
 output without a record is logged and rebuilt.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -121,18 +122,30 @@ def _remove_stale_temps(*directories: str) -> None:
         _remove(os.path.join(directory, name))
 
 
-class _Steps:
-  """Runs cached steps in a workdir and records their wall-clock times."""
+class NotBuilt(Exception):
+  """A read-only pass met a step whose output is not complete (the message says which)."""
 
-  def __init__(self, workdir: str):
+
+class _Steps:
+  """Runs cached steps in a workdir and records their wall-clock times.
+
+  read_only: only load complete outputs; a step that would build (or remove) anything raises
+  NotBuilt instead, and nothing in the workdir is written.
+  """
+
+  def __init__(self, workdir: str, read_only: bool = False):
     self.workdir = workdir
+    self.read_only = read_only
     self.timings: dict[str, float] = {}
     self.cached: dict[str, bool] = {}
-    os.makedirs(os.path.join(workdir, "cache"), exist_ok=True)
-    _remove_stale_temps(workdir, os.path.join(workdir, "cache"))
+    if not read_only:
+      os.makedirs(os.path.join(workdir, "cache"), exist_ok=True)
+      _remove_stale_temps(workdir, os.path.join(workdir, "cache"))
 
   def _reusable(self, name: str, path: str) -> bool:
     reason = incomplete(path)
+    if reason is not None and self.read_only:
+      raise NotBuilt(f"step {name}: {path}: {reason}")
     if reason is not None and reason != "missing":
       log.warning("step %s: not reusing %s: %s; rebuilding", name, path, reason)
       _remove(path)
@@ -148,6 +161,8 @@ class _Steps:
         with open(path, "rb") as f:
           out = pickle.load(f)
       except Exception as e:  # a damaged pickle can raise almost anything; it is only a cache
+        if self.read_only:
+          raise NotBuilt(f"step {name}: {path} is unreadable ({type(e).__name__})") from e
         log.warning("step %s: %s is unreadable (%s: %s); rebuilding", name, path,
                     type(e).__name__, e)
         _remove(path)
@@ -390,6 +405,18 @@ def _save_sids(out: str, sids: np.ndarray) -> None:
   rqvae.save_sids(os.path.join(out, "sids.npy"), sids)
 
 
+def _check_summary_paths(summary_file: str, paths: dict) -> None:
+  """Raises NotBuilt unless `summary_file` records `paths` (what load.py reads the tokenizer
+  from: a read-only pass never leaves it naming another build)."""
+  try:
+    with open(summary_file) as f:
+      recorded = json.load(f)["paths"]
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise NotBuilt(f"{summary_file} is unreadable ({type(e).__name__})") from e
+  if recorded != paths:
+    raise NotBuilt(f"{summary_file} names another build")
+
+
 _SHOWN: set[str] = set()  # the builds whose summary this process printed
 
 
@@ -408,11 +435,28 @@ def run(config, workdir: str) -> dict:
     training split is the traced users only (accepted ones under `rejection`), never the rule
     teacher's.
 
+  A complete build (every step's output there with its completion record, and summary.json
+  naming the same outputs) is only read: no lock is taken and nothing is written, so any number
+  of readers (servers, rerank runs) share a finished, even read-only, workdir. Otherwise the run
+  takes the workdir lock and builds what is missing.
+
   Raises:
-    gr2jax.workdir.InUseError: another live run holds the workdir.
+    gr2jax.workdir.InUseError: the build is not complete and another live run holds the workdir.
+    OSError: the build is not complete and the workdir is not writable (naming both).
   """
-  with lock_workdir(workdir):
-    return _run(resolve_workdir(config, workdir), workdir)
+  config = resolve_workdir(config, workdir)
+  try:
+    return _run(config, workdir, read_only=True)
+  except NotBuilt as e:
+    missing = str(e)
+  log.info("data build in %s not complete (%s): building", workdir, missing)
+  with contextlib.ExitStack() as stack:
+    try:
+      stack.enter_context(lock_workdir(workdir))
+    except OSError as e:
+      raise OSError(f"the data build in workdir {os.path.abspath(workdir)} is not complete "
+                    f"({missing}) and cannot be built there: {e.strerror or e}") from e
+    return _run(config, workdir)
 
 
 def resolve_workdir(config, workdir: str):
@@ -559,8 +603,8 @@ def load_traces(config, train: list[RerankExample]) -> tuple[list, dict]:
   return traces, stats
 
 
-def _run(config, workdir: str) -> dict:
-  steps = _Steps(workdir)
+def _run(config, workdir: str, read_only: bool = False) -> dict:
+  steps = _Steps(workdir, read_only)
   start = time.perf_counter()
   catalog, sequences, raw_key, dropped = _raw(steps, config)
   by_split, example_stats, examples_key = _examples(steps, config, catalog, sequences, raw_key)
@@ -623,8 +667,11 @@ def _run(config, workdir: str) -> dict:
               "sids": os.path.join(sids_dir, "sids.npy")},
   }
   summary_file = os.path.join(workdir, "summary.json")
-  files.atomic_write(summary_file, json.dumps(summary, indent=1,
-                                             default=lambda x: np.asarray(x).tolist()))
+  if read_only:
+    _check_summary_paths(summary_file, summary["paths"])
+  else:
+    files.atomic_write(summary_file, json.dumps(summary, indent=1,
+                                               default=lambda x: np.asarray(x).tolist()))
   if tfds_dir not in _SHOWN:  # once per build and process: every stage reads the build
     _SHOWN.add(tfds_dir)
     print(format_summary(summary), flush=True)

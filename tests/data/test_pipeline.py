@@ -271,3 +271,46 @@ def test_sizes_the_build_cannot_fill_name_the_field(tmp_path, overrides, match):
   config.update(overrides)
   with pytest.raises(ValueError, match=match):
     pipeline.run(config, str(tmp_path / "work"))
+
+
+def _snapshot(path) -> dict:
+  """{relative path: (size, mtime_ns)} of every file and directory under `path`."""
+  out = {}
+  for root, dirs, names in os.walk(path):
+    for name in dirs + names:
+      full = os.path.join(root, name)
+      out[os.path.relpath(full, path)] = (os.path.getsize(full), os.stat(full).st_mtime_ns)
+  return out
+
+
+def test_a_complete_build_is_read_without_the_lock_and_without_writing(built):
+  """Readers of a finished build (two servers at once, a read-only volume) take no lock and
+  write nothing: the build loads while another process holds the workdir lock."""
+  from tests.test_workdir import _holder
+
+  config, work, _ = built
+  first = pipeline.run(config, work)  # the last build written (summary.json names it)
+  holder = _holder(work)
+  try:
+    before = _snapshot(work)
+    summary = pipeline.run(config, work)
+    assert _snapshot(work) == before
+  finally:
+    holder.kill()
+    holder.wait()
+  assert summary["paths"] == first["paths"] and all(summary["cached"].values())
+
+
+def test_an_incomplete_build_in_an_unwritable_workdir_names_the_workdir(data_dir, tmp_path,
+                                                                      monkeypatch):
+  real_open = os.open
+
+  def read_only_open(path, flags, *args):
+    if flags & os.O_CREAT:
+      raise PermissionError(13, "Permission denied", path)
+    return real_open(path, flags, *args)
+
+  monkeypatch.setattr(workdir.os, "open", read_only_open)
+  with pytest.raises(OSError, match=rf"data build in workdir {tmp_path} is not complete "
+                                            r"\(step raw: .*missing\).*cannot open its lock file"):
+    pipeline.run(_config(data_dir, data_dir / "sids.npy"), str(tmp_path))
