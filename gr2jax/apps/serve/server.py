@@ -397,12 +397,23 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
 
 
 def bind(host: str, port: int) -> socket.socket:
-  """A listening TCP socket on host:port (0 = a free port; read it with getsockname())."""
+  """A TCP socket bound to host:port (0 = a free port; read it with getsockname()), not yet
+  listening: bound before the model loads, it holds the port while connections are still
+  refused; uvicorn listens on it once it serves.
+
+  Raises:
+    OSError: one line naming host:port and serve.port (in use, or not an address here).
+  """
   family = socket.AF_INET6 if ":" in host else socket.AF_INET
   sock = socket.socket(family, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-  sock.bind((host, port))
-  sock.listen(2048)
+  try:
+    sock.bind((host, port))
+  except OSError as e:
+    sock.close()
+    raise type(e)(e.errno, f"serve.port={port}: cannot listen on {host}:{port} ({e.strerror}): "
+                  "another process holds the port, or the host is not an address here; pick "
+                  "another --config.serve.port (0 = a free one) or --config.serve.host") from None
   return sock
 
 
@@ -419,14 +430,16 @@ def make_server(engine: engine_lib.Engine, settings: Settings, *,
   return holder["server"]
 
 
-def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0) -> None:
-  """Serves until SIGTERM / SIGINT (then drains).
+def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
+          sock: socket.socket | None = None) -> None:
+  """Serves until SIGTERM / SIGINT (then drains), on `sock` (default: bind(settings' host and
+  port)).
 
   Raises:
     RuntimeError: the warm-up failed (nothing was served).
   """
   server = make_server(engine, settings, load_s=load_s)
-  sock = bind(settings.host, settings.port)
+  sock = sock or bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]
   print(f"serving {engine.name} ({engine.kind}) on http://{host}:{port} (warming up "
         f"{len(settings.batch_buckets) * len(engine.prompt_lengths)} programs)", flush=True)
@@ -449,6 +462,7 @@ def run(recipe, c, workdir: str) -> None:
   from gr2jax import recipe as recipe_lib
 
   settings = Settings.from_config(c)
+  sock = bind(settings.host, settings.port)  # a busy port stops here, before the model loads
   cache = c.compilation_cache.format(workdir=workdir)
   if cache:
     engine_lib.use_compilation_cache(os.path.abspath(cache))
@@ -458,4 +472,4 @@ def run(recipe, c, workdir: str) -> None:
     items=c.items_file, max_new_tokens=c.max_new_tokens,
     prompt_lengths=tuple(c.prompt_lengths), name=c.model_name,
     verify_with=c.verify_with.format(workdir=workdir))
-  serve(engine, settings, load_s=time.perf_counter() - start)
+  serve(engine, settings, load_s=time.perf_counter() - start, sock=sock)

@@ -14,7 +14,9 @@ import threading
 import httpx
 import pytest
 
+from gr2jax import recipes
 from gr2jax import reranker as reranker_lib
+from gr2jax.apps.serve import server
 from gr2jax.apps.serve.client import scrape, wait_ready
 from tests.apps.serve.toy_server import Gated, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good
@@ -41,6 +43,21 @@ def srv(engine):
 def test_bad_settings_name_the_field(field, value):
   with pytest.raises(ValueError, match=f"serve.{field}="):
     settings(**{field: value})
+
+
+def test_a_busy_port_is_one_line_naming_serve_port_before_the_model_loads(tmp_path):
+  busy = server.bind("127.0.0.1", 0)
+  busy.listen(1)
+  port = busy.getsockname()[1]
+  block = recipes.config("", "serve").serve
+  block.update(dict(port=port, ckpt=str(tmp_path / "no_export")))  # loading it would fail
+  try:
+    with pytest.raises(OSError, match=rf"^\[Errno 98\] serve\.port={port}: cannot listen on "
+                                      rf"127\.0\.0\.1:{port} .*--config\.serve\.port"):
+      server.run(None, block, str(tmp_path))
+  finally:
+    busy.close()
+  assert not os.listdir(tmp_path)  # nothing loaded, no compilation cache made
 
 
 def _post_all(url: str, path: str, bodies: list) -> list[httpx.Response]:
