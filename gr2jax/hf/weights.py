@@ -1,11 +1,11 @@
 """Reading a local HF Qwen3 directory: its weight files, one index over all shards, its config,
 and the param leaves built from it one at a time (through gr2jax/hf/table.py).
 
-Nothing is cast in silence: a tensor stored in a non-float dtype, or with a shape other than the
-config's, is refused naming the tensor and its file (`iter_leaves`), and a tokenizer.json that
-does not fit the weights -- an id past config.json's vocab_size (but for tokens a conversion adds
-on purpose), or an eos / pad id it does not define -- is refused naming both files
-(`check_tokenizer`).
+Nothing is cast in silence: a tensor stored in a non-float dtype, with a shape other than the
+config's, or holding a NaN / inf, is refused naming the tensor and its file (`iter_leaves`),
+and a tokenizer.json that does not fit the weights -- an id past config.json's vocab_size (but
+for tokens a conversion adds on purpose), or an eos / pad id it does not define -- is refused
+naming both files (`check_tokenizer`).
 
 Formats: `model.safetensors.index.json` + shards, a single `model.safetensors`, `*.safetensors`,
 or `pytorch_model*.bin` (torch.load with weights_only=True and mmap=True; torch is imported only
@@ -164,7 +164,8 @@ def iter_leaves(config: ModelConfig, weights: HFWeights
 
   Every tensor is checked first (before a leaf is built): a non-float dtype (an integer or bool
   tensor would be cast to values of another scale) or a name / shape the config does not give
-  is a ConversionError naming the tensor and its file.
+  is a ConversionError naming the tensor and its file; so is a NaN or inf value, found as each
+  tensor is read (`read_finite`).
   """
   for name, dtype in weights.dtypes.items():
     if dtype not in FLOAT_DTYPES:
@@ -178,7 +179,24 @@ def iter_leaves(config: ModelConfig, weights: HFWeights
     if e.tensor is None or e.tensor not in weights.shapes:
       raise
     raise table.ConversionError(f"{weights.file_of(e.tensor)}: {e}", e.tensor) from None
-  return table.load_leaves(weights.shapes, weights.read, abstract, np.dtype(config.param_dtype))
+  return table.load_leaves(weights.shapes, lambda name: read_finite(weights, name), abstract,
+                           np.dtype(config.param_dtype))
+
+
+def read_finite(weights: HFWeights, name: str) -> np.ndarray:
+  """The tensor `name` (weights.read), refused when it holds a NaN or inf.
+
+  Raises:
+    table.ConversionError: naming the tensor, its file, how many values and the first index.
+  """
+  tensor = weights.read(name)
+  bad = ~np.isfinite(tensor)
+  if bad.any():
+    first = tuple(int(i) for i in np.unravel_index(int(np.argmax(bad)), bad.shape))
+    raise table.ConversionError(
+      f"{weights.file_of(name)}: tensor {name!r} holds {int(bad.sum())} NaN / inf values (first "
+      f"at index {list(first)}); refusing to convert a damaged weight", name)
+  return tensor
 
 
 TOKENIZER_JSON = "tokenizer.json"

@@ -53,6 +53,24 @@ def test_a_non_float_tensor_is_refused_naming_it_and_its_file(hf_dir, tmp_path):
   assert load.load_model(bf16, param_dtype="float32")[1]["embed"].dtype == np.float32
 
 
+def test_a_nan_or_inf_weight_is_refused_naming_the_tensor(hf_dir, tmp_path):
+  def damage(name, a):
+    if name != "model.layers.1.mlp.up_proj.weight":
+      return a
+    a = a.copy()
+    a[3, 5], a[4, 0] = np.nan, np.inf
+    return a
+
+  bad = _copy_with(hf_dir, tmp_path / "nan", damage)
+  match = (rf"{os.path.join(bad, 'model.safetensors')}: tensor 'model.layers.1.mlp.up_proj."
+           r"weight' holds 2 NaN / inf values \(first at index \[3, 5\]\)")
+  with pytest.raises(exports.CheckpointError, match=match):
+    load.load_model(bad)
+  with pytest.raises(ValueError, match=match):
+    convert.convert(bad, str(tmp_path / "out"))
+  assert leftovers(str(tmp_path / "out")) == []
+
+
 def test_a_wrongly_shaped_tensor_names_its_file(hf_dir, tmp_path):
   bad = _copy_with(hf_dir, tmp_path / "shape", lambda n, a: (
     a[:, :16] if n == "model.layers.1.mlp.up_proj.weight" else a))

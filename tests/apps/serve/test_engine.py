@@ -86,3 +86,15 @@ def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
 def test_example_request_is_valid(engine):
   prepared = engine.parse(engine.example())
   assert len(prepared.request.candidates) == engine.num_candidates
+
+
+def test_a_compilation_cache_that_cannot_be_made_is_skipped(tmp_path, caplog):
+  import jax
+
+  from gr2jax.apps.serve import engine as engine_lib
+
+  (tmp_path / "file").write_text("")
+  before = jax.config.jax_compilation_cache_dir
+  engine_lib.use_compilation_cache(str(tmp_path / "file" / "cache"))  # under a file: ENOTDIR
+  assert jax.config.jax_compilation_cache_dir == before
+  assert "serving without the persistent compilation cache" in caplog.text
