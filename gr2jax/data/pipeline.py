@@ -7,8 +7,9 @@ files of the modules it runs. Outputs live under `workdir/cache/` (pickles) or
 (statistics, floor and teacher metrics, SID stats, prompt lengths per variant, timings) is
 returned, printed as a table and written to `workdir/summary.json`.
 
-Safety (README "What bad input gets"): the run holds the workdir lock (`gr2jax.workdir`; a second
-run on the same workdir fails at once with "workdir ... in use by pid N"); every output is built
+Safety (README "What bad input gets"): a run that builds holds the workdir lock (`gr2jax.workdir`;
+a second one on the same workdir fails at once with "workdir ... in use by pid N"), while a run
+that finds the build complete only reads it (no lock, no write: `run`); every output is built
 under a unique temp name (`<path>.tmp-<pid>-<hex>`; temp leftovers of a killed run are removed at
 the start of the next) and renamed into place; a completion record `<path>.complete.json` (the
 size of every file) is written last, and a cached output is reused only if its record is there
