@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import limits  # noqa: E402
 
-from gr2jax import load  # noqa: E402
+from gr2jax import cli, load  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
@@ -172,14 +172,44 @@ def bandwidth(config: ModelConfig, params, b: int, p: int, new: int, step_s: flo
   return row
 
 
+def _ints(name: str, minimum: int) -> list[int]:
+  """The list flag --name as ints >= minimum.
+
+  Raises:
+    app.UsageError: naming the flag and what it must be.
+  """
+  values = FLAGS[name].value
+  if not values or not all(v.strip().isdigit() and int(v) >= minimum for v in values):
+    raise app.UsageError(f"--{name}={','.join(values)}: each must be an int >= {minimum}")
+  return [int(v) for v in values]
+
+
+def check_flags() -> dict[str, list[int]]:
+  """Every flag checked before a model is built: {list flag: its ints}.
+
+  Raises:
+    app.UsageError: naming the flag and what it must be.
+  """
+  unknown = [p for p in FLAGS.presets if not hasattr(ModelConfig, p)]
+  if unknown or not FLAGS.presets:
+    raise app.UsageError(f"--presets={','.join(FLAGS.presets)}: {unknown or 'empty'} is not a "
+                         "ModelConfig preset (tiny, small, qwen3_0_6b, ..., qwen3_8b)")
+  if FLAGS.new_tokens < 2:  # the decode loop's time is per step after the first token
+    raise app.UsageError(f"--new_tokens={FLAGS.new_tokens} must be >= 2")
+  if FLAGS.peak_bw_gbs is not None and not FLAGS.peak_bw_gbs > 0:
+    raise app.UsageError(f"--peak_bw_gbs={FLAGS.peak_bw_gbs} must be > 0")
+  return {name: _ints(name, 1) for name in ("batch_sizes", "prompt_lens", "torch_threads")}
+
+
 def main(argv):
   del argv
+  sizes = check_flags()
   logging.set_verbosity(logging.WARNING)  # orbax logs every leaf at INFO
   rows = []
   for preset in FLAGS.presets:
     config, params, hf_model = build_models(preset)
-    for b in map(int, FLAGS.batch_sizes):
-      for p in map(int, FLAGS.prompt_lens):
+    for b in sizes["batch_sizes"]:
+      for p in sizes["prompt_lens"]:
         prompts = np.random.default_rng(0).integers(0, config.vocab_size, (b, p))
         new = FLAGS.new_tokens
         row = {"preset": preset, "batch": b, "prompt": p, "new_tokens": new,
@@ -213,4 +243,4 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -7,11 +7,10 @@ must call cuDNN / a Mosaic kernel) and both decoders are compiled for an H100 (2
 and a TPU v5e (2x2, fsdp 4) without hardware: 8 compiles, ~80 s of CPU. The AR RL, CFT and OPD
 steps, which add only their losses to the same layouts, and the RL step with the reference
 attention are `slow` (they would double the check's time). CI installs the compile-only packages
-(requirements-aot.txt, scripts/setup.sh); a machine without them skips these tests unless
-CI=true, where they fail.
+(requirements-aot.txt, SETUP_AOT=1 scripts/setup.sh); a machine without them skips these tests
+unless CI=true, where they fail (tests/aot.py).
 """
 
-import importlib.util
 import os
 import sys
 
@@ -23,10 +22,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 import plan  # noqa: E402
 import targets  # noqa: E402
 
+from tests import aot  # noqa: E402
+
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
-PACKAGES = {"cuda": ("jax_plugins.xla_cuda12", "nvidia.cuda_nvcc", "nvidia.cudnn"),
-            "tpu": ("libtpu",)}
 CHECK = {"h100": ("1x1x2", 2), "tpu_v5e": ("2x2", 4)}  # target: (topology, fsdp)
 KINDS = {"h100": "NVIDIA H100 80GB HBM3", "tpu_v5e": "TPU v5 lite"}
 KERNEL_CALLS = {"h100": "cudnn", "tpu_v5e": "tpu_custom_call"}  # in the custom-call targets
@@ -34,28 +33,10 @@ FAST = ("sft", "ar_decode", "diffusion_decode")  # + the RL step with the kernel
 SLOW = ("ar_rl", "cft", "opd", "rl")
 
 
-def installed(module: str) -> bool:
-  try:
-    return importlib.util.find_spec(module) is not None
-  except ModuleNotFoundError:  # its parent package is missing
-    return False
-
-
-def require(platform: str) -> None:
-  """Skips (or, under CI=true, fails) when the platform's compile-only packages are missing."""
-  missing = [m for m in PACKAGES[platform] if not installed(m)]
-  if missing:
-    message = (f"compile-only {platform} packages missing ({', '.join(missing)}): "
-               f"pip install -r requirements-aot.txt (scripts/setup.sh does)")
-    if os.environ.get("CI", "").lower() == "true":
-      pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module", params=sorted(CHECK))
 def target_mesh(request):
   name = request.param
-  require(targets.TARGETS[name].platform)
+  aot.require(targets.TARGETS[name].platform)
   topology, fsdp = CHECK[name]
   return targets.target_mesh(name, topology, fsdp, 1)
 
@@ -112,7 +93,7 @@ def test_default_backend_stays_cpu_with_the_plugins_installed():
 
 
 def test_gpu_specs_are_xlas_and_parse():
-  require("cuda")
+  aot.require("cuda")
   for name, label, memory in (("h100", "NVIDIA H100 80GB HBM3", 84942979072),
                               ("h200", "NVIDIA H200 141GB HBM3e", 151397597184)):
     text = targets.gpu_target_config(targets.TARGETS[name])

@@ -25,7 +25,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import exports, load  # noqa: E402
+from gr2jax import cli, exports, load  # noqa: E402
 from gr2jax.diffusion import convert as diffusion_convert  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 from weights_conversion import convert_hf  # noqa: E402
@@ -145,4 +145,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -16,6 +16,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from gr2jax import cli  # noqa: E402
 from gr2jax.hf.convert import (  # noqa: E402
   ADDED_IDS_FILE,
   TOKENIZER_FILES,
@@ -53,4 +54,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

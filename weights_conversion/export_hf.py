@@ -26,7 +26,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import exports, load  # noqa: E402
+from gr2jax import cli, exports, load  # noqa: E402
 from gr2jax.hf import safetensors_io  # noqa: E402
 from gr2jax.hf import table as hf_table  # noqa: E402
 from gr2jax.hf import weights as hf_weights  # noqa: E402
@@ -103,13 +103,10 @@ def main(argv):
   del argv
   if not FLAGS.ckpt or not FLAGS.out_dir:
     raise app.UsageError("--ckpt and --out_dir are required")
-  try:
-    config = export(FLAGS.ckpt, FLAGS.out_dir, tokenizer_dir=FLAGS.tokenizer_dir,
-                    allow_diffusion=FLAGS.allow_diffusion)
-  except (ValueError, FileNotFoundError) as e:
-    raise app.UsageError(str(e)) from None
+  config = export(FLAGS.ckpt, FLAGS.out_dir, tokenizer_dir=FLAGS.tokenizer_dir,
+                  allow_diffusion=FLAGS.allow_diffusion)
   print(f"wrote {FLAGS.out_dir}: vocab {config.vocab_size}, {config.param_dtype}")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

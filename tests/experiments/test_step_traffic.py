@@ -8,6 +8,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experime
 import plan  # noqa: E402
 import step_traffic  # noqa: E402
 
+from tests import aot  # noqa: E402
+
 # A written module: a concatenate, an in-place update (an output of the step), a cuBLAS gemm with
 # its workspace, one whose result is an output, a weight prefetched into TPU VMEM (S(1)) and an op
 # below the threshold.
@@ -65,6 +67,7 @@ def test_large_ops_by_kind_and_extra_traffic():
 
 
 def test_a_tiny_block_step_on_the_h100_compiler():
+  aot.require("cuda")
   row = step_traffic.measure("block", plan.PRESETS["tiny"], "h100", None)
   memory = row["memory"]
   assert row["bytes"] == memory["argument"] + memory["output"] - memory["alias"]
