@@ -27,8 +27,11 @@ exactly what the decoder's forward of that block saw: the KV cache (prompt + com
 blocks) plus its own canvas. The rule above is static in slot coordinates (prompt slot i is block
 i, response index j block P + j // B: the order of `masks.block_ids` on every valid slot; stream
 0 = prompt and clean, k + 1 = noisy stream k), so the mask is `attention.apply_pattern(pattern,
-key_valid)` with the static `two_stream_pattern`, which is `attention.Pattern`'s one rule and what
-the attention kernels take (gr2jax/model/attention.py).
+key_valid)` with the static `attention.TwoStream(P, R, K, B).pattern()`, which is
+`attention.Pattern`'s one rule and what the attention kernels take (gr2jax/model/attention.py).
+With K >= 1 the reference path attends per noisy block (`attention.two_stream`): the prompt and
+clean queries over the prompt and clean keys, each noisy block over those keys and its own, so
+a stream costs its R queries over P + R + B keys and the [N, N] mask is never formed.
 
 Reading predictions (AR token shift, Diffusion-GR2, arXiv 2607.01170): response token j is predicted
 by the query before it. A block's seed (j % B == 0) is predicted from the clean stream (query j - 1,
@@ -45,7 +48,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from gr2jax.diffusion import commit
 from gr2jax.model import attention, masks, qwen3
@@ -73,23 +75,6 @@ class Layout(NamedTuple):
 def padded_width(width: int, block_size: int) -> int:
   """R: a response width rounded up to a multiple of the block size."""
   return -(-width // block_size) * block_size
-
-
-def two_stream_pattern(prompt_width: int, response_width: int, streams: int,
-                       block_size: int) -> attention.Pattern:
-  """The static [N, N] structure of the layout's mask (module docstring), N = P + (1 + K) R.
-
-  Args:
-    prompt_width: P.
-    response_width: R (a multiple of block_size).
-    streams: K noisy streams.
-    block_size: B.
-  """
-  p, r = prompt_width, response_width
-  stream = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, streams + 1), r)])
-  clean = masks.block_ids(np.arange(p + r), p, block_size, xp=np)  # the prompt, then blocks
-  blocks = np.concatenate([clean, np.tile(clean[p:], streams)])
-  return attention.Pattern(blocks, stream, blocks, stream)
 
 
 def two_stream_inputs(
@@ -148,7 +133,7 @@ def two_stream_inputs(
   valid = jnp.concatenate(
     [masks.padding_mask(prompt_lengths, p), clean_valid, jnp.ones((b, k * r), bool)], axis=1
   )
-  pattern = two_stream_pattern(p, r, k, config.block_size)
+  pattern = attention.TwoStream(p, r, k, config.block_size).pattern()
   return Layout(tokens=tokens, positions=positions, mask=attention.apply_pattern(pattern, valid),
                 pattern=pattern)
 

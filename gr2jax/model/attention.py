@@ -46,6 +46,7 @@ fully masked row gives a uniform softmax rather than NaN).
 """
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -53,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from gr2jax.model import masks
 from gr2jax.model.config import ModelConfig
 
 K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
@@ -67,6 +69,10 @@ KEY_GROUPS = 8  # query-chunk groups that may skip the new keys after them (see 
 CUDNN_IMPLEMENTATION = "cudnn"
 SPLASH_INTERPRET = False
 SPLASH_MIN_BLOCK, SPLASH_MAX_BLOCK = 128, 512  # splash tile sizes (multiples of the 128 lanes)
+# The reference path of a two-stream layout with noisy streams: per noisy block (`two_stream`), or
+# with False the dense mask like any other (its ground truth in tests, bench_train's "before").
+STRUCTURED_TWO_STREAM = True
+ALL = slice(None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,10 +114,11 @@ class Pattern:
     """(T, S + T)."""
     return len(self.q_block), len(self.k_block)
 
-  def mask(self, xp=np):
-    """[T, S + T] bool by `rule`, in numpy (xp=np) or as XLA ops (xp=jnp)."""
-    ids = [xp.asarray(np.asarray(x, np.int32)) for x in (self.q_block, self.q_stream,
-                                                          self.k_block, self.k_stream)]
+  def mask(self, xp=np, rows: slice = ALL, cols: slice = ALL):
+    """[T, S + T] bool by `rule` (its [rows, cols] part), in numpy (xp=np) or as XLA ops
+    (xp=jnp)."""
+    ids = [xp.asarray(np.asarray(x, np.int32)[part]) for x, part in (
+      (self.q_block, rows), (self.q_stream, rows), (self.k_block, cols), (self.k_stream, cols))]
     qb, qs, kb, ks = ids[0][:, None], ids[1][:, None], ids[2][None, :], ids[3][None, :]
     return xp.where(qs > 0, ((ks == qs) & (kb == qb)) | ((ks == 0) & (kb < qb)),
                     (ks == 0) & (kb <= qb))
@@ -141,6 +148,61 @@ def block_pattern(t: int, cache_slots: int) -> Pattern:
   return Pattern(np.full(t, cache_slots), np.zeros(t),
                  np.concatenate([np.arange(cache_slots), np.full(t, cache_slots)]),
                  np.zeros(cache_slots + t))
+
+
+@dataclasses.dataclass(frozen=True)
+class TwoStream:
+  """The shape of the two-stream layout (gr2jax/diffusion/layout.py, the one place it is built):
+
+    [prompt (P slots) | clean response (R) | noisy stream 1 (R) | ... | noisy stream K (R)]
+
+  Prompt slot i is block i, response index j block P + j // B in the clean and in every noisy
+  stream (masks.block_ids); stream ids 0 (prompt, clean) and 1..K (`pattern`: Pattern's rule).
+
+  Attributes:
+    prompt: P >= 0.
+    response: R, a multiple of block_size.
+    streams: K >= 0 noisy streams.
+    block_size: B >= 1.
+  """
+
+  prompt: int
+  response: int
+  streams: int
+  block_size: int
+
+  @property
+  def base(self) -> int:
+    """C = P + R: the prompt and clean slots, the keys every noisy block shares."""
+    return self.prompt + self.response
+
+  @property
+  def noisy_blocks(self) -> int:
+    """Q = K R / B: the noisy blocks, each its own attention group (`two_stream`)."""
+    return self.streams * self.response // self.block_size
+
+  def pattern(self) -> Pattern:
+    """The layout's static [N, N] Pattern, N = P + (1 + K) R."""
+    p, r = self.prompt, self.response
+    stream = np.concatenate([np.zeros(p + r, int), np.repeat(np.arange(1, self.streams + 1), r)])
+    clean = masks.block_ids(np.arange(p + r), p, self.block_size, xp=np)  # prompt, then blocks
+    blocks = np.concatenate([clean, np.tile(clean[p:], self.streams)])
+    return Pattern(blocks, stream, blocks, stream)
+
+
+@functools.lru_cache(maxsize=64)
+def two_stream_of(pattern: Pattern) -> TwoStream | None:
+  """The TwoStream whose `pattern()` this is, if it has a noisy stream (K >= 1), else None."""
+  streams = max(pattern.q_stream, default=0)
+  if streams < 1 or (pattern.k_block, pattern.k_stream) != (pattern.q_block, pattern.q_stream):
+    return None
+  r = pattern.q_stream.count(1)
+  p = pattern.q_stream.count(0) - r
+  block_size = pattern.q_block[p:p + r].count(p) if p >= 0 else 0
+  if not block_size or r % block_size:
+    return None
+  shape = TwoStream(p, r, streams, block_size)
+  return shape if shape.pattern() == pattern else None
 
 
 def apply_pattern(pattern: Pattern, key_valid: jax.Array) -> jax.Array:
@@ -189,6 +251,11 @@ def _query_chunk(batch: int, num_heads: int, num_keys: int, num_queries: int,
   return min(chunk, num_queries)
 
 
+def _softmax(scores: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+  """softmax(scores where mask, else K_MASK) over the last axis in f32, cast to dtype."""
+  return jax.nn.softmax(jnp.where(mask, scores, K_MASK), axis=-1).astype(dtype)
+
+
 def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
             v_cache: jax.Array | None, mask: jax.Array) -> jax.Array:
   """Attention of C queries over [cache slots | new keys] with one shared softmax.
@@ -214,8 +281,7 @@ def _attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   if k.shape[1]:
     scores.append(jnp.einsum("BKGCH,BTKH->BKGCT", q, k, preferred_element_type=F32))
   scores = jnp.concatenate(scores, axis=-1) if len(scores) > 1 else scores[0]
-  scores = jnp.where(mask[:, None, None], scores, K_MASK)
-  probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+  probs = _softmax(scores, mask[:, None, None], q.dtype)
   out = 0.0
   if s:
     out += heads(jnp.einsum("RGCS,RSH->RGCH", rows(probs[..., :s]), v_cache,
@@ -301,6 +367,111 @@ def reference(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | Non
               for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
     out = jnp.concatenate(groups, axis=3)[:, :, :, :t]
   return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, h).astype(dtype)
+
+
+# ---- the reference path of the two-stream layout -----------------------------------------------
+
+
+def two_stream_masks(mask: jax.Array, shape: TwoStream) -> dict[str, jax.Array]:
+  """The parts of a two-stream mask that `two_stream` reads, without the [T, T] one.
+
+  Every slot of the layout sees itself, so key validity is the mask's diagonal (read as a
+  strided slice, which XLA fuses into the mask's producer). A noisy query's view of the shared
+  keys depends only on its block's index in the response (the same in every stream and at every
+  offset in the block): the pattern's row of that block's first slot in stream 1.
+
+  Args:
+    mask: [B, T, T] bool == apply_pattern(shape.pattern(), key_valid).
+    shape: the layout.
+
+  Returns:
+    {'base_mask': [B, C, C] bool (prompt and clean queries over prompt and clean keys),
+     'block_mask': [B, Q, C] bool (noisy block q over the same keys),
+     'own_valid': [B, Q, B_s] bool (the keys of its own block)}, C = P + R, Q noisy blocks of
+    B_s = shape.block_size slots.
+  """
+  b, t, _ = mask.shape
+  c, r, size = shape.base, shape.response, shape.block_size
+  valid = mask.reshape(b, t * t)[:, ::t + 1]  # [B, T]: the diagonal
+  pattern = shape.pattern()
+  base = pattern.mask(rows=slice(0, c), cols=slice(0, c))  # [C, C]
+  blocks = np.tile(pattern.mask(rows=slice(c, c + r, size), cols=slice(0, c)),
+                   (shape.streams, 1))  # [Q, C]
+  return {"base_mask": base[None] & valid[:, None, :c],
+          "block_mask": blocks[None] & valid[:, None, :c],
+          "own_valid": valid[:, c:].reshape(b, shape.noisy_blocks, size)}
+
+
+def _attend_blocks(q: jax.Array, k: jax.Array, v: jax.Array, k_own: jax.Array,
+                   v_own: jax.Array, block_mask: jax.Array, own_valid: jax.Array) -> jax.Array:
+  """Attention of Q query blocks, each over the C shared keys and its own block's keys, with one
+  softmax over both.
+
+  Args:
+    q: [B, K, G, Q, S, H] scaled queries, grouped by KV head (S slots per block).
+    k, v: [B, C, K, H] the shared keys / values.
+    k_own, v_own: [B, Q, S, K, H] each block's own keys / values.
+    block_mask: [B, Q, C] bool, the shared keys each block sees.
+    own_valid: [B, Q, S] bool, the valid keys of its own block.
+
+  Returns:
+    [B, K, G, Q, S, H] f32.
+  """
+  c = k.shape[1]
+  scores = jnp.concatenate(
+    [jnp.einsum("BKGQSH,BCKH->BKGQSC", q, k, preferred_element_type=F32),
+     jnp.einsum("BKGQSH,BQTKH->BKGQST", q, k_own, preferred_element_type=F32)], axis=-1)
+  mask = jnp.concatenate([block_mask, own_valid], axis=-1)[:, None, None, :, None]
+  probs = _softmax(scores, mask, q.dtype)
+  return (jnp.einsum("BKGQSC,BCKH->BKGQSH", probs[..., :c], v, preferred_element_type=F32)
+          + jnp.einsum("BKGQST,BQTKH->BKGQSH", probs[..., c:], v_own,
+                       preferred_element_type=F32))
+
+
+def two_stream(q: jax.Array, k: jax.Array, v: jax.Array, shape: TwoStream,
+               prepared: dict[str, Any]) -> jax.Array:
+  """The reference attention of a two-stream layout (K >= 1), exact, at the layout's cost.
+
+  The prompt and clean queries attend over the C = P + R prompt and clean keys (`reference`,
+  [B, C, C] mask, block-causal); each of the Q = K R / B_s noisy blocks attends over the same C
+  keys (masked to earlier clean blocks and key validity) and its own B_s keys, one softmax over
+  both (`_attend_blocks`): the score work is C^2 + K R (C + B_s) per head instead of the dense
+  mask's (C + K R)^2, and no [T, T] mask or score tensor exists. The noisy blocks run in
+  chunks whose f32 scores fit prepared['chunk_bytes'] (lax.map), each rematerialised in the
+  backward pass like the reference's query chunks; padding blocks see no key (uniform softmax,
+  dropped).
+
+  Args:
+    q: [B, T, N, H] queries (after norm + RoPE); k, v: [B, T, K, H], T = C + K R.
+    shape: the layout (two_stream_of(pattern)).
+    prepared: two_stream_masks(...) and 'chunk_bytes'.
+
+  Returns:
+    [B, T, N, H] in q.dtype.
+  """
+  b, t, n, h = q.shape
+  num_kv = k.shape[2]
+  g = n // num_kv
+  c, size, blocks = shape.base, shape.block_size, shape.noisy_blocks
+  base = reference(q[:, :c], k[:, :c], v[:, :c], None, None, prepared["base_mask"],
+                   prepared["chunk_bytes"])  # [B, C, N, H]
+  per_block = b * n * size * (c + size) * 4  # f32 score bytes of one noisy block
+  chunks = -(-blocks // max(1, prepared["chunk_bytes"] // per_block))
+  chunk = -(-blocks // chunks)
+  pad = chunks * chunk - blocks
+  split = lambda x: jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)).reshape(
+    b, chunks, chunk, *x.shape[2:]).swapaxes(0, 1)  # [B, Q, ...] -> [chunks, B, chunk, ...]
+  qn = (q[:, c:] * jnp.asarray(h ** -0.5, q.dtype)).reshape(b, blocks, size, num_kv, g, h)
+  k_own, v_own = (x[:, c:].reshape(b, blocks, size, num_kv, h) for x in (k, v))
+  parts = (split(qn).transpose(0, 1, 4, 5, 2, 3, 6), split(k_own), split(v_own),
+           split(prepared["block_mask"]), split(prepared["own_valid"]))
+  attend = lambda part: _attend_blocks(part[0], k[:, :c], v[:, :c], *part[1:])
+  if chunks == 1:
+    out = attend([x[0] for x in parts])[None]
+  else:
+    out = lax.map(jax.checkpoint(attend), parts)  # [chunks, B, K, G, chunk, S, H]
+  out = out.transpose(1, 0, 4, 5, 2, 3, 6).reshape(b, chunks * chunk, size, n, h)[:, :blocks]
+  return jnp.concatenate([base, out.reshape(b, t - c, n, h).astype(q.dtype)], axis=1)
 
 
 # ---- kernels -----------------------------------------------------------------------------------
@@ -530,6 +701,10 @@ def prepare(config: ModelConfig, mask: jax.Array, pattern: Pattern | None,
     return {"impl": impl, **cudnn_arguments(mask, pattern)}
   if impl == "splash" and pattern is not None:
     return {"impl": impl, **splash_arguments(mask, pattern)}
+  shape = None if pattern is None or not STRUCTURED_TWO_STREAM else two_stream_of(pattern)
+  if shape is not None:
+    return {"impl": "two_stream", "shape": shape, **two_stream_masks(mask, shape),
+            "chunk_bytes": score_chunk_bytes(config)}
   if written_at is not None:
     mask = buffer_mask(mask, written_at)
   return {"impl": "reference", "mask": mask, "chunk_bytes": score_chunk_bytes(config),
@@ -555,6 +730,8 @@ def attend(q: jax.Array, k: jax.Array, v: jax.Array, k_cache: jax.Array | None,
   if impl == "decode":
     from gr2jax.model import decode_attention
     return decode_attention.decode_attention(q, k_cache, v_cache, prepared["mask"])
+  if impl == "two_stream":
+    return two_stream(q, k, v, prepared["shape"], prepared)
   if impl == "reference":
     if not prepared["new_keys"]:
       k, v = k[:, :0], v[:, :0]

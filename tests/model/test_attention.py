@@ -115,8 +115,8 @@ def _inputs(t: int):
   return normal(B, t, N, H), [normal(B, t, K, H) for _ in range(2)], normal(B, t, N, H)
 
 
-def _run(impl, mask, pattern, q, new, weights):
-  config = ModelConfig.tiny(attention_impl=impl)
+def _run(impl, mask, pattern, q, new, weights, chunk_bytes=0):
+  config = ModelConfig.tiny(attention_impl=impl, attention_chunk_bytes=chunk_bytes)
 
   def loss(q, k, v):
     out = attention.attend(q, k, v, None, None, attention.prepare(config, mask, pattern))
@@ -225,6 +225,64 @@ def test_cudnn_refuses_float32_on_the_real_kernel(monkeypatch):
   q, new, _ = _inputs(10)
   with pytest.raises(ValueError, match="compute_dtype"):
     attention.cudnn(q, *new, attention.cudnn_arguments(mask, pattern))
+
+
+# ---- the two-stream layout: per noisy block on the reference path -----------------------------
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 32])
+@pytest.mark.parametrize("streams", [0, 1, 2, 7])
+def test_two_stream_path_equals_the_dense_reference(monkeypatch, streams, block_size):
+  """The reference path of a two-stream layout (attention.two_stream) == the dense mask, output
+  and d/d(q, k, v), ragged prompts and responses, in one chunk and in padded chunks of noisy
+  blocks; K = 0 (the causal scorer) keeps the dense path; the kernels keep theirs."""
+  config = ModelConfig.tiny(block_size=block_size, mask_token_id=MASK_ID)
+  m = 10
+  r = layout.padded_width(m, block_size)
+  noisy = np.random.default_rng(streams).random((B, streams, m)) < 0.5
+  inputs = jax.jit(layout.two_stream_inputs, static_argnums=0)(
+    config, PROMPTS, PROMPT_LENGTHS, RESPONSES[:, :1].repeat(m, 1),
+    np.array([10, 3], np.int32), noisy)
+  shape = attention.two_stream_of(inputs.pattern)
+  prepared = attention.prepare(ModelConfig.tiny(), inputs.mask, inputs.pattern)
+  if streams:
+    assert shape == attention.TwoStream(PROMPTS.shape[1], r, streams, block_size)
+    assert prepared["impl"] == "two_stream"
+    assert shape.base == PROMPTS.shape[1] + r and shape.noisy_blocks == streams * r // block_size
+  else:
+    assert shape is None and prepared["impl"] == "reference"
+  for impl in KERNELS:
+    assert attention.prepare(ModelConfig.tiny(attention_impl=impl), inputs.mask,
+                             inputs.pattern)["impl"] == impl
+  args = _inputs(inputs.mask.shape[1])
+  # 4 noisy blocks' scores per chunk: Q = 70, 21, 7 blocks run in padded chunks.
+  per_block = B * N * block_size * (PROMPTS.shape[1] + r + block_size) * 4
+  for chunk_bytes in (0, 4 * per_block):
+    got, got_grads = _run("reference", inputs.mask, inputs.pattern, *args, chunk_bytes)
+    monkeypatch.setattr(attention, "STRUCTURED_TWO_STREAM", False)
+    want, want_grads = _run("reference", inputs.mask, inputs.pattern, *args, chunk_bytes)
+    monkeypatch.setattr(attention, "STRUCTURED_TWO_STREAM", True)
+    np.testing.assert_allclose(got, want, atol=ATOL)
+    jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got_grads,
+                 want_grads)
+
+
+def test_two_stream_of_recognises_only_the_layout():
+  """A pattern is run per noisy block only when it is exactly a TwoStream's pattern."""
+  shape = attention.TwoStream(3, 8, 2, 4)
+  pattern = shape.pattern()
+  assert attention.two_stream_of(pattern) == shape
+  assert attention.two_stream_of(attention.TwoStream(3, 8, 0, 4).pattern()) is None  # K = 0
+  assert attention.two_stream_of(attention.causal_pattern(5)) is None
+  assert attention.two_stream_of(attention.block_pattern(4, 3)) is None  # reads a cache
+  other = list(pattern.q_block)
+  other[-1] -= 1  # the last noisy slot in the block before its own
+  assert attention.two_stream_of(dataclasses.replace(pattern, q_block=other,
+                                                     k_block=other)) is None
+  ids = np.asarray(pattern.q_stream)
+  swapped = np.where(ids == 1, 2, np.where(ids == 2, 1, ids))  # the same rule, renumbered:
+  assert attention.two_stream_of(dataclasses.replace(pattern, q_stream=swapped,
+                                                     k_stream=swapped)) is None  # dense path
 
 
 # ---- the whole forward on a tiny model --------------------------------------------------------
