@@ -6,6 +6,7 @@ an HF directory is converted in memory with the table of gr2jax/hf/table.py (the
 weights_conversion/convert_hf.py streams to disk).
 """
 
+import glob
 import json
 import os
 from typing import Any
@@ -71,7 +72,8 @@ def _has_tokenizer(directory: str) -> bool:
 def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
   """The directory of the tokenizer an export was trained with: `tokenizer_dir` if given, else
   the export's own tokenizer files (a converted checkpoint has them), else, for a stage export
-  W/<stage>/export, the tokenizer of W's data build (W/summary.json). A tokenizer whose
+  W/<stage>/export, the tokenizer of W's last data build (W/summary.json) or of another data
+  build cached in W (W/tokenizer-<key>/). A tokenizer whose
   vocabulary is not the one the export records (exports.recorded_vocab_digest) is not taken.
 
   Raises:
@@ -84,10 +86,11 @@ def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
       raise FileNotFoundError(f"--tokenizer_dir={tokenizer_dir}: no tokenizer.json")
     candidates = [tokenizer_dir]
   else:
-    summary = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(ckpt))),
-                           "summary.json")
+    workdir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
+    summary = os.path.join(workdir, "summary.json")
     build = json.load(open(summary))["paths"]["tokenizer"] if os.path.isfile(summary) else None
-    candidates = [d for d in (ckpt, build) if d and _has_tokenizer(d)]
+    builds = sorted(glob.glob(os.path.join(workdir, "tokenizer-*", "")))  # every cached build
+    candidates = [d for d in (ckpt, build, *builds) if d and _has_tokenizer(d)]
   for source in candidates:
     digest = exports.vocab_digest(hf_weights.load_tokenizer_json(source))
     if not recorded or digest == recorded:

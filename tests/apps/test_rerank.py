@@ -50,12 +50,56 @@ def _model(tok, diffusion: bool):
   return config, params
 
 
-def _reranker(tok, diffusion=False, prompt=PROMPT, sids=None):
+def _reranker(tok, diffusion=False, prompt=PROMPT, sids=None, spec=None):
   config, params = _model(tok, diffusion)
   catalogue = requests_lib.Catalogue.make(toy_catalog(), toy_sids() if sids is None else sids)
   rendering = requests_lib.Rendering(catalogue, prompt, THRESHOLDS, 0.8, 20, 20, 10)
-  policy = make_policy(config, DecodeSpec(), 16)
+  policy = make_policy(config, spec or DecodeSpec(), 16)
   return reranker_lib.Reranker(params, policy, tok, rendering, prompt_len=16)
+
+
+class Recording:
+  """A policy that decodes as the one it wraps and records the steering of every decode."""
+
+  def __init__(self, policy):
+    self.policy, self.steerings = policy, []
+
+  def __getattr__(self, name):
+    return getattr(self.policy, name)
+
+  def decode(self, params, prompt_tokens, prompt_lengths, *, steering):
+    self.steerings.append(steering)
+    return self.policy.decode(params, prompt_tokens, prompt_lengths, steering=steering)
+
+
+def recording(reranker):
+  """(the reranker with a Recording policy, that policy)."""
+  policy = Recording(reranker.policy)
+  return dataclasses.replace(reranker, policy=policy), policy
+
+
+def check_constrained(steerings, tok, num_requests: int, rows: int):
+  """Every decode of `num_requests` requests in batches of `rows` was steered by the answer
+  constraint of the requests' candidates (slot labels: <slot_0> ... <slot_9>)."""
+  slots = tok.convert_tokens_to_ids([prompts.slot_token(s) for s in range(10)])
+  assert len(steerings) == -(-num_requests // rows)
+  for steering in steerings:
+    labels = np.asarray(steering.constraint.labels)
+    assert labels.shape == (rows, 10, 1) and (labels[..., 0] == slots).all()
+    assert steering.constraint.answer_start_id == tok.convert_tokens_to_ids(prompts.THINK_END)
+
+
+def test_constrained_decoding_constrains_each_requests_answer(tok):
+  """decode.constrained=True: every batch is decoded under the answer constraint built from its
+  requests' candidates, as the evaluation builds it (it was silently dropped)."""
+  reranker, policy = recording(_reranker(tok, True, spec=DecodeSpec(constrained=True)))
+  rows = reranker_lib.rerank_lines([json.dumps(_good(i)) for i in range(6)], reranker,
+                                   batch_size=4)
+  assert [r["id"] for r in rows] == [f"r{i}" for i in range(6)]
+  check_constrained(policy.steerings, tok, 6, 4)
+  reranker, policy = recording(_reranker(tok, True))
+  reranker_lib.rerank_lines([json.dumps(_good(0))], reranker, batch_size=4)
+  assert all(s.empty for s in policy.steerings)  # unconstrained: nothing steers the decode
 
 
 def _good(i):

@@ -97,3 +97,32 @@ def test_mask_token_that_stops_or_pads_is_refused(tmp_path, role, added):
   with pytest.raises(ValueError, match=rf"'<\|mask\|>'.*\b{added['<|mask|>']}\b.*{role}"):
     ar_to_diffusion.convert(ckpt, out, block_size=4)
   assert leftovers(out) == []
+
+
+def test_a_stage_export_takes_its_mask_token_from_its_data_build(tmp_path):
+  """A training stage's export carries no tokenizer files: the mask token is its data build's
+  (the tokenizer cached in its workdir whose vocabulary the export records, as the training
+  stages convert), and the converted export's metadata says it is a diffusion model."""
+  from gr2jax.data import prompts
+  from gr2jax.data import tokenizer as tokenizer_lib
+  from tests.train.toy import PROMPT, toy_tokenizer
+
+  workdir = tmp_path / "W"
+  tok_dir = str(workdir / "tokenizer-0123")
+  toy_tokenizer(tok_dir)
+  tok = tokenizer_lib.load_tokenizer(tok_dir)
+  config = ModelConfig.tiny(vocab_size=-(-len(tok) // 128) * 128, eos_token_ids=(2,))
+  metadata = {"stage": "ar_rl", "kind": "ar", "data_build": exports.data_build_record(tok, PROMPT)}
+  ar = str(workdir / "ar_rl" / "export")
+  exports.save(ar, config, init_params(config, jax.random.key(0)), metadata=metadata)
+  out = str(workdir / "naive")
+  run_main(ar_to_diffusion, ar=ar, out=out, block_size=32)
+  converted = exports.load_config(out)
+  assert converted.mask_token_id == tok.convert_tokens_to_ids(prompts.MASK_TOKEN)
+  assert converted.block_size == 32
+  assert exports.load_metadata(out) == exports.load_metadata(ar) | {"kind": "diffusion"}
+  other = dict(metadata, data_build=dict(metadata["data_build"], vocab_sha256="0" * 64))
+  exports.save(ar, config, init_params(config, jax.random.key(0)), metadata=other)
+  with pytest.raises(ValueError, match=r"<\|mask\|>.*neither .* nor the tokenizer it was "
+                                       r"trained with.*--tokenizer_dir="):
+    ar_to_diffusion.convert(ar, str(workdir / "other"), block_size=32)

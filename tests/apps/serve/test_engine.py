@@ -9,8 +9,10 @@ import pytest
 from gr2jax import reranker as reranker_lib
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.train.policy import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, toy_engine
-from tests.apps.test_rerank import _good
+from tests.apps.test_rerank import _good, _reranker, check_constrained, recording
 
 
 @pytest.fixture(scope="module")
@@ -81,6 +83,21 @@ def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
     assert (row["valid"], row["fallback"]) == (want["kind"] == "valid", want["fallback"])
     assert row["tokens"] >= 1 and row["forwards"] >= 1
   assert rows[3]["ranking"][0].startswith("B")  # ids come back as given
+
+
+def test_constrained_engine_decodes_under_each_requests_answer_constraint(tok_dir):
+  """decode.constrained=True in the server: the engine's batches carry the answer constraint of
+  their requests' candidates (it was silently dropped) and answer as the offline tool does."""
+  tok = tokenizer_lib.load_tokenizer(tok_dir)
+  reranker, policy = recording(_reranker(tok, True, spec=DecodeSpec(constrained=True)))
+  engine = engine_lib.Engine(reranker, prompt_lengths=(PROMPT_LEN,), name="toy")
+  requests = [_good(i) for i in range(5)]
+  rows = engine.rank([engine.parse(r) for r in requests[:4]], 4, PROMPT_LEN)
+  rows += engine.rank([engine.parse(requests[4])], 4, PROMPT_LEN)
+  check_constrained(policy.steerings, tok, 5, 4)
+  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+                                      batch_size=4)
+  assert [r["response"] for r in rows] == [r["response"] for r in offline]
 
 
 def test_example_request_is_valid(engine):
