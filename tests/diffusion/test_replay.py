@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gr2jax.diffusion import decode, replay
+from gr2jax.model import attention
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from tests.diffusion import helpers
@@ -83,6 +84,31 @@ def test_replay_is_differentiable(params):
   norms = jax.tree.map(lambda g: float(jnp.linalg.norm(g)), grads)
   assert all(np.isfinite(v) for v in jax.tree.leaves(norms))
   assert norms["embed"] > 0 and norms["layers"]["q"] > 0 and norms["lm_head"] > 0
+
+
+def test_replay_per_noisy_block_equals_the_dense_mask(params, monkeypatch):
+  """The replay's attention per noisy block (attention.two_stream, the default) gives the dense
+  mask's log-probs, distributions and gradients; both equal the decoder's log-probs."""
+  out = _decode(params, 0.03, 1.0)
+
+  def run():  # traced afresh: picks up the attention path
+    def total(p):
+      res = replay.replay(
+        p, CONFIG, PROMPTS, LENGTHS, out.trace_tokens, out.commit_step, out.lengths,
+        num_rounds=ROUNDS, temperature=1.0, return_log_probs=True,
+      )
+      return jnp.sum(res.logp), res
+
+    return jax.jit(jax.grad(total, has_aux=True))(params)
+
+  grads, res = run()
+  monkeypatch.setattr(attention, "STRUCTURED_TWO_STREAM", False)
+  dense_grads, dense = run()
+  np.testing.assert_allclose(res.logp, dense.logp, atol=1e-5)
+  np.testing.assert_allclose(res.log_probs, dense.log_probs, atol=1e-5)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=1e-5), grads, dense_grads)
+  for logp in (res.logp, dense.logp):
+    np.testing.assert_allclose(logp, out.commit_logprob, atol=2e-5)
 
 
 @pytest.mark.slow  # one more replay compile (the optional shrinkage)

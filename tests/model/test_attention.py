@@ -325,6 +325,40 @@ def test_forward_with_each_kernel_equals_the_reference(impl):
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, atol=ATOL), got_grads, want_grads)
 
 
+@pytest.mark.parametrize("structured", [True, False])
+def test_a_noisy_block_sees_no_other_stream_and_no_later_clean_block(monkeypatch, structured):
+  """Leak test of the two-stream forward (per noisy block, and the dense mask): new tokens in
+  noisy stream 2, in a clean block, or in block 1 of noisy stream 0 leave the logits of every
+  other stream, of the noisy blocks not after that clean block, and of block 0 of stream 0
+  unchanged (and do change the queries that see them)."""
+  monkeypatch.setattr(attention, "STRUCTURED_TWO_STREAM", structured)
+  streams, r, p = 3, RESPONSES.shape[1], PROMPTS.shape[1]
+  noisy = np.random.default_rng(1).random((B, streams, r)) < 0.5
+  inputs = layout.two_stream_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES,
+                                    RESPONSE_LENGTHS, noisy)
+  forward = jax.jit(lambda tokens: qwen3.forward(PARAMS, DIFFUSION, tokens, inputs.positions,
+                                                 inputs.mask, mask_pattern=inputs.pattern)[0])
+  base = forward(inputs.tokens)
+  noisy_slot = lambda k, j: p + (1 + k) * r + j  # stream k (0-based), response index j
+
+  def changed(slots):
+    tokens = inputs.tokens.at[:, np.asarray(slots)].set((inputs.tokens[:, slots] + 7) % MASK_ID)
+    return np.abs(np.asarray(forward(tokens) - base)).max(axis=(0, 2)) > 1e-6  # [T]
+
+  block0 = np.concatenate([[noisy_slot(k, j) for j in range(BLOCK)] for k in range(streams)])
+  other_streams = np.arange(noisy_slot(2, 0))
+  moved = changed([noisy_slot(2, j) for j in range(r)])  # stream 2
+  assert not moved[other_streams].any() and moved[noisy_slot(2, 0):].all()
+  moved = changed(p + np.arange(BLOCK))  # clean block 0: seen by the noisy blocks 1 only
+  assert not moved[:p].any() and not moved[block0].any()
+  assert moved[p] and moved[noisy_slot(0, BLOCK)] and moved[noisy_slot(2, BLOCK)]
+  moved = changed(p + BLOCK + np.arange(BLOCK))  # clean block 1: by no noisy block
+  assert not moved[:p + BLOCK].any() and not moved[p + r:].any() and moved[p + BLOCK]
+  moved = changed([noisy_slot(0, BLOCK + j) for j in range(BLOCK)])  # stream 0, block 1
+  assert not moved[:noisy_slot(0, BLOCK)].any() and not moved[noisy_slot(1, 0):].any()
+  assert moved[noisy_slot(0, BLOCK):noisy_slot(0, r)].all()
+
+
 # ---- the reference's query chunking ------------------------------------------------------------
 
 
