@@ -1,0 +1,139 @@
+"""One training stage run under several settings from the same upstream exports (an ablation).
+
+Each variant copies the finished upstream steps of `--base` (a workdir: the data build and the
+stages before `--stage`) into `<out_dir>/<variant>/`, runs `experiments/run.py --config=<stage>.py`
+there with the variant's overrides plus `--common` (e.g. the evaluation split), and reads the
+stage's final evaluation and its step times. A variant whose run finished is reused (the chain's
+own reuse rule), so an interrupted sweep resumes where it stopped. Settings are chosen on the
+validation users (`--common=--config.eval.split=validation`); the test users are read once per
+chosen setting.
+
+  python experiments/stage_sweep.py --base=W --stage=opd --out_dir=runs/opd_sweep \
+    --variants='commit_lr5e-6=;left_lr5e-6=--config.stages.opd.opd.context=left_clean' \
+    --common='--config.eval.split=validation --config.eval.limit=2000'
+
+Prints one JSON line per variant and writes `sweep.json` + `sweep.md` (the table, each row's
+command) to --out_dir.
+"""
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from absl import app, flags
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO_ROOT not in sys.path:
+  sys.path.insert(0, REPO_ROOT)
+
+from gr2jax import cli, recipe  # noqa: E402
+
+_BASE = flags.DEFINE_string("base", None, "A workdir whose upstream steps of --stage are done.")
+_STAGE = flags.DEFINE_enum("stage", None, list(recipe.TRAIN_STAGES), "The stage to run.")
+_OUT = flags.DEFINE_string("out_dir", None, "One workdir per variant is made under it.")
+_VARIANTS = flags.DEFINE_string(
+  "variants", None, "'name=overrides;name=overrides' (overrides: run.py flags, may be empty).")
+_COMMON = flags.DEFINE_string("common", "", "run.py flags added to every variant.")
+_CONFIG = flags.DEFINE_string("config", "", "The stage's config file (default '<stage>.py'), "
+                              "e.g. 'rl.py:smoke'.")
+
+COLUMNS = ("R@1", "R@1_se", "valid_rate", "duplicate", "malformed_json", "omitted",
+           "out_of_set", "truncated", "num", "train_s_per_step")
+
+
+def parse_variants(text: str) -> list[tuple[str, list[str]]]:
+  """'a=--x=1 --y=2;b=' -> [('a', ['--x=1', '--y=2']), ('b', [])]; names unique and plain."""
+  variants = []
+  for part in filter(None, (p.strip() for p in text.split(";"))):
+    name, sep, overrides = part.partition("=")
+    name = name.strip()
+    if not sep or not name or not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+      raise ValueError(f"--variants: {part!r} is not 'name=overrides' with a plain name")
+    if name in dict(variants):
+      raise ValueError(f"--variants: {name!r} appears twice")
+    variants.append((name, shlex.split(overrides)))
+  if not variants:
+    raise ValueError("--variants: no variant given")
+  return variants
+
+
+def upstream_entries(base: str, stage: str) -> list[str]:
+  """What a variant copies of `base`: everything but the stage and the stages after it (and
+  their moved-aside runs, `<stage>.<digest>`)."""
+  later = recipe.TRAIN_STAGES[recipe.TRAIN_STAGES.index(stage):]
+  skip = lambda name: any(name == s or name.startswith(f"{s}.") for s in later)  # noqa: E731
+  return sorted(name for name in os.listdir(base) if not skip(name) and not name.startswith("."))
+
+
+def copy_upstream(base: str, stage: str, workdir: str) -> None:
+  """Copies the upstream entries into a new `workdir` (nothing if it exists: a resumed sweep)."""
+  if os.path.isdir(workdir):
+    return
+  tmp = f"{workdir}.tmp-{os.getpid()}"
+  os.makedirs(tmp)
+  for name in upstream_entries(base, stage):
+    src, dst = os.path.join(base, name), os.path.join(tmp, name)
+    (shutil.copytree if os.path.isdir(src) else shutil.copy2)(src, dst)
+  os.rename(tmp, workdir)
+
+
+def stage_result(workdir: str, stage: str) -> dict:
+  """The stage's final evaluation (COLUMNS) and its mean seconds per training step."""
+  with open(os.path.join(workdir, stage, "eval_final.json")) as f:
+    ev = json.load(f)
+  times = []
+  with open(os.path.join(workdir, stage, "logs", "metrics.jsonl")) as f:
+    for line in f:
+      row = json.loads(line)
+      if any(k.startswith("train/") for k in row):
+        times.append(row["time"])
+  per_step = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else float("nan")
+  return {**{k: ev[k] for k in ("R@1", "R@1_se", "valid_rate", "num")}, **ev["counts"],
+          "train_s_per_step": per_step}
+
+
+def table(rows: list[dict]) -> str:
+  """The sweep's markdown table: one row per variant with its command."""
+  head = "| variant | " + " | ".join(COLUMNS) + " | command |"
+  lines = [head, "|" + "---|" * (len(COLUMNS) + 2)]
+  for r in rows:
+    cells = [f"{r[c]:.4f}" if isinstance(r[c], float) else str(r[c]) for c in COLUMNS]
+    lines.append(f"| {r['variant']} | " + " | ".join(cells) + f" | `{r['command']}` |")
+  return "\n".join(lines)
+
+
+def main(argv):
+  del argv
+  for flag in (_BASE, _STAGE, _OUT, _VARIANTS):
+    if flag.value is None:
+      raise app.UsageError(f"--{flag.name} is required")
+  if not os.path.isdir(_BASE.value):
+    raise ValueError(f"--base={_BASE.value}: not a directory")
+  variants = parse_variants(_VARIANTS.value)
+  config = _CONFIG.value or f"{_STAGE.value}.py"
+  os.makedirs(_OUT.value, exist_ok=True)
+  rows = []
+  for name, overrides in variants:
+    workdir = os.path.join(_OUT.value, name)
+    copy_upstream(_BASE.value, _STAGE.value, workdir)
+    args = [f"--config={config}", f"--workdir={workdir}", *overrides,
+            *shlex.split(_COMMON.value)]
+    command = "python experiments/run.py " + " ".join(args)
+    print(f"[sweep] {name}: {command}", flush=True)
+    subprocess.run([sys.executable, os.path.join(REPO_ROOT, "experiments", "run.py"), *args],
+                   check=True)
+    row = {"variant": name, **stage_result(workdir, _STAGE.value), "command": command}
+    print(json.dumps(row), flush=True)
+    rows.append(row)
+  with open(os.path.join(_OUT.value, "sweep.json"), "w") as f:
+    json.dump(rows, f, indent=1)
+  with open(os.path.join(_OUT.value, "sweep.md"), "w") as f:
+    f.write(table(rows) + "\n")
+  print(table(rows))
+
+
+if __name__ == "__main__":
+  app.run(cli.one_line_refusals()(main))
