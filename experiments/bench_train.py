@@ -39,7 +39,18 @@ Replay (--replay_sweep): the forward of `replay.replay` (as OPD calls it, with t
 [B, M, V] distributions) over trajectories of S rounds vs the AR teacher's one causal forward over
 [prompt | response] (`opd.teacher_log_probs`) for the same rows and the same model weights; the
 cost ratio next to the token ratio (P + (1 + S) R) / (P + M).
+Attention (--attention): the reference path of the two-stream layouts (CFT, the replay) per
+noisy block ('per_block', attention.two_stream, the library's path) and/or over the dense
+[N, N] mask ('dense', attention.STRUCTURED_TWO_STREAM = False, the path before it); both in one
+run give each row a `speedup` (dense time / per-block time) measured in one process. `temp_mb`
+is the compiled step's (forward's) temporary memory (XLA memory_analysis).
 Prints one JSON line per row and the tables; --json_out / --md_out write them.
+
+Replay attention, before / after (docs/results/benchmarks/replay_attention.md):
+  python experiments/bench_train.py --presets=tiny --stages=opd,rl --batch_size=16 \
+      --micro_batches=2 --steps=3 --prompt_width=320 --prompt_tokens=290 --response_width=48 \
+      --response_tokens=35 --replay_rounds=16 --replay_sweep=8,16,31 --attention=dense,per_block \
+      --json_out=docs/results/benchmarks/replay_attention.json
 """
 
 import dataclasses
@@ -59,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gr2jax import recipe  # noqa: E402
 from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.diffusion import decode, layout, replay  # noqa: E402
+from gr2jax.model import attention  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 from gr2jax.train import mesh as mesh_lib  # noqa: E402
@@ -73,6 +85,8 @@ FLAGS = flags.FLAGS
 
 # The stages this benchmark times (AR RL's step is RL's with an AR policy).
 STAGE_NAMES = ("sft", "cft", "opd", "rl")
+# --attention: the reference path of the two-stream layouts (module docstring).
+ATTENTION_PATHS = {"per_block": True, "dense": False}
 
 
 def define_flags() -> None:
@@ -94,6 +108,8 @@ def define_flags() -> None:
   flags.DEFINE_list("replay_sweep", [], "Round counts of the replay-vs-causal-forward section "
                     "(empty = skipped).")
   flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
+  flags.DEFINE_list("attention", ["per_block"], "Two-stream attention paths to time, each "
+                    f"over every row ({', '.join(ATTENTION_PATHS)}): per_block is the library's.")
   flags.DEFINE_integer("steps", 5, "Timed steps per row (after the compiling one).")
   flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.")
   flags.DEFINE_enum("remat", "none", ["none", "full"], "Layer rematerialisation.")
@@ -195,6 +211,18 @@ def step_flops(config: ModelConfig, batch: int, seq: int, head_queries: int) -> 
   return 6.0 * (layers * per_layer * seq + head) * batch + 3.0 * attention * batch
 
 
+def attention_path() -> str:
+  """The --attention name of the two-stream path a step traced now takes."""
+  return next(k for k, v in ATTENTION_PATHS.items() if v == attention.STRUCTURED_TWO_STREAM)
+
+
+def temp_megabytes(compiled) -> float | None:
+  """The compiled program's temporary buffers in MB (XLA memory_analysis; None where the
+  backend does not report it)."""
+  analysis = compiled.memory_analysis()
+  return None if analysis is None else round(analysis.temp_size_in_bytes / 1e6, 1)
+
+
 def median_seconds(call, steps: int) -> float:
   """One warm call, then the median wall time of `steps` calls (each blocks on its result)."""
   call()
@@ -227,6 +255,7 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
     t0 = time.perf_counter()
     compiled = train_step.lower(state, batch).compile()
     compile_s = time.perf_counter() - t0
+    temp_mb = temp_megabytes(compiled)
     carry = {"state": state}
 
     def call():
@@ -237,14 +266,15 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
   b = shape.rows
   seq = forward_len(name, config, cfg, shape)
   flops = step_flops(config, b, seq, shape.response_width)
-  row = {"stage": name, "params": params_lib.param_count(config), "batch": b,
+  row = {"stage": name, "attention": attention_path(), "params": params_lib.param_count(config),
+         "batch": b,
          "prompt": f"{shape.prompt_tokens}/{shape.prompt_width}",
          "response": f"{shape.response_tokens}/{shape.response_width}",
          "block": config.block_size, "rounds": shape.rounds if name in ("opd", "rl") else None,
          "forward_len": seq, "micro_batches": micro_batches, "dtype": config.param_dtype,
          "remat": config.remat, "devices": len(mesh.devices.flat),
          "backend": jax.default_backend(), "compile_s": round(compile_s, 2),
-         "step_s": round(step_s, 4), "loss": round(carry["loss"], 4),
+         "temp_mb": temp_mb, "step_s": round(step_s, 4), "loss": round(carry["loss"], 4),
          "response_tokens_per_s": round(b * shape.response_tokens / step_s, 1),
          "processed_tokens_per_s": round(b * seq / step_s, 1),
          "tflops_per_s": round(flops / step_s / 1e12, 3)}
@@ -254,14 +284,25 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
 
 
 def add_ratios(rows: list[dict]) -> None:
-  """Each row's step time and tokens/s relative to the SFT row of its micro-batch count."""
-  sft = {r["micro_batches"]: r for r in rows if r["stage"] == "sft"}
+  """Each row's step time and tokens/s relative to the SFT row of its micro-batch count and
+  attention path."""
+  sft = {(r["micro_batches"], r["attention"]): r for r in rows if r["stage"] == "sft"}
   for r in rows:
-    ref = sft.get(r["micro_batches"])
+    ref = sft.get((r["micro_batches"], r["attention"]))
     if ref:
       r["step_vs_sft"] = round(r["step_s"] / ref["step_s"], 2)
       r["response_tps_vs_sft"] = round(r["response_tokens_per_s"]
                                        / ref["response_tokens_per_s"], 3)
+
+
+def add_speedups(rows: list[dict], key: tuple[str, ...], time_col: str) -> None:
+  """Each per_block row's `speedup`: the dense row's time_col over its own, rows matched on
+  `key` (the other columns that name a row)."""
+  dense = {tuple(r[c] for c in key): r for r in rows if r["attention"] == "dense"}
+  for r in rows:
+    ref = dense.get(tuple(r[c] for c in key))
+    if ref and r["attention"] != "dense":
+      r["speedup"] = round(ref[time_col] / r[time_col], 2)
 
 
 def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
@@ -285,22 +326,25 @@ def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
     t0 = time.perf_counter()
     compiled = fn.lower(*args, **kw).compile()
     compile_s = time.perf_counter() - t0
-    return compile_s, median_seconds(lambda: jax.block_until_ready(compiled(*args)), steps)
+    seconds = median_seconds(lambda: jax.block_until_ready(compiled(*args)), steps)
+    return compile_s, seconds, temp_megabytes(compiled)
 
   causal_len = shape.prompt_width + shape.response_width
   out = []
   for s in rounds:
     batch = synthetic_batch(diff, dataclasses.replace(shape, rounds=s))
     prompt = (params, batch.prompt_tokens, batch.prompt_lengths)
-    _, causal_s = timed(causal_fn, *prompt, batch.trace_tokens, batch.response_lengths)
-    compile_s, replay_s = timed(
+    _, causal_s, _ = timed(causal_fn, *prompt, batch.trace_tokens, batch.response_lengths)
+    compile_s, replay_s, temp_mb = timed(
       replay_fn, *prompt, batch.trace_tokens, batch.commit_step, batch.response_lengths,
       num_rounds=s)
     n = forward_len("rl", diff, None, dataclasses.replace(shape, rounds=s))
-    row = {"rounds": s, "batch": shape.rows, "block": block_size, "replay_len": n,
+    row = {"attention": attention_path(), "rounds": s, "batch": shape.rows, "block": block_size,
+           "replay_len": n,
            "causal_len": causal_len, "token_ratio": round(n / causal_len, 2),
            "replay_ms": round(replay_s * 1e3, 2), "causal_ms": round(causal_s * 1e3, 2),
-           "cost_ratio": round(replay_s / causal_s, 2), "replay_compile_s": round(compile_s, 2)}
+           "cost_ratio": round(replay_s / causal_s, 2), "replay_compile_s": round(compile_s, 2),
+           "replay_temp_mb": temp_mb}
     print(json.dumps(row), flush=True)
     out.append(row)
   return out
@@ -313,11 +357,13 @@ def table(rows: list[dict], cols: list[str]) -> str:
   return "\n".join(lines)
 
 
-STEP_COLS = ["stage", "batch", "prompt", "response", "block", "rounds", "forward_len",
-             "micro_batches", "compile_s", "step_s", "response_tokens_per_s",
-             "processed_tokens_per_s", "step_vs_sft", "response_tps_vs_sft", "tflops_per_s"]
-REPLAY_COLS = ["rounds", "batch", "block", "replay_len", "causal_len", "token_ratio",
-               "replay_ms", "causal_ms", "cost_ratio", "replay_compile_s"]
+STEP_COLS = ["stage", "attention", "batch", "prompt", "response", "block", "rounds",
+             "forward_len", "micro_batches", "compile_s", "temp_mb", "step_s", "speedup",
+             "response_tokens_per_s", "processed_tokens_per_s", "step_vs_sft",
+             "response_tps_vs_sft", "tflops_per_s"]
+REPLAY_COLS = ["attention", "rounds", "batch", "block", "replay_len", "causal_len",
+               "token_ratio", "replay_ms", "speedup", "causal_ms", "cost_ratio",
+               "replay_compile_s", "replay_temp_mb"]
 
 
 def main(argv):
@@ -325,6 +371,10 @@ def main(argv):
   unknown = set(FLAGS.stages) - set(STAGE_NAMES)
   if unknown:
     raise app.UsageError(f"--stages: unknown {sorted(unknown)}; expected {sorted(STAGE_NAMES)}")
+  unknown = set(FLAGS.attention) - set(ATTENTION_PATHS)
+  if unknown:
+    raise app.UsageError(f"--attention: unknown {sorted(unknown)}; expected "
+                         f"{sorted(ATTENTION_PATHS)}")
   mesh = mesh_lib.make_mesh()
   p, m = FLAGS.prompt_width, FLAGS.response_width
   if FLAGS.seq_len:
@@ -337,18 +387,23 @@ def main(argv):
     base = dataclasses.replace(getattr(ModelConfig, preset)(**overrides),
                                param_dtype=FLAGS.dtype, compute_dtype=FLAGS.dtype,
                                remat=FLAGS.remat, attention_chunk_bytes=8 << 20)
-    rows = []
-    for name in FLAGS.stages:
-      for mb in FLAGS.micro_batches:
-        row = dict(preset=preset, **bench_stage(name, base, shape, int(mb), FLAGS.steps, mesh,
-                                                FLAGS.peak_tflops))
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    rows, replays = [], []
+    for path in FLAGS.attention:
+      attention.STRUCTURED_TWO_STREAM = ATTENTION_PATHS[path]  # read when a step is traced
+      for name in FLAGS.stages:
+        for mb in FLAGS.micro_batches:
+          row = dict(preset=preset, **bench_stage(
+            name, base, shape, int(mb), FLAGS.steps, mesh, FLAGS.peak_tflops))
+          print(json.dumps(row), flush=True)
+          rows.append(row)
+      if FLAGS.replay_sweep:
+        replays += [dict(preset=preset, **r) for r in bench_replay(
+          base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps)]
     add_ratios(rows)
+    add_speedups(rows, ("stage", "micro_batches"), "step_s")
+    add_speedups(replays, ("rounds",), "replay_ms")
     result["steps"] += rows
-    if FLAGS.replay_sweep:
-      result["replay"] += [dict(preset=preset, **r) for r in bench_replay(
-        base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps)]
+    result["replay"] += replays
   cols = ["preset"] + STEP_COLS + (["mfu"] if FLAGS.peak_tflops else [])
   text = "## train steps\n\n" + table(result["steps"], cols) + "\n"
   if result["replay"]:

@@ -28,9 +28,13 @@ at step sk + i is scored without the i earlier steps' tokens in view: its log-pr
 the one the decoder sampled from. The decoder commits >= 1 token per step, so a block's steps are
 0 .. n - 1 with no gap and merging k consecutive distinct steps is `step // k`.
 
-Cost: one forward of N = P + (1 + S) R tokens with a dense [B, N, N] bool mask (tiny, B = 32,
-S = 31: P ~ 290, R = 64 -> N ~ 2.4k; a forward per round would cost S (P + 2R) ~ 13k tokens).
-S = rounds_needed(...) is an upper bound; rounds no block reached cost their R tokens anyway.
+Cost: one forward of N = P + (1 + S) R tokens (tiny, B = 32, S = 31: P ~ 290, R = 64 -> N ~ 2.4k;
+a forward per round would cost S (P + 2R) ~ 13k tokens). Its attention runs per noisy block on
+the reference path (attention.two_stream): the prompt and clean queries over the P + R prompt and
+clean keys, each round's block of B queries over those keys and its own block, so a round adds
+R (P + R + B) scores per head, not the dense mask's ~2 N R (docs/results/benchmarks/
+replay_attention.md). S = rounds_needed(...) is an upper bound; rounds no block reached cost
+their R tokens anyway.
 
 The rollouts themselves are sampled by train/policy.py's `DiffusionPolicy`, which checks them
 against the replay.

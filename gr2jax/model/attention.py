@@ -7,7 +7,10 @@
              exact for any [B, T, S + T] bool mask; the cache and the new keys are scored
              separately and share one softmax (no K/V concatenation). The CPU path, the path of
              every forward that reads a cache (below), and the ground truth of
-             tests/model/test_attention.py.
+             tests/model/test_attention.py. A two-stream layout with noisy streams (CFT, the
+             replay of OPD and RL; `TwoStream`) runs per noisy block (`two_stream`): each
+             block's queries over the prompt + clean keys and its own block's keys, exact,
+             without the [T, T] mask or scores (the dense mask stays its test reference).
   cudnn      `jax.nn.dot_product_attention(implementation='cudnn')` (cuDNN flash attention,
              bf16/fp16 only). A causal mask without padding is cuDNN's CAUSAL mask type (no
              mask tensor); every other mask -- padding, the cached block decode, the two-stream

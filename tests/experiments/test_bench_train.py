@@ -65,3 +65,17 @@ def test_replay_section_compares_with_the_causal_forward():
   (row,) = bench_train.bench_replay(BASE, SHAPE, [2], steps=1)
   assert row["replay_len"] == 8 + 3 * 64 and row["causal_len"] == 48 and row["cost_ratio"] > 0
   assert row["token_ratio"] == round((8 + 3 * 64) / 48, 2)
+
+
+def test_replay_section_times_both_attention_paths(monkeypatch):
+  """--attention=dense,per_block: the replay timed over the dense mask and per noisy block in
+  one process, each row naming its path, the per-block row with the speedup."""
+  rows = []
+  for structured in bench_train.ATTENTION_PATHS.values():
+    monkeypatch.setattr(bench_train.attention, "STRUCTURED_TWO_STREAM", structured)
+    rows += bench_train.bench_replay(BASE, SHAPE, [2], steps=1)
+  bench_train.add_speedups(rows, ("rounds",), "replay_ms")
+  by = {r["attention"]: r for r in rows}
+  assert set(by) == set(bench_train.ATTENTION_PATHS) and "speedup" not in by["dense"]
+  assert by["per_block"]["speedup"] == round(by["dense"]["replay_ms"]
+                                             / by["per_block"]["replay_ms"], 2)
