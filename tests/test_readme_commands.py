@@ -1,0 +1,247 @@
+"""Every shell command of README.md runs as written, on tiny settings.
+
+The commands are parsed from README.md itself (its ```bash blocks, continuation lines joined,
+comments dropped, and its ```python notebook block): a command the README gains that is not in
+COMMANDS below fails `test_every_readme_command_is_covered`. Each runs from a directory laid
+out as the repository root (its top-level entries linked) where the README's workdirs exist, so
+nothing is written into the repository; `python` is the venv's. The only flags added shrink the
+work: `:smoke` (every stage on a few examples), the HF-layout recipe's data and evaluation sizes
+(tests/apps/test_chain.py HF_SMOKE), fewer CFT steps, one compiled server batch; `/models/...`
+are directories of the test (Qwen3-8B: a random-weight Qwen3 in the real HF layout,
+tests/hf_layout.py), and `[...]` options are left out.
+
+Covered (README command -> how it runs):
+  bash scripts/setup.sh && .venv/bin/python experiments/run.py --config=data.py
+      --workdir=workdir                      data.py:smoke; `workdir` is the smoke workdir
+  bash scripts/test.sh                       not run: the CI command, which runs this test
+  python experiments/run.py --config=sft.py --workdir=W                       :smoke
+  python experiments/run.py --config=cft.py --workdir=W                       :smoke
+  python experiments/run.py --config=cft.py --workdir=W --config.stages.cft.train.steps=100
+      --config.decode.eval_tau=0.9           :smoke, steps=3 (one step more than the smoke's 2)
+  python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export
+                                             :smoke; writes W/cft/export/eval_*_tau1.json
+  python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B
+      --out_dir=/models/q8b_gr2jax [...]     as written
+  python weights_conversion/export_hf.py --ckpt=W/ar_rl/export --out_dir=/models/gr2_ar
+  python weights_conversion/ar_to_diffusion.py --ar=W/ar_rl/export --out=W/naive
+      --block_size=32                        as written; W/naive's metadata says diffusion
+  python experiments/run.py --config=table2.py:qwen3_8b,smoke
+      --config.hf_dir=/models/Qwen3-8B --workdir=W_smoke       + HF_SMOKE (own directory)
+  python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B
+      --workdir=W                            ,smoke + HF_SMOKE: W is that run's W_smoke
+  python experiments/run.py --config=table2.py:smoke --workdir=W_smoke
+                                             as written (the session's smoke workdir)
+  python experiments/run.py --config=table2.py --workdir=W
+      --config.data.sids_file=results/sids_table2.npy                         :smoke
+  python experiments/run.py --config=serve.py --workdir=W --config.serve.ckpt=W/rl/export
+      --config.serve.port=8000               :smoke, serve.batch_buckets=1; then the curl
+      command as written; then again with the comment's --config.serve.verify_with=W/ar_rl/export
+      (lossless) and one request through httpx
+  curl -s http://127.0.0.1:8000/v1/rerank ...                                 as written
+  .venv/bin/pip install "jax[cuda12]==0.10.2"  not run: a GPU box's install (needs the network)
+  .venv/bin/python -c "import jax; print(jax.devices())"                      as written
+  bash scripts/setup.sh                      as written
+  the notebook snippet (## From a notebook)  as written, W and requests.jsonl in its directory
+"""
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import httpx
+import pytest
+
+from tests.smoke_workdir import REPO, env, smoke_workdir
+
+pytestmark = pytest.mark.integration  # several tiny chains end to end
+
+README = os.path.join(REPO, "README.md")
+PY = os.path.join(REPO, ".venv", "bin")
+SMOKE = ":smoke"
+SERVE = ["--config.serve.batch_buckets=1"]  # one compiled batch per prompt width
+LOSSLESS = "--config.serve.verify_with=W/ar_rl/export"
+REQUEST = {"id": "r1", "history": [0, 1, 2], "candidates": list(range(10, 20))}
+
+# README command -> (root, how): root 'tiny' (W = the sids-file smoke run, W_smoke = the
+# session's smoke run) or 'hf' (the HF-layout recipe); how: extra args, a rewrite, or a reason
+# it is not run.
+COMMANDS = {
+  "bash scripts/setup.sh && .venv/bin/python experiments/run.py --config=data.py "
+  "--workdir=workdir": ("tiny", {"config": SMOKE}),
+  "bash scripts/test.sh": (None, "the CI command itself: it runs this test"),
+  "python experiments/run.py --config=sft.py --workdir=W": ("tiny", {"config": SMOKE}),
+  "python experiments/run.py --config=cft.py --workdir=W": ("tiny", {"config": SMOKE}),
+  "python experiments/run.py --config=cft.py --workdir=W --config.stages.cft.train.steps=100 "
+  "--config.decode.eval_tau=0.9": ("tiny", {"config": SMOKE,
+                                            "replace": ("steps=100", "steps=3")}),
+  "python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export":
+    ("tiny", {"config": SMOKE}),
+  "python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B "
+  "--out_dir=/models/q8b_gr2jax [--param_dtype=bfloat16] "
+  "[--add_tokens=W/tokenizer-*/added_tokens.txt]": ("tiny", {}),
+  "python weights_conversion/export_hf.py --ckpt=W/ar_rl/export --out_dir=/models/gr2_ar":
+    ("tiny", {}),
+  "python weights_conversion/ar_to_diffusion.py --ar=W/ar_rl/export --out=W/naive "
+  "--block_size=32": ("tiny", {}),
+  "python experiments/run.py --config=table2.py:qwen3_8b,smoke "
+  "--config.hf_dir=/models/Qwen3-8B --workdir=W_smoke": ("hf", {"hf": True}),
+  "python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B "
+  "--workdir=W": ("hf", {"config": ",smoke", "hf": True}),
+  "python experiments/run.py --config=table2.py:smoke --workdir=W_smoke": ("tiny", {}),
+  "python experiments/run.py --config=table2.py --workdir=W "
+  "--config.data.sids_file=results/sids_table2.npy": ("tiny", {"config": SMOKE}),
+  "python experiments/run.py --config=serve.py --workdir=W --config.serve.ckpt=W/rl/export "
+  "--config.serve.port=8000": ("tiny", "serve"),
+  "curl -s http://127.0.0.1:8000/v1/rerank -H 'content-type: application/json' -d '{\"id\": "
+  "\"u1\", \"history\": [5, 6, 7], \"candidates\": [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]}'":
+    ("tiny", "serve"),
+  '.venv/bin/pip install "jax[cuda12]==0.10.2"': (None, "a GPU box's install (the network)"),
+  '.venv/bin/python -c "import jax; print(jax.devices())"': ("tiny", {}),
+  "bash scripts/setup.sh": ("tiny", {}),
+}
+
+
+def readme_commands() -> list[str]:
+  """The shell commands of README.md's ```bash blocks, in order: continuation lines joined,
+  comments dropped, spaces collapsed."""
+  commands = []
+  for block in re.findall(r"```bash\n(.*?)```", open(README).read(), re.S):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = re.sub(r"\s+#.*$", "", line.strip())
+      if line and not line.startswith("#"):
+        commands.append(" ".join(line.split()))
+  return commands
+
+
+def notebook_snippet() -> str:
+  return open(README).read().split("## From a notebook", 1)[1].split("```python\n", 1)[1].split(
+    "```", 1)[0]
+
+
+def test_every_readme_command_is_covered():
+  commands = readme_commands()
+  assert [c for c in commands if c not in COMMANDS] == [], "README commands this test lacks"
+  assert [c for c in COMMANDS if c not in commands] == [], "commands no longer in the README"
+
+
+def _root(directory, workdirs: dict[str, str]) -> str:
+  """A directory laid out as the repository root (its entries linked) with these workdirs."""
+  os.makedirs(directory, exist_ok=True)
+  for name in os.listdir(REPO):
+    if not os.path.exists(os.path.join(directory, name)):
+      os.symlink(os.path.join(REPO, name), os.path.join(directory, name))
+  for name, target in workdirs.items():
+    os.symlink(target, os.path.join(directory, name))
+  os.makedirs(os.path.join(directory, "models"), exist_ok=True)
+  return str(directory)
+
+
+def _shell(command: str, root: str, how: dict) -> subprocess.CompletedProcess:
+  """Runs a README command in `root`, rewritten only by `how` (module docstring)."""
+  from tests.apps.test_chain import HF_SMOKE
+
+  command = re.sub(r"\s\[[^]]*\]", "", command).replace("/models/", f"{root}/models/")
+  if "config" in how:
+    command = re.sub(r"(--config=\S+?\.py(:\S+)?)", lambda m: m.group(1) + (
+      how["config"] if m.group(2) or how["config"].startswith(":") else ""), command, count=1)
+  if "replace" in how:
+    command = command.replace(*how["replace"])
+  if how.get("hf"):
+    command += " " + " ".join(HF_SMOKE)
+  path = f"{PY}:{os.environ['PATH']}"
+  return subprocess.run(["bash", "-c", command], cwd=root, env={**env(), "PATH": path},
+                        capture_output=True, text=True, timeout=3600)
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory):
+  """{'tiny': root, 'hf': root}: the tiny root's W is made by the README's sids-file run first
+  (the stage commands before it in the README read it), W_smoke and `workdir` are the session's
+  smoke workdir; the HF root's W and W_smoke are one workdir, and /models/Qwen3-8B a random
+  Qwen3 in the HF layout."""
+  from tests.hf_layout import save_qwen3_dir
+
+  base = tmp_path_factory.mktemp("readme")
+  smoke = smoke_workdir(tmp_path_factory)
+  os.makedirs(base / "W")
+  tiny = _root(base / "tiny", {"W": str(base / "W"), "W_smoke": smoke, "workdir": smoke})
+  os.makedirs(base / "W_hf")
+  hf = _root(base / "hf", {"W": str(base / "W_hf"), "W_smoke": str(base / "W_hf")})
+  for root in (tiny, hf):
+    save_qwen3_dir(os.path.join(root, "models", "Qwen3-8B"))
+  first = ("python experiments/run.py --config=table2.py --workdir=W "
+           "--config.data.sids_file=results/sids_table2.npy")
+  result = _shell(first, tiny, COMMANDS[first][1])
+  assert result.returncode == 0, result.stderr[-4000:]
+  return {"tiny": tiny, "hf": hf}
+
+
+RUN = [c for c, (root, how) in COMMANDS.items() if isinstance(how, dict)]
+
+
+def _setup_is_current() -> bool:
+  """Whether scripts/setup.sh would install nothing (run from a linked root, an install would
+  point the editable gr2jax at that root)."""
+  installed = os.path.join(REPO, ".venv", ".installed")
+  return os.path.isfile(installed) and all(
+    os.path.getmtime(os.path.join(REPO, f)) <= os.path.getmtime(installed)
+    for f in ("requirements.txt", "pyproject.toml"))
+
+
+@pytest.mark.parametrize("command", RUN)
+def test_readme_command_runs(roots, command):
+  root, how = COMMANDS[command]
+  if "scripts/setup.sh" in command and not _setup_is_current():
+    pytest.skip("the venv is older than requirements.txt: run bash scripts/setup.sh first")
+  result = _shell(command, roots[root], how)
+  assert result.returncode == 0, result.stderr[-4000:]
+  if "ar_to_diffusion" in command:
+    meta = json.load(open(os.path.join(roots[root], "W", "naive", "gr2jax_metadata.json")))
+    assert meta["kind"] == "diffusion"
+  if "--config=eval.py" in command:
+    assert glob.glob(os.path.join(roots[root], "W", "cft", "export", "eval_*_tau1.json"))
+
+
+def _serve(root: str, *extra: str):
+  command = next(c for c in COMMANDS if "--config=serve.py" in c)
+  args = command.split()[1:]
+  args[1] += SMOKE
+  return subprocess.Popen([sys.executable, *args, *SERVE, *extra], cwd=root, env=env(),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.parametrize("lossless", [False, True])
+def test_readme_server_answers_the_curl_command(roots, lossless):
+  """The serve command (plain, then lossless as its comment says), one request each: the curl
+  command as written, or through httpx."""
+  from gr2jax.apps.serve.client import wait_ready
+
+  root = roots["tiny"]
+  server = _serve(root, *([LOSSLESS] if lossless else []))
+  try:
+    wait_ready("http://127.0.0.1:8000", 1800, process=server)
+    if lossless:
+      answer = httpx.post("http://127.0.0.1:8000/v1/rerank", json=REQUEST, timeout=600).json()
+    else:
+      curl = next(c for c in COMMANDS if c.startswith("curl"))
+      result = _shell(curl, root, {})
+      assert result.returncode == 0, result.stderr
+      answer = json.loads(result.stdout)
+    assert len(answer["ranking"]) == 10 and "reasoning" in answer, answer
+  finally:
+    server.send_signal(signal.SIGTERM)
+    server.wait(120)
+
+
+def test_readme_notebook_snippet_runs(roots):
+  root = roots["tiny"]
+  with open(os.path.join(root, "requests.jsonl"), "w") as f:
+    f.write(json.dumps(REQUEST) + "\n")
+  result = subprocess.run([sys.executable, "-c", notebook_snippet()], cwd=root, env=env(),
+                          capture_output=True, text=True, timeout=1800)
+  assert result.returncode == 0, result.stderr[-4000:]
+  assert "(1, 32)" in result.stdout
