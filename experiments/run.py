@@ -117,7 +117,8 @@ def _run_eval(config, workdir):
   exports.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
   block_size = r.decode.block_size if e.convert else 0
   ctx.model_config, params = loop.model_from_init(ckpt, ctx.tokenizer, None, block_size)
-  name = f"{view.eval.split}_tau{view.decode.eval_tau:g}" + (f"_B{block_size}" if block_size else "")
+  name = (f"{view.eval.split}_tau{view.decode.eval_tau:g}"
+          + (f"_B{block_size}" if block_size else ""))
   result = loop.run_evaluation(ctx, params, 0, name, e.out_dir or ckpt)
   print(json.dumps({k: v for k, v in result.items() if k != "counts"}, indent=1))
   return result
