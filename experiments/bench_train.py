@@ -41,9 +41,11 @@ Replay (--replay_sweep): the forward of `replay.replay` (as OPD calls it, with t
 cost ratio next to the token ratio (P + (1 + S) R) / (P + M).
 Attention (--attention): the reference path of the two-stream layouts (CFT, the replay) per
 noisy block ('per_block', attention.two_stream, the library's path) and/or over the dense
-[N, N] mask ('dense', attention.STRUCTURED_TWO_STREAM = False, the path before it); both in one
-run give each row a `speedup` (dense time / per-block time) measured in one process. `temp_mb`
-is the compiled step's (forward's) temporary memory (XLA memory_analysis).
+[N, N] mask ('dense', attention.STRUCTURED_TWO_STREAM = False, the path before it). Each step
+(replay forward) is compiled once per path and the paths' calls alternate, so both in one run
+give each per_block row a `speedup` (dense time / per-block time) that a change of the
+machine's load during the run does not bias. `temp_mb` is the compiled step's (forward's)
+temporary memory (XLA memory_analysis).
 Prints one JSON line per row and the tables; --json_out / --md_out write them.
 
 Replay attention, before / after (docs/results/benchmarks/replay_attention.md):
@@ -211,9 +213,14 @@ def step_flops(config: ModelConfig, batch: int, seq: int, head_queries: int) -> 
   return 6.0 * (layers * per_layer * seq + head) * batch + 3.0 * attention * batch
 
 
-def attention_path() -> str:
-  """The --attention name of the two-stream path a step traced now takes."""
-  return next(k for k, v in ATTENTION_PATHS.items() if v == attention.STRUCTURED_TWO_STREAM)
+def traced_with(path: str, build):
+  """build() with the two-stream attention path `path` (--attention), which a function reads
+  when it is traced: build must trace (lower) the functions it returns."""
+  attention.STRUCTURED_TWO_STREAM = ATTENTION_PATHS[path]
+  try:
+    return build()
+  finally:
+    attention.STRUCTURED_TWO_STREAM = True
 
 
 def temp_megabytes(compiled) -> float | None:
@@ -223,20 +230,25 @@ def temp_megabytes(compiled) -> float | None:
   return None if analysis is None else round(analysis.temp_size_in_bytes / 1e6, 1)
 
 
-def median_seconds(call, steps: int) -> float:
-  """One warm call, then the median wall time of `steps` calls (each blocks on its result)."""
-  call()
-  times = []
-  for _ in range(steps):
-    t0 = time.perf_counter()
+def median_seconds(calls: dict, steps: int) -> dict:
+  """{name: the median wall time of `steps` calls of calls[name]} after one warm call of each;
+  the calls alternate, so a machine whose load changes during the run slows them alike."""
+  for call in calls.values():
     call()
-    times.append(time.perf_counter() - t0)
-  return float(np.median(times))
+  times = {name: [] for name in calls}
+  for _ in range(steps):
+    for name, call in calls.items():
+      t0 = time.perf_counter()
+      call()
+      times[name].append(time.perf_counter() - t0)
+  return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, steps: int,
-                mesh, peak_tflops: float | None = None) -> dict:
-  """Times stage `name`'s jitted train step on synthetic rows (module docstring): one row."""
+                mesh, peak_tflops: float | None = None,
+                paths: tuple[str, ...] = ("per_block",)) -> list[dict]:
+  """Times stage `name`'s jitted train step on synthetic rows (module docstring), compiled with
+  each two-stream attention path and timed alternately: one row per path."""
   cfg = stage_config(name)
   config = base if name == "sft" else diffusion_model(base, cfg.decode.block_size)
   ctx = Context(cfg, config, None, None, None, shape.prompt_width, shape.response_width, mesh, "")
@@ -247,40 +259,45 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
   init = jax.jit(lambda k: state_lib.create_state(params_lib.init_params(config, k), optimizer, 0),
                  out_shardings=shardings)
   batch = synthetic_batch(config, shape).select(loss_fn.fields)
+  compiled, compile_s, carry, calls = {}, {}, {}, {}
   with jax.set_mesh(mesh):
-    train_step = step_lib.make_train_step(
-      loss_fn, optimizer, micro_batches=micro_batches, state_shardings=shardings,
-      batch_sharding=mesh_lib.batch_sharding(mesh))
-    state = init(jax.random.key(0))
-    t0 = time.perf_counter()
-    compiled = train_step.lower(state, batch).compile()
-    compile_s = time.perf_counter() - t0
-    temp_mb = temp_megabytes(compiled)
-    carry = {"state": state}
+    for path in paths:
+      train_step = step_lib.make_train_step(  # a fresh jit: traced with this path
+        loss_fn, optimizer, micro_batches=micro_batches, state_shardings=shardings,
+        batch_sharding=mesh_lib.batch_sharding(mesh))
+      carry[path] = {"state": init(jax.random.key(0))}
+      t0 = time.perf_counter()
+      compiled[path] = traced_with(
+        path, lambda step=train_step, path=path: step.lower(carry[path]["state"], batch).compile())
+      compile_s[path] = time.perf_counter() - t0
 
-    def call():
-      carry["state"], metrics = compiled(carry["state"], batch)
-      carry["loss"] = float(jax.block_until_ready(metrics["loss"]))
+      def call(path=path):
+        carry[path]["state"], metrics = compiled[path](carry[path]["state"], batch)
+        carry[path]["loss"] = float(jax.block_until_ready(metrics["loss"]))
 
-    step_s = median_seconds(call, steps)
+      calls[path] = call
+    seconds = median_seconds(calls, steps)
   b = shape.rows
   seq = forward_len(name, config, cfg, shape)
   flops = step_flops(config, b, seq, shape.response_width)
-  row = {"stage": name, "attention": attention_path(), "params": params_lib.param_count(config),
-         "batch": b,
-         "prompt": f"{shape.prompt_tokens}/{shape.prompt_width}",
-         "response": f"{shape.response_tokens}/{shape.response_width}",
-         "block": config.block_size, "rounds": shape.rounds if name in ("opd", "rl") else None,
-         "forward_len": seq, "micro_batches": micro_batches, "dtype": config.param_dtype,
-         "remat": config.remat, "devices": len(mesh.devices.flat),
-         "backend": jax.default_backend(), "compile_s": round(compile_s, 2),
-         "temp_mb": temp_mb, "step_s": round(step_s, 4), "loss": round(carry["loss"], 4),
-         "response_tokens_per_s": round(b * shape.response_tokens / step_s, 1),
-         "processed_tokens_per_s": round(b * seq / step_s, 1),
-         "tflops_per_s": round(flops / step_s / 1e12, 3)}
-  if peak_tflops:
-    row["mfu"] = round(flops / step_s / 1e12 / peak_tflops / row["devices"], 4)
-  return row
+  rows = []
+  for path, step_s in seconds.items():
+    row = {"stage": name, "attention": path, "params": params_lib.param_count(config),
+           "batch": b, "prompt": f"{shape.prompt_tokens}/{shape.prompt_width}",
+           "response": f"{shape.response_tokens}/{shape.response_width}",
+           "block": config.block_size, "rounds": shape.rounds if name in ("opd", "rl") else None,
+           "forward_len": seq, "micro_batches": micro_batches, "dtype": config.param_dtype,
+           "remat": config.remat, "devices": len(mesh.devices.flat),
+           "backend": jax.default_backend(), "compile_s": round(compile_s[path], 2),
+           "temp_mb": temp_megabytes(compiled[path]), "step_s": round(step_s, 4),
+           "loss": round(carry[path]["loss"], 4),
+           "response_tokens_per_s": round(b * shape.response_tokens / step_s, 1),
+           "processed_tokens_per_s": round(b * seq / step_s, 1),
+           "tflops_per_s": round(flops / step_s / 1e12, 3)}
+    if peak_tflops:
+      row["mfu"] = round(flops / step_s / 1e12 / peak_tflops / row["devices"], 4)
+    rows.append(row)
+  return rows
 
 
 def add_ratios(rows: list[dict]) -> None:
@@ -306,47 +323,51 @@ def add_speedups(rows: list[dict], key: tuple[str, ...], time_col: str) -> None:
 
 
 def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
-                 block_size: int = 32) -> list[dict]:
-  """The replay's forward at each round count vs one causal forward over [prompt | response]."""
+                 block_size: int = 32, paths: tuple[str, ...] = ("per_block",)) -> list[dict]:
+  """The replay's forward at each round count, compiled with each two-stream attention path,
+  vs one causal forward over [prompt | response], all timed alternately: one row per count and
+  path."""
   diff = diffusion_model(base, block_size)
   ar = dataclasses.replace(diff, block_size=1, mask_token_id=None)
   params = params_lib.init_params(diff, jax.random.key(0))
 
-  @functools.partial(jax.jit, static_argnames="num_rounds")
   def replay_fn(params, prompts, prompt_lengths, trace, commit_step, lengths, *, num_rounds):
     return replay.replay(params, diff, prompts, prompt_lengths, trace, commit_step, lengths,
                          num_rounds=num_rounds, temperature=1.0, return_log_probs=True)
 
-  @jax.jit
   def causal_fn(params, prompts, prompt_lengths, trace, lengths):
     return opd.teacher_log_probs(params, ar, prompts, prompt_lengths, trace, lengths,
                                  mask_token_id=diff.mask_token_id)
 
-  def timed(fn, *args, **kw):
+  def compile_timed(fn, *args, **static):  # a fresh jit of fn: traced here
     t0 = time.perf_counter()
-    compiled = fn.lower(*args, **kw).compile()
-    compile_s = time.perf_counter() - t0
-    seconds = median_seconds(lambda: jax.block_until_ready(compiled(*args)), steps)
-    return compile_s, seconds, temp_megabytes(compiled)
+    compiled = jax.jit(fn, static_argnames=tuple(static)).lower(*args, **static).compile()
+    return compiled, time.perf_counter() - t0
 
+  run = lambda compiled, args: jax.block_until_ready(compiled(*args))
   causal_len = shape.prompt_width + shape.response_width
   out = []
   for s in rounds:
     batch = synthetic_batch(diff, dataclasses.replace(shape, rounds=s))
     prompt = (params, batch.prompt_tokens, batch.prompt_lengths)
-    _, causal_s, _ = timed(causal_fn, *prompt, batch.trace_tokens, batch.response_lengths)
-    compile_s, replay_s, temp_mb = timed(
-      replay_fn, *prompt, batch.trace_tokens, batch.commit_step, batch.response_lengths,
-      num_rounds=s)
+    args = (*prompt, batch.trace_tokens, batch.commit_step, batch.response_lengths)
+    causal_args = (*prompt, batch.trace_tokens, batch.response_lengths)
+    compiled = {path: traced_with(path, functools.partial(compile_timed, replay_fn, *args,
+                                                          num_rounds=s)) for path in paths}
+    calls = {path: functools.partial(run, c, args) for path, (c, _) in compiled.items()}
+    calls["causal"] = functools.partial(run, compile_timed(causal_fn, *causal_args)[0],
+                                        causal_args)
+    seconds = median_seconds(calls, steps)
     n = forward_len("rl", diff, None, dataclasses.replace(shape, rounds=s))
-    row = {"attention": attention_path(), "rounds": s, "batch": shape.rows, "block": block_size,
-           "replay_len": n,
-           "causal_len": causal_len, "token_ratio": round(n / causal_len, 2),
-           "replay_ms": round(replay_s * 1e3, 2), "causal_ms": round(causal_s * 1e3, 2),
-           "cost_ratio": round(replay_s / causal_s, 2), "replay_compile_s": round(compile_s, 2),
-           "replay_temp_mb": temp_mb}
-    print(json.dumps(row), flush=True)
-    out.append(row)
+    for path, (c, compile_s) in compiled.items():
+      row = {"attention": path, "rounds": s, "batch": shape.rows, "block": block_size,
+             "replay_len": n, "causal_len": causal_len, "token_ratio": round(n / causal_len, 2),
+             "replay_ms": round(seconds[path] * 1e3, 2),
+             "causal_ms": round(seconds["causal"] * 1e3, 2),
+             "cost_ratio": round(seconds[path] / seconds["causal"], 2),
+             "replay_compile_s": round(compile_s, 2), "replay_temp_mb": temp_megabytes(c)}
+      print(json.dumps(row), flush=True)
+      out.append(row)
   return out
 
 
@@ -388,17 +409,17 @@ def main(argv):
                                param_dtype=FLAGS.dtype, compute_dtype=FLAGS.dtype,
                                remat=FLAGS.remat, attention_chunk_bytes=8 << 20)
     rows, replays = [], []
-    for path in FLAGS.attention:
-      attention.STRUCTURED_TWO_STREAM = ATTENTION_PATHS[path]  # read when a step is traced
-      for name in FLAGS.stages:
-        for mb in FLAGS.micro_batches:
-          row = dict(preset=preset, **bench_stage(
-            name, base, shape, int(mb), FLAGS.steps, mesh, FLAGS.peak_tflops))
+    paths = tuple(FLAGS.attention)
+    for name in FLAGS.stages:
+      for mb in FLAGS.micro_batches:
+        for row in bench_stage(name, base, shape, int(mb), FLAGS.steps, mesh, FLAGS.peak_tflops,
+                               paths):
+          row = dict(preset=preset, **row)
           print(json.dumps(row), flush=True)
           rows.append(row)
-      if FLAGS.replay_sweep:
-        replays += [dict(preset=preset, **r) for r in bench_replay(
-          base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps)]
+    if FLAGS.replay_sweep:
+      replays += [dict(preset=preset, **r) for r in bench_replay(
+        base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps, paths=paths)]
     add_ratios(rows)
     add_speedups(rows, ("stage", "micro_batches"), "step_s")
     add_speedups(replays, ("rounds",), "replay_ms")

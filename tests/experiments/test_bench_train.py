@@ -43,15 +43,15 @@ def _check_counts(row):
 
 def test_rl_step_replays_synthetic_trajectories(mesh):
   """The replay-based step (RL; OPD shares its batch and replay), in ~15 s."""
-  row = bench_train.bench_stage("rl", BASE, SHAPE, 2, 1, mesh)
+  (row,) = bench_train.bench_stage("rl", BASE, SHAPE, 2, 1, mesh)
   _check_counts(row)
   assert row["forward_len"] == 8 + (1 + 3) * 64 and row["rounds"] == 3 and row["block"] == 32
 
 
 @pytest.mark.slow
 def test_every_stage_times_its_real_loss_on_the_same_rows(mesh):
-  rows = [bench_train.bench_stage(name, BASE, SHAPE, 1, 1, mesh)
-          for name in bench_train.STAGE_NAMES]
+  rows = [row for name in bench_train.STAGE_NAMES
+          for row in bench_train.bench_stage(name, BASE, SHAPE, 1, 1, mesh)]
   bench_train.add_ratios(rows)
   by = {r["stage"]: r for r in rows}
   # forward tokens per row: [P | M]; CFT P + 3 R; replay P + (1 + S) R with R = 64 (B = 32).
@@ -67,15 +67,13 @@ def test_replay_section_compares_with_the_causal_forward():
   assert row["token_ratio"] == round((8 + 3 * 64) / 48, 2)
 
 
-def test_replay_section_times_both_attention_paths(monkeypatch):
-  """--attention=dense,per_block: the replay timed over the dense mask and per noisy block in
-  one process, each row naming its path, the per-block row with the speedup."""
-  rows = []
-  for structured in bench_train.ATTENTION_PATHS.values():
-    monkeypatch.setattr(bench_train.attention, "STRUCTURED_TWO_STREAM", structured)
-    rows += bench_train.bench_replay(BASE, SHAPE, [2], steps=1)
+def test_replay_section_times_both_attention_paths():
+  """--attention=dense,per_block: the replay compiled over the dense mask and per noisy block in
+  one process, each row naming its path, the per-block row with the speedup; equal losses."""
+  rows = bench_train.bench_replay(BASE, SHAPE, [2], steps=1, paths=("dense", "per_block"))
   bench_train.add_speedups(rows, ("rounds",), "replay_ms")
   by = {r["attention"]: r for r in rows}
   assert set(by) == set(bench_train.ATTENTION_PATHS) and "speedup" not in by["dense"]
   assert by["per_block"]["speedup"] == round(by["dense"]["replay_ms"]
                                              / by["per_block"]["replay_ms"], 2)
+  assert bench_train.attention.STRUCTURED_TWO_STREAM  # restored
