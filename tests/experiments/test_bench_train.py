@@ -76,4 +76,5 @@ def test_replay_section_times_both_attention_paths():
   assert set(by) == set(bench_train.ATTENTION_PATHS) and "speedup" not in by["dense"]
   assert by["per_block"]["speedup"] == round(by["dense"]["replay_ms"]
                                              / by["per_block"]["replay_ms"], 2)
+  assert by["dense"]["replay_temp_mb"] != by["per_block"]["replay_temp_mb"]  # two traces
   assert bench_train.attention.STRUCTURED_TWO_STREAM  # restored
