@@ -123,8 +123,10 @@ def main(argv):
             *shlex.split(_COMMON.value)]
     command = "python experiments/run.py " + " ".join(args)
     print(f"[sweep] {name}: {command}", flush=True)
-    subprocess.run([sys.executable, os.path.join(REPO_ROOT, "experiments", "run.py"), *args],
-                   check=True)
+    rc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "experiments", "run.py"),
+                         *args]).returncode
+    if rc:
+      raise SystemExit(f"[sweep] {name}: run.py exited with status {rc} (its output above)")
     row = {"variant": name, **stage_result(workdir, _STAGE.value), "command": command}
     print(json.dumps(row), flush=True)
     rows.append(row)
