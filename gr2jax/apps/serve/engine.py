@@ -24,7 +24,7 @@ from gr2jax import exports
 from gr2jax import reranker as reranker_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
-from gr2jax.train import evaluation, inputs
+from gr2jax.train import evaluation
 from gr2jax.train import policy as policy_lib
 
 _counts = {"compiles": 0, "cache_hits": 0}
@@ -153,8 +153,9 @@ class Engine:
     return self.reranker.rendering.num_candidates
 
   def _render(self, obj: dict) -> tuple[requests_lib.Request, batches.EncodedExample, tuple]:
-    """The request, its prompt tokenized as batches.encode_examples tokenizes prompts (the
-    other fields empty: nothing else is decoded) and its candidates' labels."""
+    """The request, encoded as the offline tool encodes it (batches.encode_examples: its prompt
+    and its candidates' label tokens, what the answer constraint reads) and its candidates'
+    labels."""
     r = self.reranker.rendering
     [parsed] = requests_lib.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
     if not isinstance(parsed, requests_lib.Request):
@@ -162,10 +163,7 @@ class Engine:
       raise InputError(error["kind"], error["message"], error["field"])
     [rendered] = requests_lib.render([parsed], r)
     with self._tokenizer_lock:
-      ids = self.reranker.tokenizer([rendered.prompt], add_special_tokens=False)["input_ids"][0]
-    empty = np.zeros((0,), np.int32)
-    encoded = batches.EncodedExample(np.asarray(ids, np.int32), empty, empty,
-                                     np.zeros((0, 0), np.int32), 0)
+      [encoded] = batches.encode_examples([rendered], [0], self.reranker.tokenizer)
     return parsed, encoded, rendered.labels
 
   def parse(self, obj: dict) -> Prepared:
@@ -196,9 +194,7 @@ class Engine:
 
   def _decode(self, encoded: list, bucket: int, prompt_len: int) -> tuple[list[str], object]:
     r = self.reranker
-    tokens, lengths = inputs.prompt_arrays(encoded, bucket, prompt_len,
-                                           r.policy.config.pad_token_id)
-    out = r.policy.decode(r.params, tokens, lengths)
+    out = reranker_lib.decode_batch(r, encoded, bucket, prompt_len, self._tokenizer_lock)
     n = len(encoded)
     with self._tokenizer_lock:
       texts = evaluation.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
