@@ -41,7 +41,7 @@ Replay (--replay_sweep): the forward of `replay.replay` (as OPD calls it, with t
 cost ratio next to the token ratio (P + (1 + S) R) / (P + M).
 Attention (--attention): the reference path of the two-stream layouts (CFT, the replay) per
 noisy block ('per_block', attention.two_stream, the library's path) and/or over the dense
-[N, N] mask ('dense', attention.STRUCTURED_TWO_STREAM = False, the path before it). Each step
+[N, N] mask ('dense', attention.two_stream_path(False), the path before it). Each step
 (replay forward) is compiled once per path and the paths' calls alternate, so both in one run
 give each per_block row a `speedup` (dense time / per-block time) that a change of the
 machine's load during the run does not bias. `temp_mb` is the compiled step's (forward's)
@@ -216,11 +216,8 @@ def step_flops(config: ModelConfig, batch: int, seq: int, head_queries: int) -> 
 def traced_with(path: str, build):
   """build() with the two-stream attention path `path` (--attention), which a function reads
   when it is traced: build must trace (lower) the functions it returns."""
-  attention.STRUCTURED_TWO_STREAM = ATTENTION_PATHS[path]
-  try:
+  with attention.two_stream_path(ATTENTION_PATHS[path]):
     return build()
-  finally:
-    attention.STRUCTURED_TWO_STREAM = True
 
 
 def temp_megabytes(compiled) -> float | None:

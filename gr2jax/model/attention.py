@@ -48,6 +48,7 @@ Numerics: softmax in f32 in every path; masked scores are K_MASK in the referenc
 fully masked row gives a uniform softmax rather than NaN).
 """
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any
@@ -206,6 +207,18 @@ def two_stream_of(pattern: Pattern) -> TwoStream | None:
     return None
   shape = TwoStream(p, r, streams, block_size)
   return shape if shape.pattern() == pattern else None
+
+
+@contextlib.contextmanager
+def two_stream_path(structured: bool):
+  """Within it, the functions traced run a two-stream layout's reference path per noisy block
+  (True, the default) or over its dense mask (False: the ground truth, a benchmark's before)."""
+  global STRUCTURED_TWO_STREAM
+  before, STRUCTURED_TWO_STREAM = STRUCTURED_TWO_STREAM, structured
+  try:
+    yield
+  finally:
+    STRUCTURED_TWO_STREAM = before
 
 
 def apply_pattern(pattern: Pattern, key_valid: jax.Array) -> jax.Array:
