@@ -148,9 +148,10 @@ def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
 
 
 def _data_digest(recipe: recipe_lib.Recipe, workdir: str) -> str:
+  data = run_checkpoints.without_added_defaults(
+    {"data": recipe_lib.data_config(recipe).to_dict()}, "")["data"]
   return files.json_digest(run_checkpoints.portable(
-    json.loads(json.dumps(recipe_lib.data_config(recipe).to_dict(),
-                          default=run_checkpoints.json_value)), workdir))
+    json.loads(json.dumps(data, default=run_checkpoints.json_value)), workdir))
 
 
 def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:

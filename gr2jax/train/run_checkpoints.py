@@ -45,6 +45,11 @@ RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.ke
                "config.model.remat", "config.model.attention_chunk_bytes",
                "config.decode.eval_tau")  # evaluation-only: a resume may change it
 RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
+# Fields added to the recipe after runs were recorded without them, each at the value that does
+# what those runs did: a record holding one at that value is the same record as one without it
+# (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
+# still resume and are reused. Any other value is a change like any other.
+ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step"}
 WORKDIR = "{workdir}"  # how a record writes the run's workdir (portable)
 
 
@@ -137,6 +142,22 @@ def json_value(value):
   return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
 
+def without_added_defaults(tree: dict, prefix: str = "config.") -> dict:
+  """A nested record without the ADDED_AT_DEFAULT fields that hold their default; `prefix` is
+  what the record's paths start with before the recipe's field path ('config.' for a run
+  record, '' for a stage view, 'data.' for a data build config)."""
+  def keep(path: str, value) -> bool:
+    field = path.removeprefix(prefix) if path.startswith(prefix) else None
+    return field not in ADDED_AT_DEFAULT or ADDED_AT_DEFAULT[field] != value
+
+  def walk(node, path: str):
+    if not isinstance(node, dict):
+      return node
+    return {k: walk(v, f"{path}{k}.") for k, v in node.items() if keep(f"{path}{k}", v)}
+
+  return walk(tree, "")
+
+
 def _flat(tree, prefix: str = "") -> dict:
   if not isinstance(tree, dict):
     return {prefix: tree}
@@ -156,7 +177,7 @@ def _neutral_fields(*flat_records: dict) -> set[str]:
 
 def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object]]:
   """[(field, saved value, current value)] of the record fields that alter the run."""
-  a, b = _flat(saved), _flat(current)
+  a, b = _flat(without_added_defaults(saved)), _flat(without_added_defaults(current))
   neutral = _neutral_fields(a, b)
   missing = "<absent>"
   return [(k.removeprefix("config."), a.get(k, missing), b.get(k, missing))
@@ -169,7 +190,7 @@ def result_fields(record: dict) -> dict[str, object]:
   """{field: value} of a record that decide what the run produces (its export): every field but
   the neutral ones (`changed_fields`), train.steps included. What a chain step's digest covers
   (gr2jax/apps/chain.py), so a changed evaluation or save interval changes no digest."""
-  flat = _flat(record)
+  flat = _flat(without_added_defaults(record))
   neutral = _neutral_fields(flat) - {"config.train.steps"}
   return {k: v for k, v in flat.items()
           if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)}

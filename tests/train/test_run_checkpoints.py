@@ -198,3 +198,18 @@ def test_result_fields_leave_out_what_does_not_change_the_export():
   neutral = _config(save_every=4, keep=2, micro_batches=2)
   neutral.eval.batch_size = 2
   assert run_checkpoints.result_fields(_record(neutral)) == fields
+
+
+def test_a_field_added_at_its_default_is_the_record_without_it():
+  """Records from before an ADDED_AT_DEFAULT field existed resume and keep their digest; the
+  field at another value is a change."""
+  old = {"config": {"data": {"seed": 0}, "opd": {"group_size": 4}}}
+  new = {"config": {"data": {"seed": 0, "drop_unusable_users": False},
+                    "opd": {"group_size": 4, "context": "commit_step"}}}
+  assert run_checkpoints.changed_fields(old, new) == []
+  assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
+  new["config"]["opd"]["context"] = "left_clean"
+  assert run_checkpoints.changed_fields(old, new) == [
+    ("opd.context", "<absent>", "left_clean")]
+  assert run_checkpoints.without_added_defaults(
+    {"data": {"drop_unusable_users": False, "seed": 1}}, "") == {"data": {"seed": 1}}
