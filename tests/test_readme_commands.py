@@ -8,7 +8,7 @@ nothing is written into the repository; `python` is the venv's. The only flags a
 work: `:smoke` (every stage on a few examples), the HF-layout recipe's data and evaluation sizes
 (tests/apps/test_chain.py HF_SMOKE), fewer CFT steps, one compiled server batch; `/models/...`
 are directories of the test (Qwen3-8B: a random-weight Qwen3 in the real HF layout,
-tests/hf_layout.py), and `[...]` options are left out.
+tests/hf_layout.py), and `[--...]` options are left out.
 
 Covered (README command -> how it runs):
   bash scripts/setup.sh && .venv/bin/python experiments/run.py --config=data.py
@@ -17,7 +17,8 @@ Covered (README command -> how it runs):
   python experiments/run.py --config=sft.py --workdir=W                       :smoke
   python experiments/run.py --config=cft.py --workdir=W                       :smoke
   python experiments/run.py --config=cft.py --workdir=W --config.stages.cft.train.steps=100
-      --config.decode.eval_tau=0.9           :smoke, steps=3 (one step more than the smoke's 2)
+      --config.decode.eval_tau=0.9 --config.stages.cft.train.restart=True
+                                             :smoke, steps=3 (the smoke's CFT run moved aside)
   python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export
                                              :smoke; writes W/cft/export/eval_*_tau1.json
   python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B
@@ -76,8 +77,8 @@ COMMANDS = {
   "python experiments/run.py --config=sft.py --workdir=W": ("tiny", {"config": SMOKE}),
   "python experiments/run.py --config=cft.py --workdir=W": ("tiny", {"config": SMOKE}),
   "python experiments/run.py --config=cft.py --workdir=W --config.stages.cft.train.steps=100 "
-  "--config.decode.eval_tau=0.9": ("tiny", {"config": SMOKE,
-                                            "replace": ("steps=100", "steps=3")}),
+  "--config.decode.eval_tau=0.9 --config.stages.cft.train.restart=True":
+    ("tiny", {"config": SMOKE, "replace": ("steps=100", "steps=3")}),
   "python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export":
     ("tiny", {"config": SMOKE}),
   "python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B "
@@ -144,7 +145,7 @@ def _shell(command: str, root: str, how: dict) -> subprocess.CompletedProcess:
   """Runs a README command in `root`, rewritten only by `how` (module docstring)."""
   from tests.apps.test_chain import HF_SMOKE
 
-  command = re.sub(r"\s\[[^]]*\]", "", command).replace("/models/", f"{root}/models/")
+  command = re.sub(r"\s\[--[^]]*\]", "", command).replace("/models/", f"{root}/models/")
   if "config" in how:
     command = re.sub(r"(--config=\S+?\.py(:\S+)?)", lambda m: m.group(1) + (
       how["config"] if m.group(2) or how["config"].startswith(":") else ""), command, count=1)
