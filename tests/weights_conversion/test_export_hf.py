@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import jax
 import numpy as np
@@ -66,11 +67,12 @@ def test_export_of_damaged_checkpoint_leaves_nothing(tmp_path):
 def test_diffusion_export_needs_allow_diffusion_and_a_tokenizer_is_always_written(tmp_path):
   """A block-diffusion export is refused (what HF loses is said) unless --allow_diffusion; a
   checkpoint without a tokenizer needs --tokenizer_dir; one of another vocabulary is refused;
-  a stage export finds its workdir's data build tokenizer by the vocabulary it records."""
+  a stage export finds its workdir's data build tokenizer by the vocabulary it records (the
+  last build's, W/summary.json, or any build cached in W)."""
   config = ModelConfig.tiny(vocab_size=96, hidden_size=32, head_dim=8, intermediate_size=48,
                             eos_token_ids=(3,), block_size=4, mask_token_id=95)
   params = params_lib.init_params(config, jax.random.key(0))
-  tok = word_tokenizer(tmp_path / "W" / "tokenizer-k", added=["<|mask|>"], base=95)
+  tok = word_tokenizer(tmp_path / "elsewhere" / "tokenizer-k", added=["<|mask|>"], base=95)
   vocab = exports.vocab_digest(hf_weights.load_tokenizer_json(tok))
   ckpt = str(tmp_path / "W" / "rl" / "export")
   exports.save(ckpt, config, params, metadata={"data_build": {"vocab_sha256": vocab}})
@@ -89,3 +91,6 @@ def test_diffusion_export_needs_allow_diffusion_and_a_tokenizer_is_always_writte
     os.path.join(tok, "tokenizer.json")).read()
   with open(os.path.join(out, "config.json")) as f:
     assert json.load(f)["block_size"] == 4  # kept for convert_hf.py
+  os.remove(tmp_path / "W" / "summary.json")
+  shutil.copytree(tok, tmp_path / "W" / "tokenizer-k")
+  export_hf.export(ckpt, str(tmp_path / "hf_cached"), allow_diffusion=True)
