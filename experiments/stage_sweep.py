@@ -31,14 +31,21 @@ if REPO_ROOT not in sys.path:
 
 from gr2jax import cli, recipe  # noqa: E402
 
-_BASE = flags.DEFINE_string("base", None, "A workdir whose upstream steps of --stage are done.")
-_STAGE = flags.DEFINE_enum("stage", None, list(recipe.TRAIN_STAGES), "The stage to run.")
-_OUT = flags.DEFINE_string("out_dir", None, "One workdir per variant is made under it.")
-_VARIANTS = flags.DEFINE_string(
-  "variants", None, "'name=overrides;name=overrides' (overrides: run.py flags, may be empty).")
-_COMMON = flags.DEFINE_string("common", "", "run.py flags added to every variant.")
-_CONFIG = flags.DEFINE_string("config", "", "The stage's config file (default '<stage>.py'), "
-                              "e.g. 'rl.py:smoke'.")
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script: tests import the module
+  beside other absl mains)."""
+  flags.DEFINE_string("base", None, "A workdir whose upstream steps of --stage are done.")
+  flags.DEFINE_enum("stage", None, list(recipe.TRAIN_STAGES), "The stage to run.")
+  flags.DEFINE_string("out_dir", None, "One workdir per variant is made under it.")
+  flags.DEFINE_string("variants", None,
+                      "'name=overrides;name=overrides' (overrides: run.py flags, may be empty).")
+  flags.DEFINE_string("common", "", "run.py flags added to every variant.")
+  flags.DEFINE_string("config", "", "The stage's config file (default '<stage>.py'), e.g. "
+                      "'rl.py:smoke'.")
+
 
 COLUMNS = ("R@1", "R@1_se", "valid_rate", "duplicate", "malformed_json", "omitted",
            "out_of_set", "truncated", "num", "train_s_per_step")
@@ -107,35 +114,36 @@ def table(rows: list[dict]) -> str:
 
 def main(argv):
   del argv
-  for flag in (_BASE, _STAGE, _OUT, _VARIANTS):
-    if flag.value is None:
-      raise app.UsageError(f"--{flag.name} is required")
-  if not os.path.isdir(_BASE.value):
-    raise ValueError(f"--base={_BASE.value}: not a directory")
-  variants = parse_variants(_VARIANTS.value)
-  config = _CONFIG.value or f"{_STAGE.value}.py"
-  os.makedirs(_OUT.value, exist_ok=True)
+  for name in ("base", "stage", "out_dir", "variants"):
+    if FLAGS[name].value is None:
+      raise app.UsageError(f"--{name} is required")
+  if not os.path.isdir(FLAGS.base):
+    raise ValueError(f"--base={FLAGS.base}: not a directory")
+  variants = parse_variants(FLAGS.variants)
+  config = FLAGS.config or f"{FLAGS.stage}.py"
+  os.makedirs(FLAGS.out_dir, exist_ok=True)
   rows = []
   for name, overrides in variants:
-    workdir = os.path.join(_OUT.value, name)
-    copy_upstream(_BASE.value, _STAGE.value, workdir)
+    workdir = os.path.join(FLAGS.out_dir, name)
+    copy_upstream(FLAGS.base, FLAGS.stage, workdir)
     args = [f"--config={config}", f"--workdir={workdir}", *overrides,
-            *shlex.split(_COMMON.value)]
+            *shlex.split(FLAGS.common)]
     command = "python experiments/run.py " + " ".join(args)
     print(f"[sweep] {name}: {command}", flush=True)
     rc = subprocess.run([sys.executable, os.path.join(REPO_ROOT, "experiments", "run.py"),
                          *args]).returncode
     if rc:
       raise SystemExit(f"[sweep] {name}: run.py exited with status {rc} (its output above)")
-    row = {"variant": name, **stage_result(workdir, _STAGE.value), "command": command}
+    row = {"variant": name, **stage_result(workdir, FLAGS.stage), "command": command}
     print(json.dumps(row), flush=True)
     rows.append(row)
-  with open(os.path.join(_OUT.value, "sweep.json"), "w") as f:
+  with open(os.path.join(FLAGS.out_dir, "sweep.json"), "w") as f:
     json.dump(rows, f, indent=1)
-  with open(os.path.join(_OUT.value, "sweep.md"), "w") as f:
+  with open(os.path.join(FLAGS.out_dir, "sweep.md"), "w") as f:
     f.write(table(rows) + "\n")
   print(table(rows))
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(cli.one_line_refusals()(main))
