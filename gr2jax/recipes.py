@@ -31,6 +31,7 @@ import os
 
 import ml_collections
 
+from gr2jax.recipe import TRAIN_STAGES
 from gr2jax.train import policy
 
 # The shipped raw data (data/amazon_beauty/ of the repository, next to the package).
@@ -118,7 +119,6 @@ def data_config() -> ml_collections.ConfigDict:
   return c
 
 
-STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
 HF_SCALES = {  # name: (learning-rate factor over 8B, micro-batch divisor vs 8B): scaled choices
   "qwen3_0_6b": (5.0, 4), "qwen3_1_7b": (3.0, 2), "qwen3_4b": (2.0, 1), "qwen3_8b": (1.0, 1)}
 RECIPES = ("tiny", *HF_SCALES)
@@ -338,7 +338,7 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.table.fig6.output_lengths = (16,)  # each forced length compiles two decoders
   c.table.fig6.sweep_examples = 2
   c.table.lossless_drafts = ((c.decode.draft_k, c.decode.draft_tau),)  # one lossless program
-  for name in STAGES:
+  for name in TRAIN_STAGES:
     t = c.stages[name].train
     t.update(dict(steps=2, batch_size=4, limit=256, save_every=2, prepare_chunk=0,
                   micro_batches=min(t.micro_batches, 4)))

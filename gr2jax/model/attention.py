@@ -58,7 +58,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gr2jax.model import masks
+from gr2jax.model import masks, sharding
 from gr2jax.model.config import ModelConfig
 
 K_MASK = -2.3819763e38  # masked attention score; a large finite negative, not -inf
@@ -576,8 +576,7 @@ def _batch_shards(fn, batch: int):
   per batch shard it sees only its rows. A no-op without such a mesh (or when B does not split).
   """
   mesh = jax.sharding.get_abstract_mesh()
-  names = () if mesh.empty else mesh.axis_names
-  axes = tuple(a for a in ("data", "fsdp") if a in names)
+  axes = sharding.batch_axes(mesh)
   if not axes or batch % int(np.prod([mesh.shape[a] for a in axes])):
     return fn
   spec = jax.sharding.PartitionSpec(axes)

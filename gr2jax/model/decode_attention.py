@@ -31,6 +31,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jax.sharding import PartitionSpec
 
+from gr2jax.model import sharding
+
 K_MASK = -2.3819763e38  # masked score, as attention.K_MASK (attention imports this module lazily)
 F32 = jnp.float32
 BLOCK_K = 128  # slots per chunk (at most S: a shorter cache takes the largest power of two <= S)
@@ -138,7 +140,7 @@ def _shards(fn, batch: int, num_kv: int):
   mesh = jax.sharding.get_abstract_mesh()
   names = () if mesh.empty else mesh.axis_names
   size = lambda axes: int(np.prod([mesh.shape[a] for a in axes]))
-  batch_axes = tuple(a for a in ("data", "fsdp") if a in names and batch % size((a,)) == 0)
+  batch_axes = tuple(a for a in sharding.batch_axes(mesh) if batch % size((a,)) == 0)
   tp = ("tp",) if "tp" in names and num_kv % mesh.shape["tp"] == 0 else ()
   if batch % size(batch_axes) or size(batch_axes + tp) == 1:
     return fn

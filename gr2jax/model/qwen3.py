@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from gr2jax.model import attention, validate
+from gr2jax.model import attention, sharding, validate
 from gr2jax.model import params as params_lib
 from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
@@ -71,8 +71,7 @@ def shard_activations(x: jax.Array) -> jax.Array:
   has none of those axes, so the forward runs unchanged everywhere.
   """
   mesh = jax.sharding.get_abstract_mesh()
-  names = () if mesh.empty else mesh.axis_names
-  batch_axes = tuple(a for a in ("data", "fsdp") if a in names)
+  batch_axes = sharding.batch_axes(mesh)
   if not batch_axes:
     return x
   size = int(np.prod([mesh.shape[a] for a in batch_axes]))

@@ -1,4 +1,7 @@
-"""The PartitionSpecs of the param tree and of the batch on a mesh with 'fsdp' and 'tp' axes.
+"""The mesh axes, and the PartitionSpecs of the param tree on a mesh with 'fsdp' and 'tp' axes.
+
+The axes ('data', 'fsdp', 'tp') are named here, once, for the model's constraint and shard_map
+points and for the training mesh (train/mesh.py); a batch splits over BATCH_AXES.
 
 FSDP shards the hidden axis D of every matrix; TP shards the vocab, the heads and the MLP width F
 (Megatron-style). Norm scales are replicated. Axes are `AxisType.Auto`: XLA's sharding propagation
@@ -17,7 +20,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_decoding_params, abstract_params
 
-FSDP, TP = "fsdp", "tp"
+DATA, FSDP, TP = "data", "fsdp", "tp"
+AXES = (DATA, FSDP, TP)
+BATCH_AXES = (DATA, FSDP)
 
 # Param name -> mesh axis per dimension (shapes as in WORKSPACE.md; layer params lead with L).
 _SPECS = {
@@ -64,9 +69,11 @@ def param_shardings(config: ModelConfig, mesh: Mesh, *, decoding: bool = False) 
                       is_leaf=lambda x: isinstance(x, PartitionSpec))
 
 
-def data_spec() -> PartitionSpec:
-  """Spec of batch-major arrays ([B, ...] tokens, positions, masks, lengths): B on 'fsdp'."""
-  return PartitionSpec(FSDP)
+def batch_axes(mesh) -> tuple[str, ...]:
+  """The BATCH_AXES that `mesh` (a Mesh or an AbstractMesh, e.g. the one in context) has, in
+  order; () for an empty mesh."""
+  names = () if mesh.empty else mesh.axis_names
+  return tuple(a for a in BATCH_AXES if a in names)
 
 
 def global_arrays(tree, sharding: jax.sharding.Sharding):

@@ -10,8 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-AXES = ("data", "fsdp", "tp")
-BATCH_AXES = ("data", "fsdp")
+from gr2jax.model.sharding import AXES, BATCH_AXES
 
 
 def make_mesh(data: int = 1, fsdp: int = -1, tp: int = 1, devices=None) -> Mesh:

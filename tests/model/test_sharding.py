@@ -14,13 +14,14 @@ from gr2jax.model.generate import generate
 from gr2jax.model.params import init_params, layer_list
 from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
-  data_spec,
+  BATCH_AXES,
+  batch_axes,
   global_arrays,
   host_arrays,
   param_shardings,
   param_specs,
 )
-from gr2jax.train.mesh import make_mesh
+from gr2jax.train.mesh import batch_sharding, make_mesh
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
@@ -48,6 +49,14 @@ def test_specs_match_the_param_tree():
   assert decoding["layers"][1]["o"] == PartitionSpec("tp", None, "fsdp")
 
 
+def test_batch_axes_are_the_meshs():
+  """The batch axes a mesh has, in BATCH_AXES order: the training mesh's, a mesh without 'data',
+  none on an empty mesh (the model's constraint points then do nothing)."""
+  assert batch_axes(make_mesh(fsdp=4, tp=2)) == BATCH_AXES == ("data", "fsdp")
+  assert batch_axes(jax.make_mesh((2, 4), ("tp", "fsdp"))) == ("fsdp",)
+  assert batch_axes(jax.sharding.get_abstract_mesh()) == ()
+
+
 def test_sharded_forward_equals_unsharded():
   mesh = make_mesh(fsdp=4, tp=2)
   params = init_params(CONFIG, jax.random.key(0))
@@ -59,12 +68,12 @@ def test_sharded_forward_equals_unsharded():
   sharded = shard_params(params, mesh)
   assert sharded["layers"]["gate"].sharding.spec == PartitionSpec(None, "fsdp", "tp")
   assert jax.tree.map(lambda x: x.sharding, sharded) == param_shardings(CONFIG, mesh)
-  tokens_s = jax.device_put(tokens, NamedSharding(mesh, data_spec()))
+  tokens_s = jax.device_put(tokens, batch_sharding(mesh))
   rows = NamedSharding(mesh, PartitionSpec(("fsdp", "tp")))  # [B*K, ...]: B on fsdp, K on tp
   cache_s = init_cache(CONFIG, 4, 8)
   cache_s = jax.device_put(cache_s, cache_s.replace(
     k=(rows,) * CONFIG.num_layers, v=(rows,) * CONFIG.num_layers,
-    lengths=NamedSharding(mesh, data_spec())))
+    lengths=batch_sharding(mesh)))
   logits, _ = fwd(sharded, CONFIG, tokens_s)
   np.testing.assert_allclose(logits, ref, atol=1e-5)
   _, cache = fwd(sharded, CONFIG, tokens_s, cache=cache_s, update_cache=True)
@@ -82,7 +91,7 @@ def test_sharded_generate_equals_unsharded():
   prompts = jax.random.randint(jax.random.key(1), (4, 6), 1, CONFIG.vocab_size)
   lengths = jnp.array([3, 6, 4, 5])
   ref = generate(params, CONFIG, prompts, lengths, max_new_tokens=5)
-  on_batch = lambda x: jax.device_put(x, NamedSharding(mesh, data_spec()))
+  on_batch = lambda x: jax.device_put(x, batch_sharding(mesh))
   out = generate(shard_params(params, mesh), CONFIG, on_batch(prompts), on_batch(lengths),
                  max_new_tokens=5)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
@@ -95,7 +104,7 @@ def test_cache_write_is_split_by_row():
   replicated KV cache, docs/plan_qwen3_8b.md)."""
   rows, prompt, slots = 24, 256, 320  # 24 rows: no param dimension is 24
   mesh = make_mesh(fsdp=8, tp=1)
-  batch = NamedSharding(mesh, data_spec())
+  batch = batch_sharding(mesh)
   params = jax.tree.map(lambda x, sh: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh),
                         jax.eval_shape(lambda: init_params(CONFIG, jax.random.key(0))),
                         param_shardings(CONFIG, mesh))
@@ -115,7 +124,7 @@ def test_cache_write_is_split_by_row():
 
 def test_global_arrays_and_host_arrays_round_trip():
   mesh = make_mesh(fsdp=4, tp=2)
-  batch = NamedSharding(mesh, data_spec())
+  batch = batch_sharding(mesh)
   tree = {"tokens": np.arange(24, dtype=np.int32).reshape(8, 3), "lengths": np.arange(8)}
   placed = global_arrays(tree, batch)
   for name, x in placed.items():
