@@ -88,15 +88,12 @@ class DiffusionOutput(NamedTuple):
 
 
 class _State(NamedTuple):
-  """The while_loop carry; T = block size, R = blocks * T response slots."""
+  """The while_loop carry; T = block size, R = blocks * T response slots.
 
-  cache: KVCache
-  canvas: jax.Array  # [B, T] current block
-  masked: jax.Array  # [B, T] still open
-  step_rec: jax.Array  # [B, T] commit step of each block position
-  logp_rec: jax.Array  # [B, T]
-  start: jax.Array  # [B] response index of the block's first token
-  step: jax.Array  # [B] denoising steps done in this block
+  The fields from `cache` on are the current block's, written by `_enter` alone (None only in
+  the state the first `_enter` completes).
+  """
+
   done: jax.Array  # [B]
   lengths: jax.Array  # [B] final length, valid once done
   out_tokens: jax.Array  # [B, R]
@@ -106,6 +103,13 @@ class _State(NamedTuple):
   denoise_steps: jax.Array  # [B]
   num_forwards: jax.Array  # []
   key: jax.Array
+  cache: KVCache | None = None
+  canvas: jax.Array | None = None  # [B, T] current block
+  masked: jax.Array | None = None  # [B, T] still open
+  step_rec: jax.Array | None = None  # [B, T] commit step of each block position
+  logp_rec: jax.Array | None = None  # [B, T]
+  start: jax.Array | None = None  # [B] response index of the block's first token
+  step: jax.Array | None = None  # [B] denoising steps done in this block
 
 
 def block_forward(
@@ -187,12 +191,19 @@ def _write_rows(buf, block, start):
   return jax.vmap(lambda r, x, s: lax.dynamic_update_slice(r, x, (s,)))(buf, block, start)
 
 
-def _record(s: "_State") -> "_State":
-  """Copies the current block (tokens, commit steps, log-probs) into the output records."""
+def _enter(s: _State, cache, block, start, step, stop_ids, max_new) -> _State:
+  """The state after a forward: `block` (canvas, masked, step_rec, logp_rec [B, T]) at `start`
+  [B] with `step` [B] steps done is the current block, copied into the output records; rows it
+  finishes are done, with their lengths (a done row keeps its length)."""
+  canvas, masked, step_rec, logp_rec = block
+  finished, lengths = _finished(canvas, masked, start, stop_ids, max_new)
   return s._replace(
-    out_tokens=_write_rows(s.out_tokens, s.canvas, s.start),
-    out_step=_write_rows(s.out_step, s.step_rec, s.start),
-    out_logp=_write_rows(s.out_logp, s.logp_rec, s.start),
+    cache=cache, canvas=canvas, masked=masked, step_rec=step_rec, logp_rec=logp_rec,
+    start=start, step=step, done=s.done | finished,
+    lengths=jnp.where(s.done, s.lengths, lengths),
+    out_tokens=_write_rows(s.out_tokens, canvas, start),
+    out_step=_write_rows(s.out_step, step_rec, start),
+    out_logp=_write_rows(s.out_logp, logp_rec, start),
   )
 
 
@@ -303,20 +314,12 @@ def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
   seed, seed_logp = propose_fn(
     logits[:, None], jnp.full((b, 1), -1, jnp.int32), empty_out, start, prefill_key
   )
-  canvas, masked, step_rec, logp_rec = _with_prefix(_new_block(
+  block = _with_prefix(_new_block(
     seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
   ), start, prefix)
-  done, lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
-  state = _record(_State(
-    cache=cache,
-    canvas=canvas,
-    masked=masked,
-    step_rec=step_rec,
-    logp_rec=logp_rec,
-    start=start,
-    step=start,
-    done=done,
-    lengths=lengths,
+  blank = _State(
+    done=jnp.zeros((b,), bool),
+    lengths=jnp.zeros((b,), jnp.int32),
     out_tokens=empty_out,
     out_step=jnp.full((b, r), NEVER_STEP, jnp.int32),
     out_logp=jnp.zeros((b, r), jnp.float32),
@@ -324,7 +327,8 @@ def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
     denoise_steps=jnp.zeros((b,), jnp.int32),
     num_forwards=jnp.ones((), jnp.int32),
     key=key,
-  ))
+  )
+  state = _enter(blank, cache, block, start, start, stop_ids, max_new_tokens)
 
   def body(s: _State) -> _State:
     key, step_key = jax.random.split(s.key)
@@ -364,29 +368,13 @@ def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
       q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
     ), new_start, prefix)
     c = committing[:, None]
-    canvas = jnp.where(c, n_canvas, res.canvas)
-    masked = jnp.where(c, n_masked, res.masked)
-    step_rec = jnp.where(c, n_step_rec, d_step_rec)
-    logp_rec = jnp.where(c, n_logp_rec, d_logp_rec)
-    start = jnp.where(committing, new_start, s.start)
-    step = jnp.where(committing, 0, s.step + denoising)
-    cache = written.replace(lengths=s.cache.lengths + t * committing)
-    finished, fin_lengths = _finished(canvas, masked, start, stop_ids, max_new_tokens)
-    return _record(s._replace(
-      cache=cache,
-      canvas=canvas,
-      masked=masked,
-      step_rec=step_rec,
-      logp_rec=logp_rec,
-      start=start,
-      step=step,
-      done=s.done | finished,
-      lengths=jnp.where(s.done, s.lengths, fin_lengths),
-      nfe=s.nfe + active,
-      denoise_steps=s.denoise_steps + denoising,
-      num_forwards=s.num_forwards + 1,
-      key=key,
-    ))
+    block = (jnp.where(c, n_canvas, res.canvas), jnp.where(c, n_masked, res.masked),
+             jnp.where(c, n_step_rec, d_step_rec), jnp.where(c, n_logp_rec, d_logp_rec))
+    counted = s._replace(nfe=s.nfe + active, denoise_steps=s.denoise_steps + denoising,
+                         num_forwards=s.num_forwards + 1, key=key)
+    return _enter(counted, written.replace(lengths=s.cache.lengths + t * committing), block,
+                  jnp.where(committing, new_start, s.start),
+                  jnp.where(committing, 0, s.step + denoising), stop_ids, max_new_tokens)
 
   s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
   keep = jnp.arange(max_new_tokens)[None, :] < s.lengths[:, None]
