@@ -14,7 +14,7 @@ Diffusion-GR2's commit schedule step for step (an emulation of the trained model
 Recording: the trained diffusion checkpoint decodes the first --record_users prompts of
 test_1615 (one batch, greedy, the eval's step cap) at every tau of --taus and block size of
 --block_sizes (the checkpoint's weights under each B; it was trained at its own B). Each row's
-schedule = the tokens committed at each of its denoising steps (decode.schedule_from_trace).
+schedule = the tokens committed at each of its denoising steps (emulate.schedule_from_trace).
 Per (tau, B) the JSON keeps the valid rate, forwards / denoising steps per token and the
 schedule of one representative user: among the rows of the most common output length L, the
 one with the median forward count.
@@ -31,7 +31,7 @@ weights and a random prompt [1, P] are prefilled once; then, timed with the pref
 (the paper's decode tok/s):
   - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill), once per
     length L of the entries;
-  - diffusion at each (tau, B): `block_diffusion_generate(prefilled=, schedule=)` with
+  - diffusion at each (tau, B): `emulate.replay(schedule, prefilled=)` (the decoder's loop) with
     max_new_tokens = L and no stop token commits exactly the recorded number of tokens at each
     step, so it runs the recorded number of forwards (the LM head at all B queries with the
     default --head_buckets=1, as the evaluation decodes). Which positions commit differs (random
@@ -77,7 +77,7 @@ from gr2jax.apps import tables  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.diffusion import decode  # noqa: E402
+from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
@@ -160,7 +160,7 @@ def record_schedules() -> dict:
                    nfe_per_token=float((forwards.sum() + len(n)) / n.sum()),
                    paper_nfe_per_token=float(np.asarray(res.denoise_steps).sum() / n.sum()),
                    mean_length=float(n.mean()))
-      decodes.append((n, forwards, decode.schedule_from_trace(res.commit_step, n, b), entry))
+      decodes.append((n, forwards, emulate.schedule_from_trace(res.commit_step, n, b), entry))
   # One output length L for every replay: the most common over all decodes.
   length = int(np.bincount(np.concatenate([d[0] for d in decodes])).argmax())
   for n, forwards, rows, entry in decodes:
@@ -279,11 +279,11 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
     schedule = jnp.asarray([steps + [1] * (length - len(steps))], jnp.int32)
 
     def run():
-      out = decode.block_diffusion_generate(
+      out = emulate.replay(
         params, cfg, prompt, prompt_lengths, decode.BlockDecoding(
           threshold=entry["tau"], max_steps_per_block=64, max_new_tokens=length,
           stop_token_ids=(), head_buckets=FLAGS.head_buckets),
-        steering=decode.Steering(schedule=schedule, prefilled=(cache, logits)))
+        schedule, prefilled=(cache, logits))
       return out.tokens, out.num_forwards - 1
     return run
 

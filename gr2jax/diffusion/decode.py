@@ -46,7 +46,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
@@ -275,20 +274,53 @@ class _Traced(NamedTuple):
   stop_ids: jax.Array  # [S] int32
   key: jax.Array
   constraint: constrain.AnswerConstraint | None
-  schedule: jax.Array | None
-  prefilled: tuple[KVCache, jax.Array] | None
   prefix: tuple[jax.Array, jax.Array] | None
 
 
+class Inputs(NamedTuple):
+  """The checked traced inputs of a decode (`check_inputs`; its `_Static` goes beside them)."""
+
+  prompt_tokens: jax.Array  # [B, P] int32
+  prompt_lengths: jax.Array  # [B] int32
+  traced: _Traced
+
+
+def prefill(params, config: ModelConfig, inputs: Inputs,
+            static: _Static) -> tuple[jax.Array, KVCache]:
+  """The decode's prompt prefill (traceable): (logits [B, V] f32, a cache of
+  static.cache_size slots holding the prompts); params in the decoders' layout."""
+  cache = init_cache(config, inputs.prompt_tokens.shape[0], static.cache_size)
+  return qwen3.ragged_prefill(params, config, inputs.prompt_tokens, inputs.prompt_lengths, cache,
+                              read_cache=False)
+
+
 @functools.partial(jax.jit, static_argnames=("config", "static"))
-def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
-              static: _Static):
-  threshold, max_steps_per_block, stop_ids, key = traced[:4]
-  constraint, schedule, prefilled, prefix = traced[4:]
+def _generate(params, config, inputs: Inputs, *, static: _Static) -> DiffusionOutput:
+  return decode_loop(params, config, inputs, static, *prefill(params, config, inputs, static))
+
+
+def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, logits: jax.Array,
+                cache: KVCache, commits=None) -> DiffusionOutput:
+  """The decode after the prefill (traceable; module docstring): one while_loop.
+
+  Args:
+    params: the decoders' layout (params.layer_list).
+    config: the model.
+    inputs, static: check_inputs(...).
+    logits: [B, V] f32 the prefill's last logits (the first seed's).
+    cache: the prefilled cache (static.cache_size slots).
+    commits: None (the decoder: the threshold rule), or a function (denoise_steps [B] int32,
+      capped [B] bool) -> [B] int32 commits of each row's denoising step (commit.select's
+      `count`; gr2jax/diffusion/emulate.py replays a recorded schedule with it).
+
+  Returns:
+    DiffusionOutput.
+  """
+  prompt_lengths = inputs.prompt_lengths
+  threshold, max_steps_per_block, stop_ids, key, constraint, prefix = inputs.traced
   max_new_tokens, temperature = static.max_new_tokens, static.temperature
-  cache_size, head_buckets, commit_order = (static.cache_size, static.head_buckets,
-                                            static.commit_order)
-  b, p = prompt_tokens.shape
+  head_buckets, commit_order = static.head_buckets, static.commit_order
+  b = prompt_lengths.shape[0]
   t = config.block_size
   num_blocks = -(-max_new_tokens // t)
   r = num_blocks * t
@@ -302,13 +334,6 @@ def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
     return commit.propose(logits, mask_id, temperature, key)
 
   key, prefill_key = jax.random.split(key)
-  if prefilled is None:
-    cache = init_cache(config, b, cache_size)
-    logits, cache = qwen3.ragged_prefill(
-      params, config, prompt_tokens, prompt_lengths, cache, read_cache=False
-    )
-  else:
-    cache, logits = prefilled
   start = jnp.zeros((b,), jnp.int32)
   empty_out = jnp.full((b, r), mask_id, jnp.int32)
   seed, seed_logp = propose_fn(
@@ -353,13 +378,8 @@ def _generate(params, config, prompt_tokens, prompt_lengths, traced: _Traced, *,
     shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
     capped = s.step >= max_steps_per_block - 1
     tau = jnp.where(capped, -1.0, threshold)
-    count = None
-    if schedule is not None:  # commits of the row's next denoising step; past its end: all
-      n = jnp.take_along_axis(schedule, jnp.minimum(s.denoise_steps, schedule.shape[1] - 1)[
-        :, None], axis=1)[:, 0]
-      count = jnp.where(capped | (s.denoise_steps >= schedule.shape[1]), t, n)
     res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=commit_order,
-                        count=count)
+                        count=None if commits is None else commits(s.denoise_steps, capped))
     d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
     d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
     # Committing rows: the K/V are written, the last query seeds the next block.
@@ -428,19 +448,10 @@ class Steering:
       response tokens of row b are given (teacher forcing, e.g. the reasoning): written into
       their blocks as committed tokens (commit_step SEED_STEP), never proposed; the decoder
       writes the rest. Tokens and lengths include them.
-    schedule: [B, S] int >= 0, the commits of each of a row's denoising steps (indexed by the
-      row's denoising steps so far, across blocks; steps past S and the capped step commit every
-      open position): replaces the threshold rule, e.g. to replay a trained model's recorded
-      schedule (`schedule_from_trace`) on other weights.
-    prefilled: (cache, logits [B, V] f32) of an earlier prefill of these prompts
-      (`qwen3.ragged_prefill` into a cache of decoding.cache_size slots): the prefill is
-      skipped, so a timing covers the decode alone (the loop starts from a copy of the cache).
   """
 
   constraint: constrain.AnswerConstraint | None = None
   response_prefix: tuple[jax.Array, jax.Array] | None = None
-  schedule: jax.Array | None = None
-  prefilled: tuple[KVCache, jax.Array] | None = None
 
   @property
   def empty(self) -> bool:
@@ -473,12 +484,27 @@ def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: j
     DiffusionOutput.
 
   Raises:
-    TypeError / ValueError naming the argument: prompts or lengths (validate.prompts), tau
-      outside (0, 1] or not finite, a negative or non-finite temperature, a missing or
-      out-of-vocab mask token, a stop id that is the mask token or outside the vocab, non-int or
-      < 1 sizes, a key that is not a PRNG key, malformed steering inputs.
+    TypeError / ValueError naming the argument (check_inputs).
   """
-  where = "block_diffusion_generate"
+  inputs, static = check_inputs("block_diffusion_generate", config, prompt_tokens,
+                                prompt_lengths, decoding, key, steering)
+  return _generate(params_lib.layer_list(params), config, inputs, static=static)
+
+
+def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
+                 decoding: BlockDecoding, key, steering: Steering) -> tuple[Inputs, _Static]:
+  """The arguments of block_diffusion_generate, checked before anything is traced.
+
+  Returns:
+    (Inputs: the prompts as int32 arrays and the traced settings, the static settings).
+
+  Raises:
+    TypeError / ValueError starting with `where`, naming the argument: prompts or lengths
+      (validate.prompts), tau outside (0, 1] or not finite, a negative or non-finite
+      temperature, a missing or out-of-vocab mask token, a stop id that is the mask token or
+      outside the vocab, non-int or < 1 sizes, a cache_size below P + blocks * B, a key that is
+      not a PRNG key, malformed steering inputs.
+  """
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
   if not isinstance(decoding, BlockDecoding):
     raise TypeError(f"{where}: decoding must be a BlockDecoding, got {type(decoding).__name__}")
@@ -507,16 +533,6 @@ def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: j
   if decoding.commit_order not in commit.ORDERS:
     raise ValueError(f"{where}: commit_order={decoding.commit_order!r} not in {commit.ORDERS}")
   b = prompt_tokens.shape[0]
-  schedule = steering.schedule
-  if schedule is not None:
-    schedule = jnp.asarray(schedule)
-    if (not jnp.issubdtype(schedule.dtype, jnp.integer) or schedule.ndim != 2
-        or schedule.shape[0] != b or schedule.shape[1] < 1):
-      raise ValueError(f"{where}: schedule must be an int array [{b}, S >= 1], got "
-                       f"{schedule.dtype} {schedule.shape}")
-    if int(jnp.min(schedule)) < 0:
-      raise ValueError(f"{where}: schedule has a negative commit count {int(jnp.min(schedule))}")
-    schedule = schedule.astype(jnp.int32)
   if temperature > 0 and key is None:
     raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
   if key is not None:
@@ -549,18 +565,6 @@ def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: j
     response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
                        given_lengths.astype(jnp.int32))
   cache_size = decoding.cache_size
-  prefilled = steering.prefilled
-  if prefilled is not None:
-    cache, logits = prefilled
-    if not isinstance(cache, KVCache) or cache.lengths.shape != (b,):
-      raise TypeError(f"{where}: prefilled[0] must be a KVCache of {b} rows")
-    if getattr(logits, "shape", None) != (b, config.vocab_size):
-      raise ValueError(f"{where}: prefilled[1] must be logits [{b}, {config.vocab_size}], got "
-                       f"{getattr(logits, 'shape', None)}")
-    if cache_size is not None and cache_size != cache.max_len:
-      raise ValueError(f"{where}: cache_size={cache_size} != the prefilled cache's "
-                       f"{cache.max_len} slots")
-    cache_size = cache.max_len
   cache_size = needed if cache_size is None else validate.integer(where, "cache_size",
                                                                   cache_size, minimum=1)
   if cache_size < needed:
@@ -570,36 +574,9 @@ def block_diffusion_generate(params: dict, config: ModelConfig, prompt_tokens: j
     max_steps_per_block=jnp.asarray(max_steps_per_block, jnp.int32),
     stop_ids=jnp.asarray(stop or (-1,), jnp.int32),
     key=jax.random.key(0) if key is None else key,
-    constraint=constraint, schedule=schedule, prefilled=prefilled, prefix=response_prefix)
+    constraint=constraint, prefix=response_prefix)
   static = _Static(max_new_tokens=max_new_tokens, temperature=temperature,
                    cache_size=cache_size, head_buckets=head_buckets,
                    commit_order=decoding.commit_order)
-  return _generate(params_lib.layer_list(params), config, prompt_tokens, prompt_lengths, traced,
-                   static=static)
+  return Inputs(prompt_tokens, prompt_lengths, traced), static
 
-
-def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:
-  """Per row, the commits of each denoising step of a decode (the `schedule` it replays with).
-
-  A row's steps are counted across its blocks in order; a step of the last block that committed
-  only tokens past the row's length (after its stop token) counts 0, so a replay with
-  max_new_tokens = length and no stop tokens runs exactly the recorded forwards.
-
-  Args:
-    commit_step: [B, N] DiffusionOutput.commit_step.
-    lengths: [B] DiffusionOutput.lengths.
-    block_size: B of the decode.
-
-  Returns:
-    B lists of per-step commit counts (each sums to the row's non-seed tokens).
-  """
-  out = []
-  for steps, n in zip(np.asarray(commit_step), np.asarray(lengths), strict=True):
-    row = []
-    for first in range(0, int(n), block_size):
-      block = steps[first:min(first + block_size, int(n))]
-      block = block[block != SEED_STEP]
-      if block.size:
-        row += np.bincount(block, minlength=int(block.max()) + 1).tolist()
-    out.append(row)
-  return out

@@ -256,43 +256,12 @@ def test_step_cap_commits_the_rest(params):
   np.testing.assert_array_equal(np.sum(steps[:, :4] == 1, axis=1), [2, 2])
 
 
-def test_replayed_schedule_reproduces_the_decode(params):
-  """A decode's recorded schedule, replayed on the same weights, commits the same tokens at the
-  same steps (the threshold rule commits the most confident positions: a count of them)."""
-  out = _decode(params, threshold=0.026)
-  schedule = decode.schedule_from_trace(out.commit_step, out.lengths, 4)
-  assert [sum(r) for r in schedule] == [MAX_NEW - MAX_NEW // 4] * 2
-  assert min(map(len, schedule)) < 3 * MAX_NEW // 4  # some steps commit several tokens
-  width = max(map(len, schedule))
-  padded = np.asarray([r + [1] * (width - len(r)) for r in schedule])
-  replay_out = _decode(params, threshold=1.0, schedule=padded)
-  np.testing.assert_array_equal(replay_out.tokens, out.tokens)
-  np.testing.assert_array_equal(replay_out.commit_step, out.commit_step)
-  np.testing.assert_array_equal(replay_out.nfe, out.nfe)
-  # A schedule committing one token per step is tau = 1.0.
-  ones = _decode(params, threshold=0.03, schedule=np.ones((2, 9), np.int32))
-  np.testing.assert_array_equal(ones.commit_step, _decode(params, threshold=1.0).commit_step)
-
-
-def test_prefilled_cache_decodes_as_the_prefill_inside(params):
-  out = _decode(params)
-  cache = init_cache(CONFIG, 2, PROMPTS.shape[1] + MAX_NEW)
-  logits, cache = qwen3.ragged_prefill(params, CONFIG, PROMPTS, LENGTHS, cache)
-  again = _decode(params, prefilled=(cache, logits))
-  np.testing.assert_array_equal(again.tokens, out.tokens)
-  np.testing.assert_array_equal(again.nfe, out.nfe)
-  with pytest.raises(ValueError, match=r"prefilled\[1\] must be logits \[2, 64\]"):
-    _decode(params, prefilled=(cache, logits[:, :5]))
-
-
 def test_left_to_right_order_at_tau_one_writes_each_block_in_order(params):
   out = _decode(params, threshold=1.0, commit_order="left_to_right")
   steps = np.asarray(out.commit_step).reshape(2, MAX_NEW // 4, 4)
   np.testing.assert_array_equal(steps[..., 1:], np.broadcast_to([0, 1, 2], (2, MAX_NEW // 4, 3)))
   with pytest.raises(ValueError, match="commit_order='random' not in"):
     _decode(params, commit_order="random")
-  with pytest.raises(ValueError, match="schedule must be an int array"):
-    _decode(params, schedule=np.ones((3, 4), np.int32))
 
 
 def test_response_prefix_is_given_and_a_whole_given_block_changes_nothing_after_it(params):
