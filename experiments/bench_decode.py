@@ -43,7 +43,7 @@ from gr2jax import cli, load  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
+from gr2jax.model.config import PRESETS, ModelConfig  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets (tiny, small, qwen3_0_6b, "
@@ -190,7 +190,7 @@ def check_flags() -> dict[str, list[int]]:
   Raises:
     app.UsageError: naming the flag and what it must be.
   """
-  unknown = [p for p in FLAGS.presets if not hasattr(ModelConfig, p)]
+  unknown = [p for p in FLAGS.presets if p not in PRESETS]
   if unknown or not FLAGS.presets:
     raise app.UsageError(f"--presets={','.join(FLAGS.presets)}: {unknown or 'empty'} is not a "
                          "ModelConfig preset (tiny, small, qwen3_0_6b, ..., qwen3_8b)")

@@ -42,7 +42,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import load  # noqa: E402
+from gr2jax import cli, load  # noqa: E402
 from gr2jax.diffusion import decode  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
@@ -84,8 +84,8 @@ def _model():
       raise app.UsageError(f"--ckpt={FLAGS.ckpt} has no mask_token_id: convert it with "
                            "weights_conversion/ar_to_diffusion.py first")
     return config, params, f"checkpoint {FLAGS.ckpt}"
-  config = getattr(ModelConfig, FLAGS.preset)(param_dtype=FLAGS.param_dtype,
-                                              compute_dtype=FLAGS.param_dtype)
+  config = ModelConfig.preset(FLAGS.preset, "--preset", param_dtype=FLAGS.param_dtype,
+                              compute_dtype=FLAGS.param_dtype)
   config = dataclasses.replace(config, mask_token_id=config.vocab_size - 1)
   params = init_params(config, jax.random.key(FLAGS.seed))
   return config, params, f"random {FLAGS.preset} ({FLAGS.param_dtype})"
@@ -342,4 +342,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

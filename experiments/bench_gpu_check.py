@@ -39,6 +39,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "experiments"))  # plan.py
 
+from gr2jax import cli  # noqa: E402  (light: absl and the workdir lock only)
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
 flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
@@ -419,4 +421,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -45,6 +45,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import limits  # noqa: E402
 import plan  # noqa: E402  (also puts the repository on sys.path)
 
+from gr2jax import cli  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.model import generate as generate_lib  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
@@ -133,7 +134,8 @@ def main(argv):
   del argv
   rows = []
   for dtype in FLAGS.dtypes:
-    config = getattr(ModelConfig, FLAGS.preset)(param_dtype=dtype, compute_dtype=dtype)
+    config = ModelConfig.preset(FLAGS.preset, "--preset", param_dtype=dtype,
+                                  compute_dtype=dtype)
     params = params_lib.layer_list(
       jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0)))
     for p in map(int, FLAGS.prompt_lens):
@@ -165,4 +167,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -56,7 +56,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as run_main  # noqa: E402  (experiments/run.py: its --config and --workdir flags)
 
-from gr2jax import metrics  # noqa: E402
+from gr2jax import cli, metrics  # noqa: E402
 from gr2jax.apps.serve import client  # noqa: E402
 
 FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overrides; --workdir:
@@ -610,4 +610,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main, argv=run_main.resolve_config_arg(sys.argv))
+  app.run(cli.one_line_refusals()(main), argv=run_main.resolve_config_arg(sys.argv))

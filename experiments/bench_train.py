@@ -69,7 +69,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import recipe  # noqa: E402
+from gr2jax import cli, recipe  # noqa: E402
 from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.diffusion import decode, layout, replay  # noqa: E402
 from gr2jax.model import attention  # noqa: E402
@@ -403,7 +403,7 @@ def main(argv):
   result = {"steps": [], "replay": []}
   for preset in FLAGS.presets:
     overrides = {} if preset.startswith("qwen3") else {"vocab_size": FLAGS.vocab_size}
-    base = dataclasses.replace(getattr(ModelConfig, preset)(**overrides),
+    base = dataclasses.replace(ModelConfig.preset(preset, "--presets", **overrides),
                                param_dtype=FLAGS.dtype, compute_dtype=FLAGS.dtype,
                                remat=FLAGS.remat, attention_chunk_bytes=8 << 20)
     rows, replays = [], []
@@ -440,4 +440,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -31,7 +31,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import exports  # noqa: E402
+from gr2jax import cli, exports  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -153,4 +153,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

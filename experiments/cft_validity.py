@@ -27,7 +27,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import load  # noqa: E402
+from gr2jax import cli, load  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
@@ -117,4 +117,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

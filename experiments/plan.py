@@ -57,7 +57,7 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import chunks  # noqa: E402
+from gr2jax import chunks, cli  # noqa: E402
 from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.diffusion import (  # noqa: E402
@@ -1158,4 +1158,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

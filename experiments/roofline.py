@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import plan  # noqa: E402  (also puts the repository on sys.path)
 import targets  # noqa: E402
 
+from gr2jax import cli  # noqa: E402
 from gr2jax.apps.tables import PAPER_TABLE3  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
@@ -204,4 +205,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -39,6 +39,7 @@ import plan  # noqa: E402  (also puts the repository on sys.path)
 import roofline  # noqa: E402
 import targets  # noqa: E402
 
+from gr2jax import cli  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -231,4 +232,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

@@ -44,3 +44,18 @@ def test_a_conversion_refusal_is_one_line_and_verbosity_shows_the_traceback(tmp_
 def test_a_run_refusal_is_one_line(tmp_path):
   line = _refusal(_run("experiments/run.py", "--config=rerank.py", f"--workdir={tmp_path}"))
   assert line == "rerank.py needs --config.rerank.requests=<JSONL of requests>"
+
+
+def test_every_command_line_main_refuses_in_one_line():
+  """Every absl main of experiments/ and weights_conversion/ runs under cli.one_line_refusals."""
+  import glob
+  import os
+  import re
+
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  mains = [p for pattern in ("experiments/*.py", "weights_conversion/*.py")
+           for p in glob.glob(os.path.join(root, pattern)) if "app.run(" in open(p).read()]
+  assert len(mains) >= 10
+  bare = [os.path.relpath(p, root) for p in mains
+          if re.search(r"app\.run\((?!cli\.one_line_refusals\(\)\()", open(p).read())]
+  assert not bare, f"mains without cli.one_line_refusals: {bare}"

@@ -145,6 +145,15 @@ class ModelConfig:
                          bos_token_id=151643, eos_token_ids=(151645,), pad_token_id=151645),
                   **overrides})
 
+  @classmethod
+  def preset(cls, name: str, what: str = "preset", **overrides) -> "ModelConfig":
+    """The preset `name` (PRESETS) with `overrides`; ValueError naming `what` (the flag or
+    field that chose it) and the presets otherwise."""
+    if name not in PRESETS:
+      raise ValueError(f"{what}={name!r}: not a ModelConfig preset; expected one of "
+                       f"{list(PRESETS)}")
+    return getattr(cls, name)(**overrides)
+
   # ---- HF config.json ------------------------------------------------------------------------
 
   @classmethod
@@ -264,3 +273,7 @@ def _check_supported(d: dict[str, Any]) -> None:
     raise ValueError(f"HF config: hidden_act={d['hidden_act']!r} is not supported (only 'silu')")
   if d.get("attention_dropout"):
     raise ValueError(f"HF config: attention_dropout={d['attention_dropout']!r} is not supported")
+
+
+# The preset constructors of ModelConfig (ModelConfig.preset).
+PRESETS = ("tiny", "tiny_deep", "tiny_wide", "small", "qwen3_0_6b", "qwen3_8b")

@@ -111,12 +111,10 @@ def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
 def _load_init(init: str, tokenizer, stage_cfg) -> tuple[ModelConfig, dict]:
   if init.startswith("preset:"):
     name = init.split(":", 1)[1]
-    if not hasattr(ModelConfig, name):
-      raise ValueError(f"init={init!r}: no ModelConfig preset {name!r}")
     vocab = lengths_lib.round_up(len(tokenizer), 128)
     eos = tuple(tokenizer.convert_tokens_to_ids([t]) [0] for t in ("<|im_end|>", "<|endoftext|>"))
-    config = getattr(ModelConfig, name)(vocab_size=vocab, eos_token_ids=eos,
-                                        pad_token_id=int(tokenizer.pad_token_id))
+    config = ModelConfig.preset(name, f"init='{init}': preset", vocab_size=vocab,
+                                eos_token_ids=eos, pad_token_id=int(tokenizer.pad_token_id))
     return config, params_lib.init_params(config, jax.random.key(stage_cfg.seed))
   _check_init_dir(init)
   return load.load_model(init)

@@ -124,3 +124,13 @@ def test_public_api_is_lazy():
   assert gr2jax.forward is forward
   with pytest.raises(AttributeError, match="nope"):
     gr2jax.nope  # noqa: B018
+
+
+def test_a_preset_by_name_and_an_unknown_name_refused_naming_its_flag():
+  from gr2jax.model.config import PRESETS
+
+  assert ModelConfig.preset("tiny", vocab_size=64) == ModelConfig.tiny(vocab_size=64)
+  assert all(callable(getattr(ModelConfig, name)) for name in PRESETS)
+  for bad in ("nosuch", "from_hf_dict"):
+    with pytest.raises(ValueError, match=f"--presets='{bad}': not a ModelConfig preset"):
+      ModelConfig.preset(bad, "--presets")
