@@ -12,7 +12,7 @@ come from the same data build (speculative.check_same_build). Sections (--sectio
             users) greedily at the evaluation's batch size (--batch_size) with
             speculative.speculative_generate, next to `generate`'s greedy decode of the same
             batches (evaluation.decode_batch: the AR GR2 row's decode). Exactness: rows identical
-            token for token, the first divergences (speculative.first_divergence: token, logit
+            token for token, the first divergences (emulate.first_divergence: token, logit
             margin), and R@1 / R@3 / N@3 / validity of both (evaluation.score on
             evaluation.response_texts), which must be equal. Acceptance, from the same decodes:
             accepted drafted tokens per verify forward, tokens per verify forward and forwards
@@ -54,11 +54,11 @@ import plan  # noqa: E402  (also puts the repository on sys.path)
 import roofline  # noqa: E402
 import targets  # noqa: E402
 
-from gr2jax import load  # noqa: E402
+from gr2jax import cli, load  # noqa: E402
 from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data import answer, prompts  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.diffusion import decode  # noqa: E402
+from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate, qwen3  # noqa: E402
 from gr2jax.model import params as params_lib  # noqa: E402
@@ -233,7 +233,7 @@ def run_grid(drafter, verifier, data, tok, prompt_len, response_len) -> dict:
         out = {f: np.asarray(getattr(out, f))[:n] for f in sp.SpecOutput._fields
                if getattr(out, f).ndim}
         fields.append(out)
-        diverged += [dict(d, row=first + d["row"]) for d in sp.first_divergence(
+        diverged += [dict(d, row=first + d["row"]) for d in emulate.first_divergence(
           verifier, tokens[:n], lengths[:n], out["tokens"], ar_tokens[first:first + n])]
       seconds = time.perf_counter() - t0
       out = {f: np.concatenate([x[f] for x in fields]) for f in fields[0]}
@@ -509,4 +509,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

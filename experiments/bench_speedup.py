@@ -23,7 +23,7 @@ Draft-and-verify (--record_verifier, the AR export verifying the --record_ckpt d
 gr2jax/diffusion/speculative.py): the same prompts decoded greedily at each K of --spec_ks and
 tau_d of --spec_taus (draft step cap 64, the drafter's block size); its output is the verifier's,
 so one length L_s (the most common) serves every entry; each row's schedule = per verify step
-(denoising steps of its draft, drafts accepted) (speculative.schedule_from_output), and the
+(denoising steps of its draft, drafts accepted) (emulate.schedule_from_output), and the
 representative user is the row of length L_s with the median forwards (draft + verify).
 
 Replay: for each --runs entry (shape/dtype) and prompt length of --prompt_lengths, random
@@ -36,7 +36,7 @@ weights and a random prompt [1, P] are prefilled once; then, timed with the pref
     step, so it runs the recorded number of forwards (the LM head at all B queries with the
     default --head_buckets=1, as the evaluation decodes). Which positions commit differs (random
     weights), what a forward costs does not.
-  - draft-and-verify at each (K, tau_d): `speculative.speculative_replay(prefilled=)` with the
+  - draft-and-verify at each (K, tau_d): `emulate.speculative_replay(prefilled=)` with the
     same random weights as drafter (at the trained block size, a mask token) and verifier runs
     the recorded drafter forwards and verify forwards and accepts the recorded drafts (its
     prefills, one per model, excluded like AR's); its speed-up is over AR at its own length.
@@ -72,7 +72,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --dtype)
 
-from gr2jax import load  # noqa: E402
+from gr2jax import cli, load  # noqa: E402
 from gr2jax.apps import tables  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
@@ -201,7 +201,7 @@ def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, dat
                    accepted_per_verify=float(res.accepted.sum() / res.verify_forwards.sum()),
                    forwards_per_token=float(forwards.sum() / n.sum()),
                    mean_length=float(n.mean()))
-      decodes.append((n, forwards, sp.schedule_from_output(res, drafter.config.block_size),
+      decodes.append((n, forwards, emulate.schedule_from_output(res, drafter.config.block_size),
                       res, entry))
   length = int(np.bincount(decodes[0][0]).argmax())  # every decode is the verifier's output
   entries = []
@@ -295,11 +295,12 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
     # cap's steps (one compile per K and tau_d, whatever the schedule).
     cap, steps = entry["max_new_tokens"], entry["schedule"]
     schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))], jnp.int32)
-    prefilled = jax.block_until_ready(sp.prefill(drafter, verifier, prompt, prompt_lengths, cap))
+    prefilled = jax.block_until_ready(emulate.speculative_prefill(
+      drafter, verifier, prompt, prompt_lengths, spec, max_new_tokens=cap))
 
     def run():
-      out = sp.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
-                                  max_new_tokens=cap, prefilled=copy(prefilled))
+      out = emulate.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
+                                       max_new_tokens=cap, prefilled=copy(prefilled))
       return out.tokens, out.verify_forwards[0] + out.draft_forwards[0]
     return run
 
@@ -582,4 +583,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.one_line_refusals()(main))

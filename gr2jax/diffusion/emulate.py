@@ -3,9 +3,10 @@
 A benchmark times a bigger model than the one trained by running the trained model's recorded
 commit schedule on the bigger model's (random) weights, from a prefill done beforehand so that a
 timing covers the decode alone (experiments/bench_speedup.py). These emulations run the
-decoders' own steps (decode.decode_loop with a commit-count hook; speculative's loop with
-`Replayed` rules), so they cost what a decode costs, but their tokens are not a model's output.
-The production decoders' jitted loops carry none of it.
+decoders' own steps (decode.decode_loop with a commit-count hook; speculative.decode_loop with
+replaying Rules), so they cost what a decode costs, but their tokens are not a model's output.
+The production decoders' jitted loops carry none of it. `first_divergence` is the benchmarks'
+(and tests') check of where two decodes that should agree part.
 """
 
 import dataclasses
@@ -15,8 +16,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.diffusion import decode
+from gr2jax.diffusion import decode, speculative
 from gr2jax.model import params as params_lib
+from gr2jax.model import qwen3, validate
 from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 
@@ -121,3 +123,166 @@ def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]
         row += np.bincount(block, minlength=int(block.max()) + 1).tolist()
     out.append(row)
   return out
+
+
+# ---- draft-and-verify ----------------------------------------------------------------------
+
+
+class _Replayed(speculative.Rules):
+  """speculative.Rules replaying a recorded schedule [B, S, 2] int32: (denoising steps,
+  accepted drafts) of each verify step, -1 past the row's last."""
+
+  def __init__(self, schedule: jax.Array, spec: speculative.DraftSpec, mask_token_id):
+    super().__init__(spec, 0.0, mask_token_id)
+    self.schedule = schedule
+
+  def _recorded(self, step, field):
+    at = jnp.minimum(step, self.schedule.shape[1] - 1)[:, None]
+    return jnp.take_along_axis(self.schedule[:, :, field], at, axis=1)[:, 0]
+
+  def draft_steps(self, step):
+    """The draft's recorded denoising steps (past the schedule: one)."""
+    return jnp.maximum(jnp.where(step < self.schedule.shape[1], self._recorded(step, 0), 1), 1)
+
+  def draft_count(self, capped):
+    """One token per denoising step; the capped (last) step the rest."""
+    return jnp.where(capped, self.spec.k, 1)
+
+  def accept(self, step, logits, drafts, q_logp, k_eff, key):
+    """The recorded acceptances (at most K_eff), then the verifier's greedy token."""
+    a = jnp.minimum(self._recorded(step, 1), k_eff)
+    greedy = speculative.verifier_greedy(logits, self.mask_token_id)
+    return a, jnp.take_along_axis(greedy, a[:, None], axis=1)[:, 0]
+
+  def ended(self, steps):
+    """After the row's recorded verify steps."""
+    return steps >= jnp.sum(self.schedule[:, :, 0] >= 0, axis=1)
+
+
+_STATIC = ("config_d", "config_v", "caches")
+_prefills = jax.jit(speculative.prefills, static_argnames=_STATIC)
+
+
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "spec", "max_new_tokens"))
+def _speculative_replay(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key,
+                        schedule, prefilled, *, config_d, config_v, spec, max_new_tokens, caches):
+  if prefilled is None:
+    prefilled = speculative.prefills(params_d, params_v, prompt_tokens, prompt_lengths,
+                                     config_d=config_d, config_v=config_v, caches=caches)
+  return speculative.decode_loop(
+    params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
+    _Replayed(schedule, spec, config_v.mask_token_id), config_d=config_d, config_v=config_v,
+    spec=spec, max_new_tokens=max_new_tokens, temperature=0.0)[0]
+
+
+def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model, prompt_tokens,
+                        prompt_lengths, spec: speculative.DraftSpec, *, max_new_tokens: int):
+  """Both prefills, as speculative_generate runs them: (verifier cache, verifier logits [B, V],
+  drafter cache), for `speculative_replay(prefilled=)` (a timing of the decode alone).
+  Arguments as speculative_generate's, checked as there."""
+  c = speculative.check_inputs("emulate.speculative_prefill", drafter, verifier, prompt_tokens,
+                               prompt_lengths, spec, max_new_tokens, 0.0, None)
+  return _prefills(params_lib.layer_list(c.drafter.params),
+                   params_lib.layer_list(c.verifier.params), c.prompt_tokens, c.prompt_lengths,
+                   config_d=c.drafter.config, config_v=c.verifier.config, caches=c.slots)
+
+
+def speculative_replay(drafter: speculative.Model, verifier: speculative.Model,
+                       prompt_tokens: jax.Array, prompt_lengths: jax.Array,
+                       spec: speculative.DraftSpec, schedule: jax.Array, *, max_new_tokens: int,
+                       prefilled: tuple | None = None) -> speculative.SpecOutput:
+  """Runs a recorded draft-and-verify schedule on any weights (a speed emulation, not a decode).
+
+  Verify step s of row b drafts as the decoder does (K_eff from the row's position) but with
+  exactly `schedule[b, s, 0]` denoising steps (one token per step, the last one the rest), and
+  accepts exactly min(schedule[b, s, 1], K_eff) drafts, whatever they are, plus the verifier's
+  token; the row ends after its recorded steps. With the recording's max_new_tokens (so K_eff
+  follows the same positions) and no stop ids, replaying `schedule_from_output` of a decode runs
+  exactly its drafter and verify forwards.
+
+  Args:
+    drafter, verifier, prompt_tokens, prompt_lengths, spec: as speculative_generate.
+    schedule: [B, S, 2] int: (denoising steps, accepted drafts) of each verify step, >= 0, then
+      -1 past the row's last step.
+    max_new_tokens: N, the recording's.
+    prefilled: optional `speculative_prefill(...)` of these prompts (the loop starts from it).
+
+  Returns:
+    SpecOutput (its tokens are not a model's output).
+  """
+  where = "speculative_replay"
+  c = speculative.check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec,
+                               max_new_tokens, 0.0, None)
+  b = c.prompt_tokens.shape[0]
+  schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
+  validate.check_range(where, "schedule", schedule, -1, 2**30)
+  if prefilled is not None:
+    v_cache, v_logits, d_cache = prefilled
+    for name, cache, size in (("prefilled[0]", v_cache, c.slots[0]),
+                              ("prefilled[2]", d_cache, c.slots[1])):
+      if not isinstance(cache, KVCache) or cache.lengths.shape != (b,) or cache.max_len != size:
+        raise ValueError(f"{where}: {name} must be a KVCache of {b} rows and {size} slots "
+                         "(speculative_prefill)")
+    validate.check_shape(where, "prefilled[1]", v_logits, shape=(b, c.verifier.config.vocab_size))
+  return _speculative_replay(
+    params_lib.layer_list(c.drafter.params), params_lib.layer_list(c.verifier.params),
+    c.prompt_tokens, c.prompt_lengths, c.stop_ids, c.key, jnp.asarray(schedule, jnp.int32),
+    prefilled, config_d=c.drafter.config, config_v=c.verifier.config, spec=spec,
+    max_new_tokens=c.max_new_tokens, caches=c.slots)
+
+
+def schedule_from_output(out: speculative.SpecOutput,
+                         block_size: int) -> list[list[tuple[int, int]]]:
+  """Per row, (denoising steps, accepted drafts) of each verify step: what speculative_replay
+  replays. The commit forwards are re-derived from the block alignment (a step opens with one
+  when the accepted tokens completed the drafter's block and it drafts).
+
+  Args:
+    out: a SpecOutput (host arrays or device arrays).
+    block_size: the drafter's B.
+
+  Returns:
+    B lists of (denoise, accepted) pairs.
+  """
+  rows = []
+  for b in range(len(out.lengths)):
+    n, start, row = 1, 0, []
+    for s in range(int(out.verify_forwards[b])):
+      drafted, accepted = int(out.step_drafted[b, s]), int(out.step_accepted[b, s])
+      commits = int(n >= start + block_size and drafted > 0)
+      start += block_size * commits
+      row.append((int(out.step_draft_forwards[b, s]) - commits, accepted))
+      n += accepted + 1
+    rows.append(row)
+  return rows
+
+
+
+
+def first_divergence(verifier: speculative.Model, prompt_tokens, prompt_lengths, tokens,
+                     reference) -> list:
+  """Where two decodes of the same prompts first differ, and how close the verifier was to a tie.
+
+  Args:
+    verifier: the Model both decodes should follow.
+    prompt_tokens: [B, P] right-padded prompts; prompt_lengths: [B].
+    tokens: [B, N] one decode's tokens (e.g. speculative_generate's).
+    reference: [B, N] the other's (e.g. generate's greedy tokens).
+
+  Returns:
+    One dict per differing row: row, index j, both tokens, and margin = |logit difference| of
+    the two tokens at j under one cache-free causal forward of [prompt | reference[:j]] (a
+    third rounding of the same numbers: a margin near 1e-6 is a float near-tie).
+  """
+  tokens, reference = np.asarray(tokens), np.asarray(reference)
+  found = []
+  for row in np.flatnonzero((tokens != reference).any(axis=1)):
+    j = int(np.argmax(tokens[row] != reference[row]))
+    n = int(prompt_lengths[row])
+    seq = np.concatenate([np.asarray(prompt_tokens[row, :n]), reference[row, :j]])[None]
+    logits = np.asarray(qwen3.forward(verifier.params, verifier.config, jnp.asarray(seq))[0])
+    last = logits[0, -1]
+    a, b = int(reference[row, j]), int(tokens[row, j])
+    found.append({"row": int(row), "index": j, "reference": a, "token": b,
+                  "margin": float(abs(last[a] - last[b]))})
+  return found

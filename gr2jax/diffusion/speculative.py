@@ -60,7 +60,6 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 
 from gr2jax import exports
@@ -280,7 +279,44 @@ def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array
   return buf.at[rows, step].set(jnp.where(write[:, None], value, buf[rows, step]), mode="drop")
 
 
-def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule, temperature,
+class Rules:
+  """How a verify step drafts and accepts: the decoder's own rules (module docstring).
+
+  `decode_loop` calls these inside its while loop (traced); gr2jax/diffusion/emulate.py replays
+  a recorded run with a subclass.
+  """
+
+  def __init__(self, spec: DraftSpec, temperature: float, mask_token_id: int | None):
+    self.spec, self.temperature, self.mask_token_id = spec, temperature, mask_token_id
+
+  def draft_steps(self, step: jax.Array) -> jax.Array:
+    """[B] int32 denoising-step budget of each row's draft at its verify step `step` [B]."""
+    return jnp.full(step.shape, self.spec.draft_steps, jnp.int32)
+
+  def draft_count(self, capped: jax.Array) -> jax.Array | None:
+    """commit.select's `count` of a denoising step (capped [B]: the draft's last step); None:
+    the threshold rule at spec.draft_tau."""
+    del capped
+    return None
+
+  def accept(self, step, logits, drafts, q_logp, k_eff, key):
+    """(accepted drafts a [B], the token after them [B]) of verify step `step` [B] from the
+    verifier's logits [B, K + 1, V]: greedy_accept, or speculative_accept when sampling."""
+    del step
+    if self.temperature > 0:
+      return speculative_accept(commit.token_log_probs(logits, self.mask_token_id,
+                                                       self.temperature),
+                                q_logp, drafts, k_eff, key)
+    return greedy_accept(verifier_greedy(logits, self.mask_token_id), drafts, k_eff)
+
+  def ended(self, steps: jax.Array) -> jax.Array | bool:
+    """Whether a row that has run `steps` [B] verify steps ends there whatever it committed
+    (the decoder: never; its rows end on a stop token or the length cap)."""
+    del steps
+    return False
+
+
+def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Rules, temperature,
            key):
   """The drafts of one verify step (inner while loop, module docstring).
 
@@ -304,12 +340,7 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule,
   block_idx = jnp.arange(t, dtype=jnp.int32)[None, :]
   prefix = jnp.where(start[:, None] + block_idx < s.n[:, None], _rows_slice(s.out, start, t),
                      mask_id)  # [B, T] accepted tokens, then masks
-  if schedule is None:
-    cap = jnp.full((b,), spec.draft_steps, jnp.int32)
-  else:  # replay: this draft's recorded denoising steps (past the schedule: one)
-    at = jnp.minimum(s.step, schedule.shape[1] - 1)[:, None]
-    recorded = jnp.take_along_axis(schedule[:, :, 0], at, axis=1)[:, 0]
-    cap = jnp.maximum(jnp.where(s.step < schedule.shape[1], recorded, 1), 1)
+  cap = rules.draft_steps(s.step)
   rows = jnp.arange(b)[:, None]
   queries = jnp.clip(j[:, None] - 1 + slots, 0, t - 1)  # query i - 1 predicts window slot i
 
@@ -330,12 +361,12 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule,
     seed = (d.committing & (j == 0))[:, None] & (slots == 0)
     window = jnp.where(seed, tokens[:, :1], d.window)
     open_ = d.open & ~seed
-    # Denoising step: the threshold (or, replaying, one token) rule; the capped step: all.
+    # Denoising step: the rules' (the threshold at draft_tau); the capped step commits all.
     capped = d.step >= cap - 1
     tau = jnp.where(capped, -1.0, spec.draft_tau)
-    count = None if schedule is None else jnp.where(capped, k, 1)
     res = commit.select(tokens, token_logp if conf is None else conf, window,
-                        open_ & drafting[:, None], tau, order=spec.commit_order, count=count)
+                        open_ & drafting[:, None], tau, order=spec.commit_order,
+                        count=rules.draft_count(capped))
     q_logp = d.q_logp
     if temperature > 0:
       q_logp = jnp.where((seed | res.committed)[..., None], logp, q_logp)
@@ -358,26 +389,55 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, schedule,
           d.num_forwards)
 
 
+def prefills(params_d, params_v, prompt_tokens, prompt_lengths, *, config_d, config_v, caches):
+  """Both prompt prefills (traceable; params in the decoders' layout): (verifier cache,
+  verifier logits [B, V] f32, drafter cache), of caches = (verifier, drafter) slots."""
+  b = prompt_tokens.shape[0]
+  v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
+                                           init_cache(config_v, b, caches[0]), read_cache=False)
+  _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
+                                    init_cache(config_d, b, caches[1]), read_cache=False)
+  return v_cache, v_logits, d_cache
+
+
 @functools.partial(jax.jit, static_argnames=("config_d", "config_v", "spec", "max_new_tokens",
                                              "temperature", "caches"))
-def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, schedule,
-            prefilled, *, config_d, config_v, spec, max_new_tokens, temperature, caches):
+def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, *, config_d,
+            config_v, spec, max_new_tokens, temperature, caches):
   """The jitted decoder (module docstring); `caches` = (verifier slots, drafter slots).
 
   Returns:
     (SpecOutput, the verifier cache, the drafter cache).
   """
-  b = prompt_tokens.shape[0]
+  prefilled = prefills(params_d, params_v, prompt_tokens, prompt_lengths, config_d=config_d,
+                       config_v=config_v, caches=caches)
+  return decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
+                     Rules(spec, temperature, config_v.mask_token_id), config_d=config_d,
+                     config_v=config_v, spec=spec, max_new_tokens=max_new_tokens,
+                     temperature=temperature)
+
+
+def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, rules: Rules, *,
+                config_d, config_v, spec, max_new_tokens, temperature):
+  """The decode after the prefills (traceable; module docstring): the verify while loop.
+
+  Args:
+    params_d, params_v: the drafter's and the verifier's params (the decoders' layout).
+    prompt_lengths: [B] int32.
+    stop_ids: [S] int32 (-1 for none).
+    key: PRNG key.
+    prefilled: `prefills(...)` of the prompts.
+    rules: how each verify step drafts and accepts (Rules: the decoder's).
+    config_d, config_v, spec, max_new_tokens, temperature: static, as `_decode`.
+
+  Returns:
+    (SpecOutput, the verifier cache, the drafter cache).
+  """
+  b = prompt_lengths.shape[0]
   k, t, n_max = spec.k, config_d.block_size, max_new_tokens
   r = -(-n_max // t) * t + t + k + 1  # response slots: every block window and verify write
   key, first_key = jax.random.split(key)
-  if prefilled is None:
-    v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
-                                             init_cache(config_v, b, caches[0]), read_cache=False)
-    _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
-                                      init_cache(config_d, b, caches[1]), read_cache=False)
-  else:
-    v_cache, v_logits, d_cache = prefilled
+  v_cache, v_logits, d_cache = prefilled
   mask_v = config_v.mask_token_id
   if temperature > 0:
     logp = commit.token_log_probs(v_logits, mask_v, temperature)
@@ -385,12 +445,9 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
   else:
     first = verifier_greedy(v_logits, mask_v)
   zeros = jnp.zeros((b,), jnp.int32)
-  # Replay: a row ends after its recorded verify steps (the schedule is -1 past them).
-  row_steps = None if schedule is None else jnp.sum(schedule[:, :, 0] >= 0, axis=1)
   state = _State(
     v_cache=v_cache, d_cache=d_cache, last=first, n=jnp.ones((b,), jnp.int32), d_start=zeros,
-    done=jnp.isin(first, stop_ids) | (n_max == 1) | (False if row_steps is None else
-                                                      row_steps == 0),
+    done=jnp.isin(first, stop_ids) | (n_max == 1) | rules.ended(zeros),
     out=jnp.zeros((b, r), jnp.int32).at[:, 0].set(first),
     token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP), step=zeros,
     step_rec=jnp.zeros((b, n_max, 3), jnp.int32), num_forwards=jnp.zeros((2,), jnp.int32),
@@ -400,19 +457,11 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
     key, draft_key, verify_key = jax.random.split(s.key, 3)
     active = ~s.done
     drafts, q_logp, k_eff, d_cache, d_start, d_fwd, d_num = _draft(
-      params_d, config_d, s, prompt_lengths, spec, schedule, temperature, draft_key)
+      params_d, config_d, s, prompt_lengths, spec, rules, temperature, draft_key)
     logits, v_written = qwen3.forward(params_v, config_v,
                                       jnp.concatenate([s.last[:, None], drafts], axis=1),
                                       cache=s.v_cache, update_cache=True)  # [B, K + 1, V]
-    if schedule is not None:  # replay: the recorded acceptances, the verifier's bonus
-      at = jnp.minimum(s.step, schedule.shape[1] - 1)[:, None]
-      a = jnp.minimum(jnp.take_along_axis(schedule[:, :, 1], at, axis=1)[:, 0], k_eff)
-      bonus = jnp.take_along_axis(verifier_greedy(logits, mask_v), a[:, None], axis=1)[:, 0]
-    elif temperature > 0:
-      a, bonus = speculative_accept(commit.token_log_probs(logits, mask_v, temperature), q_logp,
-                                    drafts, k_eff, verify_key)
-    else:
-      a, bonus = greedy_accept(verifier_greedy(logits, mask_v), drafts, k_eff)
+    a, bonus = rules.accept(s.step, logits, drafts, q_logp, k_eff, verify_key)
     slots = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
     committed = jnp.where(slots < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), bonus[:, None])
     kept = slots <= a[:, None]  # [B, K + 1]
@@ -427,9 +476,7 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, sc
     token_step = place(s.token_step, jnp.where(keep, s.step[:, None],
                                                _rows_slice(s.token_step, s.n, k + 1)), s.n)
     accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
-    done = s.done | (stop_at <= a) | (n >= n_max)
-    if row_steps is not None:
-      done |= s.step + 1 >= row_steps
+    done = s.done | (stop_at <= a) | (n >= n_max) | rules.ended(s.step + 1)
     return s._replace(
       v_cache=v_written.replace(lengths=s.v_cache.lengths + jnp.where(active, count, 0)),
       d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
@@ -500,16 +547,28 @@ def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, spec: DraftSpec) ->
                      f"{cd.block_size} (a draft never crosses its block)")
 
 
-def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
-              temperature, key, schedule=None, prefilled=None):
-  """Checks every argument (before tracing), then runs `_decode`: (SpecOutput, verifier cache,
-  drafter cache)."""
+class Checked(NamedTuple):
+  """The arguments of a draft-and-verify decode, checked (`check_inputs`)."""
+
+  drafter: Model
+  verifier: Model
+  prompt_tokens: jax.Array  # [B, P] int32
+  prompt_lengths: jax.Array  # [B] int32
+  max_new_tokens: int
+  temperature: float
+  key: jax.Array
+  stop_ids: jax.Array  # [S] int32 the verifier's eos ids (-1 for none)
+  slots: tuple[int, int]  # cache_slots
+
+
+def check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
+                 temperature, key) -> Checked:
+  """Checks every argument of speculative_generate before tracing (its Raises)."""
   drafter = _as_model(where, "drafter", drafter)
   verifier = _as_model(where, "verifier", verifier)
   check_pair(where, drafter.config, verifier.config, spec)
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
-  b, p = prompt_tokens.shape
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
   temperature = validate.real(where, "temperature", temperature)
   if temperature < 0:
@@ -525,26 +584,22 @@ def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max
         "draft_steps=1")
   if key is not None:
     validate.prng_key(where, "key", key)
-  slots = cache_slots(drafter.config, p, max_new_tokens)
-  if schedule is not None:
-    schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
-    validate.check_range(where, "schedule", schedule, -1, 2**30)
-    schedule = jnp.asarray(schedule, jnp.int32)
-  if prefilled is not None:
-    v_cache, v_logits, d_cache = prefilled
-    for name, cache, size in (("prefilled[0]", v_cache, slots[0]),
-                              ("prefilled[2]", d_cache, slots[1])):
-      if not isinstance(cache, KVCache) or cache.lengths.shape != (b,) or cache.max_len != size:
-        raise ValueError(f"{where}: {name} must be a KVCache of {b} rows and {size} slots "
-                         "(speculative.prefill)")
-    validate.check_shape(where, "prefilled[1]", v_logits, shape=(b, verifier.config.vocab_size))
   stop = verifier.config.eos_token_ids
-  return _decode(layer_list(drafter.params), layer_list(verifier.params), prompt_tokens,
-                 prompt_lengths,
-                 jnp.asarray(stop or (-1,), jnp.int32),
-                 jax.random.key(0) if key is None else key, schedule, prefilled,
-                 config_d=drafter.config, config_v=verifier.config, spec=spec,
-                 max_new_tokens=max_new_tokens, temperature=temperature, caches=slots)
+  return Checked(drafter, verifier, prompt_tokens, prompt_lengths, max_new_tokens, temperature,
+                 jax.random.key(0) if key is None else key, jnp.asarray(stop or (-1,), jnp.int32),
+                 cache_slots(drafter.config, prompt_tokens.shape[1], max_new_tokens))
+
+
+def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
+              temperature, key):
+  """Checks every argument (before tracing), then runs `_decode`: (SpecOutput, verifier cache,
+  drafter cache)."""
+  c = check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
+                   temperature, key)
+  return _decode(layer_list(c.drafter.params), layer_list(c.verifier.params), c.prompt_tokens,
+                 c.prompt_lengths, c.stop_ids, c.key, config_d=c.drafter.config,
+                 config_v=c.verifier.config, spec=spec, max_new_tokens=c.max_new_tokens,
+                 temperature=c.temperature, caches=c.slots)
 
 
 def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Array,
@@ -581,85 +636,6 @@ def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Arr
                    spec, max_new_tokens, temperature, key)[0]
 
 
-@functools.partial(jax.jit, static_argnames=("config_d", "config_v", "max_new_tokens"))
-def _prefill(params_d, params_v, prompt_tokens, prompt_lengths, *, config_d, config_v,
-             max_new_tokens):
-  v_slots, d_slots = cache_slots(config_d, prompt_tokens.shape[1], max_new_tokens)
-  v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
-                                           init_cache(config_v, prompt_tokens.shape[0], v_slots),
-                                           read_cache=False)
-  _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
-                                    init_cache(config_d, prompt_tokens.shape[0], d_slots),
-                                    read_cache=False)
-  return v_cache, v_logits, d_cache
-
-
-def prefill(drafter: Model, verifier: Model, prompt_tokens: jax.Array, prompt_lengths: jax.Array,
-            max_new_tokens: int):
-  """Both prefills, as the decoder runs them: (verifier cache, verifier logits [B, V], drafter
-  cache), for `speculative_replay(prefilled=)` (a timing of the decode alone)."""
-  where = "prefill"
-  drafter, verifier = _as_model(where, "drafter", drafter), _as_model(where, "verifier", verifier)
-  prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
-                                                   prompt_lengths)
-  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  return _prefill(layer_list(drafter.params), layer_list(verifier.params), prompt_tokens,
-                  prompt_lengths,
-                  config_d=drafter.config, config_v=verifier.config,
-                  max_new_tokens=max_new_tokens)
-
-
-def speculative_replay(drafter: Model, verifier: Model, prompt_tokens: jax.Array,
-                       prompt_lengths: jax.Array, spec: DraftSpec, schedule: jax.Array, *,
-                       max_new_tokens: int, prefilled: tuple | None = None) -> SpecOutput:
-  """Runs a recorded draft-and-verify schedule on any weights (a speed emulation, not a decode).
-
-  Verify step s of row b drafts as the decoder does (K_eff from the row's position) but with
-  exactly `schedule[b, s, 0]` denoising steps (one token per step, the last one the rest), and
-  accepts exactly min(schedule[b, s, 1], K_eff) drafts, whatever they are, plus the verifier's
-  token; the row ends after its recorded steps. With the recording's max_new_tokens (so K_eff
-  follows the same positions) and no stop ids, replaying `schedule_from_output` of a decode runs
-  exactly its drafter and verify forwards.
-
-  Args:
-    drafter, verifier, prompt_tokens, prompt_lengths, spec: as speculative_generate.
-    schedule: [B, S, 2] int: (denoising steps, accepted drafts) of each verify step, >= 0, then
-      -1 past the row's last step.
-    max_new_tokens: N, the recording's.
-    prefilled: optional `prefill(...)` of these prompts (the loop starts from it).
-
-  Returns:
-    SpecOutput (its tokens are not a model's output).
-  """
-  return _generate("speculative_replay", drafter, verifier, prompt_tokens, prompt_lengths, spec,
-                   max_new_tokens, 0.0, None, schedule, prefilled)[0]
-
-
-def schedule_from_output(out: SpecOutput, block_size: int) -> list[list[tuple[int, int]]]:
-  """Per row, (denoising steps, accepted drafts) of each verify step: what speculative_replay
-  replays. The commit forwards are re-derived from the block alignment (a step opens with one
-  when the accepted tokens completed the drafter's block and it drafts).
-
-  Args:
-    out: a SpecOutput (host arrays or device arrays).
-    block_size: the drafter's B.
-
-  Returns:
-    B lists of (denoise, accepted) pairs.
-  """
-  rows = []
-  for b in range(len(out.lengths)):
-    n, start, row = 1, 0, []
-    for s in range(int(out.verify_forwards[b])):
-      drafted, accepted = int(out.step_drafted[b, s]), int(out.step_accepted[b, s])
-      commits = int(n >= start + block_size and drafted > 0)
-      start += block_size * commits
-      row.append((int(out.step_draft_forwards[b, s]) - commits, accepted))
-      n += accepted + 1
-    rows.append(row)
-  return rows
-
-
 def check_same_build(drafter_path: str, verifier_path: str) -> None:
   """Refuses a drafter and a verifier export trained on different data builds.
 
@@ -675,31 +651,3 @@ def check_same_build(drafter_path: str, verifier_path: str) -> None:
   if problems:
     raise ValueError(f"drafter {drafter_path} and verifier {verifier_path} come from different "
                      f"data builds (drafter vs verifier): {'; '.join(problems)}")
-
-
-def first_divergence(verifier: Model, prompt_tokens, prompt_lengths, tokens, reference) -> list:
-  """Where two decodes of the same prompts first differ, and how close the verifier was to a tie.
-
-  Args:
-    verifier: the Model both decodes should follow.
-    prompt_tokens: [B, P] right-padded prompts; prompt_lengths: [B].
-    tokens: [B, N] one decode's tokens (e.g. speculative_generate's).
-    reference: [B, N] the other's (e.g. generate's greedy tokens).
-
-  Returns:
-    One dict per differing row: row, index j, both tokens, and margin = |logit difference| of
-    the two tokens at j under one cache-free causal forward of [prompt | reference[:j]] (a
-    third rounding of the same numbers: a margin near 1e-6 is a float near-tie).
-  """
-  tokens, reference = np.asarray(tokens), np.asarray(reference)
-  found = []
-  for row in np.flatnonzero((tokens != reference).any(axis=1)):
-    j = int(np.argmax(tokens[row] != reference[row]))
-    n = int(prompt_lengths[row])
-    seq = np.concatenate([np.asarray(prompt_tokens[row, :n]), reference[row, :j]])[None]
-    logits = np.asarray(qwen3.forward(verifier.params, verifier.config, jnp.asarray(seq))[0])
-    last = logits[0, -1]
-    a, b = int(reference[row, j]), int(tokens[row, j])
-    found.append({"row": int(row), "index": j, "reference": a, "token": b,
-                  "margin": float(abs(last[a] - last[b]))})
-  return found

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import decode, emulate, speculative
 from gr2jax.model import qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.params import init_params
@@ -35,11 +35,33 @@ def _padded(schedule):
   return np.asarray([r + [1] * (width - len(r)) for r in schedule])
 
 
-def test_production_steering_has_no_emulation():
-  """The production decoder takes a constraint and a response prefix only: a schedule or a
-  prefilled cache is the emulator's."""
+def test_production_decoders_carry_no_emulation():
+  """The block-diffusion decoder is steered by a constraint and a response prefix only, and the
+  draft-and-verify module has no replay: a schedule or a prefilled cache is the emulator's."""
   assert [f.name for f in dataclasses.fields(decode.Steering)] == ["constraint",
                                                                    "response_prefix"]
+  for name in ("speculative_replay", "prefill", "schedule_from_output", "first_divergence"):
+    assert not hasattr(speculative, name), name
+
+
+def test_speculative_replay_checks_its_schedule_and_prefill():
+  """A schedule of the wrong shape or range, and a prefill of other sizes, name the argument
+  before anything runs."""
+  ar = dataclasses.replace(CONFIG, block_size=1, mask_token_id=None)
+  weights = init_params(ar, jax.random.key(0))
+  drafter, verifier = speculative.Model(weights, CONFIG), speculative.Model(weights, ar)
+  spec = speculative.DraftSpec(k=4)
+  run = lambda schedule, **kw: emulate.speculative_replay(
+    drafter, verifier, PROMPTS, LENGTHS, spec, schedule, max_new_tokens=MAX_NEW, **kw)
+  with pytest.raises(ValueError, match="speculative_replay: schedule"):
+    run(np.zeros((3, 4, 2), np.int32))
+  with pytest.raises(ValueError, match="speculative_replay: schedule"):
+    run(np.full((2, 4, 2), -2, np.int32))
+  prefilled = emulate.speculative_prefill(drafter, verifier, PROMPTS, LENGTHS, spec,
+                                          max_new_tokens=MAX_NEW - 4)
+  with pytest.raises(ValueError, match=r"prefilled\[0\] must be a KVCache of 2 rows and 18 "
+                                       r"slots \(speculative_prefill\)"):
+    run(np.zeros((2, 4, 2), np.int32), prefilled=prefilled)
 
 
 def test_replayed_schedule_reproduces_the_decode(params):

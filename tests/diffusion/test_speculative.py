@@ -21,7 +21,7 @@ import scipy.stats
 
 from gr2jax import exports
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.diffusion import decode
+from gr2jax.diffusion import decode, emulate
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
@@ -62,7 +62,7 @@ def run_a(pair_a):
 def _assert_generates_the_same(verifier, prompts, lengths, out):
   ref = generate.generate(verifier.params, verifier.config, prompts, lengths,
                           max_new_tokens=MAX_NEW)
-  diverged = sp.first_divergence(verifier, prompts, lengths, out.tokens, ref.tokens)
+  diverged = emulate.first_divergence(verifier, prompts, lengths, out.tokens, ref.tokens)
   assert not diverged, f"speculative != generate (first divergent token, logit margin): {diverged}"
   np.testing.assert_array_equal(out.lengths, ref.lengths)
 
@@ -235,14 +235,15 @@ def test_self_speculative_equals_the_drafters_block_size_one_decode(pair_a):
 @pytest.mark.slow
 def test_replay_runs_the_recorded_forwards_on_other_weights(pair_a, run_a):
   out = jax.device_get(run_a[0])
-  rows = sp.schedule_from_output(out, 8)
+  rows = emulate.schedule_from_output(out, 8)
   width = max(map(len, rows))
   schedule = np.full((4, width + 3, 2), -1, np.int32)
   for b, row in enumerate(rows):
     schedule[b, :len(row)] = row
   other = init_params(AR_A, jax.random.key(9))
-  replayed = sp.speculative_replay(sp.Model(other, _diffusion(AR_A)), sp.Model(other, AR_A),
-                                   PROMPTS, LENGTHS, SPEC, schedule, max_new_tokens=MAX_NEW)
+  drafter, verifier = sp.Model(other, _diffusion(AR_A)), sp.Model(other, AR_A)
+  replayed = emulate.speculative_replay(drafter, verifier, PROMPTS, LENGTHS, SPEC, schedule,
+                                        max_new_tokens=MAX_NEW)
   for field in ("lengths", "verify_forwards", "draft_forwards", "accepted", "step_drafted",
                 "step_accepted", "step_draft_forwards"):
     np.testing.assert_array_equal(getattr(replayed, field), getattr(out, field), err_msg=field)
