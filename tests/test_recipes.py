@@ -17,3 +17,18 @@ def test_the_smoke_teacher_is_one_batch_of_a_few_users(variant):
   assert t.attempts == min(full.attempts, 2) and t.max_new_tokens == min(full.max_new_tokens, 128)
   assert t.restart is False and c.data.strict_traces is True and c.table.remeasure is False
   recipe_lib.teacher_spec(recipe_lib.from_config(c))  # the spec checks its fields
+
+
+def test_a_new_recipe_is_a_function_in_recipes(monkeypatch):
+  """README, "How to extend": a function that edits the tiny recipe, under its name in
+  RECIPES; every view then takes it, with ',smoke' too."""
+  def toy(c):
+    c.stages.cft.train.steps = 7
+
+  monkeypatch.setitem(recipes.RECIPES, "toy", toy)
+  c = recipes.config("toy,smoke", "cft")
+  assert c.recipe == "toy" and c.stages.cft.train.steps == 2  # smoke shrinks after the recipe
+  r = recipes.get("toy")
+  assert r.name == "toy" and r.stages["cft"].train.steps == 7
+  with pytest.raises(ValueError, match="unknown variant 'toys'"):
+    recipes.config("toys")
