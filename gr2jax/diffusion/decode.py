@@ -519,19 +519,16 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
     raise ValueError(f"{where}: config.mask_token_id={config.mask_token_id} is outside the vocab "
                      f"[0, {config.vocab_size - 1}]")
   block_size = config.block_size
-  tau = validate.real(where, "threshold", decoding.threshold)
-  if not 0 < tau <= 1:
-    raise ValueError(f"{where}: threshold={decoding.threshold} must be in (0, 1] (tau <= 0 would "
-                     "commit whole blocks at once; 1.0 = one token per step)")
-  temperature = validate.real(where, "temperature", decoding.temperature)
-  if temperature < 0:
-    raise ValueError(f"{where}: temperature={temperature} must be >= 0 (0 = greedy)")
+  tau = validate.real(where, "threshold", decoding.threshold, low=0, high=1, low_open=True,
+                      note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per "
+                      "step)")
+  temperature = validate.real(where, "temperature", decoding.temperature, low=0,
+                              note=" (0 = greedy)")
   max_steps_per_block = validate.integer(where, "max_steps_per_block",
                                          decoding.max_steps_per_block, minimum=1)
   max_new_tokens = validate.integer(where, "max_new_tokens", decoding.max_new_tokens, minimum=1)
   head_buckets = validate.integer(where, "head_buckets", decoding.head_buckets, minimum=1)
-  if decoding.commit_order not in commit.ORDERS:
-    raise ValueError(f"{where}: commit_order={decoding.commit_order!r} not in {commit.ORDERS}")
+  validate.one_of(where, "commit_order", decoding.commit_order, commit.ORDERS)
   b = prompt_tokens.shape[0]
   if temperature > 0 and key is None:
     raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")

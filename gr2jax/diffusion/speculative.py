@@ -94,13 +94,10 @@ class DraftSpec:
 
   def __post_init__(self):
     validate.integer("DraftSpec", "k", self.k, minimum=1)
-    tau = validate.real("DraftSpec", "draft_tau", self.draft_tau)
-    if not 0 <= tau <= 1:
-      raise ValueError(f"DraftSpec.draft_tau={self.draft_tau} must be in [0, 1] (0 = one-step "
-                       "draft)")
+    validate.real("DraftSpec", "draft_tau", self.draft_tau, low=0, high=1,
+                  note=" (0 = a one-step draft)")
     validate.integer("DraftSpec", "draft_steps", self.draft_steps, minimum=1)
-    if self.commit_order not in commit.ORDERS:
-      raise ValueError(f"DraftSpec.commit_order={self.commit_order!r} not in {commit.ORDERS}")
+    validate.one_of("DraftSpec", "commit_order", self.commit_order, commit.ORDERS)
 
   @property
   def one_step(self) -> bool:
@@ -570,9 +567,7 @@ def check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, 
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  temperature = validate.real(where, "temperature", temperature)
-  if temperature < 0:
-    raise ValueError(f"{where}: temperature={temperature} must be >= 0 (0 = greedy)")
+  temperature = validate.real(where, "temperature", temperature, low=0, note=" (0 = greedy)")
   if temperature > 0:
     if key is None:
       raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")

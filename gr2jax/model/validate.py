@@ -11,6 +11,11 @@ Static facts (dtype, rank, shape) are checked also under tracing; value checks (
 caller the contract is the caller's: ids outside [0, V) give NaN logits (jnp.take fills with NaN;
 negative ids wrap around), so jitted code must be fed checked values (`generate` and
 `block_diffusion_generate` check before they trace).
+
+The scalar checks (`integer`, `real`, `one_of`, `boolean`) are also the one place a setting is
+checked: the decode specs' `__post_init__`, the decoders' arguments and the server's settings
+call them, with `where` the entry point (`block_diffusion_generate: threshold=...`) or a config
+block with its dot (`decode.` gives `decode.eval_tau=...`).
 """
 
 import math
@@ -129,24 +134,72 @@ def check_range(where: str, name: str, x, low: int, high: int, what: str = "") -
                    f"{what + ' ' if what else ''}[{low}, {high - 1}]")
 
 
-def integer(where: str, name: str, value, *, minimum: int | None = None) -> int:
-  """A Python / numpy integer scalar (bool refused) >= minimum, returned as int."""
+class WrongKind(TypeError, ValueError):
+  """A value of the wrong kind (a str or a bool for a number, ...): a TypeError, and also a
+  ValueError, as the config blocks' checks have always reported every bad setting."""
+
+
+def _label(where: str, name: str) -> str:
+  """`where: name`, or `block.name` when `where` is a config block with its dot ('decode.')."""
+  return f"{where}{name}" if where.endswith(".") else f"{where}: {name}"
+
+
+def integer(where: str, name: str, value, *, minimum: int | None = None,
+            maximum: int | None = None) -> int:
+  """A Python / numpy integer scalar (bool refused) in [minimum, maximum], returned as int."""
+  label = _label(where, name)
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise TypeError(f"{where}: {name} must be an int, got {type(value).__name__} {value!r}")
+    raise WrongKind(f"{label} must be an int, got {type(value).__name__} {value!r}")
   if minimum is not None and value < minimum:
-    raise ValueError(f"{where}: {name}={value} must be >= {minimum}")
+    raise ValueError(f"{label}={value} must be >= {minimum}")
+  if maximum is not None and value > maximum:
+    raise ValueError(f"{label}={value} must be <= {maximum}")
   return int(value)
 
 
-def real(where: str, name: str, value) -> float:
-  """A finite real scalar (Python / numpy; bool refused), returned as float."""
+def real(where: str, name: str, value, *, low: float | None = None, high: float | None = None,
+         low_open: bool = False, note: str = "") -> float:
+  """A finite real scalar (Python / numpy; bool refused) in an interval, returned as float.
+
+  Args:
+    where: the entry point, or a config block with its dot.
+    name: the argument or field name.
+    value: the value.
+    low: the smallest allowed value (None: no lower bound); excluded when low_open.
+    high: the largest allowed value (None: no upper bound).
+    low_open: low itself is refused (`(0, 1]`, `> 0`).
+    note: appended to the out-of-interval message, e.g. " (0 = greedy)".
+
+  Raises:
+    WrongKind: not a real number. ValueError: not finite, or outside the interval.
+  """
+  label = _label(where, name)
   if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
                                                                    np.floating)):
-    raise TypeError(f"{where}: {name} must be a real number, got {type(value).__name__} "
-                    f"{value!r}")
+    raise WrongKind(f"{label} must be a real number, got {type(value).__name__} {value!r}")
   if not math.isfinite(value):
-    raise ValueError(f"{where}: {name}={value} must be finite")
+    raise ValueError(f"{label}={value} must be finite")
+  below = low is not None and (value <= low if low_open else value < low)
+  if below or (high is not None and value > high):
+    if high is None:
+      must = f"{'>' if low_open else '>='} {low}"
+    else:
+      must = f"in {'(' if low_open else '['}{low}, {high}]"
+    raise ValueError(f"{label}={value} must be {must}{note}")
   return float(value)
+
+
+def one_of(where: str, name: str, value, choices: tuple) -> None:
+  """Raises ValueError naming the field unless value is one of choices."""
+  if value not in choices:
+    raise ValueError(f"{_label(where, name)}={value!r} not in {choices}")
+
+
+def boolean(where: str, name: str, value) -> None:
+  """Raises WrongKind naming the field unless value is a bool."""
+  if not isinstance(value, bool):
+    raise WrongKind(f"{_label(where, name)} must be a bool, got {type(value).__name__} "
+                    f"{value!r}")
 
 
 def token_ids(where: str, name: str, values, vocab_size: int) -> tuple[int, ...]:

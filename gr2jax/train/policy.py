@@ -42,7 +42,6 @@ sampler's cached decoding. SFT, AR RL and the OPD teacher score with it.
 """
 
 import dataclasses
-import math
 from typing import NamedTuple, Protocol
 
 import jax
@@ -52,7 +51,7 @@ import numpy as np
 from gr2jax import chunks
 from gr2jax.data import batches
 from gr2jax.diffusion import commit, decode, layout, replay, speculative
-from gr2jax.model import generate
+from gr2jax.model import generate, validate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
 
@@ -92,31 +91,15 @@ class DecodeSpec:
   draft_steps: int = 8
 
   def __post_init__(self):
-    for name in ("block_size", "max_steps_per_block"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"decode.{name}={value!r} must be an int >= 1")
+    for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
+      validate.integer("decode.", name, getattr(self, name), minimum=1)
     for name in ("eval_tau", "rollout_tau"):
-      value = getattr(self, name)
-      if (isinstance(value, bool) or not isinstance(value, (int, float))
-          or not 0 < value <= 1):
-        raise ValueError(f"decode.{name}={value!r} must be in (0, 1]")
-    t = self.temperature
-    if (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
-        or t < 0):
-      raise ValueError(f"decode.temperature={t!r} must be a finite number >= 0")
-    if not isinstance(self.constrained, bool):
-      raise ValueError(f"decode.constrained={self.constrained!r} must be a bool")
-    if self.commit_order not in commit.ORDERS:
-      raise ValueError(f"decode.commit_order={self.commit_order!r} must be one of "
-                       f"{commit.ORDERS}")
-    for name in ("draft_k", "draft_steps"):
-      value = getattr(self, name)
-      if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"decode.{name}={value!r} must be an int >= 1")
-    t = self.draft_tau
-    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 1:
-      raise ValueError(f"decode.draft_tau={t!r} must be in [0, 1] (0 = a one-step draft)")
+      validate.real("decode.", name, getattr(self, name), low=0, high=1, low_open=True)
+    validate.real("decode.", "temperature", self.temperature, low=0)
+    validate.boolean("decode.", "constrained", self.constrained)
+    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)
+    validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
+                  note=" (0 = a one-step draft)")
 
   @property
   def draft(self) -> speculative.DraftSpec:

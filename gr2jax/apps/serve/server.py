@@ -36,6 +36,7 @@ graceful shutdown, then the worker drains).
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import itertools
 import json
 import logging
@@ -53,6 +54,7 @@ from starlette import exceptions as starlette_exceptions
 from gr2jax.apps.serve import batching
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve import metrics as metrics_lib
+from gr2jax.model import validate
 
 
 def _item_id(value):
@@ -96,32 +98,35 @@ class Settings:
     """
     values = {f.name: c[f.name] for f in dataclasses.fields(cls)}
     values["batch_buckets"] = tuple(values["batch_buckets"])
-    for name, (ok, must) in _RULES.items():
-      if not ok(values[name]):
-        raise ValueError(f"serve.{name}={values[name]!r} must be {must}")
+    for name, check in _RULES.items():
+      check("serve.", name, values[name])
     return cls(**values)
 
 
-def _is_int(v) -> bool:
-  return isinstance(v, int) and not isinstance(v, bool)
+def _host(where: str, name: str, value) -> None:
+  if not isinstance(value, str) or value == "":
+    raise ValueError(f"{where}{name}={value!r} must be a host name or address")
 
 
-def _is_real(v) -> bool:
-  return isinstance(v, int | float) and not isinstance(v, bool) and v == v
+def _buckets(where: str, name: str, value: tuple) -> None:
+  """Ascending distinct ints >= 1."""
+  for i, b in enumerate(value):
+    validate.integer(where, f"{name}[{i}]", b, minimum=1)
+  if not value or list(value) != sorted(set(value)):
+    raise ValueError(f"{where}{name}={value!r} must be ascending distinct ints >= 1")
 
 
-_RULES = {  # Settings field: (check, what it must be)
-  "host": (lambda v: isinstance(v, str) and v != "", "a host name or address"),
-  "port": (lambda v: _is_int(v) and 0 <= v <= 65535, "an int in 0..65535 (0 = a free port)"),
-  "batch_buckets": (lambda v: bool(v) and all(_is_int(b) and b >= 1 for b in v)
-                    and list(v) == sorted(set(v)), "ascending distinct ints >= 1"),
-  "window_ms": (lambda v: _is_real(v) and v >= 0, "a number >= 0"),
-  "queue_bound": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-  "timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
-  "retry_after_s": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-  "max_body_bytes": (lambda v: _is_int(v) and v >= 1, "an int >= 1"),
-  "drain_timeout_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
-  "keep_alive_s": (lambda v: _is_real(v) and v > 0, "a number > 0"),
+_RULES = {  # Settings field: its check, called as check("serve.", field, value)
+  "host": _host,
+  "port": functools.partial(validate.integer, minimum=0, maximum=65535),  # 0 = a free port
+  "batch_buckets": _buckets,
+  "window_ms": functools.partial(validate.real, low=0),
+  "queue_bound": functools.partial(validate.integer, minimum=1),
+  "timeout_s": functools.partial(validate.real, low=0, low_open=True),
+  "retry_after_s": functools.partial(validate.integer, minimum=1),
+  "max_body_bytes": functools.partial(validate.integer, minimum=1),
+  "drain_timeout_s": functools.partial(validate.real, low=0, low_open=True),
+  "keep_alive_s": functools.partial(validate.real, low=0, low_open=True),
 }
 
 

@@ -41,7 +41,7 @@ def srv(engine):
                                          ("queue_bound", 0), ("timeout_s", 0.0),
                                          ("retry_after_s", True), ("host", "")])
 def test_bad_settings_name_the_field(field, value):
-  with pytest.raises(ValueError, match=f"serve.{field}="):
+  with pytest.raises(ValueError, match=rf"^serve\.{field}[= ]"):
     settings(**{field: value})
 
 
