@@ -125,12 +125,12 @@ def _run_eval(config, workdir):
 
 
 def _run_table2(config, workdir):
-  """The chain and Table 2 (gr2jax/apps/chain.py), then the recipe's `table.then` tables."""
+  """The chain and Table 2 (gr2jax/apps/table2.py), then the recipe's `table.then` tables."""
   from gr2jax import recipe
-  from gr2jax.apps import chain, tables
+  from gr2jax.apps import table2, tables
 
   r = _recipe(config)
-  md = chain.run(r, workdir)
+  md = table2.run(r, workdir)
   for name in r.table.then:
     getattr(tables, f"run_{name}")(recipe.tables_config(r, name, workdir), workdir)
   return md

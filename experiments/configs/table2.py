@@ -1,4 +1,4 @@
-"""Table 2 of Diffusion-GR2: every step of a recipe, every row (gr2jax/apps/chain.py).
+"""Table 2 of Diffusion-GR2: every step of a recipe, every row (gr2jax/apps/table2.py).
 
   python experiments/run.py --config=table2.py --workdir=W                  (tiny, 2 CPU cores)
   python experiments/run.py --config=table2.py:smoke --workdir=/tmp/smoke   (CI: every row, tiny)

@@ -273,25 +273,25 @@ def test_reference_rows_are_on_the_model_rows_users_with_their_n(hf_run, tmp_pat
   model rows (recomputed from the records, equal to the build's own numbers on the whole
   split), every row carries its n, and the stage times say reused or run."""
   from gr2jax import recipe
-  from gr2jax.apps import chain
+  from gr2jax.apps import table2
   from gr2jax.data import pipeline
 
   hf_dir, workdir, _, _ = hf_run
   summary = pipeline.run(recipe.data_config(_recipe(hf_dir)), workdir)
-  whole = chain.reference_rows(summary, ("test_1615",))
+  whole = table2.reference_rows(summary, ("test_1615",))
   assert [(r["row"], r["num"]) for r in whole] == [("floor", 48), ("teacher", 48)]
-  recomputed = chain._reference_metrics(summary, "test_1615", 48)
+  recomputed = table2._reference_metrics(summary, "test_1615", 48)
   for row in whole:
     assert recomputed[row["row"]] == pytest.approx({k: row[k] for k in ("R@1", "R@3", "N@3")})
-  first = chain.reference_rows(summary, ("test_1615",), limit=16)
+  first = table2.reference_rows(summary, ("test_1615",), limit=16)
   assert [r["num"] for r in first] == [16, 16]
-  assert first[0]["R@1"] == chain._reference_metrics(summary, "test_1615", 16)["floor"]["R@1"]
+  assert first[0]["R@1"] == table2._reference_metrics(summary, "test_1615", 16)["floor"]["R@1"]
   table = json.load(open(os.path.join(workdir, "results", "table2.json")))
   assert {r["num"] for r in table["rows"]} == {16}  # the HF-layout run's table: one n per split
   timings = {"data": {"seconds": 3.2, "how": "cached"}, "sft": {"seconds": 61.0, "how": "reused"},
              "total": {"seconds": 9.0, "how": "this run"}}
   model = {"row": "ar_sft", "label": "AR GR2 (SFT)", "split": "test_1615", "num": 16, "R@1": 0.25}
-  md = chain.write_tables(first + [model], timings, {"recipe": "tiny"}, str(tmp_path))
+  md = table2.write_tables(first + [model], timings, {"recipe": "tiny"}, str(tmp_path))
   assert md.splitlines()[0].startswith("| split | row | num | R@1 |")
   assert all(line.split(" | ")[2] == "16" for line in md.splitlines()[2:5])
   assert "data 3 (cached), sft 61 (reused), total 9 (this run)" in md

@@ -27,7 +27,7 @@ from gr2jax import (  # noqa: E402
   workdir,
 )
 from gr2jax import recipe as recipe_lib  # noqa: E402
-from gr2jax.apps import chain  # noqa: E402
+from gr2jax.apps import table2  # noqa: E402
 from gr2jax.data import llm_teacher, pipeline, prompts, rqvae, teacher  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.train import teacher_stage  # noqa: E402
@@ -214,7 +214,7 @@ def test_scripted_teacher_acceptance_attempts_and_exact_jsonl(build, tmp_path):
   assert sorted(r["user"] for r in records) == [r["user"] for r in expected]
   record = next(r for r in records if r["user"] == expected[0]["user"])
   assert record["reasoning"] == prompts.think_block(expected[0]["reasoning"])
-  provenance = chain.provenance(built, str(tmp_path / "student"))
+  provenance = table2.provenance(built, str(tmp_path / "student"))
   assert provenance["sids_file"].startswith("{workdir}/")  # no path of this machine
   assert provenance["teacher_traces_sha256"] == built["teacher_traces"]["sha256"][:16]
   assert provenance["teacher_digests"] == digest
