@@ -262,7 +262,8 @@ def _tiny() -> ml_collections.ConfigDict:
   #                     masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
   #                     docs/results/benchmarks/cft_validity/README.md (h))
   # OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
-  # .702 -> .733 in 20 steps (README)
+  # .702 -> .733 in 20 steps (README); on validation users 5e-6 gains ~.02 in 100 steps while
+  # 2e-5 collapses by 100 (.78 -> .51) (docs/results/onpolicy_ablation.md)
   c.stages.opd = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
     group_size=4,  # G' student trajectories per prompt (paper: 4)
     context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
@@ -271,7 +272,8 @@ def _tiny() -> ml_collections.ConfigDict:
     teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
   #                              'bfloat16' (half the memory; the loss reads f32)
   c.stages.opd.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
-  # diffusion RL (TraceRL-style GRPO): 4 prompts x G per step
+  # diffusion RL (TraceRL-style GRPO): 4 prompts x G per step (80 steps after a 100-step OPD:
+  # valid .78 -> .82 on validation users, still rising; docs/results/onpolicy_ablation.md)
   c.stages.rl = _stage(30, 4, 10, 2e-5, 2, constant=True, rl=dict(
     group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2))  # as AR RL (paper: G 8, eps 0.2)
   c.stages.rl.train.micro_batches = 4
