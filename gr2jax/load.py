@@ -88,9 +88,14 @@ def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
   else:
     workdir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
     summary = os.path.join(workdir, "summary.json")
-    build = json.load(open(summary))["paths"]["tokenizer"] if os.path.isfile(summary) else None
-    builds = sorted(glob.glob(os.path.join(workdir, "tokenizer-*", "")))  # every cached build
-    candidates = [d for d in (ckpt, build, *builds) if d and _has_tokenizer(d)]
+    build = None
+    if os.path.isfile(summary):
+      with open(summary) as f:
+        build = json.load(f)["paths"]["tokenizer"]
+    builds = sorted(glob.glob(os.path.join(workdir, "tokenizer-*")))  # every cached build
+    # each directory once (the summary's build is also a cached one): its vocabulary is hashed
+    candidates = [d for d in dict.fromkeys(os.path.normpath(d) for d in (ckpt, build, *builds)
+                                           if d) if _has_tokenizer(d)]
   for source in candidates:
     digest = exports.vocab_digest(hf_weights.load_tokenizer_json(source))
     if not recorded or digest == recorded:

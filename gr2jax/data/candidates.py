@@ -236,9 +236,10 @@ def build_lists(retriever: retriever_lib.CoocRetriever, examples: SplitExamples,
   num_items, n = retriever.num_items, config.num_candidates
   rng = np.random.default_rng([config.seed, SPLITS.index(examples.split)])
   keys = _interaction_keys(sequences, num_items)
-  check_unseen(examples.users, keys, num_items, n - 1)
-  if config.negative_pool == "catalogue":
+  if config.negative_pool == "catalogue":  # the sampler checks the unseen items itself
     negatives = sample_catalogue_negatives(rng, examples.users, keys, num_items, n - 1)
+  else:
+    check_unseen(examples.users, keys, num_items, n - 1)
   items = np.empty((len(examples), n), np.int32)
   scores = np.empty((len(examples), n), np.float64)
   users = examples.users if leave_own_out else None

@@ -277,8 +277,8 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
   app.state.batcher, app.state.metrics = batcher, metrics
 
   def count_bad(path: str) -> None:
-    if _endpoint(path) is not None:
-      metrics.requests.labels(_endpoint(path), "bad_request").inc()
+    if (endpoint := _endpoint(path)) is not None:
+      metrics.requests.labels(endpoint, "bad_request").inc()
 
   app.add_middleware(_BodyLimit, limit=settings.max_body_bytes, on_refused=count_bad)
 
