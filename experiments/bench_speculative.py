@@ -38,7 +38,6 @@ Outputs (--report_dir, default a fresh directory): bench_speculative.json, bench
 acceptance.png (tokens per verify forward and forwards per token vs K, per tau_d and part).
 """
 
-import dataclasses
 import json
 import os
 import sys
@@ -60,8 +59,7 @@ from gr2jax.data import answer, prompts  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
-from gr2jax.model import generate, qwen3  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax.model import generate  # noqa: E402
 from gr2jax.train import evaluation, inputs  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -323,45 +321,24 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 def run_roofline(grid_rows: list[dict]) -> dict:
   """The roofline section (module doc)."""
   target_name = "h100"
-  s = roofline.decode_shapes(plan.PRESETS["qwen3_8b"], target_name)
+  s = plan.PRESETS["qwen3_8b"]
   target = targets.get_target(target_name)
-  ar_config = dataclasses.replace(s.model, remat="none")
-  d_config = dataclasses.replace(s.diffusion(), remat="none")
   steps = {"ar": roofline.compile_step("ar", s, target_name)[1]}
-  ks = sorted({r["k"] for r in grid_rows})
-
-  def draft_fn(k):
-    def fn(params, cache, tokens, prompt_lengths):
-      at = np.arange(k, dtype=np.int32)[None]  # the LM head at K queries
-      return decode.block_forward(params, d_config, cache, tokens, prompt_lengths, at)
-    return fn
-
-  def verify_fn(params, cache, tokens, prompt_lengths):
-    del prompt_lengths
-    return qwen3.forward(params, ar_config, tokens, cache=cache, update_cache=True)
-
-  for k in ks:
-    steps[f"draft_k{k}"] = roofline.compile_forward(draft_fn(k), d_config, s.block_size, s,
-                                                   target_name)[1]
-    steps[f"verify_k{k}"] = roofline.compile_forward(verify_fn, ar_config, k + 1, s, target_name)[1]
+  for k in sorted({r["k"] for r in grid_rows}):
+    for kind in ("draft", "verify"):
+      steps[f"{kind}_k{k}"] = roofline.compile_step(kind, s, target_name, k=k)[1]
     print(f"[roofline] K={k}: draft {steps[f'draft_k{k}']['bytes'] / 1e9:.2f} GB, verify "
           f"{steps[f'verify_k{k}']['bytes'] / 1e9:.2f} GB", flush=True)
-  t = {name: max(x["bytes"] / target.hbm_bytes_s, x["flops"] / target.peak_flops)
-       for name, x in steps.items()}
-  weights = params_lib.param_count(s.model) * 2
-  prefill_flops = plan.forward_flops(s.model, s.prompt_len, plan.causal_pairs(s.prompt_len), 1)
-  prefill_s = max(weights / target.hbm_bytes_s, prefill_flops / target.peak_flops)
+  t = {name: roofline.step_seconds(x, target) for name, x in steps.items()}
+  prefill_s = roofline.prefill_seconds(s, target)
   r = s.response_len
-  ar_s = prefill_s + r * t["ar"]
+  _, ar_s = roofline.decode_seconds({"ar": 1.0}, t, 1, prefill_s, r)
   rows = []
-  for g in grid_rows:
-    a = g["parts"]["all"]
-    verify_fpt = a["verify_forwards"] / a["tokens"]
-    draft_fpt = a["draft_forwards"] / a["tokens"]
-    per_token = draft_fpt * t[f"draft_k{g['k']}"] + verify_fpt * t[f"verify_k{g['k']}"]
-    total = 2 * prefill_s + r * per_token
-    rows.append(dict(k=g["k"], tau=g["tau"], verify_forwards_per_token=verify_fpt,
-                     draft_forwards_per_token=draft_fpt, tok_s=r / total,
+  for (k, tau), fpt in roofline.speculative_forwards_per_token(grid_rows).items():
+    per_token, total = roofline.decode_seconds(
+      {f"draft_k{k}": fpt["draft"], f"verify_k{k}": fpt["verify"]}, t, 2, prefill_s, r)
+    rows.append(dict(k=k, tau=tau, verify_forwards_per_token=fpt["verify"],
+                     draft_forwards_per_token=fpt["draft"], tok_s=r / total,
                      steady_tok_s=1 / per_token, speedup=ar_s / total))
   return {"target": target_name, "hbm_bytes_s": target.hbm_bytes_s,
           "peak_flops": target.peak_flops, "prompt_len": s.prompt_len, "response_len": r,

@@ -249,19 +249,21 @@ def random_model(shape: str, dtype: str):
 
 
 def replay(config, params, run: str, entries: list[dict], spec_entries: list[dict],
-           prompt_len: int) -> list[dict]:
+           prompt_len: int, batch: int = 1) -> list[dict]:
   """AR at each length, each diffusion entry's and each draft-and-verify entry's schedule
-  replayed on a model's weights (module doc); one row each."""
+  replayed on a model's weights (module doc); one row each. At `batch` > 1 every row of the
+  batch replays the same schedule (the rows step together; tokens/s counts every row's)."""
   shape, dtype = run.split("/")
   lengths = sorted({e["length"] for e in entries + spec_entries})
   blocks = {e["block"] for e in entries} or {1}
   cache_len = prompt_len + max(-(-n // b) * b for b in blocks for n in lengths)
-  prompt = jax.random.randint(jax.random.key(1), (1, prompt_len), 1, config.vocab_size - 1)
-  prompt_lengths = jnp.full((1,), prompt_len, jnp.int32)
+  prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 1, config.vocab_size - 1)
+  prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
   t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
-    params, config, prompt, prompt_lengths, init_cache(config, 1, cache_len)))
+    params, config, prompt, prompt_lengths, init_cache(config, batch, cache_len)))
   copy = lambda x: jax.block_until_ready(jax.tree.map(jnp.copy, x))
-  print(f"[replay] {shape}/{dtype} P={prompt_len}: prefilled in {t_prefill:.1f} s", flush=True)
+  print(f"[replay] {shape}/{dtype} P={prompt_len} batch {batch}: prefilled in {t_prefill:.1f} s",
+        flush=True)
 
   def ar(length):
     def run():
@@ -276,7 +278,7 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
     length = entry["length"]
     # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
     steps = entry["schedule"]
-    schedule = jnp.asarray([steps + [1] * (length - len(steps))], jnp.int32)
+    schedule = jnp.asarray([steps + [1] * (length - len(steps))] * batch, jnp.int32)
 
     def run():
       out = emulate.replay(
@@ -284,7 +286,7 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
           threshold=entry["tau"], max_steps_per_block=64, max_new_tokens=length,
           stop_token_ids=(), head_buckets=FLAGS.head_buckets),
         schedule, prefilled=(cache, logits))
-      return out.tokens, out.num_forwards - 1
+      return out.tokens, jnp.max(out.num_forwards) - 1
     return run
 
   def draft_verify(entry):
@@ -294,14 +296,14 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
     # The recording's cap (the drafts' windows are those of the recording); padded to the
     # cap's steps (one compile per K and tau_d, whatever the schedule).
     cap, steps = entry["max_new_tokens"], entry["schedule"]
-    schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))], jnp.int32)
+    schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))] * batch, jnp.int32)
     prefilled = jax.block_until_ready(emulate.speculative_prefill(
       drafter, verifier, prompt, prompt_lengths, spec, max_new_tokens=cap))
 
     def run():
       out = emulate.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
                                        max_new_tokens=cap, prefilled=copy(prefilled))
-      return out.tokens, out.verify_forwards[0] + out.draft_forwards[0]
+      return out.tokens, jnp.max(out.verify_forwards + out.draft_forwards)
     return run
 
   cases = [(("AR", n), None, ar(n)) for n in lengths]
@@ -317,13 +319,13 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
       seconds, _ = _timed(fn)
       best[key] = min(best.get(key, np.inf), seconds)
   base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
-              prompt_len=prompt_len, prefill_first_call_s=t_prefill,
+              prompt_len=prompt_len, batch=batch, prefill_first_call_s=t_prefill,
               load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
   rows = []
   for n in lengths:
     s, fwd = best[("AR", n)], forwards[("AR", n)]
     rows.append(dict(base, length=n, method="AR", block=1, tau=None, seconds=s, forwards=fwd,
-                     tokens_per_s=n / s, ms_per_forward=1e3 * s / fwd,
+                     tokens_per_s=batch * n / s, ms_per_forward=1e3 * s / fwd,
                      compile_s=max(first[("AR", n)] - s, 0.0)))
   for key, entry, _ in cases:
     if entry is None:
@@ -338,7 +340,7 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
     ar_s, ar_fwd = best[("AR", n)], forwards[("AR", n)]
     rows.append(dict(base, length=n, method=method, block=entry["block"], tau=entry["tau"],
                      **({"k": entry["k"]} if method == "draft_verify" else {}), seconds=s,
-                     forwards=forwards[key], tokens_per_s=n / s,
+                     forwards=forwards[key], tokens_per_s=batch * n / s,
                      ms_per_forward=1e3 * s / forwards[key],
                      cost_ratio=(s / forwards[key]) / (ar_s / ar_fwd), speedup=ar_s / s,
                      compile_s=max(first[key] - s, 0.0)))

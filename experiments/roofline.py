@@ -32,6 +32,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,29 +57,35 @@ def define_flags() -> None:
   flags.DEFINE_enum("target", "h100", ["h100", "h200"], "The GPU of the roofline.")
 
 
-def _cache_spec(config, sharding, slots: int) -> KVCache:
-  """The batch-1 cache as ShapeDtypeStructs (init_cache's layout), every buffer on `sharding`."""
+def _cache_spec(config, sharding, batch: int, slots: int) -> KVCache:
+  """The cache of `batch` rows as ShapeDtypeStructs (init_cache's layout), every buffer on
+  `sharding`."""
   return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                      jax.eval_shape(lambda: init_cache(config, 1, slots)))
+                      jax.eval_shape(lambda: init_cache(config, batch, slots)))
 
 
-def compile_forward(fn, config, width: int, s: plan.Shapes, target_name: str):
-  """Compiles `fn(params, cache, tokens [1, width], prompt_lengths [1])` at batch 1 for one device
-  of the target, with the batch-1 cache of s.prompt_len + s.response_len slots donated and the
-  recipe's XLA flags (s.xla_flags, the target's platform's only: targets.recipe_options).
+def compile_forward(fn, config, width: int, s: plan.Shapes, target_name: str, batch: int = 1,
+                    queries: int | None = None):
+  """Compiles `fn(params, cache, tokens [batch, width], prompt_lengths [batch])` for one device of
+  the target, with the cache of `batch` rows of s.prompt_len + s.response_len slots donated and
+  the recipe's XLA flags (s.xla_flags, the target's platform's only: targets.recipe_options).
+
+  Args:
+    queries: positions per row where the LM head runs (default `width`), for the FLOPs.
 
   Returns:
-    (compiled, {'memory', 'bytes', 'flops', 'tokens', 'compile_s', 'options', 'failures'}):
-    bytes = arguments + outputs not aliased; FLOPs analytic (plan.forward_flops).
+    (compiled, {'memory', 'bytes', 'flops', 'tokens', 'batch', 'compile_s', 'options',
+    'failures'}): bytes = arguments + outputs not aliased; FLOPs analytic (plan.forward_flops,
+    every row scoring every cache slot).
   """
   target = targets.get_target(target_name)
   one_chip = "x".join("1" for _ in target.default_topology.split("x"))
   mesh, target = targets.target_mesh(target_name, one_chip, 1, 1)
   slots = s.prompt_len + s.response_len
   rep = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  shapes = [_cache_spec(config, rep, slots),
-            jax.ShapeDtypeStruct((1, width), jnp.int32, sharding=rep),
-            jax.ShapeDtypeStruct((1,), jnp.int32, sharding=rep)]
+  shapes = [_cache_spec(config, rep, batch, slots),
+            jax.ShapeDtypeStruct((batch, width), jnp.int32, sharding=rep),
+            jax.ShapeDtypeStruct((batch,), jnp.int32, sharding=rep)]
   start = time.perf_counter()
   with jax.set_mesh(mesh):
     lowered = jax.jit(fn, donate_argnums=1).lower(
@@ -86,10 +93,12 @@ def compile_forward(fn, config, width: int, s: plan.Shapes, target_name: str):
     compiled, record = plan._compile(lowered, target, 0,
                                      targets.recipe_options(target, s.xla_flags))
   mem = plan._memory(compiled)
+  flops = batch * plan.forward_flops(config, width, width * slots, width if queries is None
+                                     else queries)
   return compiled, {"memory": mem, "bytes": mem["argument"] + mem["output"] - mem["alias"],
-                    "flops": plan.forward_flops(config, width, width * slots, width),
-                    "tokens": width, "compile_s": time.perf_counter() - start,
-                    "options": record["options"], "failures": record["failures"]}
+                    "flops": flops, "tokens": width, "batch": batch,
+                    "compile_s": time.perf_counter() - start, "options": record["options"],
+                    "failures": record["failures"]}
 
 
 def decode_shapes(s: plan.Shapes, target_name: str) -> plan.Shapes:
@@ -100,20 +109,39 @@ def decode_shapes(s: plan.Shapes, target_name: str) -> plan.Shapes:
   return plan.with_attention(s, targets.get_target(target_name).kernel)
 
 
-def compile_step(kind: str, s: plan.Shapes, target_name: str):
-  """compile_forward of one decoder step: 'ar' (one token after the cache, `generate`'s loop
-  body) or 'block' (one block of s.block_size tokens, `diffusion.decode.block_forward`), with
-  the target's attention (decode_shapes)."""
+STEPS = ("ar", "block", "draft", "verify")
+
+
+def compile_step(kind: str, s: plan.Shapes, target_name: str, batch: int = 1,
+                 k: int | None = None):
+  """compile_forward of one decoder forward at `batch` rows, with the target's attention
+  (decode_shapes):
+
+    ar      one token after the cache (`generate`'s loop body);
+    block   one block of s.block_size tokens (`diffusion.decode.block_forward`, the denoising
+            and commit forward);
+    draft   the drafter's block forward with the LM head at the K = `k` drafted queries;
+    verify  the verifier's causal forward of K + 1 tokens after the cache.
+  """
+  if kind not in STEPS:
+    raise ValueError(f"step {kind!r}: expected one of {STEPS}")
+  if (kind in ("draft", "verify")) != (k is not None):
+    raise ValueError(f"step {kind!r}: k={k} (K is given for draft and verify only)")
   s = decode_shapes(s, target_name)
-  config = dataclasses.replace(s.model if kind == "ar" else s.diffusion(), remat="none")
-  if kind == "ar":
+  if kind in ("ar", "verify"):
+    config = dataclasses.replace(s.model, remat="none")
+
     def fn(params, cache, tokens, prompt_lengths):
       del prompt_lengths
       return qwen3.forward(params, config, tokens, cache=cache, update_cache=True)
-  else:
-    def fn(params, cache, tokens, prompt_lengths):
-      return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths)
-  return compile_forward(fn, config, 1 if kind == "ar" else s.block_size, s, target_name)
+    return compile_forward(fn, config, 1 if kind == "ar" else k + 1, s, target_name, batch)
+  config = dataclasses.replace(s.diffusion(), remat="none")
+  at = None if kind == "block" else np.broadcast_to(np.arange(k, dtype=np.int32), (batch, k))
+
+  def fn(params, cache, tokens, prompt_lengths):
+    return diffusion_decode.block_forward(params, config, cache, tokens, prompt_lengths, at)
+  return compile_forward(fn, config, s.block_size, s, target_name, batch,
+                         s.block_size if at is None else k)
 
 
 def forwards_per_token(table3_rows: list[dict]) -> dict:
@@ -121,29 +149,66 @@ def forwards_per_token(table3_rows: list[dict]) -> dict:
   return {r["tau"]: (r["mean_nfe"] - 1) / r["mean_response_len"] for r in table3_rows}
 
 
+def speculative_forwards_per_token(grid_rows: list[dict]) -> dict:
+  """{(K, tau_d): {'draft': .., 'verify': ..} forwards per output token} of a draft-and-verify
+  grid (experiments/bench_speculative.py's, both prefills excluded)."""
+  return {(g["k"], g["tau"]): {part: g["parts"]["all"][f"{part}_forwards"]
+                               / g["parts"]["all"]["tokens"] for part in ("draft", "verify")}
+          for g in grid_rows}
+
+
+def step_seconds(step: dict, target: targets.Target) -> float:
+  """A compiled forward's time at the roofline: max(bytes / bandwidth, FLOPs / peak)."""
+  return max(step["bytes"] / target.hbm_bytes_s, step["flops"] / target.peak_flops)
+
+
+def prefill_flops(s: plan.Shapes) -> float:
+  """The analytic FLOPs of one row's causal prefill of the prompt."""
+  return plan.forward_flops(s.model, s.prompt_len, plan.causal_pairs(s.prompt_len), 1)
+
+
+def prefill_seconds(s: plan.Shapes, target: targets.Target, batch: int = 1) -> float:
+  """The prompt's prefill of `batch` rows at the roofline: the weights (bf16) read once, every
+  row's analytic FLOPs."""
+  weights = params_lib.param_count(s.model) * 2
+  return max(weights / target.hbm_bytes_s, batch * prefill_flops(s) / target.peak_flops)
+
+
+def decode_seconds(forwards: dict, step_s: dict, prefills: int, prefill_s: float,
+                   response_len: int) -> tuple[float, float]:
+  """One decode of `response_len` tokens per row at the roofline.
+
+  Args:
+    forwards: {step name: forwards per output token} ({'ar': 0.98}; draft-and-verify
+      {'draft_k8': .., 'verify_k8': ..}).
+    step_s: {step name: seconds per forward} (step_seconds).
+    prefills: prompt prefills per decode (2 for draft-and-verify: drafter and verifier).
+    prefill_s, response_len: prefill_seconds and the response length.
+
+  Returns:
+    (seconds per output token of a row, seconds of the whole decode: prefills + tokens).
+  """
+  per_token = sum(f * step_s[name] for name, f in forwards.items())
+  return per_token, prefills * prefill_s + response_len * per_token
+
+
 def predict(steps: dict, fpt: dict, s: plan.Shapes, target: targets.Target) -> dict:
   """The roofline times and the predicted tok/s and speed-ups (module docstring)."""
-  def seconds(x):
-    return max(x["bytes"] / target.hbm_bytes_s, x["flops"] / target.peak_flops)
-
-  weights = params_lib.param_count(s.model) * 2
-  prefill_flops = plan.forward_flops(s.model, s.prompt_len, plan.causal_pairs(s.prompt_len), 1)
-  prefill_s = max(weights / target.hbm_bytes_s, prefill_flops / target.peak_flops)
-  t = {kind: seconds(x) for kind, x in steps.items()}
+  prefill_s = prefill_seconds(s, target)
+  t = {kind: step_seconds(x, target) for kind, x in steps.items()}
   r = s.response_len
-  ar_s = prefill_s + r * fpt[None] * t["ar"]
+  ar_per_token, ar_s = decode_seconds({"ar": fpt[None]}, t, 1, prefill_s, r)
   rows = [{"row": "AR", "tau": None, "forwards_per_token": fpt[None], "step_s": t["ar"],
-           "tok_s": r / ar_s, "steady_tok_s": 1 / (fpt[None] * t["ar"]), "speedup": 1.0,
+           "tok_s": r / ar_s, "steady_tok_s": 1 / ar_per_token, "speedup": 1.0,
            "paper_tok_s": PAPER_TABLE3[None][1], "paper_speedup": 1.0}]
   for tau in sorted((k for k in fpt if k is not None), reverse=True):
-    total = prefill_s + r * fpt[tau] * t["block"]
+    per_token, total = decode_seconds({"block": fpt[tau]}, t, 1, prefill_s, r)
     paper = PAPER_TABLE3.get(tau)
     rows.append({"row": "Diffusion-GR2", "tau": tau, "forwards_per_token": fpt[tau],
-                 "step_s": t["block"], "tok_s": r / total,
-                 "steady_tok_s": 1 / (fpt[tau] * t["block"]), "speedup": ar_s / total,
-                 "paper_tok_s": paper[1] if paper else None,
+                 "step_s": t["block"], "tok_s": r / total, "steady_tok_s": 1 / per_token,
+                 "speedup": ar_s / total, "paper_tok_s": paper[1] if paper else None,
                  "paper_speedup": paper[2] if paper else None})
-  return {"prefill_s": prefill_s, "prefill_flops": prefill_flops, "rows": rows,
+  return {"prefill_s": prefill_s, "prefill_flops": prefill_flops(s), "rows": rows,
           "paper_ar_fraction_of_roofline": PAPER_TABLE3[None][1] / rows[0]["tok_s"]}
 
 

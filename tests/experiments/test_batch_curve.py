@@ -1,0 +1,124 @@
+"""experiments/batch_curve.py: the predicted curve's arithmetic (roofline times of compiled
+records, prefills, speed-ups, memory fit), the crossover finder and the table, on written
+records; the CPU section run end to end on the tiny shape (integration)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
+import batch_curve  # noqa: E402
+import plan  # noqa: E402
+import roofline  # noqa: E402
+import targets  # noqa: E402
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+H100 = targets.TARGETS["h100"]
+
+
+def _step(gb: float, tflop: float, total_gb: float = 20.0) -> dict:
+  return {"bytes": gb * 1e9, "flops": tflop * 1e12, "memory": {"total": total_gb * 1e9}}
+
+
+def test_curve_times_each_mode_at_the_roofline_of_its_forwards():
+  s = plan.PRESETS["qwen3_8b"]
+  # Batch 1: every forward memory-bound (33.5 GB: 10 ms); batch 64: the block compute-bound.
+  steps = {1: {"ar": _step(33.5, 1), "block": _step(33.5, 1), "draft_k8": _step(33.5, 1),
+               "verify_k8": _step(33.5, 1)},
+           64: {"ar": _step(67, 1), "block": _step(67, 98.9), "draft_k8": _step(67, 98.9, 50),
+                "verify_k8": _step(67, 1, 50)}}
+  modes = batch_curve.predicted_modes({None: 1.0, 0.9: 0.5}, {(8, 0.0): {"draft": 0.25,
+                                                                         "verify": 0.25}},
+                                      [0.9], [8], [0.0], 32)
+  assert list(modes) == ["AR", "diffusion tau 0.9 B 32", "draft-and-verify K 8"]
+  rows = {(r["mode"], r["batch"]): r for r in batch_curve.curve(steps, modes, s, H100)}
+  r = s.response_len
+  for batch, ar_t, block_t in ((1, 0.01, 0.01), (64, 0.02, 0.1)):
+    prefill = roofline.prefill_seconds(s, H100, batch)
+    ar = rows[("AR", batch)]
+    assert ar["request_s"] == pytest.approx(prefill + r * ar_t)
+    assert ar["tok_s"] == pytest.approx(batch * r / ar["request_s"]) and ar["speedup"] == 1.0
+    diff = rows[("diffusion tau 0.9 B 32", batch)]
+    assert diff["request_s"] == pytest.approx(prefill + r * 0.5 * block_t)
+    assert diff["speedup"] == pytest.approx(ar["request_s"] / diff["request_s"])
+    dv = rows[("draft-and-verify K 8", batch)]  # two prefills: drafter and verifier
+    assert dv["request_s"] == pytest.approx(2 * prefill + r * 0.25 * (block_t + ar_t))
+  assert rows[("diffusion tau 0.9 B 32", 64)]["bound"] == {"block": "compute"}
+  assert rows[("AR", 64)]["bound"] == {"ar": "memory"}
+  # Both models resident: 100 GB does not fit an 80 GB H100; one model's 20 GB does.
+  assert rows[("draft-and-verify K 8", 64)]["resident_gb"] == pytest.approx(100)
+  assert not rows[("draft-and-verify K 8", 64)]["fits"] and rows[("AR", 64)]["fits"]
+
+
+def test_a_mode_without_forwards_per_token_is_named():
+  with pytest.raises(ValueError, match="tau 0.6, K 4 tau_d 0"):
+    batch_curve.predicted_modes({None: 1.0, 0.9: 0.5}, {(8, 0.0): {}}, [0.6], [4, 8], [0.0], 32)
+
+
+@pytest.mark.parametrize("points, expected", [
+  # wins at 16 (1.2x), loses at 32 (0.8x): half-way on log2 batch
+  ([(1, 2.0), (16, 1.2), (32, 0.8), (64, 0.5)], {"last_win": 16, "first_loss": 32,
+                                                 "batch": 2 ** 4.5}),
+  ([(4, 1.0), (1, 1.5)], {"last_win": 4, "first_loss": None, "batch": None}),  # 1.0 still wins
+  ([(1, 0.9), (4, 1.5)], {"last_win": None, "first_loss": 1, "batch": None}),
+  ([(1, 1.5), (4, 0.9), (8, 1.1)], {"last_win": 1, "first_loss": 4, "batch": pytest.approx(
+    2 ** (0.5 / 0.6 * 2))}),  # the first loss counts
+])
+def test_crossover(points, expected):
+  assert batch_curve.crossover(points) == expected
+
+
+def test_markdown_table_marks_what_does_not_fit_and_names_the_crossover():
+  rows = [dict(mode="AR", batch=b, tok_s=100.0 * b, speedup=1.0, request_s=1.0) for b in (1, 2)]
+  rows += [dict(mode="dv", batch=1, tok_s=300.0, speedup=3.0, request_s=0.5),
+           dict(mode="dv", batch=2, tok_s=1500.0, speedup=0.5, request_s=2.0, fits=False)]
+  lines = batch_curve.markdown_table(rows, "s / request")
+  assert lines[0] == "| batch | AR: tok/s, x AR, s / request | dv: tok/s, x AR, s / request |"
+  assert lines[2] == "| 1 | 100, 1.00x, 1.00 | 300, 3.00x, 0.50 |"
+  assert lines[3] == "| 2 | 200, 1.00x, 1.00 | 1,500, 0.50x, 2.00 (does not fit) |"
+  assert lines[-1] == ("Crossover (first batch where the mode stops beating AR): dv: batch ~2 "
+                       "(wins at 1, loses at 2).")
+
+
+def test_cpu_rows_label_the_replayed_modes():
+  replayed = [dict(method="AR", tau=None, block=1, tokens_per_s=10.0, seconds=2.0, batch=4),
+              dict(method="diffusion", tau=0.9, block=32, tokens_per_s=5.0, seconds=4.0,
+                   speedup=0.5, batch=4),
+              dict(method="draft_verify", tau=0.0, block=32, k=8, tokens_per_s=20.0,
+                   seconds=1.0, speedup=2.0, batch=4)]
+  rows = batch_curve.cpu_rows(replayed)
+  assert [(r["mode"], r["tok_s"], r["speedup"], r["request_s"]) for r in rows] == [
+    ("AR", 10.0, 1.0, 2.0), ("diffusion tau 0.9 B 32", 5.0, 0.5, 4.0),
+    ("draft-and-verify K 8", 20.0, 2.0, 1.0)]
+
+
+@pytest.mark.integration
+def test_cpu_section_replays_every_mode_at_every_batch(tmp_path):
+  """The tiny shape at batch 1 and 2, the lossless schedules (diffusion tau 0.9, K 8): one JSON
+  curve per run with every mode at every batch, the table and the plot."""
+  result = subprocess.run(
+    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=cpu",
+     "--schedules=docs/results/lossless/schedules.json", "--runs=tiny/float32@32",
+     "--cpu_batches=1,2", "--spec_ks=8", "--repeats=1", f"--out_dir={tmp_path}"],
+    capture_output=True, text=True, cwd=REPO, timeout=600,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 0, result.stderr[-3000:]
+  out = json.load(open(tmp_path / "batch_curve.json"))["cpu"]
+  rows = out["runs"]["tiny/float32 P=32"]["rows"]
+  assert sorted((r["mode"], r["batch"]) for r in rows) == sorted(
+    (m, b) for m in ("AR", "diffusion tau 0.9 B 32", "draft-and-verify K 8") for b in (1, 2))
+  assert all(r["tok_s"] > 0 for r in rows)
+  assert "## tiny/float32 P=32" in open(tmp_path / "batch_curve.md").read()
+  assert os.path.getsize(tmp_path / "cpu_curve.png") > 0
+
+
+def test_a_bad_flag_is_one_line(tmp_path):
+  result = subprocess.run(
+    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=gpu",
+     f"--out_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert "--sections: ['gpu'] not in ('predicted', 'cpu')" in result.stderr
