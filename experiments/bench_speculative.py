@@ -14,7 +14,7 @@ come from the same data build (speculative.check_same_build). Sections (--sectio
             batches (evaluation.decode_batch: the AR GR2 row's decode). Exactness: rows identical
             token for token, the first divergences (emulate.first_divergence: token, logit
             margin), and R@1 / R@3 / N@3 / validity of both (evaluation.score on
-            evaluation.response_texts), which must be equal. Acceptance, from the same decodes:
+            prompt_io.response_texts), which must be equal. Acceptance, from the same decodes:
             accepted drafted tokens per verify forward, tokens per verify forward and forwards
             (draft + verify, both prefills excluded) per token, over the whole response and by
             part: reasoning = the tokens up to and including `</think>`, answer = the rest. A
@@ -57,10 +57,10 @@ from gr2jax import cli, load  # noqa: E402
 from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data import answer, prompts  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
 from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate  # noqa: E402
-from gr2jax.train import evaluation, inputs  # noqa: E402
 
 FLAGS = flags.FLAGS
 SECTIONS = ("grid", "speed", "roofline")
@@ -147,7 +147,7 @@ def load_pair():
     models[name] = sp.Model(params, config)
   drafter, verifier = models["drafter"], models["verifier"]
   prompt_len, response_len = recipe_lib.lengths(summary)
-  data = inputs.load_split(summary["paths"]["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
+  data = prompt_io.load_split(summary["paths"]["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
   return drafter, verifier, data, tok, prompt_len, response_len, paths
 
 
@@ -191,7 +191,7 @@ def part_stats(out: dict, think_end: int) -> dict:
 
 
 def _score(tok, data, tokens, lengths) -> dict:
-  texts = evaluation.response_texts(tok, tokens, lengths)
+  texts = prompt_io.response_texts(tok, tokens, lengths)
   results = [answer.parse_answer(t, data.labels[i]) for i, t in enumerate(texts)]
   s = evaluation.score(results, data)
   return {k: s[k] for k in ("R@1", "R@3", "N@3", "valid_rate", "counts")}
@@ -200,7 +200,7 @@ def _score(tok, data, tokens, lengths) -> dict:
 def _batches(data, prompt_len, pad):
   for first in range(0, len(data), FLAGS.batch_size):
     chunk = data.encoded[first:first + FLAGS.batch_size]
-    yield first, len(chunk), *inputs.prompt_arrays(chunk, FLAGS.batch_size, prompt_len, pad)
+    yield first, len(chunk), *prompt_io.prompt_arrays(chunk, FLAGS.batch_size, prompt_len, pad)
 
 
 def run_grid(drafter, verifier, data, tok, prompt_len, response_len) -> dict:
@@ -288,7 +288,7 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
   totals = {name: [0.0, 0, 0] for name, _, _ in methods}  # seconds, tokens, forwards
   compile_s = {}
   for i, example in enumerate(users):
-    tokens, lengths = inputs.prompt_arrays([example], 1, prompt_len, pad)
+    tokens, lengths = prompt_io.prompt_arrays([example], 1, prompt_len, pad)
     for name, _, fn in methods:
       start = time.perf_counter()
       n, forwards = jax.block_until_ready(fn(tokens, lengths))

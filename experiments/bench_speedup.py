@@ -77,6 +77,7 @@ from gr2jax.apps import tables  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.decoding import prompt_io  # noqa: E402
 from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
@@ -84,7 +85,6 @@ from gr2jax.model import params as params_lib  # noqa: E402
 from gr2jax.model import qwen3  # noqa: E402
 from gr2jax.model.cache import init_cache  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
-from gr2jax.train import evaluation, inputs  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json",
@@ -139,9 +139,10 @@ def record_schedules() -> dict:
   summary = json.load(open(summary_file))
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  data = inputs.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
+  data = prompt_io.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
   prompt_len, response_len = lengths_lib.static_lengths(summary)
-  prompts, lengths = inputs.prompt_arrays(data.encoded, len(data), prompt_len, config.pad_token_id)
+  prompts, lengths = prompt_io.prompt_arrays(data.encoded, len(data), prompt_len,
+                                             config.pad_token_id)
   in_workdir = lambda path: os.path.join("W", os.path.relpath(path, FLAGS.record_workdir))
   out = {"ckpt": in_workdir(FLAGS.record_ckpt), "trained_block_size": config.block_size,
          "users": len(data), "max_new_tokens": response_len, "entries": []}
@@ -152,7 +153,7 @@ def record_schedules() -> dict:
       res = decode.block_diffusion_generate(params, cfg, prompts, lengths, decode.BlockDecoding(
         threshold=tau, max_steps_per_block=64, max_new_tokens=response_len))
       n, forwards = np.asarray(res.lengths), np.asarray(res.nfe) - 1  # prefill excluded
-      texts = evaluation.response_texts(tok, np.asarray(res.tokens), n)
+      texts = prompt_io.response_texts(tok, np.asarray(res.tokens), n)
       valid = np.mean([answer.parse_answer(t, data.labels[i]).kind == "valid"
                        for i, t in enumerate(texts)])
       entry = dict(tau=tau, block=b, valid_rate=float(valid),

@@ -8,7 +8,7 @@ weights at block size B (the checkpoint's own B or another), commit threshold TA
 order ORDER (gr2jax/diffusion/commit.py: 'confidence' = the paper's, 'left_to_right' = AR order
 inside a block); ':given' gives each user's own reasoning (teacher forcing; only splits that carry
 reasoning: --split=train --limit=1615) and decodes the answer after it. All through the one
-evaluation (train/evaluation.evaluate) and reports the valid rate, the
+evaluation (decoding/evaluation.evaluate) and reports the valid rate, the
 invalid kinds, R@1 and the wall time. Per spec it also splits validity by where the answer
 starts relative to the block boundaries (response tokens before `{"ranking"` modulo B) and by the
 reasoning length (tokens), from the decoded responses. W is read only (its summary.json paths).
@@ -30,8 +30,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from gr2jax import cli, load  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.train import evaluation, inputs  # noqa: E402
-from gr2jax.train import policy as policy_lib  # noqa: E402
+from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
+from gr2jax.decoding import policy as policy_lib  # noqa: E402
+from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
@@ -75,7 +76,7 @@ def main(argv):
   summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  data = inputs.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
+  data = prompt_io.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
   prompt_len, response_len = lengths_lib.static_lengths(summary)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []
@@ -84,7 +85,7 @@ def main(argv):
     if given not in ([], ["given"]):
       raise app.UsageError(f"--specs: {spec!r} must be TAU:ORDER:B or TAU:ORDER:B:given")
     cfg = dataclasses.replace(config, block_size=int(block))
-    decode = policy_lib.DecodeSpec(block_size=int(block), eval_tau=float(tau), commit_order=order)
+    decode = DecodeSpec(block_size=int(block), eval_tau=float(tau), commit_order=order)
     policy = policy_lib.make_policy(cfg, decode, response_len)
     jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.replace(':', '_')}.jsonl")
     start = time.perf_counter()

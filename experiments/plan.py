@@ -59,6 +59,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import chunks, cli  # noqa: E402
 from gr2jax.data.batches import Batch  # noqa: E402
+from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy  # noqa: E402
+from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
 from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
 from gr2jax.diffusion import (  # noqa: E402
   layout,
@@ -78,7 +80,6 @@ from gr2jax.train import cft, opd, optim, rl, sft  # noqa: E402
 from gr2jax.train import mesh as mesh_lib  # noqa: E402
 from gr2jax.train import state as state_lib  # noqa: E402
 from gr2jax.train import step as step_lib  # noqa: E402
-from gr2jax.train.policy import ARPolicy, DecodeSpec, DiffusionPolicy  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import targets  # noqa: E402

@@ -92,7 +92,7 @@ def _run_data(config, workdir):
 
 
 def _run_step(config, workdir):
-  from gr2jax.apps import chain
+  from gr2jax import chain
 
   if config.stage == "teacher" and not config.teacher.hf_dir:
     raise app.UsageError("teacher.py needs --config.teacher.hf_dir=<a local HF Qwen3 dir or a "
@@ -103,8 +103,8 @@ def _run_step(config, workdir):
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax import exports, recipe
-  from gr2jax.train import config_checks, loop
+  from gr2jax import config_checks, exports, recipe
+  from gr2jax.train import loop
 
   e = config.evaluate
   if not e.ckpt:
@@ -282,7 +282,7 @@ def main(argv):
     jax.distributed.initialize()
   logging.info("stage=%s workdir=%s", stage, os.path.abspath(_WORKDIR.value))
   start = time.perf_counter()
-  from gr2jax.apps.chain import StepError, UpstreamMissing
+  from gr2jax.chain import StepError, UpstreamMissing
 
   try:
     STAGES[stage](config, _WORKDIR.value)

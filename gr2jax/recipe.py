@@ -1,7 +1,7 @@
 """The recipe: one typed, frozen description of a reproduction, and every stage's view of it.
 
 A recipe is the data build (the prompt included), the model (a preset, or a local HF Qwen3
-directory whose `config.json` gives the dimensions), one decode spec (train/policy.DecodeSpec),
+directory whose `config.json` gives the dimensions), one decode spec (decoding/spec.DecodeSpec),
 the mesh, the evaluation settings and each stage's training settings. gr2jax/recipes.py holds the
 values of the named recipes (`tiny`, `qwen3_0_6b` ... `qwen3_8b`) as one
 `ml_collections.ConfigDict` the command line overrides (`--config.stages.cft.train.steps=5`);
@@ -31,8 +31,8 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from gr2jax.train import config_checks
-from gr2jax.train.policy import DecodeSpec
+from gr2jax import config_checks
+from gr2jax.decoding.spec import DecodeSpec
 
 TRAIN_STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
 DIFFUSION_STAGES = ("cft", "opd", "rl")  # start from a block-diffusion model (B > 1)
@@ -128,7 +128,7 @@ def from_config(config) -> Recipe:
   Raises:
     ValueError: data.tokenizer_base set (it is hf_dir's), data.teacher_traces set beside
       teacher.hf_dir (the teacher step writes them), a stage missing from config.stages,
-      a bad size or rate (train/config_checks.py; the error names the field).
+      a bad size or rate (config_checks.py; the error names the field).
     FileNotFoundError: hf_dir without a config.json.
   """
   hf_dir = config.hf_dir

@@ -32,8 +32,8 @@ import os
 
 import ml_collections
 
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.recipe import TRAIN_STAGES
-from gr2jax.train import policy
 
 # The shipped raw data (data/amazon_beauty/ of the repository, next to the package).
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
@@ -185,9 +185,9 @@ def _tiny() -> ml_collections.ConfigDict:
   c.model.attention_chunk_bytes = 8 << 20  # f32 attention scores per query chunk (8 MiB: CPU)
   c.model.param_dtype = ""  # '' keeps the checkpoint's dtype; 'bfloat16' (fp32 moments) / 'float32'
   # the one decode spec: its fields, defaults (the paper's) and meaning are DecodeSpec's
-  # (gr2jax/train/policy.py): block_size, eval_tau, rollout_tau, max_steps_per_block,
+  # (gr2jax/decoding/spec.py): block_size, eval_tau, rollout_tau, max_steps_per_block,
   # temperature, constrained, commit_order
-  c.decode = ml_collections.ConfigDict(dataclasses.asdict(policy.DecodeSpec()))
+  c.decode = ml_collections.ConfigDict(dataclasses.asdict(DecodeSpec()))
   c.replay_shrink = 1  # OPD / RL replay step shrinkage (1 = exact; k merges k steps per round)
   c.xla_flags = ()  # XLA flags every compile of the run needs ('--xla_<name>=<value>'):
   #                   experiments/run.py merges them into XLA_FLAGS before JAX starts its backend
@@ -398,6 +398,13 @@ def _serve_block() -> ml_collections.ConfigDict:
   s.items_file = ""  # a user-supplied items.jsonl ('' = the data build's catalogue)
   s.max_new_tokens = 0  # response cap (0 = the build's response length R)
   s.verify_with = ""  # an AR export verifying ckpt's drafts (the lossless mode; '' = off)
+  s.mode = "fixed"  # 'fixed': ckpt's own decoder (with verify_with: draft-and-verify at
+  #                   decode.draft_k); 'auto' (needs verify_with): per batch bucket the fastest
+  #                   of the verifier alone and draft-and-verify at each draft_ks, all writing
+  #                   the verifier's answers (gr2jax/apps/serve/auto.py)
+  s.draft_ks = (4, 8, 16)  # 'auto': the K's of draft-and-verify it chooses among
+  s.cost_table = ""  # 'auto': a JSON file {bucket: {decoder: seconds per batch}} to choose
+  #                    from ('' = each bucket's programs timed at warm-up)
   s.model_name = ""  # the answers' "model" ('' = <stage>-step<step> from the export's metadata)
   s.compilation_cache = os.path.join("{workdir}", "serve", "jax_cache")  # JAX's persistent
   #                                                       compilation cache ('' = off)

@@ -1,4 +1,5 @@
-"""Exclusive locks on a workdir (or any path a run writes), held for as long as the run uses it.
+"""Exclusive locks on a workdir (or any path a run writes), held for as long as the run uses it;
+and `portable`, how a record writes paths inside a workdir.
 
 `lock_workdir(workdir)` is what a stage wraps its whole run in; `lock_file(lock_path, what)` is the
 same lock on an explicit lock file (`checkpoint.atomic_directory` locks a sibling of its target).
@@ -23,6 +24,7 @@ import threading
 from collections.abc import Iterator
 
 LOCK_FILE = ".lock"
+WORKDIR = "{workdir}"  # how a record writes a run's workdir (portable)
 
 log = logging.getLogger(__name__)
 
@@ -120,3 +122,28 @@ def lock_workdir(workdir: str) -> Iterator[None]:
   os.makedirs(workdir, exist_ok=True)
   with lock_file(os.path.join(workdir, LOCK_FILE), f"workdir {os.path.abspath(workdir)}"):
     yield
+
+
+def portable(tree, workdir: str):
+  """`tree` (JSON-like: dicts, lists, strings, numbers) with every path written the same way
+  however it was spelt: a path inside `workdir` as "{workdir}/<path relative to it>" (the
+  workdir itself: "{workdir}"), any other as its absolute real path.
+
+  A string counts as a path when it contains a path separator (and no "{workdir}" already); it
+  is resolved against the current directory (how the run reads it), symlinks included, so
+  "W/sft/export" and "/abs/W/sft/export" give the same value. Other strings ("preset:tiny",
+  "cosine") are kept.
+  """
+  root = os.path.realpath(workdir)
+  if isinstance(tree, dict):
+    return {k: portable(v, workdir) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [portable(v, workdir) for v in tree]
+  if not isinstance(tree, str) or os.sep not in tree or WORKDIR in tree:
+    return tree
+  path = os.path.realpath(tree)
+  if path == root:
+    return WORKDIR
+  if path.startswith(root + os.sep):
+    return os.path.join(WORKDIR, os.path.relpath(path, root))
+  return path

@@ -18,5 +18,15 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 
 jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(scope="session")
+def prepared():
+  """The three on-policy prepares on the toy models (tests/train/toy_policy.py prepare_all),
+  shared by the policy tests (tests/decoding/) and the stages' (tests/train/)."""
+  from tests.train.toy_policy import prepare_all
+
+  return prepare_all()

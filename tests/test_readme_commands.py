@@ -6,7 +6,7 @@ COMMANDS below fails `test_every_readme_command_is_covered`. Each runs from a di
 out as the repository root (its top-level entries linked) where the README's workdirs exist, so
 nothing is written into the repository; `python` is the venv's. The only flags added shrink the
 work: `:smoke` (every stage on a few examples), the HF-layout recipe's data and evaluation sizes
-(tests/apps/test_chain.py HF_SMOKE), fewer CFT steps, one compiled server batch; `/models/...`
+(tests/test_chain.py HF_SMOKE), fewer CFT steps, one compiled server batch; `/models/...`
 are directories of the test (Qwen3-8B: a random-weight Qwen3 in the real HF layout,
 tests/hf_layout.py), and `[--...]` options are left out.
 
@@ -143,7 +143,7 @@ def _root(directory, workdirs: dict[str, str]) -> str:
 
 def _shell(command: str, root: str, how: dict) -> subprocess.CompletedProcess:
   """Runs a README command in `root`, rewritten only by `how` (module docstring)."""
-  from tests.apps.test_chain import HF_SMOKE
+  from tests.test_chain import HF_SMOKE
 
   command = re.sub(r"\s\[--[^]]*\]", "", command).replace("/models/", f"{root}/models/")
   if "config" in how:

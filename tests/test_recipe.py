@@ -15,7 +15,7 @@ import pytest
 from gr2jax import recipe as recipe_lib
 from gr2jax import recipes
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.train.policy import DecodeSpec
+from gr2jax.decoding.spec import DecodeSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO, "experiments", "configs")

@@ -6,7 +6,7 @@
   rows = gr2jax.rerank("req.jsonl", "W/rl/export")                    # the same in Python
 
 Request and row formats: gr2jax/data/requests.py. Requests are decoded in batches by the
-model's own decoder (gr2jax/reranker.py); a bad request is an error row and never stops the
+model's own decoder (gr2jax/decoding/reranker.py); a bad request is an error row and never stops the
 batch. Output rows keep the input order, one per non-blank line.
 """
 
@@ -17,8 +17,8 @@ import types
 from collections.abc import Iterable
 
 from gr2jax import files
-from gr2jax import reranker as reranker_lib
 from gr2jax.data import requests as requests_lib
+from gr2jax.decoding import reranker as reranker_lib
 
 
 def _lines_of(requests) -> Iterable:
@@ -107,8 +107,8 @@ def run(recipe, c, workdir: str) -> dict:
     c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens).
     workdir: the workdir of the recipe's data build.
   """
+  from gr2jax import config_checks
   from gr2jax import recipe as recipe_lib
-  from gr2jax.train import config_checks
 
   if not c.requests:
     raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")

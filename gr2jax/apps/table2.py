@@ -1,4 +1,4 @@
-"""Table 2 of Diffusion-GR2 (arXiv 2607.01170): the chain's steps (gr2jax/apps/chain.py), then
+"""Table 2 of Diffusion-GR2 (arXiv 2607.01170): the chain's steps (gr2jax/chain.py), then
 every row, written with the paper's numbers alongside.
 
   python experiments/run.py --config=table2.py --workdir=W          (tiny default)
@@ -9,7 +9,7 @@ Rows: pre-rank floor and rule teacher (from the data build), AR GR2 after SFT an
 Diffusion naive (the AR GR2 converted, untrained), + CFT, + CFT + OPD, + CFT + OPD -> RL, the
 constrained-decoding ablation of the last, and the lossless mode (the last drafts, AR GR2
 verifies: AR GR2's own output, so its numbers). Each model row is evaluated by the one evaluation
-(train/evaluation.py) on every split of `table.splits` (the diffusion rows on
+(decoding/evaluation.py) on every split of `table.splits` (the diffusion rows on
 `table.diffusion_splits`), through the workdir's evaluation cache (a stage's final evaluation of
 the same split is reused). Writes <results>/table2.{md,csv,json} with the paper's numbers
 alongside and the step timings (experiments/run.py then runs the recipe's `table.then` tables,
@@ -25,17 +25,17 @@ import time
 import jax
 import numpy as np
 
-from gr2jax import exports, files
+from gr2jax import chain, exports, files
 from gr2jax import recipe as recipe_lib
-from gr2jax.apps import chain
+from gr2jax import workdir as workdir_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline, tfds_builder
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import teacher as teacher_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import convert
-from gr2jax.train import evaluation, inputs, run_checkpoints
-from gr2jax.train import policy as policy_lib
 
 PAPER = {  # Diffusion-GR2 (arXiv 2607.01170) Table 2: Amazon Beauty, Qwen3-8B, tau = 1.0
   "floor": (0.2811, 0.5591, 0.4401), "teacher": None, "ar_sft": None,
@@ -84,7 +84,7 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
   p, r = lengths_lib.static_lengths(summary)
   rows = []
   for split in recipe.table.splits:
-    data = inputs.load_split(summary["paths"]["tfds"], split, tok, limit=recipe.eval.limit)
+    data = prompt_io.load_split(summary["paths"]["tfds"], split, tok, limit=recipe.eval.limit)
     for name, label, _ in ROWS:
       if name in DIFFUSION_ROWS and split not in recipe.table.diffusion_splits:
         continue
@@ -205,7 +205,7 @@ def provenance(summary: dict, workdir: str) -> dict:
           "tokenizer_json_sha256": files.file_sha256(
             os.path.join(paths["tokenizer"], "tokenizer.json"))[:16],
           "sids_sha256": files.file_sha256(paths["sids"])[:16],
-          "sids_file": run_checkpoints.portable(paths["sids"], workdir),
+          "sids_file": workdir_lib.portable(paths["sids"], workdir),
           "sids_collision_rate": sids["collision_rate"],
           "sids_max_collisions": sids["max_collisions"],
           "teacher_traces_sha256": traces.get("sha256", "")[:16] or "rule teacher",

@@ -7,11 +7,10 @@
 The models are W/ar_rl/export (AR GR2) and W/rl/export (the final Diffusion-GR2), read from the
 data build of W (the same `data` config as table2.py; reused from W's cache).
 - Table 3 (Diffusion-GR2, arXiv 2607.01170): the final diffusion model at each tau of `taus` plus
-  AR, each scored by the one evaluation (train/evaluation.evaluate): R@1, valid rate, forwards per
-  output
-  token (prefill and commit forwards included), the paper's NFE per token (denoising steps),
-  tokens/s (batched, after the compiling batch) and the speed-up over AR in tokens/s; markdown +
-  a PNG accuracy-speed frontier.
+  AR, each scored by the one evaluation (decoding/evaluation.evaluate): R@1, valid rate, forwards
+  per output token (prefill and commit forwards included), the paper's NFE per token (denoising
+  steps), tokens/s (batched, after the compiling batch) and the speed-up over AR in tokens/s;
+  markdown + a PNG accuracy-speed frontier.
 - Figure 6: every example decoded alone (batch 1, warm jit, the honest-speed setting of
   STYLE.md) by AR and by the diffusion model (their policies' decode), timed; examples are
   binned by the diffusion output length and by the prompt length, and each bin reports the
@@ -47,9 +46,9 @@ from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import policy as policy_lib
 from gr2jax.progress import progress
-from gr2jax.train import evaluation, inputs
-from gr2jax.train import policy as policy_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Inputs:
   """
 
   tokenizer: object
-  data: inputs.SplitData
+  data: prompt_io.SplitData
   records: list
   prompt_len: int
   response_len: int
@@ -82,7 +81,7 @@ def load_inputs(table, workdir: str) -> Inputs:
   summary = pipeline.run(table.data, workdir)
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  data = inputs.load_split(paths["tfds"], table.split, tok, limit=table.eval.limit)
+  data = prompt_io.load_split(paths["tfds"], table.split, tok, limit=table.eval.limit)
   source = tfds_builder.data_source(paths["tfds"], table.split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
   p, r = lengths_lib.static_lengths(summary)
@@ -345,7 +344,7 @@ def timed_decodes(policy: policy_lib.Policy, params, inp: Inputs, limit: int,
   out = {k: [] for k in ("prompt_len", "output_len", "seconds", "forwards")}
 
   def decode(example):
-    tokens, lengths = inputs.prompt_arrays([example], 1, inp.prompt_len,
+    tokens, lengths = prompt_io.prompt_arrays([example], 1, inp.prompt_len,
                                            policy.config.pad_token_id)
     t0 = time.perf_counter()
     res = policy.decode(params, tokens, lengths)

@@ -126,7 +126,7 @@ class TeacherSpec:
       'bfloat16'.
     mesh: (data, fsdp, tp) sizes; one may be -1 (the remaining devices).
     restart: the chain's teacher step moves a previous output made with other settings aside
-      (W/teacher.<its digest>) instead of refusing it (gr2jax/apps/chain.py).
+      (W/teacher.<its digest>) instead of refusing it (gr2jax/chain.py).
   """
 
   hf_dir: str

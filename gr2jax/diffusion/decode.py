@@ -413,7 +413,7 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
 
 @dataclasses.dataclass(frozen=True)
 class BlockDecoding:
-  """How one block-diffusion decode runs (gr2jax/train/policy.py builds it from a DecodeSpec).
+  """How one block-diffusion decode runs (gr2jax/decoding/policy.py builds it from a DecodeSpec).
 
   Attributes:
     threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is

@@ -8,7 +8,7 @@ with R the response width rounded up to a multiple of the block size B = config.
 (the extra slots hold the mask token, as in the decoder's last block). K >= 0 noisy streams
 share one prompt and one clean stream: CFT's complementary pair is K = 2 (the mask and its
 inverse), RL replay packs its denoising rounds as K = rounds streams, and K = 0 with B = 1 is
-the causal `[prompt | response]` forward of the one causal scorer (train/policy.py: SFT, AR RL,
+the causal `[prompt | response]` forward of the one causal scorer (decoding/policy.py: SFT, AR RL,
 the OPD teacher). Noisy stream k holds the response with the positions `noisy[:, k]` replaced
 by the mask token.
 
@@ -89,7 +89,7 @@ def two_stream_inputs(
 
   Args:
     config: the model; its block_size aligns the blocks and its mask_token_id masks (an AR
-      model, mask_token_id None, only with K = 0: the causal scorer, train/policy.py).
+      model, mask_token_id None, only with K = 0: the causal scorer, decoding/policy.py).
     prompt_tokens: [B, P] int right-padded prompts.
     prompt_lengths: [B] int real prompt lengths (>= 1).
     response_tokens: [B, M] int responses (anything after `response_lengths` is allowed: it is

@@ -1,5 +1,5 @@
 """A local HF Qwen3 directory -> a gr2jax (orbax) checkpoint (weights_conversion/convert_hf.py
-is its command line; the HF recipes' `convert` step, gr2jax/apps/chain.py, calls `convert`).
+is its command line; the HF recipes' `convert` step, gr2jax/chain.py, calls `convert`).
 
 Reads DIR/config.json (`ModelConfig.from_hf_dict`: unsupported fields are an error naming them)
 and the weights: `model.safetensors.index.json` + shards, a single `model.safetensors`, or

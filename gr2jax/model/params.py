@@ -55,7 +55,7 @@ def layer_list(params: dict) -> dict:
   merged by XLA GPU's dot-merger into one GEMM by concatenating the three weights, on every step
   (docs/results/memory_limit.md); fused once here, the step reads one weight in place. Called
   outside jit (one jitted copy of the layer weights) by the decoders' entry points; callers that
-  decode many batches convert once (train/policy `decoding_params`) and pass the result.
+  decode many batches convert once (decoding/policy `decoding_params`) and pass the result.
 
   Args:
     params: the param pytree (stacked or already per layer).

@@ -1,97 +1,22 @@
-"""From the TFDS dataset to the one typed training batch and to evaluation prompts.
+"""From a tokenized split (decoding/prompt_io.SplitData) to the one typed training batch.
 
-`load_split` reads one split of `amazon_beauty_gr2` (random access, no TensorFlow), re-tokenizes
-its rendered text with the run's tokenizer and keeps the fields evaluation needs. `make_batch` is
-the one builder of training rows (gr2jax/data/batches.py `Batch`): the prompt and the response
-(reasoning + answer, end of turn included) as separate right-padded arrays, since SFT and CFT
-score the response given the prompt and every later stage decodes from the prompts. P and R are
-static per run (`prompt_len`, `response_len`; a longer example is an error naming them).
-`BatchIterator` is a seeded, epoch-reshuffled iterator whose position (epoch, index) is saved
-with each run checkpoint, so a resumed run sees the same next batch.
+`make_batch` is the one builder of training rows (gr2jax/data/batches.py `Batch`): the prompt
+(decoding/prompt_io.prompt_arrays, as every decode pads it) and the response (reasoning + answer,
+end of turn included) as separate right-padded arrays, since SFT and CFT score the response
+given the prompt and every later stage decodes from the prompts. P and R are static per run
+(`prompt_len`, `response_len`; a longer example is an error naming them). `BatchIterator` is a
+seeded, epoch-reshuffled iterator whose position (epoch, index) is saved with each run
+checkpoint, so a resumed run sees the same next batch.
 
 GR2's decoupled SFT loss (GR2, arXiv 2602.07774: L = -lambda_r sum_i log P(r_i | P, r_<i) -
 lambda_o sum_j log P(o_j | P, r, o_<j)) weights reasoning tokens by lambda_r and answer tokens
 by lambda_o: `response_weights[b, j]` is the weight of predicting response token j (0 on padding).
 """
 
-import dataclasses
-import os
-
 import numpy as np
 
-from gr2jax.data import batches, tfds_builder
 from gr2jax.data.batches import Batch
-from gr2jax.data.prompts import RenderedExample
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitData:
-  """One split, tokenized.
-
-  Attributes:
-    encoded: the encoded examples (prompt / reasoning / answer tokens, label tokens, target).
-    users: [E] user ids.
-    labels: [E] tuples of the N candidate label strings (D's order), for the answer parser.
-    teacher_top1: [E] the rule teacher's top-1 slot, -1 without a teacher ranking.
-    source: what was read: the data build's TFDS directory name (it holds the build's key),
-      the split and the number of records (an evaluation cache key; '' for hand-made data).
-  """
-
-  encoded: list
-  users: np.ndarray
-  labels: list
-  teacher_top1: np.ndarray
-  source: str = ""
-
-  def __len__(self) -> int:
-    return len(self.encoded)
-
-  @property
-  def target_position(self) -> np.ndarray:
-    return np.asarray([e.target_position for e in self.encoded], np.int32)
-
-
-def load_split(tfds_dir: str, split: str, tokenizer, *, limit: int = 0) -> SplitData:
-  """Reads and tokenizes one split (the first `limit` records when limit > 0).
-
-  Args:
-    tfds_dir: the TFDS data directory of the data build (summary['paths']['tfds']).
-    split: 'train', 'validation', 'test' or 'test_1615'.
-    tokenizer: the build's tokenizer (gr2jax.data.tokenizer.load_tokenizer).
-    limit: read at most this many records (0 = all).
-
-  Returns:
-    The split's SplitData, in record order.
-  """
-  source = tfds_builder.data_source(tfds_dir, split)
-  n = len(source) if limit <= 0 else min(limit, len(source))
-  records = [tfds_builder.decode_record(source[i]) for i in range(n)]
-  if not records:
-    raise ValueError(f"split {split!r} of {tfds_dir} has no records")
-  rendered = [RenderedExample(r["prompt"], r["reasoning"], r["answer"], r["labels"])
-              for r in records]
-  encoded = batches.encode_examples(rendered, [int(r["target_position"]) for r in records],
-                                    tokenizer)
-  teacher = [int(r["teacher_ranking"][0]) if len(r["teacher_ranking"]) == len(r["labels"])
-             else -1 for r in records]
-  return SplitData(encoded=encoded, users=np.asarray([int(r["user"]) for r in records]),
-                   labels=[tuple(r["labels"]) for r in records],
-                   teacher_top1=np.asarray(teacher, np.int32),
-                   source=f"{os.path.basename(os.path.normpath(tfds_dir))}/{split}[:{n}]")
-
-
-def prompt_arrays(examples: list, batch_size: int, prompt_len: int, pad_id: int):
-  """Right-padded prompts: (prompt_tokens [B, P] int32, prompt_lengths [B] int32); rows past
-  len(examples) repeat the last prompt (their results are dropped by example_mask)."""
-  tokens = np.full((batch_size, prompt_len), pad_id, np.int32)
-  lengths = np.zeros((batch_size,), np.int32)
-  for b in range(batch_size):
-    prompt = examples[min(b, len(examples) - 1)].prompt
-    if len(prompt) > prompt_len:
-      raise ValueError(f"prompt of {len(prompt)} tokens exceeds prompt_len={prompt_len}")
-    tokens[b, :len(prompt)] = prompt
-    lengths[b] = len(prompt)
-  return tokens, lengths
+from gr2jax.decoding.prompt_io import SplitData, prompt_arrays
 
 
 def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,

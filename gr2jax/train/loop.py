@@ -7,15 +7,16 @@ Layout under the run's workdir:
   workdir/<stage>/logs/                           metrics.jsonl, TensorBoard events, config.txt
   workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
 
-The config is validated first (config_checks.py); the stage directory is locked for the whole run
-(a second run of the stage gets `InUseError`). A stage starts from its own newest readable
-checkpoint, else from `config.init` (a preset or the previous stage's export); a checkpoint written
-with other run-altering settings is refused (run_checkpoints.py), and `train.restart=True` moves the
-previous run aside first. An AR stage refuses a diffusion init. A non-finite loss, or a non-finite
-state about to be saved or exported, stops the run with an error; every checkpoint on disk is
-finite (the last finite state is kept). SIGTERM / SIGINT save a checkpoint, then exit. A rerun of
-a finished run with the same record does nothing and says so. The export records the stage, its
-kind, the data build and the run record (checkpoint.py gr2jax_metadata.json).
+The config is validated first (gr2jax/config_checks.py); the stage directory is locked for the
+whole run (a second run of the stage gets `InUseError`). A stage starts from its own newest
+readable checkpoint, else from `config.init` (a preset or the previous stage's export); a
+checkpoint written with other run-altering settings is refused (run_checkpoints.py), and
+`train.restart=True` moves the previous run aside first. An AR stage refuses a diffusion init. A
+non-finite loss, or a non-finite state about to be saved or exported, stops the run with an error;
+every checkpoint on disk is finite (the last finite state is kept). SIGTERM / SIGINT save a
+checkpoint, then exit. A rerun of a finished run with the same record does nothing and says so. The
+export records the stage, its kind, the data build and the run record (checkpoint.py
+gr2jax_metadata.json).
 """
 
 import contextlib
@@ -28,19 +29,20 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from gr2jax import exports, files, load
+from gr2jax import config_checks, exports, files, load
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
-from gr2jax.train import config_checks, evaluation, inputs, optim, run_checkpoints
+from gr2jax.train import inputs, optim, run_checkpoints
 from gr2jax.train import mesh as mesh_lib
-from gr2jax.train import policy as policy_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
 from gr2jax.train.writer import MetricsWriter
@@ -65,8 +67,8 @@ class Context:
   config: object
   model_config: ModelConfig
   tokenizer: object
-  train: inputs.SplitData
-  eval: inputs.SplitData
+  train: prompt_io.SplitData
+  eval: prompt_io.SplitData
   prompt_len: int
   response_len: int
   mesh: object
@@ -142,8 +144,8 @@ def load_context(config, workdir: str, model_config: ModelConfig | None = None) 
   summary = pipeline.run(config.data, workdir)
   paths = summary["paths"]
   tokenizer = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  train = inputs.load_split(paths["tfds"], "train", tokenizer, limit=config.train.limit)
-  eval_data = inputs.load_split(paths["tfds"], config.eval.split, tokenizer,
+  train = prompt_io.load_split(paths["tfds"], "train", tokenizer, limit=config.train.limit)
+  eval_data = prompt_io.load_split(paths["tfds"], config.eval.split, tokenizer,
                                 limit=config.eval.limit)
   p, r = lengths_lib.static_lengths(summary)
   mesh = mesh_lib.make_mesh(**config.mesh)
@@ -201,7 +203,7 @@ def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dic
     ctx: the data context; default load_context(config, workdir) (the data build).
 
   Raises:
-    ValueError: a bad size or rate (config_checks.py), an AR stage given a diffusion init.
+    ValueError: a bad size or rate (gr2jax/config_checks.py), an AR stage given a diffusion init.
     gr2jax.workdir.InUseError: another live run holds the stage directory.
     run_checkpoints.RunChangedError: the checkpoints were written with other settings.
     run_checkpoints.UnreadableCheckpointsError: checkpoints exist but none restores.

@@ -6,7 +6,7 @@ OPD.
 a forward KL over every committed response token t (|o| = the response length, stop token
 included; tokens the decoder committed after the stop are context, not terms).
 
-  - Trajectories: the student (a DiffusionPolicy, train/policy.py) samples G' rollouts per
+  - Trajectories: the student (a DiffusionPolicy, decoding/policy.py) samples G' rollouts per
     prompt with its real decoder (`block_diffusion_generate` at the decode spec's rollout tau
     and temperature > 0) in train/rollouts.py `prepare`, outside the jitted step.
   - Teacher: scores each trajectory ONCE with the one causal scorer over [prompt | o]
@@ -38,11 +38,11 @@ import ml_dtypes
 import numpy as np
 
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import DiffusionPolicy, causal_log_probs
 from gr2jax.diffusion import replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
-from gr2jax.train.policy import DiffusionPolicy, causal_log_probs
 
 # config.opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V].
 TEACHER_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}

@@ -9,7 +9,7 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
     output gets -1 and stays in its group), G rollouts per prompt at the decode spec's
     temperature > 0.
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
-    from the SAME `policy.log_probs` (train/policy.py): for an AR policy the causal scorer over
+    from the SAME `policy.log_probs` (decoding/policy.py): for an AR policy the causal scorer over
     [prompt | response], for a diffusion policy the differentiable replay of the trace
     (gr2jax/diffusion/replay.py), each token in the context the decoder committed it in.
     Log-probs are commit.token_log_probs at the sampling temperature: the distribution the
@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import Policy
 from gr2jax.train import grpo, rewards, rollouts
-from gr2jax.train.policy import Policy
 from gr2jax.train.rollouts import RewardFn
 
 

@@ -1,7 +1,7 @@
 """The one on-policy prepare of AR RL, OPD and diffusion RL (host side, before the jitted step).
 
   rows      the batch's Bp prompts, each repeated G times (rows i*G .. i*G + G - 1)
-  rollouts  policy.sample (train/policy.py): one on-policy sample per row, with its trace, in
+  rollouts  policy.sample (decoding/policy.py): one on-policy sample per row, with its trace, in
             calls of chunk_rows rows (gr2jax/chunks.py; chunk i samples with fold_in(key, i))
   then the part a stage learns from:
   rewards   (RL) reward_fn -> group advantages (grpo.group_advantages: z-scores, zero-variance
@@ -25,13 +25,13 @@ import numpy as np
 
 from gr2jax import chunks
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy, Policy
 from gr2jax.train import grpo
-from gr2jax.train.policy import ARPolicy, DiffusionPolicy, Policy
 
 # The Batch fields of "the response given the prompt": what the causal scorer (an ARPolicy's
 # log_probs, the OPD teacher) reads.
 SCORED_FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths")
-# What each policy's log_probs reads of a Batch (train/policy.py).
+# What each policy's log_probs reads of a Batch (decoding/policy.py).
 POLICY_FIELDS = {
   ARPolicy: SCORED_FIELDS,
   DiffusionPolicy: ("prompt_tokens", "prompt_lengths", "trace_tokens", "commit_step",
@@ -70,7 +70,7 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, group
     batch: a training batch of Bp prompts (inputs.make_batch: prompt_tokens, prompt_lengths,
       example_mask and what reward_fn reads); its row fields are repeated G times.
     key: the step's PRNG key.
-    policy: the policy (train/policy.py); rollouts need spec.temperature > 0.
+    policy: the policy (decoding/policy.py); rollouts need spec.temperature > 0.
     group_size: G rollouts per prompt (paper: 8 for RL, 4 for OPD).
     reward_fn: RL: the rollouts' rewards (RewardFn).
     teacher: OPD: the teacher's distributions of a chunk (TeacherFn).

@@ -7,8 +7,9 @@ build, the init's digest, P and R). Saves happen every `save_every` steps (async
 saves only a finite state (`all_finite`).
 
 The record describes the work, not where it lives: a path inside the run's workdir is kept
-relative to it (`portable`, "{workdir}/sft/export"), so the same run resumes with the workdir
-spelled relative or absolute, from another directory, or after the workdir was moved or copied.
+relative to it (gr2jax/workdir.portable, "{workdir}/sft/export"), so the same run resumes with
+the workdir spelled relative or absolute, from another directory, or after the workdir was moved
+or copied.
 
 `restore_latest` walks back from the newest step. A step whose run record differs from this run's
 in a field that alters the run (everything but RUN_NEUTRAL; train.steps only when below the
@@ -50,7 +51,6 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 # (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
 # still resume and are reused. Any other value is a change like any other.
 ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step"}
-WORKDIR = "{workdir}"  # how a record writes the run's workdir (portable)
 
 
 class RunChangedError(ValueError):
@@ -94,31 +94,6 @@ def make_manager(directory: str, *, keep: int, async_save: bool = True) -> ocp.C
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
-def portable(tree, workdir: str):
-  """`tree` (JSON-like: dicts, lists, strings, numbers) with every path written the same way
-  however it was spelt: a path inside `workdir` as "{workdir}/<path relative to it>" (the
-  workdir itself: "{workdir}"), any other as its absolute real path.
-
-  A string counts as a path when it contains a path separator (and no "{workdir}" already); it
-  is resolved against the current directory (how the run reads it), symlinks included, so
-  "W/sft/export" and "/abs/W/sft/export" give the same value. Other strings ("preset:tiny",
-  "cosine") are kept.
-  """
-  root = os.path.realpath(workdir)
-  if isinstance(tree, dict):
-    return {k: portable(v, workdir) for k, v in tree.items()}
-  if isinstance(tree, (list, tuple)):
-    return [portable(v, workdir) for v in tree]
-  if not isinstance(tree, str) or os.sep not in tree or WORKDIR in tree:
-    return tree
-  path = os.path.realpath(tree)
-  if path == root:
-    return WORKDIR
-  if path.startswith(root + os.sep):
-    return os.path.join(WORKDIR, os.path.relpath(path, root))
-  return path
-
-
 def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
                lengths: tuple[int, int]) -> dict:
   """What a run's checkpoints must agree with to be resumed (JSON-normalised, `portable`).
@@ -134,7 +109,7 @@ def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
   resolved.get("train", {}).pop("restart", None)
   record = {"config": resolved, "data_build": data_build, "init_sha256": init_sha256,
             "lengths": list(lengths)}
-  return portable(json.loads(json.dumps(record, default=json_value)), workdir)
+  return workdir_lib.portable(json.loads(json.dumps(record, default=json_value)), workdir)
 
 
 def json_value(value):
@@ -189,7 +164,7 @@ def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object
 def result_fields(record: dict) -> dict[str, object]:
   """{field: value} of a record that decide what the run produces (its export): every field but
   the neutral ones (`changed_fields`), train.steps included. What a chain step's digest covers
-  (gr2jax/apps/chain.py), so a changed evaluation or save interval changes no digest."""
+  (gr2jax/chain.py), so a changed evaluation or save interval changes no digest."""
   flat = _flat(without_added_defaults(record))
   neutral = _neutral_fields(flat) - {"config.train.steps"}
   return {k: v for k, v in flat.items()

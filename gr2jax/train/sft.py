@@ -4,7 +4,7 @@
 
 `batch.response_weights[b, j]` (gr2jax/data/batches.py `Batch`, built by train/inputs.py) is the
 weight of predicting response token j: lambda_r on reasoning, lambda_o on the answer, 0 on
-padding. The response is scored by the one causal scorer (train/policy.py `causal_log_probs`,
+padding. The response is scored by the one causal scorer (decoding/policy.py `causal_log_probs`,
 the LM head only at the R response queries). Returned as (weighted sum, weight sum): the step
 normalises per weighted token, once.
 """
@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import causal_log_probs
 from gr2jax.model.config import ModelConfig
-from gr2jax.train.policy import causal_log_probs
 
 # The Batch fields sft_loss reads.
 FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",

@@ -8,16 +8,16 @@
 
 Each loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go
 to the device). The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built
-from the run's decode spec (the view's `decode`, train/policy.py `make_policy`) and share one
+from the run's decode spec (the view's `decode`, decoding/policy.py `make_policy`) and share one
 prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
 import functools
 
 from gr2jax import load
+from gr2jax.decoding import policy as policy_lib
 from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
-from gr2jax.train import policy as policy_lib
 from gr2jax.train.loop import Context, Stage
 from gr2jax.train.step import Loss
 

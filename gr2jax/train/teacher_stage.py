@@ -58,9 +58,9 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
   with the mesh's batch sharding (every process fills only its own rows) and the responses are
   gathered to every process. Decoding stops at the model's eos ids and the tokenizer's end of turn.
   """
+  from gr2jax.decoding import prompt_io
   from gr2jax.model import generate as generate_lib
   from gr2jax.model import sharding as model_sharding
-  from gr2jax.train import evaluation, inputs
   from gr2jax.train import mesh as mesh_lib
 
   sampling = generate_lib.Sampling(temperature=temperature, top_p=top_p)
@@ -71,7 +71,7 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
   sharding = mesh_lib.batch_sharding(mesh)
 
   def sample(prompt_ids, key):
-    tokens, lengths = inputs.prompt_arrays([types.SimpleNamespace(prompt=p) for p in prompt_ids],
+    tokens, lengths = prompt_io.prompt_arrays([types.SimpleNamespace(prompt=p) for p in prompt_ids],
                                            batch_size, prompt_len, config.pad_token_id)
     batch = model_sharding.global_arrays({"tokens": tokens, "lengths": lengths}, sharding)
     with jax.set_mesh(mesh):
@@ -79,7 +79,7 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
                                   max_new_tokens=max_new_tokens, key=key, sampling=sampling)
     tokens, lengths = model_sharding.host_arrays((out.tokens, out.lengths))
     n = len(prompt_ids)
-    return evaluation.response_texts(tokenizer, tokens[:n], lengths[:n]), lengths[:n]
+    return prompt_io.response_texts(tokenizer, tokens[:n], lengths[:n]), lengths[:n]
 
   return sample
 

@@ -17,9 +17,9 @@ import pytest
 
 import gr2jax
 from gr2jax import exports
-from gr2jax import reranker as reranker_lib
 from gr2jax.apps.serve import engine as engine_lib
-from gr2jax.train.policy import DecodeSpec
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.spec import DecodeSpec
 from tests.smoke_workdir import REPO, RUN, env, smoke_workdir
 
 pytestmark = pytest.mark.integration  # the smoke run and every decoder of the pair

@@ -12,15 +12,16 @@ import numpy as np
 import pytest
 
 import gr2jax
-from gr2jax import reranker as reranker_lib
 from gr2jax.apps import rerank
 from gr2jax.data import evidence as evidence_lib
 from gr2jax.data import prompts
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.policy import make_policy
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import abstract_params
-from gr2jax.train.policy import DecodeSpec, make_policy
 from tests.data.toy_records import toy_catalog, toy_sids
 from tests.train.toy import PROMPT, toy_tokenizer
 

@@ -1,5 +1,5 @@
 """gr2jax/apps/table2.py: the report's files (the rows themselves are evaluated end to end in
-tests/apps/test_chain.py, on the HF-layout run)."""
+tests/test_chain.py, on the HF-layout run)."""
 
 import csv
 import json

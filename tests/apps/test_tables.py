@@ -12,8 +12,8 @@ import pytest
 from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.train import evaluation
-from gr2jax.train.policy import DecodeSpec
+from gr2jax.decoding import evaluation
+from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.test_rerank import _model
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 from tests.train.toy import PROMPT, toy_lengths, toy_split, toy_tokenizer
@@ -208,7 +208,7 @@ def test_table3_emulated_speedup_column(tmp_path):
 @pytest.mark.slow  # ~2 min on the busy 2 cores: three evaluations, two decoder compiles
 def test_evaluation_decoder_options(toy):
   """evaluation.evaluate's diffusion options: commit order, given reasoning (teacher forcing)."""
-  from gr2jax.train import evaluation
+  from gr2jax.decoding import evaluation
   inp, models = toy
   config, params, _ = models["diffusion"]
   kw = dict(batch_size=8, prompt_len=inp.prompt_len, max_new_tokens=inp.response_len)

@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import DiffusionPolicy
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rollouts
-from gr2jax.train.policy import DecodeSpec, DiffusionPolicy
 
 MASK = 63
 CONFIG = ModelConfig.tiny(

@@ -17,9 +17,10 @@ import jax
 import numpy as np
 import pytest
 
+from gr2jax.decoding.policy import ARPolicy
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import decode
 from gr2jax.train import opd, rl, rollouts, sft
-from gr2jax.train.policy import ARPolicy, DecodeSpec
 from tests.train.toy_policy import AR, AR_POLICY, BATCH, REWARDS, STUDENT, sft_batch
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "prepare_reference.npz")

@@ -12,6 +12,7 @@ import ml_collections
 import optax
 import pytest
 
+from gr2jax import workdir as workdir_lib
 from gr2jax.train import run_checkpoints
 from gr2jax.train import state as state_lib
 
@@ -185,7 +186,7 @@ def test_a_record_describes_the_work_not_where_the_workdir_lives(tmp_path, monke
   monkeypatch.chdir(work)
   assert record(".", "sft/export") == absolute
   assert record(str(tmp_path / "copy"), str(tmp_path / "copy" / "sft" / "export")) == absolute
-  assert run_checkpoints.portable({"a": ["x/y", "preset:tiny", 3]}, "sft") == {
+  assert workdir_lib.portable({"a": ["x/y", "preset:tiny", 3]}, "sft") == {
     "a": [str(work / "x" / "y"), "preset:tiny", 3]}
 
 

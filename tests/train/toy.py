@@ -6,7 +6,8 @@ import numpy as np
 from gr2jax import exports, recipe, recipes
 from gr2jax.data import batches, prompts, tokenizer
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.train import inputs, loop
+from gr2jax.decoding import prompt_io
+from gr2jax.train import loop
 from gr2jax.train import mesh as mesh_lib
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
 
@@ -14,14 +15,14 @@ PROMPT = prompts.PromptConfig(answer_format="slot", evidence="flags", fields=("b
                               history_items=0, max_citations=1)
 
 
-def toy_split(tok, users, with_teacher=True) -> inputs.SplitData:
+def toy_split(tok, users, with_teacher=True) -> prompt_io.SplitData:
   catalog, sids = toy_catalog(), toy_sids()
   examples = [toy_example(user=u, with_teacher=with_teacher) for u in users]
   rendered = [prompts.render_example(ex, catalog, sids, PROMPT) for ex in examples]
   encoded = batches.encode_examples(rendered, [ex.target_position for ex in examples], tok)
   teacher = [int(ex.teacher_ranking[0]) if ex.teacher_ranking is not None else -1
              for ex in examples]
-  return inputs.SplitData(encoded, np.asarray(users), [r.labels for r in rendered],
+  return prompt_io.SplitData(encoded, np.asarray(users), [r.labels for r in rendered],
                           np.asarray(teacher, np.int32))
 
 

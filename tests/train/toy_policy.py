@@ -16,10 +16,11 @@ import jax
 import numpy as np
 
 from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rl, rollouts
-from gr2jax.train.policy import ARPolicy, DecodeSpec, DiffusionPolicy
 
 STOP = (2, 3, 4, 5, 6, 7)
 AR = ModelConfig.tiny(vocab_size=64, num_layers=1, eos_token_ids=STOP, pad_token_id=0)

@@ -2,12 +2,12 @@
 
 The server answers a request exactly as the offline tool (gr2jax/apps/rerank.py) does, through
 the same library: gr2jax/data/requests.py parses and validates it and renders it into the data
-build's prompt with its exact evidence thresholds, gr2jax/reranker.py's Reranker holds the model's
-policy (its decoder at the export's decode spec: AR, block diffusion, constrained answers), and an
-invalid answer falls back to D's order (requests.answer_row).
+build's prompt with its exact evidence thresholds, gr2jax/decoding/reranker.py's Reranker holds
+the model's policy (its decoder at the export's decode spec: AR, block diffusion, constrained
+answers), and an invalid answer falls back to D's order (requests.answer_row).
 
 Shapes are static: `rank` decodes a list of requests as one [bucket, prompt_len] batch, rows past
-the list repeating its last prompt (inputs.prompt_arrays, as the offline tool pads its last
+the list repeating its last prompt (prompt_io.prompt_arrays, as the offline tool pads its last
 batch); a repeated row finishes when its source does, so padding never lengthens the decode loop.
 `warm(bucket, prompt_len)` runs that very program once, so serving never compiles.
 """
@@ -21,11 +21,11 @@ import jax
 import numpy as np
 
 from gr2jax import exports
-from gr2jax import reranker as reranker_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
-from gr2jax.train import evaluation
-from gr2jax.train import policy as policy_lib
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import prompt_io
+from gr2jax.decoding import reranker as reranker_lib
 
 _counts = {"compiles": 0, "cache_hits": 0}
 
@@ -197,7 +197,7 @@ class Engine:
     out = reranker_lib.decode_batch(r, encoded, bucket, prompt_len, self._tokenizer_lock)
     n = len(encoded)
     with self._tokenizer_lock:
-      texts = evaluation.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
+      texts = prompt_io.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
     return texts, out
 
   def rank(self, batch: list[Prepared], bucket: int, prompt_len: int) -> list[dict]:

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
-from gr2jax import reranker as reranker_lib
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.train.policy import DecodeSpec
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, toy_engine
 from tests.apps.test_rerank import _good, _reranker, check_constrained, recording
 

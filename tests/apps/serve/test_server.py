@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from gr2jax import recipes
-from gr2jax import reranker as reranker_lib
 from gr2jax.apps.serve import server
 from gr2jax.apps.serve.client import scrape, wait_ready
+from gr2jax.decoding import reranker as reranker_lib
 from tests.apps.serve.toy_server import Gated, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good
 

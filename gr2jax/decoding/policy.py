@@ -1,11 +1,5 @@
-"""The decode spec and THE policy: the one dispatch of every decode (evaluation, rerank, the
-tables, the server) and the one interface of the on-policy stages (AR RL, OPD, RL).
-
-`DecodeSpec`: one frozen value per recipe (gr2jax/recipe.py carries it whole into every stage
-view, `view.decode`), so two stages of one recipe cannot decode differently. Its defaults are the
-paper's decoding settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality
-mode), rollouts at tau = 0.9, at most 64 denoising steps per block; gr2jax/recipes.py takes them
-from here.
+"""THE policy: the one dispatch of every decode (evaluation, rerank, the tables, the server) and
+the one interface of the on-policy stages (AR RL, OPD, RL), at a recipe's decode spec (spec.py).
 
 A policy (the anchors: tunix `BaseRollout.generate` / `get_per_token_logps`, gemma `Sampler`)
 is the model with its own decoder at the spec, behind three methods:
@@ -50,62 +44,11 @@ import numpy as np
 
 from gr2jax import chunks
 from gr2jax.data import batches
-from gr2jax.diffusion import commit, decode, layout, replay, speculative
-from gr2jax.model import generate, validate
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import decode, layout, replay, speculative
+from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
-
-
-@dataclasses.dataclass(frozen=True)
-class DecodeSpec:
-  """How every evaluation and on-policy rollout of a recipe decodes (the one place these
-  settings and their defaults are written; gr2jax/recipes.py's `decode` block is built from it).
-
-  Attributes:
-    block_size: B of the diffusion stages: an AR init is converted to a block-diffusion model
-      of this block size (paper: 32); every decoder then reads the model's config.block_size.
-    eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
-      paper's Table 2 quality mode).
-    rollout_tau: commit threshold of OPD / RL rollouts, in (0, 1].
-    max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
-    temperature: rollout sampling temperature, AR and diffusion (>= 0; rollout log-probs use
-      the same); evaluations are greedy.
-    constrained: evaluations decode the answer under the answer constraint
-      (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
-    commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).
-    draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
-      AR model, LosslessPolicy; diffusion/speculative.py DraftSpec): tokens drafted per verify
-      forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
-      draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
-      acceptance (docs/results/lossless/), K = 16 with one-step drafts.
-  """
-  block_size: int = 32
-  eval_tau: float = 1.0
-  rollout_tau: float = 0.9
-  max_steps_per_block: int = 64
-  temperature: float = 1.0
-  constrained: bool = False
-  commit_order: str = "confidence"
-  draft_k: int = 16
-  draft_tau: float = 0.0
-  draft_steps: int = 8
-
-  def __post_init__(self):
-    for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
-      validate.integer("decode.", name, getattr(self, name), minimum=1)
-    for name in ("eval_tau", "rollout_tau"):
-      validate.real("decode.", name, getattr(self, name), low=0, high=1, low_open=True)
-    validate.real("decode.", "temperature", self.temperature, low=0)
-    validate.boolean("decode.", "constrained", self.constrained)
-    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)
-    validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
-                  note=" (0 = a one-step draft)")
-
-  @property
-  def draft(self) -> speculative.DraftSpec:
-    """The lossless mode's DraftSpec."""
-    return speculative.DraftSpec(k=self.draft_k, draft_tau=self.draft_tau,
-                                 draft_steps=self.draft_steps, commit_order=self.commit_order)
 
 
 class Decoded(NamedTuple):

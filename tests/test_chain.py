@@ -230,7 +230,7 @@ def test_a_broken_done_step_is_named_with_the_command_that_redoes_it(hf_run, tmp
   """An export that lost its manifest is not trusted: ar_rl.py names sft, what is wrong and the
   command; the chain itself redoes sft (its export moved aside, re-exported from its last
   checkpoint)."""
-  from gr2jax.apps import chain
+  from gr2jax import chain
 
   hf_dir, workdir, _, _ = hf_run
   copy = str(tmp_path / "broken")
@@ -249,8 +249,7 @@ def test_a_broken_done_step_is_named_with_the_command_that_redoes_it(hf_run, tmp
 def test_step_digests_do_not_depend_on_where_the_workdir_lives(tmp_path, monkeypatch):
   """Table 2's whole chain (with an LLM teacher trained in the workdir itself): the same digests
   for the workdir spelt absolute or relative, from another directory, or a copy of it."""
-  from gr2jax import recipe, recipes
-  from gr2jax.apps import chain
+  from gr2jax import chain, recipe, recipes
 
   def digests(workdir, teacher):
     c = recipes.config("smoke", "table2")
@@ -303,7 +302,7 @@ def test_restart_moves_the_run_aside_and_its_settings_move_it_back(hf_run, tmp_p
   leaves an export as a finished run does): the first run is moved whole and byte-identical to
   W/sft.<its digest>; the first settings then move it back and reuse it, training nothing, and
   the second run is kept aside in its turn. The command-line run is the slow test below."""
-  from gr2jax.apps import chain
+  from gr2jax import chain
   from gr2jax.train import loop
 
   hf_dir, workdir, _, _ = hf_run
@@ -337,7 +336,7 @@ def test_restart_moves_the_run_aside_and_its_settings_move_it_back(hf_run, tmp_p
 def test_restart_on_the_command_line_moves_the_run_aside(hf_run):
   """restart=True with another learning rate: the first run is moved, whole and byte-identical,
   to W/sft.<its digest>, and a new one trained; the first settings would move it back."""
-  from gr2jax.apps import chain
+  from gr2jax import chain
 
   hf_dir, workdir, _, _ = hf_run
   before = _files(os.path.join(workdir, "sft"))

@@ -1,17 +1,18 @@
-"""gr2jax/train/evaluation.py's cache: keyed by what decides a result, found by its key alone."""
+"""gr2jax/decoding/evaluation.py's cache: keyed by what decides a result, found by its key alone."""
 
 import dataclasses
 
 import numpy as np
 import pytest
 
-from gr2jax.train import evaluation, inputs
-from gr2jax.train.policy import DecodeSpec, make_policy
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding.policy import make_policy
+from gr2jax.decoding.spec import DecodeSpec
 from tests.train.toy_policy import AR, DIFFUSION
 
 
 def _data(source="tfds-abc/test_1615[:4]"):
-  return inputs.SplitData(encoded=[], users=np.arange(4), labels=[], teacher_top1=np.zeros(4),
+  return prompt_io.SplitData(encoded=[], users=np.arange(4), labels=[], teacher_top1=np.zeros(4),
                           source=source)
 
 

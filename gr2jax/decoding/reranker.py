@@ -4,7 +4,7 @@
 tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
 metadata written by gr2jax/train/loop.py); `rerank_lines` answers JSONL lines or request dicts in
 input order, each an answer row or a named error row (data/requests.py). Requests are decoded
-by the model's policy (gr2jax/train/policy.py: AR, or block diffusion at the spec's eval tau,
+by the model's policy (policy.py: AR, or block diffusion at the spec's eval tau,
 with the answer constraint of the request's candidates when the spec is constrained) in
 batches of one static shape [batch, P]: P is the data build's prompt width, so the offline tool
 (gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/) decode a request identically.
@@ -22,10 +22,11 @@ from gr2jax.data import batches, pipeline
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import prompt_io
+from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import speculative
 from gr2jax.progress import progress
-from gr2jax.train import evaluation, inputs
-from gr2jax.train import policy as policy_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _recorded(export: str, field: str, given):
 
 
 def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
-                  decode: policy_lib.DecodeSpec | None = None, items: str = "",
+                  decode: DecodeSpec | None = None, items: str = "",
                   max_new_tokens: int = 0, verify_with: str = "") -> Reranker:
   """The Reranker of an export and the data build it was trained on.
 
@@ -77,7 +78,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     max_new_tokens: response cap; 0 = the build's R (data/lengths.py, as the training runs).
     verify_with: an AR export of the same data build (e.g. W/ar_rl/export): the lossless mode,
       `export` (a block-diffusion model) drafts and this model verifies, so the answers are its
-      own greedy answers (train/policy.LosslessPolicy).
+      own greedy answers (policy.LosslessPolicy).
 
   Raises:
     ValueError: the export records no data build / decode spec and none is given; the data
@@ -92,8 +93,8 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   if not isinstance(data_config, ml_collections.ConfigDict):
     data_config = ml_collections.ConfigDict(data_config)
   decode = _recorded(export, "decode", decode)
-  if not isinstance(decode, policy_lib.DecodeSpec):
-    decode = policy_lib.DecodeSpec(**decode)
+  if not isinstance(decode, DecodeSpec):
+    decode = DecodeSpec(**decode)
   if workdir is None:
     workdir = os.path.dirname(os.path.dirname(os.path.abspath(export)))
   summary = pipeline.run(data_config, workdir)
@@ -122,8 +123,8 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
 def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,
                  tokenizer_lock=None) -> policy_lib.Decoded:
   """Decodes encoded requests as one [rows, prompt_len] batch (rows past the list repeat its
-  last prompt, inputs.prompt_arrays), under the answer constraint of each request's candidates
-  when the decode spec is constrained (evaluation.steering, as every evaluation builds it).
+  last prompt, prompt_io.prompt_arrays), under the answer constraint of each request's candidates
+  when the decode spec is constrained (prompt_io.steering, as every evaluation builds it).
 
   Args:
     reranker: the Reranker.
@@ -134,9 +135,9 @@ def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,
       None: no lock.
   """
   policy = reranker.policy
-  tokens, lengths = inputs.prompt_arrays(encoded, rows, prompt_len, policy.config.pad_token_id)
+  tokens, lengths = prompt_io.prompt_arrays(encoded, rows, prompt_len, policy.config.pad_token_id)
   with tokenizer_lock or contextlib.nullcontext():
-    steering = evaluation.steering(policy, reranker.tokenizer, encoded, rows)
+    steering = prompt_io.steering(policy, reranker.tokenizer, encoded, rows)
   return policy.decode(reranker.params, tokens, lengths, steering=steering)
 
 
@@ -156,8 +157,8 @@ def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *,
   for first in range(0, len(requests), batch_size):
     chunk = encoded[first:first + batch_size]
     out = decode_batch(reranker, chunk, rows_per_batch, prompt_len)
-    texts = evaluation.response_texts(reranker.tokenizer, out.tokens[:len(chunk)],
-                                      out.lengths[:len(chunk)])
+    texts = prompt_io.response_texts(reranker.tokenizer, out.tokens[:len(chunk)],
+                                     out.lengths[:len(chunk)])
     for i, text in enumerate(texts):
       rows.append(requests_lib.answer_row(requests[first + i], text, rendered[first + i].labels))
     bar.update(len(chunk))

@@ -7,7 +7,7 @@ data build then trains on them)] -> [convert: the HF checkpoint with the project
 (built, or reused from W's cache, first). A step's digest covers what changes its result: its
 view of the recipe (recipe.stage_config, less how often it saves or evaluates; for convert, the
 HF directory and dtype; for teacher, its spec and data build), with paths inside W written
-relative to W (train/run_checkpoints.portable), chained with every step before it (the first:
+relative to W (gr2jax/workdir.portable), chained with every step before it (the first:
 the data build's config). So the same command from another directory, with W spelt relative or
 absolute, or on a moved or copied W, reuses every finished step.
 
@@ -35,6 +35,7 @@ import time
 
 from gr2jax import exports, files
 from gr2jax import recipe as recipe_lib
+from gr2jax import workdir as workdir_lib
 from gr2jax.data import llm_teacher, pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.hf import convert as hf_convert
@@ -91,7 +92,7 @@ def _model_digest(path: str) -> str | None:
 
 def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
   """What step's result depends on, as a run record (`{"config": ...}`), paths inside workdir
-  relative to it (run_checkpoints.portable): a training stage's view of the recipe (what its
+  relative to it (workdir_lib.portable): a training stage's view of the recipe (what its
   loop records), convert's HF directory (and its content digest) and dtype, the teacher's spec,
   model content digest and data build."""
   if step == recipe_lib.CONVERT:
@@ -106,13 +107,13 @@ def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
     config = recipe_lib.stage_config(recipe, step, workdir).to_dict()
     config["train"].pop("restart")  # how this run starts, not what it makes (as run_record)
   record = json.loads(json.dumps({"config": config}, default=run_checkpoints.json_value))
-  return run_checkpoints.portable(record, workdir)
+  return workdir_lib.portable(record, workdir)
 
 
 def _data_digest(recipe: recipe_lib.Recipe, workdir: str) -> str:
   data = run_checkpoints.without_added_defaults(
     {"data": recipe_lib.data_config(recipe).to_dict()}, "")["data"]
-  return files.json_digest(run_checkpoints.portable(
+  return files.json_digest(workdir_lib.portable(
     json.loads(json.dumps(data, default=run_checkpoints.json_value)), workdir))
 
 

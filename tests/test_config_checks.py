@@ -7,7 +7,7 @@ import types
 import pytest
 
 from gr2jax import recipe, recipes
-from gr2jax.train.config_checks import check_stage_config
+from gr2jax.config_checks import check_stage_config
 
 STAGE_CONFIGS = [(n, v) for n in ("sft", "ar_rl", "cft", "opd", "rl")
                  for v in ("", "smoke", "qwen3_8b", "qwen3_0_6b")]

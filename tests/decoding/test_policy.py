@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 
 from gr2jax import recipe, recipes
-from gr2jax.model import generate
-from gr2jax.model.params import init_params
-from gr2jax.train.policy import (
+from gr2jax.decoding.policy import (
   ARPolicy,
-  DecodeSpec,
   DiffusionPolicy,
   causal_log_probs,
   make_policy,
 )
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.model import generate
+from gr2jax.model.params import init_params
 from tests.train.toy_policy import AR, DIFFUSION
 
 

@@ -3,7 +3,7 @@ evaluation cache.
 
 Used by `--config=eval.py` on any checkpoint, by every training stage for its periodic and final
 evaluation, by Table 2's rows and by Tables 3 / 4. A split is decoded by the model's policy
-(train/policy.py: AR greedy, or block diffusion at the spec's eval tau and step cap; the choice
+(policy.py: AR greedy, or block diffusion at the spec's eval tau and step cap; the choice
 is the policy's). Each response is parsed by gr2jax.data.answer.parse_answer; anything but a
 valid permutation falls back to D's order (counted per failure kind), and the target's rank in
 the resulting list gives R@1 / R@3 / N@3 (gr2jax.metrics).
@@ -18,7 +18,6 @@ import dataclasses
 import glob
 import json
 import os
-import re
 import time
 
 import jax
@@ -26,42 +25,13 @@ import numpy as np
 
 from gr2jax import exports, files, load
 from gr2jax import metrics as metrics_lib
-from gr2jax.data import answer, prompts
-from gr2jax.diffusion import constrain
-from gr2jax.diffusion import decode as diffusion_decode
-from gr2jax.model.config import ModelConfig
+from gr2jax.data import answer
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import prompt_io
 from gr2jax.progress import progress
-from gr2jax.train import inputs
-from gr2jax.train import policy as policy_lib
 
 
-def label_levels(tokenizer, depth: int) -> list[list[int]]:
-  """Token ids of each answer-label level: slot tokens (depth 1) or the SID levels a, b, c, d."""
-  vocab = tokenizer.get_vocab()
-  patterns = [r"<slot_\d+>"] if depth == 1 else [rf"<{c}_\d+>" for c in "abcdefgh"[:depth]]
-  return [sorted(i for t, i in vocab.items() if re.fullmatch(p, t)) for p in patterns]
-
-
-def answer_constraint(tokenizer, config: ModelConfig, label_tokens: np.ndarray):
-  """The decoding-time answer constraint (diffusion/constrain.py) of a batch's candidates.
-
-  Args:
-    tokenizer: the data build's tokenizer.
-    config: the model (its vocabulary size).
-    label_tokens: [B, N, Lc] int32 each candidate's label tokens.
-  """
-  return constrain.make_constraint(label_tokens, label_levels(tokenizer, label_tokens.shape[2]),
-                                   config.vocab_size,
-                                   tokenizer.convert_tokens_to_ids(prompts.THINK_END))
-
-
-def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:
-  """Detokenized responses (special tokens kept, so the parser sees the end of turn)."""
-  return [tokenizer.decode(row[:n].tolist(), skip_special_tokens=False)
-          for row, n in zip(tokens, lengths, strict=True)]
-
-
-def score(results: list, data: inputs.SplitData) -> dict:
+def score(results: list, data: prompt_io.SplitData) -> dict:
   """Ranking metrics, validity and agreement of parsed answers over a split.
 
   Args:
@@ -88,37 +58,7 @@ def score(results: list, data: inputs.SplitData) -> dict:
   return out
 
 
-def _given_reasoning(chunk: list, batch_size: int) -> tuple[np.ndarray, np.ndarray]:
-  """(tokens [B, F], lengths [B]) of each example's own reasoning (rows past the chunk repeat
-  its last example)."""
-  if not all(len(e.reasoning) for e in chunk):
-    raise ValueError("evaluate: given_reasoning needs a split whose examples carry reasoning "
-                     "(validation / test have none; use 'train')")
-  width = max(len(e.reasoning) for e in chunk)
-  given = np.zeros((batch_size, width), np.int32)
-  given_lengths = np.zeros((batch_size,), np.int32)
-  for i in range(batch_size):
-    reasoning = chunk[min(i, len(chunk) - 1)].reasoning
-    given[i, :len(reasoning)] = reasoning
-    given_lengths[i] = len(reasoning)
-  return given, given_lengths
-
-
-def steering(policy: policy_lib.Policy, tokenizer, chunk: list, batch_size: int,
-             given_reasoning: bool = False) -> diffusion_decode.Steering:
-  """What steers the decode of one batch: the answer constraint when policy.spec.constrained,
-  each example's own reasoning when given_reasoning (both block-diffusion options)."""
-  constraint = prefix = None
-  if policy.spec.constrained:
-    labels = np.stack([e.label_tokens for e in chunk])
-    labels = np.concatenate([labels, np.repeat(labels[-1:], batch_size - len(chunk), 0)])
-    constraint = answer_constraint(tokenizer, policy.config, labels)
-  if given_reasoning:
-    prefix = _given_reasoning(chunk, batch_size)
-  return diffusion_decode.Steering(constraint=constraint, response_prefix=prefix)
-
-
-def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, tokenizer, *,
+def evaluate(policy: policy_lib.Policy, params: dict, data: prompt_io.SplitData, tokenizer, *,
              batch_size: int, prompt_len: int, out_path: str | None = None,
              desc: str = "eval", given_reasoning: bool = False) -> dict:
   """Decodes, validates and scores a split; optionally writes per-example JSONL.
@@ -126,7 +66,7 @@ def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, to
   Args:
     policy: the model's policy (make_policy: the model, its decode spec, the response cap R).
     params: the model's params.
-    data: the split (inputs.load_split).
+    data: the split (prompt_io.load_split).
     tokenizer: the data build's tokenizer.
     batch_size: decode batch size (the last batch is padded, its extra rows dropped).
     prompt_len: P, the static prompt width.
@@ -148,15 +88,16 @@ def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, to
   bar = progress(len(data), desc=desc)
   for first in range(0, len(data), batch_size):
     chunk = data.encoded[first:first + batch_size]
-    prompt_tokens, prompt_lengths = inputs.prompt_arrays(chunk, batch_size, prompt_len,
-                                                         policy.config.pad_token_id)
-    steer = steering(policy, tokenizer, chunk, batch_size, given_reasoning)
+    prompt_tokens, prompt_lengths = prompt_io.prompt_arrays(chunk, batch_size, prompt_len,
+                                                            policy.config.pad_token_id)
+    steer = prompt_io.steering(policy, tokenizer, chunk, batch_size, given_reasoning)
     t0 = time.perf_counter()
     out = policy.decode(params, prompt_tokens, prompt_lengths, steering=steer)
     if first > 0:
       decode_s += time.perf_counter() - t0
       decoded_tokens += int(out.lengths[:len(chunk)].sum())
-    texts = response_texts(tokenizer, out.tokens[:len(chunk)], out.lengths[:len(chunk)])
+    texts = prompt_io.response_texts(tokenizer, out.tokens[:len(chunk)],
+                                     out.lengths[:len(chunk)])
     for i, text in enumerate(texts):
       index = first + i
       result = answer.parse_answer(text, data.labels[index])
@@ -185,12 +126,12 @@ def evaluate(policy: policy_lib.Policy, params: dict, data: inputs.SplitData, to
   return out
 
 
-def cache_key(model_id: str, policy: policy_lib.Policy, data: inputs.SplitData, *,
+def cache_key(model_id: str, policy: policy_lib.Policy, data: prompt_io.SplitData, *,
               batch_size: int, prompt_len: int, given_reasoning: bool = False) -> str:
   """What decides an evaluation's result: the model (its params digest `model_id` and config),
   the data read, the decode spec, P, R and the batch size."""
   if not data.source:
-    raise ValueError("cache_key: the split has no source (inputs.load_split sets it)")
+    raise ValueError("cache_key: the split has no source (prompt_io.load_split sets it)")
   return files.json_digest([model_id, dataclasses.asdict(policy.config),
                             dataclasses.asdict(policy.spec), policy.max_new_tokens, data.source,
                             prompt_len, batch_size, given_reasoning])
@@ -240,7 +181,7 @@ def export_id(export) -> str:
   return exports.content_digest(export)
 
 
-def evaluate_export(export, policy: policy_lib.Policy, data: inputs.SplitData, tokenizer,
+def evaluate_export(export, policy: policy_lib.Policy, data: prompt_io.SplitData, tokenizer,
                     *, batch_size: int, prompt_len: int, cache_dir: str,
                     name: str) -> tuple[dict, list[dict]]:
   """The cached evaluation (evaluate_cached) of an export's params under `policy`.

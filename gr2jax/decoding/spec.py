@@ -1,0 +1,67 @@
+"""The decode spec: how every evaluation, rollout and served request of a recipe decodes.
+
+`DecodeSpec` is one frozen value per recipe (gr2jax/recipe.py carries it whole into every stage
+view, `view.decode`, and a stage's export records it), so two stages of one recipe, the tables
+and a server of its export cannot decode differently. Its defaults are the paper's decoding
+settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality mode), rollouts at
+tau = 0.9, at most 64 denoising steps per block; gr2jax/recipes.py takes them from here. Its
+lossless-mode fields give the draft spec (`spec.draft`, diffusion/speculative.DraftSpec) the
+speculative decoder takes; policy.py turns the rest into the decoders' settings.
+"""
+
+import dataclasses
+
+from gr2jax.diffusion import commit, speculative
+from gr2jax.model import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeSpec:
+  """How every evaluation and on-policy rollout of a recipe decodes (the one place these
+  settings and their defaults are written; gr2jax/recipes.py's `decode` block is built from it).
+
+  Attributes:
+    block_size: B of the diffusion stages: an AR init is converted to a block-diffusion model
+      of this block size (paper: 32); every decoder then reads the model's config.block_size.
+    eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
+      paper's Table 2 quality mode).
+    rollout_tau: commit threshold of OPD / RL rollouts, in (0, 1].
+    max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
+    temperature: rollout sampling temperature, AR and diffusion (>= 0; rollout log-probs use
+      the same); evaluations are greedy.
+    constrained: evaluations decode the answer under the answer constraint
+      (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
+    commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).
+    draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
+      AR model, LosslessPolicy; diffusion/speculative.py DraftSpec): tokens drafted per verify
+      forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
+      draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
+      acceptance (docs/results/lossless/), K = 16 with one-step drafts.
+  """
+  block_size: int = 32
+  eval_tau: float = 1.0
+  rollout_tau: float = 0.9
+  max_steps_per_block: int = 64
+  temperature: float = 1.0
+  constrained: bool = False
+  commit_order: str = "confidence"
+  draft_k: int = 16
+  draft_tau: float = 0.0
+  draft_steps: int = 8
+
+  def __post_init__(self):
+    for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
+      validate.integer("decode.", name, getattr(self, name), minimum=1)
+    for name in ("eval_tau", "rollout_tau"):
+      validate.real("decode.", name, getattr(self, name), low=0, high=1, low_open=True)
+    validate.real("decode.", "temperature", self.temperature, low=0)
+    validate.boolean("decode.", "constrained", self.constrained)
+    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)
+    validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
+                  note=" (0 = a one-step draft)")
+
+  @property
+  def draft(self) -> speculative.DraftSpec:
+    """The lossless mode's DraftSpec."""
+    return speculative.DraftSpec(k=self.draft_k, draft_tau=self.draft_tau,
+                                 draft_steps=self.draft_steps, commit_order=self.commit_order)

@@ -1,0 +1,102 @@
+"""The library's floors (WORKSPACE.md, Layout), read from the import statements of gr2jax/ with
+`ast` (function-local imports included): inference stands below training, and the applications,
+the reranker and the recipe import no training module, directly or through another module."""
+
+import ast
+import glob
+import os
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = "gr2jax.train"
+ABOVE_TRAIN = ("gr2jax.chain", "gr2jax.apps")  # what runs training stages / serves
+ABOVE_DECODING = (TRAIN, *ABOVE_TRAIN, "gr2jax.recipe", "gr2jax.recipes", "gr2jax.config_checks")
+
+
+def _module(path: str) -> str:
+  name = os.path.relpath(path, REPO)[:-len(".py")].replace(os.sep, ".")
+  return name[:-len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _graph() -> dict[str, set[str]]:
+  """{module: the gr2jax modules it imports} for every module of gr2jax/ (`from P import x` is
+  the module P.x where that is one, else P)."""
+  paths = glob.glob(os.path.join(REPO, "gr2jax", "**", "*.py"), recursive=True)
+  modules = {_module(p): p for p in paths}
+  graph = {}
+  for name, path in modules.items():
+    package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+    targets = set()
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+      if isinstance(node, ast.Import):
+        targets |= {a.name for a in node.names}
+      elif isinstance(node, ast.ImportFrom):
+        base = node.module or ""
+        if node.level:  # relative: from the package, up level - 1
+          base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1]
+                          + ([base] if base else []))
+        targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names}
+    graph[name] = {t for t in targets if t.split(".")[0] == "gr2jax" and t != "gr2jax"}
+  return graph
+
+
+def _under(module: str, prefixes) -> bool:
+  return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def _reached(graph: dict[str, set[str]], start: str) -> set[str]:
+  seen, todo = set(), [start]
+  while todo:
+    for target in graph.get(todo.pop(), ()):
+      if target not in seen:
+        seen.add(target)
+        todo.append(target)
+  return seen
+
+
+def _named(graph, prefixes) -> list[str]:
+  out = sorted(m for m in graph if _under(m, prefixes))
+  assert out, f"no module under {prefixes}"
+  return out
+
+
+def test_inference_recipe_and_applications_import_no_training_module():
+  """gr2jax/apps/, gr2jax/decoding/, gr2jax/reranker*, gr2jax/recipe*.py."""
+  graph = _graph()
+  names = sorted(m for m in graph if _under(m, ("gr2jax.apps", "gr2jax.decoding"))
+                 or m.startswith(("gr2jax.reranker", "gr2jax.recipe")))
+  assert {"gr2jax.recipe", "gr2jax.recipes", "gr2jax.decoding.reranker"} <= set(names)
+  for module in names:
+    bad = sorted(t for t in graph[module] if _under(t, (TRAIN,)))
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_decoding_imports_nothing_above_it():
+  graph = _graph()
+  for module in _named(graph, ("gr2jax.decoding",)):
+    bad = sorted(t for t in graph[module] if _under(t, ABOVE_DECODING))
+    assert not bad, f"{module} imports {bad} (a floor above gr2jax/decoding/)"
+
+
+def test_training_imports_neither_the_step_runner_nor_an_application_nor_the_recipe():
+  graph = _graph()
+  for module in _named(graph, (TRAIN,)):
+    bad = sorted(t for t in graph[module]
+                 if _under(t, (*ABOVE_TRAIN, "gr2jax.recipe", "gr2jax.recipes")))
+    assert not bad, f"{module} imports {bad}"
+
+
+def test_the_server_the_offline_tool_and_the_recipe_never_reach_training():
+  """Not even through another module: a serving replica loads no training code."""
+  graph = _graph()
+  for start in ("gr2jax.apps.serve.server", "gr2jax.apps.rerank", "gr2jax.decoding.reranker",
+                "gr2jax.recipes"):
+    bad = sorted(m for m in _reached(graph, start) if _under(m, (TRAIN, *ABOVE_TRAIN))
+                 and not m.startswith("gr2jax.apps.serve") and m != "gr2jax.apps")
+    assert not bad, f"{start} reaches {bad}"
+
+
+def test_no_import_circle():
+  graph = _graph()
+  for module in graph:
+    assert module not in _reached(graph, module), f"{module} imports itself through others"
