@@ -10,6 +10,10 @@ Shapes are static: `rank` decodes a list of requests as one [bucket, prompt_len]
 the list repeating its last prompt (prompt_io.prompt_arrays, as the offline tool pads its last
 batch); a repeated row finishes when its source does, so padding never lengthens the decode loop.
 `warm(bucket, prompt_len)` runs that very program once, so serving never compiles.
+
+serve.mode='auto' (auto.py): the engine holds its drafter and AR verifier once and decodes each
+bucket with the exact decoder a cost table chose for it (`use_costs`; `time_decoders` measures
+one bucket's); every row says which decoder wrote it.
 """
 
 import dataclasses
@@ -21,6 +25,7 @@ import jax
 import numpy as np
 
 from gr2jax import exports
+from gr2jax.apps.serve import auto
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import policy as policy_lib
@@ -101,21 +106,29 @@ class Engine:
     reranker: reranker.Reranker (the model's params and policy, tokenizer, rendering).
     prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE.
     name: the model's name in answers.
+    mode: 'fixed' (the reranker's own decoder) or 'auto' (auto.py; a lossless reranker).
+    draft_ks: the draft-and-verify K's 'auto' chooses among (besides the verifier alone).
   """
 
   def __init__(self, reranker: reranker_lib.Reranker, *, prompt_lengths: tuple[int, ...],
-               name: str):
+               name: str, mode: str = "fixed", draft_ks: tuple[int, ...] = (4, 8, 16)):
     if not prompt_lengths or any(p < 1 for p in prompt_lengths):
       raise ValueError(f"serve.prompt_lengths={prompt_lengths!r}: need prompt widths >= 1")
     self.reranker = reranker
     self.prompt_lengths = tuple(sorted(set(prompt_lengths)))
     self.name = name
+    self.mode = mode
+    self.decoders = (auto.exact_decoders(reranker, draft_ks) if mode == "auto"
+                     else {auto.decoder_name(reranker.policy): reranker})
+    self.costs: auto.CostTable = {}  # auto: the cost table the choice came from
+    self.choice: dict[int, str] = {}  # auto: bucket -> decoder (use_costs)
     self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
   def load(cls, ckpt: str, workdir: str | None = None, data_config=None, decode=None, *,
            items: str = "", max_new_tokens: int = 0, prompt_lengths: tuple[int, ...] = (),
-           name: str = "", verify_with: str = "") -> "Engine":
+           name: str = "", verify_with: str = "", mode: str = "fixed",
+           draft_ks: tuple[int, ...] = (4, 8, 16)) -> "Engine":
     """The engine of an export and its data build (reranker.load_reranker: what the export
     records, unless given).
 
@@ -129,7 +142,9 @@ class Engine:
       prompt_lengths: compiled prompt widths (() = the build's P, data/lengths.py).
       name: the model's name in answers ('' = from the export's metadata).
       verify_with: an AR export verifying ckpt's drafts (the lossless mode).
+      mode, draft_ks: as the constructor's.
     """
+    auto.check_mode(mode, verify_with)
     reranker = reranker_lib.load_reranker(ckpt, workdir=workdir, data_config=data_config,
                                           decode=decode, items=items,
                                           max_new_tokens=max_new_tokens,
@@ -138,7 +153,8 @@ class Engine:
       meta = exports.load_metadata(ckpt)
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
               else os.path.basename(os.path.normpath(ckpt)))
-    return cls(reranker, prompt_lengths=prompt_lengths or (reranker.prompt_len,), name=name)
+    return cls(reranker, prompt_lengths=prompt_lengths or (reranker.prompt_len,), name=name,
+               mode=mode, draft_ks=draft_ks)
 
   @property
   def kind(self) -> str:
@@ -183,17 +199,31 @@ class Engine:
     return Prepared(parsed, encoded, labels, fits[0],
                     max(len(parsed.history) - self.reranker.rendering.max_history, 0))
 
-  def example(self) -> dict:
-    """A valid request of the catalogue's first items (the warm-up's and a client's template)."""
+  def example(self, index: int = 0) -> dict:
+    """A valid request of the catalogue's items from its `index`-th on (the warm-up's and a
+    client's template; distinct indices give distinct requests)."""
     r = self.reranker.rendering
     usable = np.flatnonzero(r.catalogue.sids[:, 0] >= 0) if r.needs_sids else np.arange(
       r.catalogue.catalog.num_items)
-    items = [int(i) for i in usable[:r.num_candidates + 3]]
+    items = [int(i) for i in np.roll(usable, -index)[:r.num_candidates + 3]]
     return {"id": "example", "history": items[r.num_candidates:],
             "candidates": items[:r.num_candidates]}
 
-  def _decode(self, encoded: list, bucket: int, prompt_len: int) -> tuple[list[str], object]:
-    r = self.reranker
+  def decoder(self, bucket: int) -> str:
+    """The decoder of a bucket: the one there is (fixed), else the cost table's choice."""
+    if self.mode == "fixed":
+      return next(iter(self.decoders))
+    if bucket not in self.choice:
+      raise ValueError(f"serve.mode='auto': no cost for batch bucket {bucket} (use_costs)")
+    return self.choice[bucket]
+
+  def use_costs(self, table: auto.CostTable) -> None:
+    """Decodes each bucket of the table with its cheapest decoder from now on."""
+    self.costs, self.choice = table, auto.choose(table)
+
+  def _decode(self, encoded: list, bucket: int, prompt_len: int,
+              decoder: str) -> tuple[list[str], object]:
+    r = self.decoders[decoder]
     out = reranker_lib.decode_batch(r, encoded, bucket, prompt_len, self._tokenizer_lock)
     n = len(encoded)
     with self._tokenizer_lock:
@@ -211,22 +241,36 @@ class Engine:
     Returns:
       Per request: {"ranking" (ids as given, best first), "reasoning", "valid", "fallback",
       "response" (the raw text), "forwards" (its forward passes, prefill and commit forwards
-      included), "tokens" (its response length)}.
+      included), "tokens" (its response length), "decoder" (the one that wrote it)}.
     """
     if not 0 < len(batch) <= bucket:
       raise ValueError(f"rank: {len(batch)} requests for a batch of {bucket}")
-    texts, out = self._decode([p.encoded for p in batch], bucket, prompt_len)
+    decoder = self.decoder(bucket)
+    texts, out = self._decode([p.encoded for p in batch], bucket, prompt_len, decoder)
     rows = []
     for i, (p, text) in enumerate(zip(batch, texts, strict=True)):
       row = requests_lib.answer_row(p.request, text, p.labels)
       rows.append({"ranking": row["ranking"], "reasoning": row["reasoning"],
                    "valid": row["kind"] == "valid", "fallback": row["fallback"],
                    "response": text, "forwards": int(out.nfe[i]),
-                   "tokens": int(out.lengths[i])})
+                   "tokens": int(out.lengths[i]), "decoder": decoder})
     return rows
 
+  def _examples(self, n: int, prompt_len: int) -> list:
+    """n distinct example requests, encoded, each prompt cut to prompt_len."""
+    return [dataclasses.replace(e, prompt=e.prompt[:prompt_len])
+            for e in (self._render(self.example(i))[1] for i in range(n))]
+
   def warm(self, bucket: int, prompt_len: int) -> None:
-    """Compiles (or loads from the persistent cache) the [bucket, prompt_len] program."""
-    _, encoded, _ = self._render(self.example())
-    encoded = dataclasses.replace(encoded, prompt=encoded.prompt[:prompt_len])
-    self._decode([encoded], bucket, prompt_len)
+    """Compiles (or loads from the persistent cache) each decoder's [bucket, prompt_len]
+    program."""
+    encoded = self._examples(1, prompt_len)
+    for decoder in self.decoders:
+      self._decode(encoded, bucket, prompt_len, decoder)
+
+  def time_decoders(self, bucket: int, prompt_len: int) -> dict[str, float]:
+    """Seconds per [bucket, prompt_len] batch of each decoder (warm), on a warm-up batch of
+    `bucket` distinct requests (auto.measure)."""
+    encoded = self._examples(bucket, prompt_len)
+    return auto.measure(lambda decoder: self._decode(encoded, bucket, prompt_len, decoder),
+                        self.decoders)

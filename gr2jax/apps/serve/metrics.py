@@ -9,6 +9,8 @@
   gr2jax_serve_request_seconds{endpoint}          end to end in the server, answered requests
   gr2jax_serve_batch_size                         requests per decoded batch (before padding)
   gr2jax_serve_batches_total{bucket}              decoded batches per compiled batch size
+  gr2jax_serve_decoder_batches_total{decoder}     decoded batches per decoder (engine.py's
+                                                  names: ar, diffusion, lossless_k<K>)
   gr2jax_serve_forwards_total, _tokens_total      forward passes and response tokens answered
   gr2jax_serve_forwards_per_token                 their ratio so far (AR: ~1; diffusion: < 1)
   gr2jax_serve_queue_depth                        admitted requests not yet answered
@@ -31,9 +33,11 @@ class Metrics:
     batch_buckets: the compiled batch sizes (the batch-size histogram's buckets).
     depth: () -> the current queue depth.
     compiles: () -> compiles since the server became ready.
+    decoders: the engine's decoder names (the per-decoder counter's labels).
   """
 
-  def __init__(self, batch_buckets: tuple[int, ...], depth, compiles):
+  def __init__(self, batch_buckets: tuple[int, ...], depth, compiles,
+               decoders: tuple[str, ...] = ()):
     prom.disable_created_metrics()  # no *_created series: rates come from the counters
     self.registry = prom.CollectorRegistry(auto_describe=True)
     r = self.registry
@@ -52,6 +56,8 @@ class Metrics:
                                      buckets=tuple(batch_buckets), registry=r)
     self.batches = prom.Counter("gr2jax_serve_batches", "decoded batches per compiled size",
                                 ["bucket"], registry=r)
+    self.decoder_batches = prom.Counter("gr2jax_serve_decoder_batches", "decoded batches per "
+                                        "decoder", ["decoder"], registry=r)
     self.forwards = prom.Counter("gr2jax_serve_forwards", "forward passes of answered requests",
                                  registry=r)
     self.tokens = prom.Counter("gr2jax_serve_tokens", "response tokens of answered requests",
@@ -74,6 +80,8 @@ class Metrics:
       self.answers.labels(result)
     for bucket in batch_buckets:
       self.batches.labels(str(bucket))
+    for decoder in decoders:
+      self.decoder_batches.labels(decoder)
 
   def _share(self, key: str) -> float:
     with self._lock:
@@ -88,6 +96,7 @@ class Metrics:
     """Records one decoded batch (the batcher's hook, on the worker thread)."""
     self.batch_size.observe(requests)
     self.batches.labels(str(bucket)).inc()
+    self.decoder_batches.labels(rows[0]["decoder"]).inc()  # one decoder writes a batch
     self.decode.observe(decode_s)
     valid = sum(row["valid"] for row in rows)
     forwards = sum(row["forwards"] for row in rows)

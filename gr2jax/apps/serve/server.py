@@ -7,7 +7,9 @@
                          -> {"id", "ranking", "reasoning", "valid", "fallback", "model",
                              "history_dropped", "timings": {"queue_ms", "decode_ms"}}
   POST /v1/rerank:batch  [request, ...] -> [answer, ...] (all answered, or one error for all)
-  GET  /healthz          200 {"status": "ready", ...} once every shape is compiled, else 503
+  GET  /healthz          200 {"status": "ready", ...} once every shape is compiled, else 503;
+                         "mode", the decoder of each batch bucket and (serve.mode='auto',
+                         auto.py) the cost table it was chosen from
   GET  /metrics          Prometheus text (gr2jax/apps/serve/metrics.py)
 
 Items are catalogue indices or ASINs, as in the offline tool (gr2jax/apps/rerank.py), and answers
@@ -51,7 +53,7 @@ from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
 from starlette import exceptions as starlette_exceptions
 
-from gr2jax.apps.serve import batching
+from gr2jax.apps.serve import auto, batching
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve import metrics as metrics_lib
 from gr2jax.model import validate
@@ -88,6 +90,9 @@ class Settings:
   max_body_bytes: int
   drain_timeout_s: float
   keep_alive_s: float
+  mode: str
+  draft_ks: tuple[int, ...]
+  cost_table: str
 
   @classmethod
   def from_config(cls, c) -> "Settings":
@@ -98,8 +103,12 @@ class Settings:
     """
     values = {f.name: c[f.name] for f in dataclasses.fields(cls)}
     values["batch_buckets"] = tuple(values["batch_buckets"])
+    values["draft_ks"] = tuple(values["draft_ks"])
     for name, check in _RULES.items():
       check("serve.", name, values[name])
+    if values["cost_table"] and values["mode"] != "auto":
+      raise ValueError(f"serve.cost_table={values['cost_table']!r} chooses serve.mode='auto''s "
+                       f"decoders; serve.mode={values['mode']!r} has one: pass cost_table=''")
     return cls(**values)
 
 
@@ -127,6 +136,8 @@ _RULES = {  # Settings field: its check, called as check("serve.", field, value)
   "max_body_bytes": functools.partial(validate.integer, minimum=1),
   "drain_timeout_s": functools.partial(validate.real, low=0, low_open=True),
   "keep_alive_s": functools.partial(validate.real, low=0, low_open=True),
+  "mode": functools.partial(validate.one_of, choices=auto.MODES),
+  "draft_ks": _buckets,  # ascending distinct ints >= 1, as the buckets
 }
 
 
@@ -241,11 +252,14 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
   state = {"startup": {}, "draining": False, "baseline": None}
   compiles_after = lambda: (0 if state["baseline"] is None
                             else engine_lib.compile_count() - state["baseline"])
-  metrics = metrics_lib.Metrics(settings.batch_buckets, lambda: batcher.depth, compiles_after)
+  metrics = metrics_lib.Metrics(settings.batch_buckets, lambda: batcher.depth, compiles_after,
+                                tuple(engine.decoders))
   batcher = batching.Batcher(engine.rank, buckets=settings.batch_buckets,
                              window_s=settings.window_ms / 1e3, queue_bound=settings.queue_bound,
                              on_batch=metrics.on_batch)
   ids = itertools.count()
+  injected = (auto.read_cost_table(settings.cost_table, batcher.buckets, engine.decoders)
+              if settings.cost_table else None)
 
   def warm():
     start, compiles, hits = (time.perf_counter(), engine_lib.compile_count(),
@@ -254,13 +268,16 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       for length in engine.prompt_lengths:
         for bucket in batcher.buckets:
           engine.warm(bucket, length)
+      if engine.mode == "auto":  # timed at the first prompt width (the build's P by default)
+        engine.use_costs(injected or {b: engine.time_decoders(b, engine.prompt_lengths[0])
+                                      for b in batcher.buckets})
     except BaseException:
       on_warm_failure()
       raise
     state["baseline"] = engine_lib.compile_count()
     state["startup"] = {
       "load_s": round(load_s, 3), "warm_s": round(time.perf_counter() - start, 3),
-      "programs": len(batcher.buckets) * len(engine.prompt_lengths),
+      "programs": len(batcher.buckets) * len(engine.prompt_lengths) * len(engine.decoders),
       "compiles": state["baseline"] - compiles, "cache_hits": engine_lib.cache_hits() - hits}
     logging.warning("ready: %s (%s) %s", engine.name, engine.kind, json.dumps(state["startup"]))
 
@@ -391,7 +408,12 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       status = "ready" if batcher.ready.is_set() else "warming_up"
     body = {"status": status, "model": engine.name, "kind": engine.kind,
             "batch_buckets": list(batcher.buckets), "prompt_lengths": list(engine.prompt_lengths),
-            "queue_depth": batcher.depth, "startup": state["startup"]}
+            "queue_depth": batcher.depth, "startup": state["startup"], "mode": engine.mode,
+            "decoders": {str(b): engine.decoder(b) for b in batcher.buckets
+                         if engine.mode == "fixed" or b in engine.choice},
+            "cost_table": {"source": settings.cost_table or "measured at warm-up",
+                           "seconds": {str(b): c for b, c in engine.costs.items()}}
+            if engine.mode == "auto" else None}
     return responses.JSONResponse(body, status_code=200 if status == "ready" else 503)
 
   @app.api_route("/metrics", methods=["GET", "HEAD"])
@@ -446,8 +468,9 @@ def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
   server = make_server(engine, settings, load_s=load_s)
   sock = sock or bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]
-  print(f"serving {engine.name} ({engine.kind}) on http://{host}:{port} (warming up "
-        f"{len(settings.batch_buckets) * len(engine.prompt_lengths)} programs)", flush=True)
+  programs = len(settings.batch_buckets) * len(engine.prompt_lengths) * len(engine.decoders)
+  print(f"serving {engine.name} ({engine.kind}, mode {engine.mode}) on http://{host}:{port} "
+        f"(warming up {programs} programs)", flush=True)
   server.run(sockets=[sock])
   error = server.config.app.state.batcher.warm_error
   if error is not None:
@@ -467,6 +490,7 @@ def run(recipe, c, workdir: str) -> None:
   from gr2jax import recipe as recipe_lib
 
   settings = Settings.from_config(c)
+  auto.check_mode(settings.mode, c.verify_with)  # before the port and the model
   sock = bind(settings.host, settings.port)  # a busy port stops here, before the model loads
   cache = c.compilation_cache.format(workdir=workdir)
   if cache:
@@ -476,5 +500,6 @@ def run(recipe, c, workdir: str) -> None:
     c.ckpt.format(workdir=workdir), workdir, recipe_lib.data_config(recipe), recipe.decode,
     items=c.items_file, max_new_tokens=c.max_new_tokens,
     prompt_lengths=tuple(c.prompt_lengths), name=c.model_name,
-    verify_with=c.verify_with.format(workdir=workdir))
+    verify_with=c.verify_with.format(workdir=workdir), mode=settings.mode,
+    draft_ks=settings.draft_ks)
   serve(engine, settings, load_s=time.perf_counter() - start, sock=sock)
