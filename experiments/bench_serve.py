@@ -24,6 +24,18 @@ For each model (W/<model>/export) the script
 Then one server with --queue_bound is driven at the bound and at twice it (clients that get a
 503 back off --backoff_ms): only 503s beyond the bound, p99 of the admitted requests.
 
+With --modes (e.g. ar,lossless,auto) the script instead compares serving modes that all answer
+with AR GR2's rankings, in one run: 'ar' serves W/<--verifier>/export alone, 'lossless' serves
+W/<--drafter>/export verified by it (serve.verify_with, draft-and-verify at decode.draft_k) and
+'auto' the same pair with serve.mode=auto (the exact decoder of each batch bucket, from the cost
+table its warm-up measures). The three servers stay up side by side; each --mode_rounds round
+drives every mode at every --concurrency in turn (interleaved, so all see the same conditions),
+and every answer's ranking is compared to the offline tool's on the verifier export (AR GR2's
+rankings). Outputs: bench_serve_modes.json and bench_serve_modes.md.
+
+  python experiments/bench_serve.py --config=serve.py --workdir=W --modes=ar,lossless,auto \
+      --drafter=cft --verifier=ar_rl --concurrency=1,4,16,32,64
+
 The three goals, side by side in this one run: throughput at --goal_concurrency >= 0.8x the
 offline tool's at that batch; p50 at concurrency 1 <= 1.2x one request re-ranked alone by the
 offline tool; at 2x the queue bound only 503s beyond it and a bounded p99 of the admitted.
@@ -59,6 +71,7 @@ import run as run_main  # noqa: E402  (experiments/run.py: its --config and --wo
 from gr2jax import cli, metrics  # noqa: E402
 from gr2jax.apps.serve import client  # noqa: E402
 
+MODES = ("ar", "lossless", "auto")  # --modes: the serving modes compared
 FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overrides; --workdir:
 #                      the workdir holding the data build and <model>/export
 flags.DEFINE_list("models", ["ar_rl", "rl"], "Stages whose W/<stage>/export are served.")
@@ -81,6 +94,12 @@ flags.DEFINE_integer("soak_concurrency", 16, "The soak's connections.")
 flags.DEFINE_string("soak_model", "rl", "The model of the soak (one of --models).")
 flags.DEFINE_float("start_timeout_s", 600.0, "The longest a server may take to become ready.")
 flags.DEFINE_string("report_dir", "", "Outputs ('' = a fresh runs/bench_serve/<time>/).")
+flags.DEFINE_list("modes", [], "Compare these serving modes instead ('' = the benchmark of "
+                  f"--models): any of {', '.join(MODES)}.")
+flags.DEFINE_string("drafter", "cft", "--modes: the stage whose block-diffusion export drafts.")
+flags.DEFINE_string("verifier", "ar_rl", "--modes: the stage whose AR export verifies (AR GR2).")
+flags.DEFINE_integer("mode_rounds", 2, "--modes: rounds over every mode and concurrency (the "
+                     "median of each is kept).")
 
 HOST = "127.0.0.1"  # the only address the client targets
 
@@ -93,11 +112,16 @@ def check_flags() -> None:
   """
   if not FLAGS.workdir or not os.path.isdir(FLAGS.workdir):
     raise app.UsageError(f"--workdir={FLAGS.workdir!r} must be an existing workdir")
-  if not FLAGS.models:
+  unknown = [m for m in FLAGS.modes if m not in MODES]
+  if unknown:
+    raise app.UsageError(f"--modes: unknown {unknown}; pick from {', '.join(MODES)}")
+  stages = ([("drafter", FLAGS.drafter), ("verifier", FLAGS.verifier)] if FLAGS.modes
+            else [("models", m) for m in FLAGS.models])
+  if not stages:
     raise app.UsageError("--models must name at least one stage")
-  for model in FLAGS.models:
+  for flag, model in stages:
     if not os.path.isdir(os.path.join(FLAGS.workdir, model, "export")):
-      raise app.UsageError(f"--models: {FLAGS.workdir}/{model}/export does not exist")
+      raise app.UsageError(f"--{flag}: {FLAGS.workdir}/{model}/export does not exist")
   try:
     levels = [int(c) for c in FLAGS.concurrency]
   except ValueError:
@@ -107,7 +131,7 @@ def check_flags() -> None:
                       ("batch1_requests", FLAGS.batch1_requests),
                       ("queue_bound", FLAGS.queue_bound),
                       ("client_processes", FLAGS.client_processes),
-                      ("goal_rounds", FLAGS.goal_rounds),
+                      ("goal_rounds", FLAGS.goal_rounds), ("mode_rounds", FLAGS.mode_rounds),
                       ("soak_concurrency", FLAGS.soak_concurrency)):
     if value < 1:
       raise app.UsageError(f"--{name}={value} must be >= 1")
@@ -118,7 +142,7 @@ def check_flags() -> None:
     raise app.UsageError("--soak_s and --backoff_ms must be >= 0")
   if FLAGS.soak_s and FLAGS.soak_model not in FLAGS.models:
     raise app.UsageError(f"--soak_model={FLAGS.soak_model!r} is not in --models")
-  if FLAGS.wrk and shutil.which("wrk") is None:
+  if FLAGS.wrk and not FLAGS.modes and shutil.which("wrk") is None:
     raise app.UsageError("--wrk needs wrk on PATH (apt-get install wrk), or pass --nowrk")
   if FLAGS.goal_concurrency > max(FLAGS.config.serve.batch_buckets):
     raise app.UsageError(f"--goal_concurrency={FLAGS.goal_concurrency} exceeds the largest "
@@ -199,16 +223,19 @@ class Server:
 
 
 def batch_distribution(before: dict, after: dict) -> dict:
-  """Between two scrapes: decoded batches per compiled bucket, the mean requests per batch and
-  the mean time a request spent in the server (admission to answer)."""
+  """Between two scrapes: decoded batches per compiled bucket and per decoder, the mean
+  requests per batch and the mean time a request spent in the server (admission to answer)."""
   delta = lambda key: after.get(key, 0.0) - before.get(key, 0.0)
-  buckets = {dict(labels)["bucket"]: int(delta((name, labels))) for name, labels in after
-             if name == "gr2jax_serve_batches_total"}
+  per = lambda metric, label: {dict(labels)[label]: int(delta((name, labels)))
+                               for name, labels in after if name == metric}
+  buckets = per("gr2jax_serve_batches_total", "bucket")
   count = delta(("gr2jax_serve_batch_size_count", ()))
   served = (("endpoint", "rerank"),)
   requests = delta(("gr2jax_serve_request_seconds_count", served))
   return {"batches_per_bucket": {k: v for k, v in sorted(buckets.items(), key=lambda kv:
                                                          int(kv[0])) if v},
+          "batches_per_decoder": {k: v for k, v in sorted(
+            per("gr2jax_serve_decoder_batches_total", "decoder").items()) if v},
           "mean_batch": delta(("gr2jax_serve_batch_size_sum", ())) / count if count else None,
           "server_request_ms_mean": (1e3 * delta(("gr2jax_serve_request_seconds_sum", served))
                                      / requests if requests else None),
@@ -222,7 +249,8 @@ async def _drive(url: str, bodies: list, part: int, parts: int, concurrency: int
   part, part + parts, ... (each body pre-encoded) until `requests` are sent or the time is up.
 
   Returns:
-    (samples [(status, seconds, valid, server timings)], queue depths seen, start, end).
+    (samples [(status, seconds, valid, server timings, (id, ranking) | None)], queue depths
+    seen, start, end).
   """
   import httpx
 
@@ -238,7 +266,7 @@ async def _drive(url: str, bodies: list, part: int, parts: int, concurrency: int
     async def worker():
       while time.time() < deadline and (j := next(order)) < requests:
         begin = time.perf_counter()
-        valid, timings = None, {}
+        valid, timings, answered = None, {}, None
         try:
           r = await client.post("/v1/rerank", content=encoded[(part + parts * j) % len(encoded)],
                                 headers=headers)
@@ -246,9 +274,10 @@ async def _drive(url: str, bodies: list, part: int, parts: int, concurrency: int
           if status == 200:
             answer = r.json()
             valid, timings = answer["valid"], answer["timings"]
+            answered = (answer["id"], answer["ranking"])
         except httpx.HTTPError as e:  # counted by its name
           status = type(e).__name__
-        samples.append((status, time.perf_counter() - begin, valid, timings))
+        samples.append((status, time.perf_counter() - begin, valid, timings, answered))
         if status == 503 and backoff_s:
           await asyncio.sleep(backoff_s)
 
@@ -274,8 +303,9 @@ def _client_part(*args) -> tuple[list, list, float, float]:
   return asyncio.run(_drive(*args))
 
 
-def summarize(concurrency: int, parts: list) -> dict:
-  """Throughput, latency percentiles, validity and statuses of a load level's client parts."""
+def summarize(concurrency: int, parts: list, reference: dict | None = None) -> dict:
+  """Throughput, latency percentiles, validity and statuses of a load level's client parts;
+  with `reference` (request id -> ranking) also the answers whose ranking equals it."""
   samples = [s for part in parts for s in part[0]]
   depths = [d for part in parts for d in part[1]]
   wall = max(p[3] for p in parts) - min(p[2] for p in parts)
@@ -290,13 +320,16 @@ def summarize(concurrency: int, parts: list) -> dict:
           **{f"server_{k}_p50": float(np.median([s[3][k] for s in ok])) if ok else None
              for k in ("queue_ms", "decode_ms")},
           "statuses": statuses, "errors": len(samples) - len(ok),
+          **({"equal_to_reference": sum(s[4][1] == reference[s[4][0]] for s in ok)}
+             if reference is not None else {}),
           **({"max_queue_depth": max(depths)} if depths else {})}
 
 
 def load_level(server: Server, bodies: list, concurrency: int, *, requests: int, seconds: float,
-               backoff_s: float = 0.0, depth_probe: bool = False) -> dict:
+               backoff_s: float = 0.0, depth_probe: bool = False,
+               reference: dict | None = None) -> dict:
   """One closed-loop load level against a server (split over the client processes), with the
-  server's batch distribution over it."""
+  server's batch distribution over it (and the answers equal to `reference`, summarize)."""
   n = min(FLAGS.client_processes, concurrency)
   start_at = time.time() + (2.0 if n > 1 else 0.0)  # every process starts sending together
   args = [(server.url, bodies, k, n, concurrency // n + (k < concurrency % n),
@@ -307,7 +340,7 @@ def load_level(server: Server, bodies: list, concurrency: int, *, requests: int,
     parts = [asyncio.run(_drive(*args[0]))]
   else:
     parts = [f.result() for f in [_pool().submit(_client_part, *a) for a in args]]
-  out = summarize(concurrency, parts)
+  out = summarize(concurrency, parts, reference)
   out.update(batch_distribution(before, server.metrics()))
   print(json.dumps(out), flush=True)
   return out
@@ -577,6 +610,132 @@ def plot(result: dict, path: str) -> None:
   plt.close(fig)
 
 
+def reference_rankings(bodies: list) -> dict:
+  """AR GR2's ranking of every body (request id -> ranking): the offline tool on the verifier
+  export."""
+  from gr2jax import recipe as recipe_lib
+  from gr2jax.apps import rerank
+  from gr2jax.apps.serve import engine as engine_lib
+
+  recipe = recipe_lib.from_config(FLAGS.config)
+  engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, FLAGS.verifier, "export"),
+                                  FLAGS.workdir, recipe_lib.data_config(recipe), recipe.decode)
+  rows = rerank.rerank([json.dumps(b) for b in bodies], engine.reranker,
+                       batch_size=max(FLAGS.config.serve.batch_buckets))
+  return {row["id"]: row["ranking"] for row in rows}
+
+
+def compare_modes(bodies: list, scratch: str) -> dict:
+  """--modes: one server per mode, side by side; --mode_rounds rounds over every concurrency
+  and mode (interleaved); per (mode, C) the median throughput and latencies and the answers
+  equal to AR GR2's over all rounds."""
+  reference = reference_rankings(bodies)
+  pair = (f"--config.serve.verify_with={os.path.join(FLAGS.workdir, FLAGS.verifier, 'export')}",)
+  setups = {"ar": (FLAGS.verifier, ()), "lossless": (FLAGS.drafter, pair),
+            "auto": (FLAGS.drafter, (*pair, "--config.serve.mode=auto"))}
+  servers = {}
+  try:
+    for mode in FLAGS.modes:
+      model, overrides = setups[mode]
+      servers[mode] = Server(model, os.path.join(scratch, f"jax_cache_{mode}"),
+                             os.path.join(scratch, f"{mode}.log"), overrides)
+    runs = [{"round": r, "mode": mode, **load_level(servers[mode], bodies, c,
+                                                     requests=FLAGS.requests,
+                                                     seconds=FLAGS.level_s, reference=reference)}
+            for r in range(FLAGS.mode_rounds) for c in sorted(set(map(int, FLAGS.concurrency)))
+            for mode in FLAGS.modes]
+  finally:
+    for server in servers.values():
+      server.stop()
+  levels = []
+  for c in sorted(set(map(int, FLAGS.concurrency))):
+    for mode in FLAGS.modes:
+      mine = [lv for lv in runs if lv["mode"] == mode and lv["concurrency"] == c]
+      median = lambda key, mine=mine: (None if any(lv[key] is None for lv in mine)
+                                       else float(np.median([lv[key] for lv in mine])))
+      decoders = {}
+      for lv in mine:
+        for name, n in lv["batches_per_decoder"].items():
+          decoders[name] = decoders.get(name, 0) + n
+      levels.append({"mode": mode, "concurrency": c, "rounds": len(mine),
+                     **{k: median(k) for k in ("throughput_rps", "p50_ms", "p95_ms", "p99_ms",
+                                               "mean_batch")},
+                     **{k: sum(lv[k] for lv in mine) for k in ("answered", "errors",
+                                                                "equal_to_reference")},
+                     "batches_per_decoder": decoders})
+  return {"levels": levels, "runs": runs,
+          "servers": {mode: {"kind": s.health["kind"], "mode": s.health["mode"],
+                             "decoders": s.health["decoders"],
+                             "cost_table": s.health["cost_table"],
+                             "startup": s.health["startup"]} for mode, s in servers.items()}}
+
+
+def auto_vs_fixed(levels: list) -> list:
+  """Per concurrency: auto's throughput over the better fixed mode's (the higher), its p50
+  over the lower fixed p50."""
+  out = []
+  for c in sorted({lv["concurrency"] for lv in levels}):
+    at = {lv["mode"]: lv for lv in levels if lv["concurrency"] == c}
+    fixed = [lv for mode, lv in at.items() if mode != "auto"]
+    if "auto" not in at or not fixed:
+      continue
+    best = max(fixed, key=lambda lv: lv["throughput_rps"] or 0.0)
+    fastest = min(fixed, key=lambda lv: lv["p50_ms"] or float("inf"))
+    a = at["auto"]
+    out.append({"concurrency": c, "auto_rps": a["throughput_rps"], "best_fixed": best["mode"],
+                "best_fixed_rps": best["throughput_rps"],
+                "throughput_ratio": a["throughput_rps"] / best["throughput_rps"],
+                "auto_p50_ms": a["p50_ms"], "lowest_p50_fixed": fastest["mode"],
+                "lowest_fixed_p50_ms": fastest["p50_ms"],
+                "p50_ratio": a["p50_ms"] / fastest["p50_ms"]})
+  return out
+
+
+def write_modes_report(result: dict, report_dir: str) -> None:
+  """bench_serve_modes.json and bench_serve_modes.md."""
+  with open(os.path.join(report_dir, "bench_serve_modes.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  f1 = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
+  lines = ["# Serving modes that answer with AR GR2's rankings (bench_serve --modes)", "",
+           f"Command: `{result['command']}`", ""]
+  for mode, s in result["servers"].items():
+    lines.append(f"- {mode}: {s['kind']} model, serve.mode={s['mode']}, decoder per bucket "
+                 f"{json.dumps(s['decoders'])}; start-up {json.dumps(s['startup'])}")
+  auto = result["servers"].get("auto")
+  if auto:
+    table = auto["cost_table"]["seconds"]
+    names = list(dict.fromkeys(name for costs in table.values() for name in costs))
+    lines += ["", f"auto's cost table (ms per batch; {auto['cost_table']['source']}) and its "
+              "choice:", "", "| bucket | " + " | ".join(names) + " | chosen |",
+              "|---" * (len(names) + 2) + "|"]
+    for bucket, costs in sorted(table.items(), key=lambda kv: int(kv[0])):
+      lines.append(f"| {bucket} | " + " | ".join(f1(1e3 * costs[n]) if n in costs else ""
+                                                 for n in names)
+                   + f" | {auto['decoders'][bucket]} |")
+  lines += ["", f"Load levels (httpx clients, closed loop; medians of {FLAGS.mode_rounds} "
+            "rounds, counts summed):", "",
+            "| C | mode | req/s | p50 ms | p95 ms | p99 ms | mean batch | batches per decoder | "
+            "equal to AR GR2 / answered | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
+  for lv in result["levels"]:
+    lines.append(f"| {lv['concurrency']} | {lv['mode']} | {f1(lv['throughput_rps'])} | "
+                 f"{f1(lv['p50_ms'])} | {f1(lv['p95_ms'])} | {f1(lv['p99_ms'])} | "
+                 f"{f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_decoder'])} | "
+                 f"{lv['equal_to_reference']} / {lv['answered']} | {lv['errors']} |")
+  if result["auto_vs_fixed"]:
+    lines += ["", "auto against the fixed modes (goals: throughput >= 0.95x the better fixed "
+              "mode's, p50 <= 1.05x the lower fixed p50):", "",
+              "| C | auto req/s | better fixed req/s | ratio | auto p50 ms | lower fixed p50 ms "
+              "| ratio |", "|---|---|---|---|---|---|---|"]
+    for r in result["auto_vs_fixed"]:
+      lines.append(f"| {r['concurrency']} | {f1(r['auto_rps'])} | {f1(r['best_fixed_rps'])} "
+                   f"({r['best_fixed']}) | {f1(r['throughput_ratio'], 2)} | "
+                   f"{f1(r['auto_p50_ms'])} | {f1(r['lowest_fixed_p50_ms'])} "
+                   f"({r['lowest_p50_fixed']}) | {f1(r['p50_ratio'], 2)} |")
+  with open(os.path.join(report_dir, "bench_serve_modes.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
 def main(argv):
   del argv
   if FLAGS.config is None or FLAGS.config.get("stage") != "serve":
@@ -595,12 +754,20 @@ def main(argv):
   recipe = recipe_lib.from_config(FLAGS.config)
   summary = pipeline.run(recipe_lib.data_config(recipe), FLAGS.workdir)
   bodies = request_bodies(summary, FLAGS.split, 4 * FLAGS.requests)
-  models = [bench_model(m, bodies, scratch, report_dir) for m in FLAGS.models]
   command = " ".join(["python experiments/bench_serve.py",
                       *[a.replace(FLAGS.workdir, "W") for a in sys.argv[1:]
                         if not a.startswith("--report_dir")],
                       f"--report_dir={os.path.relpath(report_dir, REPO)}"
                       if FLAGS.report_dir else ""]).strip()
+  if FLAGS.modes:
+    result = {"command": command, "split": FLAGS.split, "requests_per_level": FLAGS.requests,
+              **compare_modes(bodies, scratch)}
+    result["auto_vs_fixed"] = auto_vs_fixed(result["levels"])
+    for pool in _POOLS:
+      pool.shutdown()
+    write_modes_report(result, report_dir)
+    return
+  models = [bench_model(m, bodies, scratch, report_dir) for m in FLAGS.models]
   result = {"command": command, "split": FLAGS.split, "requests_per_level": FLAGS.requests,
             "level_s": FLAGS.level_s, "models": models,
             "overload": overload(FLAGS.models[-1], bodies, scratch)}
