@@ -9,7 +9,10 @@ A gr2jax checkpoint directory holds:
                            kind "ar" | "diffusion", step, data build and run record); older
                            directories lack it (`load_metadata` gives {})
   params/manifest.json     [{path, shape, dtype}] of every leaf; written last (completion marker)
-  (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them
+  (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them,
+                           and by a training stage with its inference bundle (decoding/bundle.py)
+  inference/               a training stage's export: what serving it reads besides the params
+                           (decoding/bundle.py)
 The config is not named `config.json` so that transformers' Auto* classes never mistake the
 directory for an HF one. One item per leaf (rather than one orbax tree) because orbax stages a
 whole item in host memory while writing it (measured: +1.2-2x the item size): converting a
@@ -245,7 +248,8 @@ def atomic_directory(path: str, write: Callable[[str], None], *, overwrite: bool
 
 
 def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True,
-         metadata: Mapping[str, Any] | None = None) -> None:
+         metadata: Mapping[str, Any] | None = None,
+         write_more: Callable[[str], None] | None = None) -> None:
   """Atomically saves (config, params) as a gr2jax checkpoint directory at `path`.
 
   Args:
@@ -254,9 +258,15 @@ def save(path: str, config: ModelConfig, params: Any, *, overwrite: bool = True,
     params: the param pytree.
     overwrite: replace an existing checkpoint at `path` once the new one is complete.
     metadata: JSON-able fields for gr2jax_metadata.json (module docstring).
+    write_more: called with the directory being written, after the params, to add files that
+      land with them atomically (a stage export's inference bundle, decoding/bundle.py).
   """
-  atomic_directory(path, lambda tmp: write_checkpoint(tmp, config, flatten(params), metadata),
-                   overwrite=overwrite)
+  def write(tmp: str) -> None:
+    write_checkpoint(tmp, config, flatten(params), metadata)
+    if write_more is not None:
+      write_more(tmp)
+
+  atomic_directory(path, write, overwrite=overwrite)
 
 
 def load_metadata(path: str) -> dict[str, Any]:

@@ -33,6 +33,8 @@ from gr2jax.data.split import PAD
 ERROR_KINDS = ("malformed_json", "not_an_object", "missing_field", "bad_field", "unknown_item",
                "no_semantic_id", "wrong_candidate_count", "duplicate_candidates")
 REQUIRED_FIELDS = ("id", "history", "candidates")
+# The data build's example settings a Rendering reads (its fields after the thresholds, in order).
+RENDERING_SETTINGS = ("evidence_decay", "evidence_window", "max_history", "num_candidates")
 
 
 class RequestError(ValueError):
@@ -280,12 +282,24 @@ def load_rendering(summary: dict, data_config, items: str = "") -> Rendering:
     items: a user-supplied items.jsonl ('' = the build's catalogue).
   """
   build_catalog, sids = build_sids(summary)
-  catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
-  cfg = summary["examples"]["config"]
   thresholds = build_thresholds(summary, Catalogue.make(build_catalog, sids))
-  return Rendering(Catalogue.make(catalog, sids, build_catalog),
-                   pipeline.prompt_config(data_config), thresholds, cfg["evidence_decay"],
-                   cfg["evidence_window"], cfg["max_history"], cfg["num_candidates"])
+  return make_rendering(build_catalog, sids, pipeline.prompt_config(data_config), thresholds,
+                        summary["examples"]["config"], items)
+
+
+def make_rendering(build_catalog: Catalog, sids: np.ndarray, prompt: prompts.PromptConfig,
+                   thresholds: np.ndarray, settings, items: str = "") -> Rendering:
+  """The Rendering of a build's catalogue and semantic IDs, its prompt, its exact evidence
+  thresholds and `settings` (a mapping holding RENDERING_SETTINGS: the build's examples config).
+
+  Args:
+    items: a user-supplied items.jsonl ('' = the build's catalogue), matched to the build's
+      semantic IDs by ASIN.
+  """
+  catalog = raw.load_catalog(pathlib.Path(items)) if items else build_catalog
+  return Rendering(Catalogue.make(catalog, sids, build_catalog), prompt,
+                   np.asarray(thresholds, np.float64),
+                   *(settings[name] for name in RENDERING_SETTINGS))
 
 
 def answer_row(request: Request, response: str, labels: tuple[str, ...]) -> dict:

@@ -2,11 +2,13 @@
 
 `load_reranker(export)` loads an export and the data build and decode spec it records (the
 tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
-metadata written by gr2jax/train/loop.py); `rerank_lines` answers JSONL lines or request dicts in
-input order, each an answer row or a named error row (data/requests.py). Requests are decoded
-by the model's policy (policy.py: AR, or block diffusion at the spec's eval tau,
-with the answer constraint of the request's candidates when the spec is constrained) in
-batches of one static shape [batch, P]: P is the data build's prompt width, so the offline tool
+metadata written by gr2jax/train/loop.py): from the export alone when it carries its inference
+bundle (bundle.py; every stage export does), else from its data build, built or reused in a workdir
+(an export written before exports carried the bundle); `rerank_lines` answers JSONL lines or
+request dicts in input order, each an answer row or a named error row (data/requests.py). Requests
+are decoded by the model's policy (policy.py: AR, or block diffusion at the spec's eval tau, with
+the answer constraint of the request's candidates when the spec is constrained) in batches of one
+static shape [batch, P]: P is the data build's prompt width, so the offline tool
 (gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/) decode a request identically.
 """
 
@@ -22,8 +24,8 @@ from gr2jax.data import batches, pipeline
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import bundle, prompt_io
 from gr2jax.decoding import policy as policy_lib
-from gr2jax.decoding import prompt_io
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import speculative
 from gr2jax.progress import progress
@@ -70,9 +72,10 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   Args:
     export: a stage's export (W/<stage>/export), or any gr2jax / HF model directory with
       data_config and decode given.
-    workdir: the workdir of the data build (built there if missing, cached otherwise); default
-      the export's own workdir (W of W/<stage>/export).
-    data_config: the data build's config; default the one the export records.
+    workdir: for an export without an inference bundle (bundle.py): the workdir of its data
+      build (built there if missing, cached otherwise); default the export's own workdir (W of
+      W/<stage>/export). An export with a bundle reads no workdir.
+    data_config: the data build's config (its prompt); default the one the export records.
     decode: the decode spec; default the one the export records.
     items: a user-supplied items.jsonl ('' = the build's catalogue).
     max_new_tokens: response cap; 0 = the build's R (data/lengths.py, as the training runs).
@@ -95,14 +98,11 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   decode = _recorded(export, "decode", decode)
   if not isinstance(decode, DecodeSpec):
     decode = DecodeSpec(**decode)
-  if workdir is None:
-    workdir = os.path.dirname(os.path.dirname(os.path.abspath(export)))
-  summary = pipeline.run(data_config, workdir)
+  inference = (bundle.read(export, data_config, items)
+               or _from_data_build(export, data_config, workdir, items))
   model_config, params = load.load_model(export)
-  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  rendering = requests_lib.load_rendering(summary, data_config, items)
+  tok, rendering = inference.tokenizer, inference.rendering
   exports.check_data_build(export, exports.data_build_record(tok, rendering.prompt))
-  p, r = lengths_lib.static_lengths(summary)
   verifier_config = None
   if verify_with:
     speculative.check_same_build(export, verify_with)
@@ -111,13 +111,26 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
                            f"{verify_with}, decode.draft_k={decode.draft_k})", model_config,
                            verifier_config, decode.draft)
     params = {"drafter": params, "verifier": verifier_params}
-  policy = policy_lib.make_policy(model_config, decode, max_new_tokens or r,
+  policy = policy_lib.make_policy(model_config, decode,
+                                  max_new_tokens or inference.response_len,
                                   verifier_config=verifier_config)
   if decode.constrained and not isinstance(policy, policy_lib.DiffusionPolicy):
     raise ValueError("decode.constrained=True constrains a block-diffusion decoder's answers; "
                      + ("the lossless mode answers as its AR verifier" if verify_with else
                         f"{export} is an AR model") + ": pass decode.constrained=False")
-  return Reranker(policy.decoding_params(params), policy, tok, rendering, p)
+  return Reranker(policy.decoding_params(params), policy, tok, rendering, inference.prompt_len)
+
+
+def _from_data_build(export: str, data_config, workdir: str | None,
+                     items: str) -> bundle.Inference:
+  """What an export without an inference bundle reads, from its data build (pipeline.run in
+  `workdir`, default the export's own W of W/<stage>/export)."""
+  if workdir is None:
+    workdir = os.path.dirname(os.path.dirname(os.path.abspath(export)))
+  summary = pipeline.run(data_config, workdir)
+  return bundle.Inference(tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"]),
+                          requests_lib.load_rendering(summary, data_config, items),
+                          *lengths_lib.static_lengths(summary))
 
 
 def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,

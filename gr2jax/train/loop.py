@@ -21,6 +21,7 @@ gr2jax_metadata.json).
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import time
@@ -34,7 +35,7 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import bundle, evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
@@ -62,6 +63,8 @@ class Context:
     workdir: the run's workdir.
     data_build: checkpoint.data_build_record of the data build (tokenizer, prompt); train()
       needs it (recorded in the run checkpoints and the export).
+    summary: the data build's pipeline.run summary: the export's inference bundle is copied
+      from it (decoding/bundle.py); a hand-made Context without one exports without a bundle.
   """
 
   config: object
@@ -74,6 +77,7 @@ class Context:
   mesh: object
   workdir: str
   data_build: dict | None = None
+  summary: dict | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +155,7 @@ def load_context(config, workdir: str, model_config: ModelConfig | None = None) 
   mesh = mesh_lib.make_mesh(**config.mesh)
   data_build = exports.data_build_record(tokenizer, pipeline.prompt_config(config.data))
   return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
-                 data_build)
+                 data_build, summary)
 
 
 def _model_config_for_training(config: ModelConfig, cfg) -> ModelConfig:
@@ -242,6 +246,15 @@ def export_metadata(config, stage: Stage, step: int, data_build: dict, record: d
   return {"stage": stage.name, "kind": "diffusion" if stage.diffusion else "ar", "step": step,
           "data_build": data_build, "run": record, "data_config": config.data.to_dict(),
           "decode": dataclasses.asdict(config.decode)}
+
+
+def inference_bundle(ctx: Context):
+  """What an export writes beside its params so that it re-ranks alone: the data build's
+  inference bundle (decoding/bundle.write), or nothing for a hand-made Context without a
+  summary (exports.save's write_more)."""
+  if ctx.summary is None:
+    return None
+  return functools.partial(bundle.write, summary=ctx.summary, data_config=ctx.config.data)
 
 
 def _check_stage_kind(stage: Stage, config, model_config: ModelConfig) -> None:
@@ -373,7 +386,7 @@ def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: s
   export_config = dataclasses.replace(model_config, remat="none", attention_chunk_bytes=0)
   if jax.process_index() == 0:
     exports.save(export, export_config, params, metadata=export_metadata(
-      config, stage, final_step, ctx.data_build, record))
+      config, stage, final_step, ctx.data_build, record), write_more=inference_bundle(ctx))
   del params
   # The final evaluation is the export's (its config, keyed by its params digest): a later
   # evaluation of the export with the same settings, e.g. its Table 2 row, reuses it.
