@@ -30,6 +30,7 @@ cpu        The same modes on this CPU: bench_speedup.replay of the recorded sche
            rows step together) on random weights of each --runs shape, at each batch of
            --cpu_batches, timed with the prefill excluded; AR and the other modes interleaved in
            each of --repeats rounds (fastest kept), so every ratio comes from one process.
+           Each run's curve is kept with its command: a later command adds or replaces runs.
 
 The crossover of a mode is the first batch at which it stops beating AR (speed-up < 1), with the
 batch interpolated on log2 N between the last batch that wins and that one. Outputs (--out_dir):
@@ -74,6 +75,7 @@ def define_flags() -> None:
   FLAGS.set_default("taus", ["0.9"])
   FLAGS.set_default("spec_ks", ["4", "8", "16"])
   FLAGS.set_default("spec_taus", ["0"])
+  FLAGS.set_default("block_sizes", ["32"])
   FLAGS.set_default("hf_check", False)
 
 
@@ -302,26 +304,27 @@ def cpu_rows(replayed: list[dict]) -> list[dict]:
                request_s=r["seconds"], speedup=r.get("speedup") or 1.0) for r in replayed]
 
 
-def run_cpu(batches: list[int], save) -> dict:
-  """The cpu section (module doc); `save(section)` after every batch."""
+def run_cpu(batches: list[int], runs: dict, save) -> None:
+  """The cpu section (module doc): each --runs entry's curve into `runs` ({'SHAPE/DTYPE P=N':
+  {'command', 'device', 'schedules', 'repeats', 'rows', 'crossovers'}}: the curves of earlier
+  commands are kept), `save()` after every batch."""
   import jax
 
   with open(FLAGS.schedules) as f:
     schedules = json.load(f)
-  runs = [bench_speedup.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
-  out = {"command": command_line(), "device": str(jax.devices()[0].device_kind),
-         "schedules": os.path.relpath(FLAGS.schedules, REPO), "repeats": FLAGS.repeats,
-         "runs": {}}
-  for run, prompt_lens, chosen, spec_chosen in runs:
+  chosen = [bench_speedup.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
+  head = {"command": command_line(), "device": str(jax.devices()[0].device_kind),
+          "schedules": os.path.relpath(FLAGS.schedules, REPO), "repeats": FLAGS.repeats}
+  for run, prompt_lens, entries, spec_entries in chosen:
     config, params = bench_speedup.random_model(*run.split("/"))
     for p in prompt_lens:
       rows = []
       for batch in batches:
-        rows += cpu_rows(bench_speedup.replay(config, params, run, chosen, spec_chosen, p, batch))
-        out["runs"][f"{run} P={p}"] = {"rows": rows, "crossovers": crossovers(rows)}
-        save(out)
+        rows += cpu_rows(bench_speedup.replay(config, params, run, entries, spec_entries, p,
+                                              batch))
+        runs[f"{run} P={p}"] = dict(head, rows=rows, crossovers=crossovers(rows))
+        save()
     del params
-  return out
 
 
 # ---- report ---------------------------------------------------------------------------------
@@ -351,12 +354,11 @@ def markdown(result: dict) -> str:
         lines.append(f"| {batch} | " + " | ".join(
           f"{ms[n]:.2f} ({bound[n][0]})" for n in steps) + " |")
       lines += ["", "(m) memory-bound, (c) compute-bound.", ""]
-  cpu = result.get("cpu")
-  if cpu:
-    lines += [f"Measured on {cpu['device']} (random weights, schedules {cpu['schedules']}; "
-              f"fastest of {cpu['repeats']} interleaved rounds). Command: `{cpu['command']}`", ""]
-    for run, r in cpu["runs"].items():
-      lines += [f"## {run}", ""] + markdown_table(r["rows"], "s / batch decode") + [""]
+  for run, r in result.get("cpu", {}).items():
+    lines += [f"## {run}, measured on {r['device']}", "",
+              f"Random weights, schedules {r['schedules']}, fastest of {r['repeats']} "
+              f"interleaved rounds. Command: `{r['command']}`", ""]
+    lines += markdown_table(r["rows"], "s / batch decode") + [""]
   return "\n".join(lines) + "\n"
 
 
@@ -369,7 +371,7 @@ def plot(result: dict, out_dir: str) -> None:
   import matplotlib.pyplot as plt
 
   panels = {"batch_curve.png": result.get("predicted", {}).get("targets", {}),
-            "cpu_curve.png": result.get("cpu", {}).get("runs", {})}
+            "cpu_curve.png": result.get("cpu", {})}
   for filename, curves in panels.items():
     if not curves:
       continue
@@ -432,7 +434,7 @@ def main(argv):
     plan.use_host_devices(1)
     save(run_predicted(batches, ks), "predicted")
   if "cpu" in FLAGS.sections:
-    run_cpu(cpu_batches, lambda section: save(section, "cpu"))
+    run_cpu(cpu_batches, result.setdefault("cpu", {}), save)
   plot(result, FLAGS.out_dir)
   print(markdown(result))
   print(f"[batch_curve] wrote {FLAGS.out_dir}")

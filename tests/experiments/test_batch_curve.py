@@ -107,11 +107,11 @@ def test_cpu_section_replays_every_mode_at_every_batch(tmp_path):
     env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 0, result.stderr[-3000:]
   out = json.load(open(tmp_path / "batch_curve.json"))["cpu"]
-  rows = out["runs"]["tiny/float32 P=32"]["rows"]
+  rows = out["tiny/float32 P=32"]["rows"]
   assert sorted((r["mode"], r["batch"]) for r in rows) == sorted(
     (m, b) for m in ("AR", "diffusion tau 0.9 B 32", "draft-and-verify K 8") for b in (1, 2))
   assert all(r["tok_s"] > 0 for r in rows)
-  assert "## tiny/float32 P=32" in open(tmp_path / "batch_curve.md").read()
+  assert "## tiny/float32 P=32, measured on" in open(tmp_path / "batch_curve.md").read()
   assert os.path.getsize(tmp_path / "cpu_curve.png") > 0
 
 
