@@ -139,7 +139,7 @@ class Rows:
   rounds: int
 
 
-def stage_config(name: str):
+def stage_config(name: str) -> recipe.StageView:
   """The tiny recipe's view of stage `name` (gr2jax/recipe.stage_config: its real settings)."""
   spec = importlib.util.spec_from_file_location(f"_bench_config_{name}",
                                                 os.path.join(CONFIG_DIR, f"{name}.py"))

@@ -94,8 +94,8 @@ def check_stage_config(config, prefix: str = "") -> None:
       _int(name, value, bounds)
     else:
       _float(name, value, **bounds)
-  shrink = getattr(config, "replay_shrink", _MISSING)
-  if shrink is not _MISSING:
+  shrink = getattr(config, "replay_shrink", None)  # None: an AR stage's view
+  if shrink is not None:
     _int(f"{prefix}replay_shrink", shrink, 1)
   train = _section(config, "train")
   if train is not None and getattr(train, "batch_size", None) is not None:

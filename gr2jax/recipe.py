@@ -11,11 +11,16 @@ reads is derived from that here, once:
   chain(recipe)              the steps in order: convert (HF recipes only), sft, ar_rl, cft,
                              opd, rl (the data build runs first, inside every step)
   stage_dir / export         <workdir>/<step>/, <workdir>/<step>/export
-  stage_config(recipe, ...)  the ConfigDict the training loop reads for one stage: its init (the
+  stage_config(recipe, ...)  the StageView the training loop reads for one stage: its init (the
                              previous step's export), the OPD teacher (the AR RL export), the
                              decode spec (recipe.decode, whole), the data build, mesh, eval
+  evaluation_config(recipe)  the EvaluationView of a standalone evaluation (`eval.py`)
   data_config(recipe)        the data build's config (with the HF tokenizer to extend, if any)
-  tables_config(recipe, ...) what Table 3 / Table 4 / Figure 6 read (gr2jax/apps/tables.py)
+  tables_config(recipe, ...) the TablesView of Table 3 / Table 4 / Figure 6 (apps/tables.py)
+
+The views are frozen dataclasses: a field read that a view does not have is an AttributeError,
+and tests/test_views.py checks every such read in the code against the views' fields. Their
+`to_dict()` is the run record's `config` (the chain's digests), as the ConfigDict views before.
 
 So two stages of one recipe cannot disagree on the data build, the prompt or the decode spec.
 The teacher traces are part of the data build (`data.teacher_traces`, a JSONL of LLM traces; the
@@ -234,73 +239,186 @@ def teacher_spec(recipe: Recipe):
   return llm_teacher.TeacherSpec(**recipe.teacher.to_dict(), mesh=(m.data, m.fsdp, m.tp))
 
 
-def stage_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
-  """The config a training stage's loop reads (gr2jax/train/loop.py, stages.py), derived from
-  the recipe: nothing in it is set anywhere else.
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """The device mesh (train/mesh.make_mesh): each axis's size, -1 = the remaining devices."""
+  data: int
+  fsdp: int
+  tp: int
 
-  Fields: stage, data, init, mesh, model (remat, attention_chunk_bytes, param_dtype), train,
-  optimizer, eval (split, limit, batch_size), decode (the recipe's DecodeSpec, whole), the
-  stage's own block (rl / cft / opd; opd.teacher = the AR RL export), and for the diffusion
-  stages replay_shrink.
+
+@dataclasses.dataclass(frozen=True)
+class EvalSettings:
+  """How stages evaluate: the split, its first `limit` examples (0 = all), the decode batch."""
+  split: str
+  limit: int
+  batch_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+  """The training memory knobs of the model (ModelSpec's)."""
+  remat: str
+  attention_chunk_bytes: int
+  param_dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainExamples:
+  """The training examples a run reads: the first `limit` (0 = all)."""
+  limit: int
+
+
+_SETTINGS = (Mesh, EvalSettings, ModelSettings, TrainExamples)
+
+
+def _sorted(fields: dict) -> dict:
+  """`fields` in name order, as ConfigDict.to_dict lists them."""
+  return dict(sorted(fields.items()))
+
+
+def _plain(value):
+  """A view field as the ConfigDict views' to_dict() held it: a block (ConfigDict) or a settings
+  dataclass as nested dicts in name order, anything else (the DecodeSpec, whole; a path; a
+  number) as it is (the run record writes a DecodeSpec's fields: run_checkpoints.json_value)."""
+  if isinstance(value, ml_collections.ConfigDict):
+    return value.to_dict()
+  return _sorted(dataclasses.asdict(value)) if isinstance(value, _SETTINGS) else value
+
+
+class _View:
+  """A typed, frozen view of a recipe: every field is read by attribute, and a field it does
+  not have is an AttributeError (tests/test_views.py checks every read of the code against the
+  fields, so a stale one fails there)."""
+
+  def to_dict(self) -> dict:
+    """The view as the ConfigDict view it replaces wrote it (same keys, same order): the run
+    record's `config` and the chain's digests, so existing workdirs resume and are reused
+    (tests/test_views.py pins the records). A block the stage does not have (None) is left out."""
+    return _sorted({f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)
+                    if getattr(self, f.name) is not None})
+
+
+@dataclasses.dataclass(frozen=True)
+class StageView(_View):
+  """What a training stage's loop reads (gr2jax/train/loop.py, stages.py): `stage_config`.
+
+  Attributes:
+    stage: the stage's name.
+    data: the data build's config (data_config; read by the data pipeline).
+    init: the previous step's export, or `preset:NAME` for the first.
+    mesh, model, eval, decode: the recipe's (decode: its DecodeSpec, whole).
+    train, optimizer: the stage's blocks (gr2jax/recipes.py; locked ConfigDicts).
+    rl, cft, opd: the stage's own block, None for the others (opd.teacher = the AR RL export).
+    replay_shrink: the diffusion stages' replay shrinkage, None for the AR stages.
   """
+  stage: str
+  data: ml_collections.ConfigDict
+  init: str
+  mesh: Mesh
+  model: ModelSettings
+  train: ml_collections.ConfigDict
+  optimizer: ml_collections.ConfigDict
+  eval: EvalSettings
+  decode: DecodeSpec
+  rl: ml_collections.ConfigDict | None = None
+  cft: ml_collections.ConfigDict | None = None
+  opd: ml_collections.ConfigDict | None = None
+  replay_shrink: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EvaluationView(_View):
+  """What a standalone evaluation reads (loop.load_context / run_evaluation, stage 'eval'):
+  `evaluation_config`. Fields as StageView's; train: every training example (limit 0)."""
+  stage: str
+  data: ml_collections.ConfigDict
+  mesh: Mesh
+  eval: EvalSettings
+  decode: DecodeSpec
+  train: TrainExamples
+
+
+@dataclasses.dataclass(frozen=True)
+class TablesView(_View):
+  """What Table 3, Table 4 and Figure 6 read (gr2jax/apps/tables.py run_<stage>):
+  `tables_config`.
+
+  Attributes:
+    stage: 'table3', 'table4' or 'fig6'.
+    data, eval, decode: the recipe's data build config, evaluation settings and DecodeSpec.
+    split, results_dir, taus, lossless_drafts, speed_examples, remeasure: the recipe's `table`
+      fields (gr2jax/recipes.py).
+    ar_ckpt, diffusion_ckpt: the AR GR2 (AR RL export) and the final diffusion model (RL
+      export).
+    fig6: Figure 6's settings (a locked ConfigDict).
+  """
+  stage: str
+  data: ml_collections.ConfigDict
+  eval: EvalSettings
+  decode: DecodeSpec
+  split: str
+  ar_ckpt: str
+  diffusion_ckpt: str
+  results_dir: str
+  taus: tuple
+  lossless_drafts: tuple
+  speed_examples: int
+  fig6: ml_collections.ConfigDict
+  remeasure: bool
+
+
+def _locked(config) -> ml_collections.ConfigDict:
+  """A block as a view holds it: a locked ConfigDict (a frozen block's copy), whose fields can
+  be read and set but not added."""
+  c = _editable(config) if isinstance(config, ml_collections.FrozenConfigDict) else config
+  c.lock()
+  return c
+
+
+def _settings(cls, block):
+  """A typed settings dataclass of a recipe block with the same fields."""
+  return cls(**block.to_dict())
+
+
+def stage_config(recipe: Recipe, stage: str, workdir: str) -> StageView:
+  """The view a training stage's loop reads (gr2jax/train/loop.py, stages.py), derived from
+  the recipe: nothing in it is set anywhere else (StageView's fields)."""
   if stage not in TRAIN_STAGES:
     raise ValueError(f"{stage!r} is not a training stage: {TRAIN_STAGES}")
   s = recipe.stages[stage]
-  c = ml_collections.ConfigDict()
-  c.stage = stage
-  c.data = data_config(recipe)
-  c.init = init_of(recipe, stage, workdir)
-  c.mesh = _editable(recipe.mesh)
-  c.model = ml_collections.ConfigDict(dict(
-    remat=recipe.model.remat, attention_chunk_bytes=recipe.model.attention_chunk_bytes,
-    param_dtype=recipe.model.param_dtype))
-  c.train = _editable(s.train)
-  c.optimizer = _editable(s.optimizer)
-  c.eval = _editable(recipe.eval)
-  c.decode = recipe.decode
+  blocks = {}
   if stage in _STAGE_SETTINGS:
     block = _STAGE_SETTINGS[stage]
-    c[block] = _editable(s[block])
+    blocks[block] = _editable(s[block])
   if stage in _TEACHER_OF:
-    c.opd.teacher = export(workdir, _TEACHER_OF[stage])
-  if stage in DIFFUSION_STAGES:
-    c.replay_shrink = recipe.replay_shrink
-  c.lock()
-  return c
+    blocks["opd"].teacher = export(workdir, _TEACHER_OF[stage])
+  m = recipe.model
+  return StageView(
+    stage=stage, data=_locked(data_config(recipe)), init=init_of(recipe, stage, workdir),
+    mesh=_settings(Mesh, recipe.mesh),
+    model=ModelSettings(remat=m.remat, attention_chunk_bytes=m.attention_chunk_bytes,
+                        param_dtype=m.param_dtype),
+    train=_locked(s.train), optimizer=_locked(s.optimizer),
+    eval=_settings(EvalSettings, recipe.eval), decode=recipe.decode,
+    **{name: _locked(b) for name, b in blocks.items()},
+    replay_shrink=recipe.replay_shrink if stage in DIFFUSION_STAGES else None)
 
 
-def evaluation_config(recipe: Recipe) -> ml_collections.ConfigDict:
-  """What a standalone evaluation reads (loop.load_context / run_evaluation, stage 'eval'): the
-  data build, mesh, evaluation settings and every training example (train.limit 0)."""
-  c = ml_collections.ConfigDict()
-  c.stage = "eval"
-  c.data = data_config(recipe)
-  c.mesh = _editable(recipe.mesh)
-  c.eval = _editable(recipe.eval)
-  c.decode = recipe.decode
-  c.train = ml_collections.ConfigDict(dict(limit=0))
-  c.lock()
-  return c
+def evaluation_config(recipe: Recipe) -> EvaluationView:
+  """What a standalone evaluation reads (EvaluationView's fields)."""
+  return EvaluationView(stage="eval", data=_locked(data_config(recipe)),
+                        mesh=_settings(Mesh, recipe.mesh),
+                        eval=_settings(EvalSettings, recipe.eval), decode=recipe.decode,
+                        train=TrainExamples(limit=0))
 
 
-def tables_config(recipe: Recipe, stage: str, workdir: str) -> ml_collections.ConfigDict:
-  """What Table 3, Table 4 and Figure 6 read (gr2jax/apps/tables.py run_<stage>): the data build,
-  the evaluation settings, table.split, the AR GR2 (AR RL export) and final diffusion (RL export)
-  models, the results directory, Table 3's taus / speed_examples and Figure 6's settings."""
+def tables_config(recipe: Recipe, stage: str, workdir: str) -> TablesView:
+  """What Table 3, Table 4 and Figure 6 read (TablesView's fields)."""
   t = recipe.table
-  c = ml_collections.ConfigDict()
-  c.stage = stage
-  c.data = data_config(recipe)
-  c.eval = _editable(recipe.eval)
-  c.decode = recipe.decode
-  c.split = t.split
-  c.ar_ckpt = export(workdir, "ar_rl")
-  c.diffusion_ckpt = export(workdir, "rl")
-  c.results_dir = t.results_dir
-  c.taus = t.taus
-  c.lossless_drafts = t.lossless_drafts
-  c.speed_examples = t.speed_examples
-  c.fig6 = _editable(t.fig6)
-  c.remeasure = t.remeasure
-  c.lock()
-  return c
+  return TablesView(
+    stage=stage, data=_locked(data_config(recipe)), eval=_settings(EvalSettings, recipe.eval),
+    decode=recipe.decode, split=t.split, ar_ckpt=export(workdir, "ar_rl"),
+    diffusion_ckpt=export(workdir, "rl"), results_dir=t.results_dir, taus=t.taus,
+    lossless_drafts=t.lossless_drafts, speed_examples=t.speed_examples,
+    fig6=_locked(t.fig6), remeasure=t.remeasure)

@@ -1,7 +1,6 @@
 """check_stage_config: every shipped recipe passes; each bad size or rate is a ValueError naming
 its field, raised by recipe.from_config before anything is built."""
 
-import importlib
 import types
 
 import pytest
@@ -60,7 +59,7 @@ def test_bad_field_is_named(field, value, message):
 @pytest.mark.parametrize("value,message", [(0, "rerank.batch_size=0"),
                                            (2.5, "rerank.batch_size=2.5: must be an integer")])
 def test_bad_rerank_batch_size_is_named(value, message):
-  config = importlib.import_module("rerank").get_config()  # experiments/configs/rerank.py
+  config = recipes.config("", "rerank")  # what experiments/configs/rerank.py returns
   with config.rerank.ignore_type():
     config.rerank.batch_size = value
   with pytest.raises(ValueError, match=message):

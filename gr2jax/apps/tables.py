@@ -49,6 +49,7 @@ from gr2jax.data.evidence import KINDS
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.progress import progress
+from gr2jax.recipe import TablesView
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +77,7 @@ class Inputs:
   tfds_dir: str = ""
 
 
-def load_inputs(table, workdir: str) -> Inputs:
+def load_inputs(table: TablesView, workdir: str) -> Inputs:
   """The data build of `workdir` (cached) and the split `table.split` (first `eval.limit`)."""
   summary = pipeline.run(table.data, workdir)
   paths = summary["paths"]
@@ -101,7 +102,7 @@ class Model:
   verifier_config: object = None
 
 
-def load_models(table, workdir: str) -> dict[str, Model]:
+def load_models(table: TablesView, workdir: str) -> dict[str, Model]:
   """{'ar': Model, 'diffusion': Model, 'lossless': the pair} of table.ar_ckpt /
   table.diffusion_ckpt (the lossless mode: the diffusion model drafts, the AR model verifies)."""
   out, paths = {}, {}
@@ -118,7 +119,7 @@ def load_models(table, workdir: str) -> dict[str, Model]:
   return out
 
 
-def spec_at(table, tau: float | None = None, draft: tuple[int, float] | None = None):
+def spec_at(table: TablesView, tau: float | None = None, draft: tuple[int, float] | None = None):
   """The recipe's decode spec at commit threshold `tau` (None = its eval tau) and, for the
   lossless mode, at draft = (K, tau_d)."""
   spec = table.decode if tau is None else dataclasses.replace(table.decode, eval_tau=tau)
@@ -142,7 +143,7 @@ def _setting_name(model: Model, spec) -> str:
   return f"tau{spec.eval_tau:g}" if model.config.mask_token_id is not None else "ar"
 
 
-def evaluate_at(name: str, model: Model, table, inp: Inputs, workdir: str,
+def evaluate_at(name: str, model: Model, table: TablesView, inp: Inputs, workdir: str,
                 spec=None) -> tuple[dict, list[dict]]:
   """The one evaluation of a model at `spec` (default the recipe's), through the workdir's
   evaluation cache (evaluation.evaluate_cached): the final evaluation of the stage that wrote
@@ -191,7 +192,7 @@ def _timings_path(workdir: str, name: str, *key) -> str:
   return os.path.join(out_dir, f"{name}_{files.json_digest(list(key))}.json")
 
 
-def table3_rows(models: dict, inp: Inputs, table, workdir: str) -> list[dict]:
+def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> list[dict]:
   """AR, the diffusion model at every tau of table.taus and the lossless mode at every
   (K, tau_d) of table.lossless_drafts (its R@1 is AR's by construction).
 
@@ -318,7 +319,7 @@ def add_emulated_speedup(results: str, summary: dict) -> str:
   return write_table3(saved["rows"], results, header)
 
 
-def run_table3(table, workdir: str) -> str:
+def run_table3(table: TablesView, workdir: str) -> str:
   inp = load_inputs(table, workdir)
   rows = table3_rows(load_models(table, workdir), inp, table, workdir)
   header = (f"Table 3 on {table.split} (n={len(inp.data)}); speedup = tokens/s over AR's "
@@ -398,7 +399,7 @@ def speedup_bins(ar: dict, diff: dict, by: np.ndarray, num_bins: int) -> list[di
   return out
 
 
-def fig6(models: dict, inp: Inputs, table) -> dict:
+def fig6(models: dict, inp: Inputs, table: TablesView) -> dict:
   """Figure 6 data (module docstring): speed-up bins by the natural diffusion output length and
   by prompt length, and the forced output-length sweep (table.fig6: tau, limit, num_bins,
   output_lengths, sweep_examples)."""
@@ -461,7 +462,7 @@ def fig6_png(data: dict, path: str) -> None:
   plt.close(fig)
 
 
-def run_fig6(table, workdir: str) -> dict:
+def run_fig6(table: TablesView, workdir: str) -> dict:
   inp = load_inputs(table, workdir)
   models = load_models(table, workdir)
   path = _timings_path(workdir, "fig6", models["ar"].id, models["diffusion"].id, len(inp.data),
@@ -610,7 +611,7 @@ def teacher_row(inp: Inputs, records: list[dict]) -> dict:
                                                                               records=records))
 
 
-def run_table4(table, workdir: str) -> str:
+def run_table4(table: TablesView, workdir: str) -> str:
   inp = load_inputs(table, workdir)
   models = load_models(table, workdir)
   rows = []

@@ -42,6 +42,7 @@ from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
+from gr2jax.recipe import EvaluationView, StageView
 from gr2jax.train import inputs, optim, run_checkpoints
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import state as state_lib
@@ -54,7 +55,7 @@ class Context:
   """What a stage's builders get: the run's model, data and settings.
 
   Attributes:
-    config: the whole run config.
+    config: the run's view of its recipe (gr2jax/recipe.py: a stage's, or an evaluation's).
     model_config: the model being trained.
     tokenizer: the data build's tokenizer.
     train: the training split; eval: the evaluation split.
@@ -67,7 +68,7 @@ class Context:
       from it (decoding/bundle.py); a hand-made Context without one exports without a bundle.
   """
 
-  config: object
+  config: StageView | EvaluationView
   model_config: ModelConfig
   tokenizer: object
   train: prompt_io.SplitData
@@ -142,7 +143,8 @@ def init_digest(init: str) -> str:
   return exports.content_digest(init)
 
 
-def load_context(config, workdir: str, model_config: ModelConfig | None = None) -> Context:
+def load_context(config: StageView | EvaluationView, workdir: str,
+                 model_config: ModelConfig | None = None) -> Context:
   """The data build (cached), tokenizer, splits, static lengths (data/lengths.py) and mesh of a
   run."""
   summary = pipeline.run(config.data, workdir)
@@ -152,13 +154,13 @@ def load_context(config, workdir: str, model_config: ModelConfig | None = None) 
   eval_data = prompt_io.load_split(paths["tfds"], config.eval.split, tokenizer,
                                 limit=config.eval.limit)
   p, r = lengths_lib.static_lengths(summary)
-  mesh = mesh_lib.make_mesh(**config.mesh)
+  mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tp)
   data_build = exports.data_build_record(tokenizer, pipeline.prompt_config(config.data))
   return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
                  data_build, summary)
 
 
-def _model_config_for_training(config: ModelConfig, cfg) -> ModelConfig:
+def _model_config_for_training(config: ModelConfig, cfg: StageView) -> ModelConfig:
   return dataclasses.replace(config, remat=cfg.model.remat,
                              attention_chunk_bytes=cfg.model.attention_chunk_bytes,
                              param_dtype=cfg.model.param_dtype or config.param_dtype)
@@ -197,7 +199,7 @@ def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str,
 
 
 
-def train(config, workdir: str, stage: Stage, ctx: Context | None = None) -> dict:
+def train(config: StageView, workdir: str, stage: Stage, ctx: Context | None = None) -> dict:
   """Runs (or resumes) one training stage to config.train.steps; returns the final evaluation.
 
   Args:
@@ -239,7 +241,8 @@ def finished_result(stage_dir: str, record: dict) -> dict | None:
   return result
 
 
-def export_metadata(config, stage: Stage, step: int, data_build: dict, record: dict) -> dict:
+def export_metadata(config: StageView, stage: Stage, step: int, data_build: dict,
+                    record: dict) -> dict:
   """What a stage's export records beside its params: the stage, its kind, the step, the data
   build (tokenizer and prompt), the run record, and the recipe's data build config and decode
   spec, so the export can be used (gr2jax.rerank, the server) with no other argument."""
@@ -257,7 +260,7 @@ def inference_bundle(ctx: Context):
   return functools.partial(bundle.write, summary=ctx.summary, data_config=ctx.config.data)
 
 
-def _check_stage_kind(stage: Stage, config, model_config: ModelConfig) -> None:
+def _check_stage_kind(stage: Stage, config: StageView, model_config: ModelConfig) -> None:
   if not stage.diffusion and model_config.mask_token_id is not None:
     raise ValueError(f"[{stage.name}] is an AR stage but init={config.init!r} is a block-diffusion "
                      f"model (block_size={model_config.block_size}); start it from an AR "
@@ -272,7 +275,8 @@ def _stop_non_finite(stage: Stage, manager, what: str):
   raise FloatingPointError(f"[{stage.name}] {what}; stopped. {kept}")
 
 
-def _train(config, workdir: str, stage: Stage, ctx: Context | None, stage_dir: str) -> dict:
+def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
+           stage_dir: str) -> dict:
   tcfg = config.train
   ctx = load_context(config, workdir) if ctx is None else ctx
   if ctx.data_build is None:

@@ -24,8 +24,9 @@ from gr2jax.train.step import Loss
 
 def _policy(ctx: Context) -> policy_lib.Policy:
   """The trained model's policy: its decoder at the run's decode spec, responses of R tokens."""
+  shrink = ctx.config.replay_shrink  # None in an AR stage's view: its policy replays nothing
   return policy_lib.make_policy(ctx.model_config, ctx.config.decode, ctx.response_len,
-                                ctx.config.get("replay_shrink", 1))
+                                1 if shrink is None else shrink)
 
 
 def _chunks(ctx: Context) -> dict:

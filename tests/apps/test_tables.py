@@ -5,10 +5,10 @@ import dataclasses
 import json
 import os
 
-import ml_collections
 import numpy as np
 import pytest
 
+from gr2jax import recipe, recipes
 from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -130,7 +130,8 @@ def toy(tmp_path_factory):
   out = str(tmp_path_factory.mktemp("tok"))
   toy_tokenizer(out)
   tok = tokenizer_lib.load_tokenizer(out)
-  data = toy_split(tok, USERS, with_teacher=False)
+  data = dataclasses.replace(toy_split(tok, USERS, with_teacher=False),
+                             source="toy:test:8")  # the tables read through the eval cache
   p, r = toy_lengths([toy_split(tok, range(24)), toy_split(tok, USERS)])
   inp = tables.Inputs(tok, data, [_record(u) for u in USERS], p, min(r, 16), PROMPT,
                       toy_catalog(), None)
@@ -146,12 +147,13 @@ def toy(tmp_path_factory):
 @pytest.mark.slow  # ~35 s on 2 busy cores: AR and diffusion evaluations + batch-1 timings
 def test_tables_and_figure_from_toy_models(toy, tmp_path):
   inp, models = toy
-  table = ml_collections.ConfigDict(dict(
-    eval=dict(batch_size=4), taus=(1.0, 0.5), speed_examples=2, remeasure=False,
-    lossless_drafts=((4, 0.0),),
-    fig6=dict(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24), sweep_examples=2)))
-  table.decode = DecodeSpec(max_steps_per_block=4, draft_k=4)
   workdir = str(tmp_path)
+  table = recipe.tables_config(recipes.get("tiny"), "table3", workdir)  # with toy sizes
+  table.fig6.update(dict(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24), sweep_examples=2))
+  table = dataclasses.replace(
+    table, eval=dataclasses.replace(table.eval, batch_size=4), taus=(1.0, 0.5),
+    speed_examples=2, remeasure=False, lossless_drafts=((4, 0.0),),
+    decode=DecodeSpec(max_steps_per_block=4, draft_k=4))
   rows = tables.table3_rows(models, inp, table, workdir)
   assert [r["tau"] for r in rows] == [None, 1.0, 0.5, None]
   lossless = rows[3]  # the AR model's own answers, at another speed
@@ -164,7 +166,7 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   md = tables.markdown(rows, tables.TABLE3_COLUMNS)
   assert md.count("\n") == 2 + len(rows) and "speedup" in md
   cached = sorted(os.listdir(evaluation.cache_dir(workdir)))
-  table.speed_examples = 0
+  table = dataclasses.replace(table, speed_examples=0)
   assert tables.table3_rows(models, inp, table, workdir)[2]["R@1"] == rows[2]["R@1"]
   assert sorted(os.listdir(evaluation.cache_dir(workdir))) == cached  # nothing decoded again
   tables.frontier_png(rows, str(tmp_path / "frontier.png"))

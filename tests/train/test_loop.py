@@ -3,6 +3,7 @@ final export + evaluation files; the run's integrity: one run per stage director
 nothing non-finite saved or exported, a resume that refuses a changed run, a finished rerun that
 does nothing, sizes validated, exports that record their kind and data build."""
 
+import dataclasses
 import glob
 import json
 import os
@@ -139,7 +140,7 @@ def test_no_readable_checkpoint_is_an_error_that_deletes_nothing(tmp_path, unint
 def _edit(config, **fields):
   for field, value in fields.items():
     section, name = field.split("__")
-    config[section][name] = value
+    getattr(config, section)[name] = value
   return config
 
 
@@ -165,9 +166,8 @@ def test_resume_refuses_a_changed_run(tmp_path, uninterrupted, tok, change, name
 
 
 def _other_init(uninterrupted):
-  config = toy_config(steps=2, save_every=2)
-  config.init = os.path.join(uninterrupted, "sft", "export")
-  return config
+  return dataclasses.replace(toy_config(steps=2, save_every=2),
+                             init=os.path.join(uninterrupted, "sft", "export"))
 
 
 def test_resume_refuses_another_init(tmp_path, uninterrupted, tok):
@@ -285,8 +285,7 @@ def test_ar_stage_refuses_a_diffusion_init(tmp_path, uninterrupted, tok):
   diffusion = os.path.join(workdir, "diffusion")
   exports.save(diffusion, convert.to_diffusion(
     model_config, 4, int(tok.convert_tokens_to_ids(MASK_TOKEN))), params)
-  config = toy_config(steps=2)
-  config.init = diffusion
+  config = dataclasses.replace(toy_config(steps=2), init=diffusion)
   with pytest.raises(ValueError, match=r"\[sft\] is an AR stage but init=.* is a block-diffusion "
                                        r"model \(block_size=4\)"):
     loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
@@ -331,10 +330,8 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
   """Two GRPO steps with real rollouts from the toy SFT export: rewards, groups and the update."""
   workdir = str(tmp_path)
   config = toy_config("ar_rl", steps=2, batch_size=2, save_every=2)
-  from ml_collections import ConfigDict
-  config.rl = ConfigDict(dict(group_size=4, temperature=1.0, eps_low=0.2, eps_high=0.28,
-                              alpha=0.2))
-  config.init = os.path.join(uninterrupted, "sft", "export")
+  config.rl.update(dict(group_size=4, eps_low=0.2, eps_high=0.28, alpha=0.2))
+  config = dataclasses.replace(config, init=os.path.join(uninterrupted, "sft", "export"))
   config.optimizer.learning_rate = 1e-4
   result = loop.train(config, workdir, stages.STAGES["ar_rl"], toy_context(config, tok, workdir))
   metrics = [json.loads(line) for line in
@@ -350,8 +347,6 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
 def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok):
   """CFT (converted to B=4) -> OPD (AR teacher) -> RL, each a couple of real steps through the
   one loop, each ending with the one evaluation (diffusion decoding)."""
-  from ml_collections import ConfigDict
-
   workdir = str(tmp_path)
   ar_export = os.path.join(uninterrupted, "sft", "export")
   results = {}
@@ -362,11 +357,10 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok)
       ("rl", os.path.join(workdir, "opd", "export"),
        dict(rl=dict(group_size=2, eps_low=0.2, eps_high=0.2, alpha=0.2)))):
     config = toy_config(stage, steps=2, batch_size=2 if stage != "cft" else 8, save_every=2)
-    config.init = init
-    config.block_size = 4
-    config.diffusion.max_steps_per_block = 4
-    for k, v in extra.items():
-      config[k] = ConfigDict(v)
+    for block, fields in extra.items():
+      getattr(config, block).update(fields)
+    config = dataclasses.replace(config, init=init, decode=dataclasses.replace(
+      config.decode, block_size=4, max_steps_per_block=4))
     results[stage] = loop.train(config, workdir, stages.STAGES[stage],
                                 toy_context(config, tok, workdir))
     exported = exports.load_config(os.path.join(workdir, stage, "export"))

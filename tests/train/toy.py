@@ -1,5 +1,6 @@
 """A toy run context for the training tests: toy records, a toy tokenizer, short prompts."""
 
+import dataclasses
 
 import numpy as np
 
@@ -37,17 +38,17 @@ def toy_tokenizer(out_dir: str):
                                    evidence_levels=5)
 
 
-def toy_config(stage="sft", **train):
-  """The tiny recipe's view of `stage` (unlocked: tests swap blocks), with toy step counts."""
+def toy_config(stage="sft", **train) -> recipe.StageView:
+  """The tiny recipe's view of `stage` with toy step counts, from a fresh toy model (a test
+  names another init or swaps a block with dataclasses.replace)."""
   config = recipe.stage_config(recipe.from_config(recipes.config("", stage)), stage, "workdir")
-  config.unlock()
-  config.init = "preset:tiny"  # a fresh toy model unless the test names an export
-  config.model.attention_chunk_bytes = 8 << 20
   config.train.update(dict(steps=6, batch_size=8, save_every=2, keep=5, async_save=False))
   config.train.update(train)
   config.optimizer.warmup_steps = 2
-  config.eval.batch_size = 8
-  return config
+  return dataclasses.replace(
+    config, init="preset:tiny",
+    model=dataclasses.replace(config.model, attention_chunk_bytes=8 << 20),
+    eval=dataclasses.replace(config.eval, batch_size=8))
 
 
 def toy_lengths(splits) -> tuple[int, int]:
