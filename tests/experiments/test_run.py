@@ -1,9 +1,13 @@
-"""Tests for experiments/run.py: config resolution, locked configs, unknown stages."""
+"""Tests for experiments/run.py: config resolution, locked configs, unknown stages, and the
+README's `--config=eval.py` command run end to end on a tiny export."""
 
+import glob
+import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,3 +111,68 @@ def test_an_unknown_override_names_the_flag_and_the_fields(run_module):
   argv[-1] = "--config.tacher.hf_dir=x"
   assert run_module.unknown_override(argv).startswith(
     "--config.tacher: the config has no field 'tacher'; its fields: data, decode,")
+
+
+def _data_overrides(data_dir) -> dict[str, object]:
+  """{field: value} of a small synthetic data build (tests/data/test_pipeline.py's: 160 users,
+  300 items, a SID file), each a `--config.<field>=<value>` of the command line."""
+  from tests.data.test_pipeline import _config
+
+  small = _config(data_dir, data_dir / "sids.npy")
+  fields = ("data_dir", "sids_file", "eval_subset_size", "accept_position_leak", "rejection",
+            "embedding_dim", "tokenizer_vocab_size", "tokenizer_sample")
+  return {f"data.{f}": small[f] for f in fields}
+
+
+def _tiny_export(config, workdir: str, path: str) -> None:
+  """A fresh tiny block-diffusion model of the data build of `config` (built here, in
+  `workdir`), saved at `path` with its data build recorded, as a stage exports it."""
+  from gr2jax import exports, recipe
+  from gr2jax.data import pipeline
+  from gr2jax.data import tokenizer as tokenizer_lib
+  from gr2jax.train import loop
+
+  r = recipe.from_config(config)
+  data = recipe.data_config(r)
+  summary = pipeline.run(data, workdir)
+  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  view = recipe.stage_config(r, "cft", workdir)
+  model_config, params = loop.model_from_init("preset:tiny", tok, view.train,
+                                              r.decode.block_size)
+  exports.save(path, model_config, params, metadata={
+    "data_build": exports.data_build_record(tok, pipeline.prompt_config(data))})
+
+
+def test_eval_py_runs_as_the_readme_writes_it(tmp_path):
+  """`python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export`
+  (README) on a tiny random diffusion export of a small data build (built first, reused by the
+  command): the evaluation's result is printed and written next to the checkpoint."""
+  from gr2jax import recipes
+  from gr2jax.data import rqvae
+  from tests.data.test_pipeline import NUM_ITEMS, _write_dataset
+
+  data_dir = tmp_path / "beauty"
+  data_dir.mkdir()
+  _write_dataset(data_dir)
+  codes = np.random.default_rng(0).integers(0, 16, size=(NUM_ITEMS, 3))
+  rqvae.save_sids(data_dir / "sids.npy", rqvae.semantic_ids(codes))
+  overrides = {**_data_overrides(data_dir), "eval.limit": 4, "eval.batch_size": 4}
+  config = recipes.config("", "eval")
+  for field, value in overrides.items():
+    section, name = field.split(".")
+    config[section][name] = value
+  _tiny_export(config, str(tmp_path / "W"), str(tmp_path / "W" / "cft" / "export"))
+
+  env = {**os.environ, "XLA_FLAGS": "--xla_backend_optimization_level=0",  # one device
+         "GR2JAX_PROGRESS": "0"}
+  result = subprocess.run(
+    [sys.executable, RUN, "--config=eval.py", "--workdir=W", "--config.evaluate.ckpt=W/cft/export",
+     *[f"--config.{field}={value}" for field, value in overrides.items()]],
+    capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+  assert result.returncode == 0, result.stderr[-4000:]
+  written = glob.glob(str(tmp_path / "W" / "cft" / "export" / "eval_test_1615_tau*.json"))
+  assert len(written) == 1, os.listdir(tmp_path / "W" / "cft" / "export")
+  saved = json.load(open(written[0]))
+  assert saved["num"] == 4 and 0 <= saved["R@1"] <= 1
+  printed = json.loads(result.stdout[result.stdout.rindex("\n{\n") + 1:])  # the last lines
+  assert printed["num"] == 4 and printed["R@1"] == saved["R@1"]
