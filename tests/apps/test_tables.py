@@ -13,6 +13,7 @@ from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation
+from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.test_rerank import _model
 from tests.data.toy_records import toy_catalog, toy_example, toy_sids
@@ -210,18 +211,17 @@ def test_table3_emulated_speedup_column(tmp_path):
 @pytest.mark.slow  # ~2 min on the busy 2 cores: three evaluations, two decoder compiles
 def test_evaluation_decoder_options(toy):
   """evaluation.evaluate's diffusion options: commit order, given reasoning (teacher forcing)."""
-  from gr2jax.decoding import evaluation
   inp, models = toy
-  config, params, _ = models["diffusion"]
-  kw = dict(batch_size=8, prompt_len=inp.prompt_len, max_new_tokens=inp.response_len)
-  ltr = evaluation.evaluate(params, config, inp.data, inp.tokenizer, commit_order="left_to_right",
-                            **kw)
-  assert ltr["num"] == len(USERS)
+  model = models["diffusion"]
+  kw = dict(batch_size=8, prompt_len=inp.prompt_len)
+  ltr = make_policy(model.config, DecodeSpec(commit_order="left_to_right"), inp.response_len)
+  assert evaluation.evaluate(ltr, model.params, inp.data, inp.tokenizer, **kw)["num"] == len(USERS)
+  policy = make_policy(model.config, DecodeSpec(), inp.response_len + 32)
   with pytest.raises(ValueError, match="given_reasoning needs a split whose examples carry"):
-    evaluation.evaluate(params, config, inp.data, inp.tokenizer, given_reasoning=True, **kw)
+    evaluation.evaluate(policy, model.params, inp.data, inp.tokenizer, given_reasoning=True, **kw)
   train = toy_split(inp.tokenizer, range(8))
-  given = evaluation.evaluate(params, config, train, inp.tokenizer, given_reasoning=True,
-                              out_path=None, **dict(kw, max_new_tokens=inp.response_len + 32))
+  given = evaluation.evaluate(policy, model.params, train, inp.tokenizer, given_reasoning=True,
+                              **kw)
   assert given["num"] == 8
 
 
