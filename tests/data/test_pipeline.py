@@ -55,13 +55,17 @@ def _config(data_dir, sids_file=""):
   return config
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  path = tmp_path_factory.mktemp("beauty")
+def write_dataset_with_sids(path):
+  """The toy dataset in `path` and its semantic IDs in path/sids.npy; returns `path`."""
   _write_dataset(path)
   codes = np.random.default_rng(0).integers(0, 16, size=(NUM_ITEMS, 3))
   rqvae.save_sids(path / "sids.npy", rqvae.semantic_ids(codes))
   return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  return write_dataset_with_sids(tmp_path_factory.mktemp("beauty"))
 
 
 @pytest.fixture(scope="module")

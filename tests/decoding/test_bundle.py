@@ -15,12 +15,12 @@ import pytest
 import gr2jax
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline, rqvae
+from gr2jax.data import pipeline
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import bundle
 from gr2jax.decoding import reranker as reranker_lib
-from tests.data.test_pipeline import NUM_ITEMS, _config, _write_dataset
+from tests.data.test_pipeline import _config, write_dataset_with_sids
 from tests.smoke_workdir import smoke_workdir
 
 
@@ -31,10 +31,7 @@ def _no_pipeline(*args, **kwargs):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
   """(data config, the build's summary, a directory holding only its bundle)."""
-  data_dir = tmp_path_factory.mktemp("beauty")
-  _write_dataset(data_dir)
-  codes = np.random.default_rng(0).integers(0, 16, size=(NUM_ITEMS, 3))
-  rqvae.save_sids(data_dir / "sids.npy", rqvae.semantic_ids(codes))
+  data_dir = write_dataset_with_sids(tmp_path_factory.mktemp("beauty"))
   config = _config(data_dir, data_dir / "sids.npy")
   summary = pipeline.run(config, str(tmp_path_factory.mktemp("work")))
   written = tmp_path_factory.mktemp("export")
