@@ -23,7 +23,7 @@ from tests.hf_layout import save_qwen3_dir
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "experiments", "run.py")
 SIDS = os.path.join(REPO, "results", "sids_table2.npy")  # skips the RQ-VAE (the tiny run's SIDs)
 
