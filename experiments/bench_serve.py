@@ -513,11 +513,22 @@ def overload(model: str, bodies: list, scratch: str) -> dict:
                               if at["server_request_ms_mean"] else None)}
 
 
+def _f1(value, digits: int = 1) -> str:
+  """A table cell: `value` to `digits` decimals, empty for None."""
+  return "" if value is None else f"{value:.{digits}f}"
+
+
+def _save_report(result: dict, lines: list[str], report_dir: str, stem: str) -> None:
+  """<stem>.json (the result) and <stem>.md (the lines, also printed) in report_dir."""
+  with open(os.path.join(report_dir, f"{stem}.json"), "w") as f:
+    json.dump(result, f, indent=1)
+  with open(os.path.join(report_dir, f"{stem}.md"), "w") as f:
+    f.write("\n".join(lines) + "\n")
+  print("\n".join(lines))
+
+
 def write_report(result: dict, report_dir: str) -> None:
   """bench_serve.json, bench_serve.md and latency_vs_throughput.png."""
-  with open(os.path.join(report_dir, "bench_serve.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  f1 = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
   c = FLAGS.goal_concurrency
   lines = ["# Re-ranking server under load (bench_serve)", "", f"Command: `{result['command']}`",
            "", "Load levels (httpx clients, closed loop):", "",
@@ -527,19 +538,19 @@ def write_report(result: dict, report_dir: str) -> None:
   for m in result["models"]:
     for lv in m["levels"]:
       lines.append(f"| {m['model']} ({m['kind']}) | {lv['concurrency']} | "
-                   f"{f1(lv['throughput_rps'])} | {f1(lv['p50_ms'])} | {f1(lv['p95_ms'])} | "
-                   f"{f1(lv['p99_ms'])} | {f1(lv['server_queue_ms_p50'])} / "
-                   f"{f1(lv['server_decode_ms_p50'])}, {f1(lv['server_request_ms_mean'])} | "
-                   f"{f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_bucket'])} | "
-                   f"{f1(lv['valid_rate'], 3)} | {lv['errors']} |")
+                   f"{_f1(lv['throughput_rps'])} | {_f1(lv['p50_ms'])} | {_f1(lv['p95_ms'])} | "
+                   f"{_f1(lv['p99_ms'])} | {_f1(lv['server_queue_ms_p50'])} / "
+                   f"{_f1(lv['server_decode_ms_p50'])}, {_f1(lv['server_request_ms_mean'])} | "
+                   f"{_f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_bucket'])} | "
+                   f"{_f1(lv['valid_rate'], 3)} | {lv['errors']} |")
   lines += ["", "Start-up (cold: empty persistent compilation cache; warm: filled):", "",
             "| model | cold s (load / warm-up) | warm s (load / warm-up) | programs | compiles / "
             "cache hits, cold | warm |", "|---|---|---|---|---|---|"]
   for m in result["models"]:
     s, cold, warm = m["startup"], m["startup"]["cold"], m["startup"]["warm"]
-    lines.append(f"| {m['model']} | {f1(s['cold_s'])} ({f1(cold['load_s'])} / "
-                 f"{f1(cold['warm_s'])}) | {f1(s['warm_s'])} ({f1(warm['load_s'])} / "
-                 f"{f1(warm['warm_s'])}) | {warm['programs']} | {cold['compiles']} / "
+    lines.append(f"| {m['model']} | {_f1(s['cold_s'])} ({_f1(cold['load_s'])} / "
+                 f"{_f1(cold['warm_s'])}) | {_f1(s['warm_s'])} ({_f1(warm['load_s'])} / "
+                 f"{_f1(warm['warm_s'])}) | {warm['programs']} | {cold['compiles']} / "
                  f"{cold['cache_hits']} | {warm['compiles']} / {warm['cache_hits']} |")
   lines += ["", f"Goals 1 and 2, each measurement next to its offline baseline "
             f"({FLAGS.goal_rounds} rounds):", "",
@@ -550,38 +561,36 @@ def write_report(result: dict, report_dir: str) -> None:
     for i, r in enumerate(m["goal_rounds"]):
       wrk, wrk1 = r["wrk"] or {}, r["wrk_c1"] or {}
       lines.append(
-        f"| {m['model']} | {i} | {f1(r['offline']['throughput_rps'])} | "
-        f"{f1(r['httpx']['throughput_rps'])} / {f1(wrk.get('throughput_rps'))} | "
-        f"{f1(r['throughput_vs_offline']['httpx'], 2)} / "
-        f"{f1(r['throughput_vs_offline']['wrk'], 2)} | {f1(r['alone_p50_ms'])} | "
-        f"{f1(r['httpx_c1']['p50_ms'])} / {f1(wrk1.get('p50_ms'))} | "
-        f"{f1(r['p50_c1_vs_alone']['httpx'], 2)} / {f1(r['p50_c1_vs_alone']['wrk'], 2)} |")
+        f"| {m['model']} | {i} | {_f1(r['offline']['throughput_rps'])} | "
+        f"{_f1(r['httpx']['throughput_rps'])} / {_f1(wrk.get('throughput_rps'))} | "
+        f"{_f1(r['throughput_vs_offline']['httpx'], 2)} / "
+        f"{_f1(r['throughput_vs_offline']['wrk'], 2)} | {_f1(r['alone_p50_ms'])} | "
+        f"{_f1(r['httpx_c1']['p50_ms'])} / {_f1(wrk1.get('p50_ms'))} | "
+        f"{_f1(r['p50_c1_vs_alone']['httpx'], 2)} / {_f1(r['p50_c1_vs_alone']['wrk'], 2)} |")
   lines += ["", "Medians over the rounds:"]
   for m in result["models"]:
     g = m["goals"]
     lines.append(f"- {m['model']}: throughput at C={c} / offline at batch {c}: "
-                 f"{f1(g['throughput_vs_offline_httpx'], 2)} (httpx), "
-                 f"{f1(g['throughput_vs_offline_wrk'], 2)} (wrk) (goal >= 0.8); p50 at C=1 / one "
-                 f"request alone offline: {f1(g['p50_c1_vs_alone_httpx'], 2)} (httpx), "
-                 f"{f1(g['p50_c1_vs_alone_wrk'], 2)} (wrk) (goal <= 1.2)")
+                 f"{_f1(g['throughput_vs_offline_httpx'], 2)} (httpx), "
+                 f"{_f1(g['throughput_vs_offline_wrk'], 2)} (wrk) (goal >= 0.8); p50 at C=1 / one "
+                 f"request alone offline: {_f1(g['p50_c1_vs_alone_httpx'], 2)} (httpx), "
+                 f"{_f1(g['p50_c1_vs_alone_wrk'], 2)} (wrk) (goal <= 1.2)")
   o = result["overload"]
   lines.append(f"- goal 3, overload ({o['model']}, queue bound {o['queue_bound']}): at the bound "
-               f"{json.dumps(o['at_bound']['statuses'])} p99 {f1(o['at_bound']['p99_ms'])} ms; "
+               f"{json.dumps(o['at_bound']['statuses'])} p99 {_f1(o['at_bound']['p99_ms'])} ms; "
                f"at 2x {json.dumps(o['at_twice']['statuses'])} p99 "
-               f"{f1(o['at_twice']['p99_ms'])} ms, max queue depth "
+               f"{_f1(o['at_twice']['p99_ms'])} ms, max queue depth "
                f"{o['at_twice']['max_queue_depth']}; only 503s beyond the bound: "
                f"{o['only_503_beyond']}; admitted requests' mean time in the server at 2x / at "
-               f"the bound: {f1(o['in_server_ratio'], 2)}")
+               f"the bound: {_f1(o['in_server_ratio'], 2)}")
   for m in result["models"]:
     if m["soak"]:
       s = m["soak"]
       lines.append(f"- soak ({s['model']}, {FLAGS.soak_concurrency} connections, "
                    f"{s['seconds']:.0f} s): {s['answered']} answered, {s['errors']} errors, "
-                   f"{f1(s['throughput_rps'])} req/s, p99 {f1(s['p99_ms'])} ms, RSS "
+                   f"{_f1(s['throughput_rps'])} req/s, p99 {_f1(s['p99_ms'])} ms, RSS "
                    f"{s['rss_start_mb']:.0f} -> {s['rss_end_mb']:.0f} MiB")
-  with open(os.path.join(report_dir, "bench_serve.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+  _save_report(result, lines, report_dir, "bench_serve")
   plot(result, os.path.join(report_dir, "latency_vs_throughput.png"))
 
 
@@ -693,9 +702,6 @@ def auto_vs_fixed(levels: list) -> list:
 
 def write_modes_report(result: dict, report_dir: str) -> None:
   """bench_serve_modes.json and bench_serve_modes.md."""
-  with open(os.path.join(report_dir, "bench_serve_modes.json"), "w") as f:
-    json.dump(result, f, indent=1)
-  f1 = lambda v, d=1: "" if v is None else f"{v:.{d}f}"
   lines = ["# Serving modes that answer with AR GR2's rankings (bench_serve --modes)", "",
            f"Command: `{result['command']}`", ""]
   for mode, s in result["servers"].items():
@@ -709,7 +715,7 @@ def write_modes_report(result: dict, report_dir: str) -> None:
               "choice:", "", "| bucket | " + " | ".join(names) + " | chosen |",
               "|---" * (len(names) + 2) + "|"]
     for bucket, costs in sorted(table.items(), key=lambda kv: int(kv[0])):
-      lines.append(f"| {bucket} | " + " | ".join(f1(1e3 * costs[n]) if n in costs else ""
+      lines.append(f"| {bucket} | " + " | ".join(_f1(1e3 * costs[n]) if n in costs else ""
                                                  for n in names)
                    + f" | {auto['decoders'][bucket]} |")
   lines += ["", f"Load levels (httpx clients, closed loop; medians of {FLAGS.mode_rounds} "
@@ -717,9 +723,9 @@ def write_modes_report(result: dict, report_dir: str) -> None:
             "| C | mode | req/s | p50 ms | p95 ms | p99 ms | mean batch | batches per decoder | "
             "equal to AR GR2 / answered | errors |", "|---|---|---|---|---|---|---|---|---|---|"]
   for lv in result["levels"]:
-    lines.append(f"| {lv['concurrency']} | {lv['mode']} | {f1(lv['throughput_rps'])} | "
-                 f"{f1(lv['p50_ms'])} | {f1(lv['p95_ms'])} | {f1(lv['p99_ms'])} | "
-                 f"{f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_decoder'])} | "
+    lines.append(f"| {lv['concurrency']} | {lv['mode']} | {_f1(lv['throughput_rps'])} | "
+                 f"{_f1(lv['p50_ms'])} | {_f1(lv['p95_ms'])} | {_f1(lv['p99_ms'])} | "
+                 f"{_f1(lv['mean_batch'])} | {json.dumps(lv['batches_per_decoder'])} | "
                  f"{lv['equal_to_reference']} / {lv['answered']} | {lv['errors']} |")
   if result["auto_vs_fixed"]:
     lines += ["", "auto against the fixed modes (goals: throughput >= 0.95x the better fixed "
@@ -727,13 +733,11 @@ def write_modes_report(result: dict, report_dir: str) -> None:
               "| C | auto req/s | better fixed req/s | ratio | auto p50 ms | lower fixed p50 ms "
               "| ratio |", "|---|---|---|---|---|---|---|"]
     for r in result["auto_vs_fixed"]:
-      lines.append(f"| {r['concurrency']} | {f1(r['auto_rps'])} | {f1(r['best_fixed_rps'])} "
-                   f"({r['best_fixed']}) | {f1(r['throughput_ratio'], 2)} | "
-                   f"{f1(r['auto_p50_ms'])} | {f1(r['lowest_fixed_p50_ms'])} "
-                   f"({r['lowest_p50_fixed']}) | {f1(r['p50_ratio'], 2)} |")
-  with open(os.path.join(report_dir, "bench_serve_modes.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
-  print("\n".join(lines))
+      lines.append(f"| {r['concurrency']} | {_f1(r['auto_rps'])} | {_f1(r['best_fixed_rps'])} "
+                   f"({r['best_fixed']}) | {_f1(r['throughput_ratio'], 2)} | "
+                   f"{_f1(r['auto_p50_ms'])} | {_f1(r['lowest_fixed_p50_ms'])} "
+                   f"({r['lowest_p50_fixed']}) | {_f1(r['p50_ratio'], 2)} |")
+  _save_report(result, lines, report_dir, "bench_serve_modes")
 
 
 def main(argv):
