@@ -128,3 +128,16 @@ def mask_token_id(tokenizer) -> int:
   if mask_id is None or mask_id == tokenizer.unk_token_id:
     raise ValueError(f"the tokenizer has no {prompts.MASK_TOKEN} token to convert to diffusion")
   return int(mask_id)
+
+
+def filler_token_id(tokenizer) -> int:
+  """The id of the newline token, the filler of pivot-aligned responses (diffusion/pivot.py).
+
+  Raises:
+    ValueError: the tokenizer writes a newline as more than one token.
+  """
+  ids = tokenizer("\n", add_special_tokens=False)["input_ids"]
+  if len(ids) != 1:
+    raise ValueError(f"the tokenizer writes a newline as {len(ids)} tokens {ids}: pivot alignment "
+                     "needs it as one token (its filler)")
+  return int(ids[0])

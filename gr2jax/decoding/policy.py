@@ -45,7 +45,7 @@ import numpy as np
 from gr2jax import chunks
 from gr2jax.data import batches
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import decode, layout, replay, speculative
+from gr2jax.diffusion import decode, layout, pivot, replay, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
@@ -297,7 +297,9 @@ class LosslessPolicy:
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
                 shrink: int = 1, verifier_config: ModelConfig | None = None) -> Policy:
   """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
-  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting."""
+  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting. A
+  pivot-aligned `config` gets room for its fillers (diffusion/pivot.response_width)."""
+  max_new_tokens = pivot.response_width(max_new_tokens, config)
   if verifier_config is not None:
     return LosslessPolicy(config, verifier_config, spec, max_new_tokens)
   if config.mask_token_id is None:

@@ -37,6 +37,9 @@ class ModelConfig:
     compute_dtype: dtype of activations and the KV cache; norms, softmax and logits are fp32.
     block_size: block-diffusion block size B (1 = autoregressive); used by gr2jax.diffusion.
     mask_token_id: the diffusion <|mask|> token id, or None for an AR model.
+    pivot_filler_id: the filler token of a pivot-aligned diffusion model (gr2jax/diffusion/
+      pivot.py: its responses fill the reasoning's last block with it, so the answer starts a
+      block), or None.
     bos_token_id: beginning-of-sequence id, or None (Qwen3 prompts start with a chat template).
     eos_token_ids: ids that end a generated sequence (any of them stops decoding).
     pad_token_id: id written after a sequence stops and used to right-pad prompts; from_hf_dict
@@ -67,6 +70,7 @@ class ModelConfig:
   compute_dtype: str = "float32"
   block_size: int = 1
   mask_token_id: int | None = None
+  pivot_filler_id: int | None = None
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int = 0
@@ -189,6 +193,7 @@ class ModelConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         max_position_embeddings=d.get("max_position_embeddings", 40960),
         block_size=d.get("block_size", 1), mask_token_id=d.get("mask_token_id"),
+        pivot_filler_id=d.get("pivot_filler_id"),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
         pad_token_id=pad if pad is not None else (eos_ids[0] if eos_ids else 0))
     return cls(**{**fields, **overrides})
@@ -231,6 +236,8 @@ class ModelConfig:
     }
     if self.block_size != 1 or self.mask_token_id is not None:
       d.update(block_size=self.block_size, mask_token_id=self.mask_token_id)
+    if self.pivot_filler_id is not None:
+      d.update(pivot_filler_id=self.pivot_filler_id)
     return d
 
 

@@ -11,16 +11,20 @@ checkpoint, so a resumed run sees the same next batch.
 GR2's decoupled SFT loss (GR2, arXiv 2602.07774: L = -lambda_r sum_i log P(r_i | P, r_<i) -
 lambda_o sum_j log P(o_j | P, r, o_<j)) weights reasoning tokens by lambda_r and answer tokens
 by lambda_o: `response_weights[b, j]` is the weight of predicting response token j (0 on padding).
+A pivot-aligned model's rows (`filler_id` set; gr2jax/diffusion/pivot.py) fill the reasoning's last
+block with the filler, weighted as reasoning, so the answer starts a block.
 """
 
 import numpy as np
 
 from gr2jax.data.batches import Batch
+from gr2jax.diffusion import pivot
 from gr2jax.decoding.prompt_io import SplitData, prompt_arrays
 
 
 def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,
-               pad_id: int, lambda_r: float, lambda_o: float) -> Batch:
+               pad_id: int, lambda_r: float, lambda_o: float, block_size: int = 1,
+               filler_id: int | None = None) -> Batch:
   """The one training-batch builder: up to `batch_size` encoded examples as a Batch's rows.
 
   Args:
@@ -32,6 +36,8 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
     pad_id: the padding token id.
     lambda_r: loss weight of reasoning tokens.
     lambda_o: loss weight of answer tokens.
+    block_size, filler_id: with a filler, the answer of each row starts at a multiple of
+      block_size (pivot.aligned_response); None = reasoning then answer.
 
   Returns:
     A Batch with the row and response fields set (example_index None; the on-policy fields
@@ -45,10 +51,14 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
   response_lengths = np.zeros((batch_size,), np.int32)
   target_position = np.zeros((batch_size,), np.int32)
   for b, ex in enumerate(examples):
-    r, n = len(ex.reasoning), len(ex.reasoning) + len(ex.answer)
+    if filler_id is None:
+      tokens, r = np.concatenate([ex.reasoning, ex.answer]), len(ex.reasoning)
+    else:
+      tokens, r = pivot.aligned_response(ex.reasoning, ex.answer, block_size, filler_id)
+    n = len(tokens)
     if n > response_len:
       raise ValueError(f"response of {n} tokens exceeds response_len={response_len}")
-    response[b, :n] = np.concatenate([ex.reasoning, ex.answer])
+    response[b, :n] = tokens
     weights[b, :r] = lambda_r
     weights[b, r:n] = lambda_o
     response_lengths[b] = n

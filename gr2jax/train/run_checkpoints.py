@@ -50,7 +50,8 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 # what those runs did: a record holding one at that value is the same record as one without it
 # (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
 # still resume and are reused. Any other value is a change like any other.
-ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step"}
+ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
+                    "cft.pivot_align": False}
 
 
 class RunChangedError(ValueError):
