@@ -15,7 +15,9 @@ prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 import functools
 
 from gr2jax import load
+from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import policy as policy_lib
+from gr2jax.diffusion import pivot
 from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train.loop import Context, Stage
@@ -65,12 +67,22 @@ def _opd_loss(ctx: Context) -> Loss:
   return Loss(functools.partial(opd.opd_loss, policy=policy), opd.fields(policy))
 
 
+def _fillers(ctx: Context) -> pivot.Fillers | None:
+  """Where a pivot-aligned model's fillers are (gr2jax/diffusion/pivot.py), else None."""
+  config = ctx.model_config
+  if config.pivot_filler_id is None:
+    return None
+  return pivot.Fillers(config.block_size, config.pivot_filler_id,
+                       *tokenizer_lib.think_end(ctx.tokenizer))
+
+
 def _opd_prepare(ctx: Context):
   dtype = opd.teacher_dtype(ctx.config.opd.teacher_dtype)  # checked before loading
   context = opd.check_context(ctx.config.opd.context)
   teacher_config, teacher_params = load.load_model(ctx.config.opd.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
-                        mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)
+                        mask_token_id=ctx.model_config.mask_token_id, dtype=dtype,
+                        fillers=_fillers(ctx))
   policy = _policy(ctx)
 
   def prepare(params, batch, key):

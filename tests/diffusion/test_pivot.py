@@ -75,3 +75,32 @@ def test_the_filler_is_the_newline_and_the_parser_skips_it(data):
   for t in (text, aligned):
     result = answer.parse_answer(t, labels)
     assert result.valid and result.ranking.tolist() == [2, 0, 1]
+
+
+FILLERS = pivot.Fillers(block_size=B, filler_id=5, think_end_id=4, tail_len=2)
+
+
+def test_fillers_are_the_run_after_the_think_end_and_its_blank_line():
+  #            <think> r  r </think> \n \n | f  f  f  f  f  f  f  f  | answer ... eos
+  aligned = [9, 7, 7, 4, 5, 5] + [5] * 2 + [20, 21, 22, 1]
+  unaligned = [9, 7, 4, 5, 5, 20, 5, 21, 1]  # the answer right after the blank line: no filler
+  no_think = [20, 5, 5, 21, 1]
+  tokens = np.zeros((3, 16), np.int32)
+  for b, row in enumerate((aligned, unaligned, no_think)):
+    tokens[b, :len(row)] = row
+  lengths = np.array([len(aligned), len(unaligned), len(no_think)])
+  mask = FILLERS.mask(tokens, lengths)
+  assert np.flatnonzero(mask[0]).tolist() == [6, 7] and not mask[1:].any()
+  compact, compact_lengths, source = pivot.without_fillers(tokens, lengths, mask)
+  assert compact_lengths.tolist() == [10, len(unaligned), len(no_think)]
+  assert compact[0, :10].tolist() == [9, 7, 7, 4, 5, 5, 20, 21, 22, 1]
+  np.testing.assert_array_equal(compact[1:], tokens[1:])
+  assert source[0].tolist()[:12] == [0, 1, 2, 3, 4, 5, -1, -1, 6, 7, 8, 9]
+
+
+def test_with_fillers_puts_the_distributions_back_and_makes_the_filler_certain():
+  logp = np.log(np.random.default_rng(0).dirichlet(np.ones(8), size=(1, 4))).astype(np.float32)
+  source = np.array([[0, -1, 1, 2]])
+  out = np.asarray(pivot.with_fillers(logp, source, 5))
+  np.testing.assert_array_equal(out[0, [0, 2, 3]], logp[0, :3])
+  assert out[0, 1, 5] == 0 and (out[0, 1, np.arange(8) != 5] == pivot.IMPOSSIBLE).all()
