@@ -1,5 +1,6 @@
 """DecodeSpec, the policies' construction and their decode, and the one causal scorer."""
 
+import dataclasses
 
 import jax
 import numpy as np
@@ -13,6 +14,7 @@ from gr2jax.decoding.policy import (
   make_policy,
 )
 from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import pivot
 from gr2jax.model import generate
 from gr2jax.model.params import init_params
 from tests.train.toy_policy import AR, DIFFUSION
@@ -74,3 +76,23 @@ def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepa
   assert full.shape == (4, 10, AR.vocab_size)
   with pytest.raises(ValueError, match="block_size=4"):
     causal_log_probs(params, DIFFUSION, prompts, lengths, out.tokens, out.lengths)
+
+
+def test_a_pivot_aligned_model_gets_room_for_its_fillers_and_lossless_stays_exact():
+  """Without a filler the width is the caller's (today's decoders); with one, B - 1 more tokens;
+  an AR verifier with a pivot-aligned drafter writes exactly the AR model's own greedy tokens."""
+  spec = DecodeSpec(block_size=4, draft_k=4)
+  pivoted = dataclasses.replace(DIFFUSION, pivot_filler_id=9)
+  assert make_policy(DIFFUSION, spec, 10).max_new_tokens == 10
+  assert make_policy(pivoted, spec, 10).max_new_tokens == pivot.response_width(10, pivoted) >= 13
+  params = {"drafter": init_params(AR, jax.random.key(0)),
+            "verifier": init_params(AR, jax.random.key(1))}
+  prompts = np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]], np.int32)
+  lengths = np.array([5, 3], np.int32)
+  lossless = make_policy(pivoted, spec, 10, verifier_config=AR)
+  out = lossless.decode(lossless.decoding_params(params), prompts, lengths)
+  width = lossless.max_new_tokens
+  ref = generate.generate(params["verifier"], AR, prompts, lengths, max_new_tokens=width)
+  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
+  for b, n in enumerate(np.asarray(ref.lengths)):
+    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n], np.asarray(ref.tokens)[b, :n])
