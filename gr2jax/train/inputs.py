@@ -18,8 +18,8 @@ block with the filler, weighted as reasoning, so the answer starts a block.
 import numpy as np
 
 from gr2jax.data.batches import Batch
-from gr2jax.diffusion import pivot
 from gr2jax.decoding.prompt_io import SplitData, prompt_arrays
+from gr2jax.diffusion import pivot
 
 
 def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,

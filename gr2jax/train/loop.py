@@ -117,7 +117,8 @@ def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0,
                      f"the config asks for {block_size}")
   elif pivot_align and config.pivot_filler_id is None:
     raise ValueError(f"cft.pivot_align is set but init={init!r} is a diffusion model without "
-                     "pivot-aligned blocks: pivot alignment is chosen when CFT converts an AR model")
+                     "pivot-aligned blocks: pivot alignment is chosen when CFT converts an AR "
+                     "model")
   return config, params
 
 

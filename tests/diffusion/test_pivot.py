@@ -4,7 +4,8 @@ fillers, the config records the filler (and refuses a bad one), the parser reads
 import numpy as np
 import pytest
 
-from gr2jax.data import answer, tokenizer as tokenizer_lib
+from gr2jax.data import answer
+from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.diffusion import convert, pivot
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import inputs
@@ -52,7 +53,8 @@ def test_rows_of_a_pivot_aligned_model_fill_the_reasoning_block(data):
     assert aligned.response_lengths[b] == head + na
     np.testing.assert_array_equal(aligned.response_tokens[b, head:head + na], ex.answer)
     w = aligned.response_weights[b]
-    assert (w[:head] == 0.5).all() and (w[head:head + na] == 1.0).all() and (w[head + na:] == 0).all()
+    assert (w[:head] == 0.5).all() and (w[head:head + na] == 1.0).all()
+    assert (w[head + na:] == 0).all()
 
 
 def test_the_config_records_the_filler_and_refuses_a_special_token():
