@@ -44,8 +44,9 @@ import numpy as np
 
 from gr2jax import chunks
 from gr2jax.data import batches
+from gr2jax.data import lengths as lengths_lib
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import decode, layout, pivot, replay, speculative
+from gr2jax.diffusion import decode, layout, replay, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
@@ -294,12 +295,21 @@ class LosslessPolicy:
     raise NotImplementedError("LosslessPolicy decodes only (its output is the verifier's)")
 
 
+def response_width(response_len: int, config: ModelConfig) -> int:
+  """The static response width R of `config`'s decoders and training rows: `response_len` for a
+  model without fillers; room for B - 1 more tokens (rounded up as every static width) for a
+  pivot-aligned one (gr2jax/diffusion/pivot.py)."""
+  if config.pivot_filler_id is None:
+    return response_len
+  return lengths_lib.round_up(response_len + config.block_size - 1)
+
+
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
                 shrink: int = 1, verifier_config: ModelConfig | None = None) -> Policy:
   """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
   with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting. A
-  pivot-aligned `config` gets room for its fillers (diffusion/pivot.response_width)."""
-  max_new_tokens = pivot.response_width(max_new_tokens, config)
+  pivot-aligned `config` gets room for its fillers (`response_width`)."""
+  max_new_tokens = response_width(max_new_tokens, config)
   if verifier_config is not None:
     return LosslessPolicy(config, verifier_config, spec, max_new_tokens)
   if config.mask_token_id is None:

@@ -12,7 +12,7 @@ block and the JSON (data/answer.py): a pivot-aligned response parses as the same
 model scores and verifies it as plain text, and an AR verifier rejects a drafted filler (so the
 lossless mode still writes exactly its AR model's tokens). CFT learns the fillers (they are
 reasoning-side targets, weight lambda_r); the decoders need only room for them: up to B - 1 more
-response tokens (`response_width`). The model's config records the filler
+response tokens (decoding/policy.response_width). The model's config records the filler
 (ModelConfig.pivot_filler_id, set when CFT converts an AR model with `cft.pivot_align`), so every
 later stage, decoder and server of its exports allows for them.
 """
@@ -22,18 +22,6 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import numpy as np
-
-from gr2jax.data import lengths as lengths_lib
-from gr2jax.model.config import ModelConfig
-
-
-def response_width(response_len: int, config: ModelConfig) -> int:
-  """The static response width R of `config`'s decoders and training rows: `response_len` for a
-  model without fillers; room for B - 1 more tokens (rounded up as every static width) for a
-  pivot-aligned one."""
-  if config.pivot_filler_id is None:
-    return response_len
-  return lengths_lib.round_up(response_len + config.block_size - 1)
 
 
 def aligned_response(reasoning: np.ndarray, answer: np.ndarray, block_size: int,

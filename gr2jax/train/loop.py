@@ -37,7 +37,7 @@ from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import bundle, evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
-from gr2jax.diffusion import convert, pivot
+from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
@@ -322,7 +322,7 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
                                      async_save=tcfg.async_save)
   iterator = inputs.BatchIterator(
     ctx.train, batch_size=tcfg.batch_size, seed=tcfg.seed, prompt_len=ctx.prompt_len,
-    response_len=pivot.response_width(ctx.response_len, model_config),
+    response_len=policy_lib.response_width(ctx.response_len, model_config),
     pad_id=model_config.pad_token_id, lambda_r=config.data.lambda_r,
     lambda_o=config.data.lambda_o, block_size=model_config.block_size,
     filler_id=model_config.pivot_filler_id)

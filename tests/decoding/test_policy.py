@@ -12,9 +12,9 @@ from gr2jax.decoding.policy import (
   DiffusionPolicy,
   causal_log_probs,
   make_policy,
+  response_width,
 )
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import pivot
 from gr2jax.model import generate
 from gr2jax.model.params import init_params
 from tests.train.toy_policy import AR, DIFFUSION
@@ -84,7 +84,7 @@ def test_a_pivot_aligned_model_gets_room_for_its_fillers_and_lossless_stays_exac
   spec = DecodeSpec(block_size=4, draft_k=4)
   pivoted = dataclasses.replace(DIFFUSION, pivot_filler_id=9)
   assert make_policy(DIFFUSION, spec, 10).max_new_tokens == 10
-  assert make_policy(pivoted, spec, 10).max_new_tokens == pivot.response_width(10, pivoted) >= 13
+  assert make_policy(pivoted, spec, 10).max_new_tokens == response_width(10, pivoted) >= 13
   params = {"drafter": init_params(AR, jax.random.key(0)),
             "verifier": init_params(AR, jax.random.key(1))}
   prompts = np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]], np.int32)

@@ -6,6 +6,7 @@ import pytest
 
 from gr2jax.data import answer
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import policy
 from gr2jax.diffusion import convert, pivot
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import inputs
@@ -38,9 +39,9 @@ def test_aligned_response_starts_the_answer_at_a_block_boundary(r):
 def test_rows_of_a_pivot_aligned_model_fill_the_reasoning_block(data):
   split, tok = data
   p, r = toy_lengths([split])
-  width = pivot.response_width(r, _diffusion(5))
+  width = policy.response_width(r, _diffusion(5))
   assert width >= r + B - 1 and width % 16 == 0
-  assert pivot.response_width(r, _diffusion()) == r
+  assert policy.response_width(r, _diffusion()) == r
   plain = inputs.make_batch(split.encoded[:4], batch_size=4, prompt_len=p, response_len=width,
                             pad_id=tok.pad_token_id, lambda_r=0.5, lambda_o=1.0)
   aligned = inputs.make_batch(split.encoded[:4], batch_size=4, prompt_len=p, response_len=width,
