@@ -29,9 +29,10 @@ with AR GR2's rankings, in one run: 'ar' serves W/<--verifier>/export alone, 'lo
 W/<--drafter>/export verified by it (serve.verify_with, draft-and-verify at decode.draft_k) and
 'auto' the same pair with serve.mode=auto (the exact decoder of each batch bucket, from the cost
 table its warm-up measures). The three servers stay up side by side; each --mode_rounds round
-drives every mode at every --concurrency in turn (interleaved, so all see the same conditions),
-and every answer's ranking is compared to the offline tool's on the verifier export (AR GR2's
-rankings). Outputs: bench_serve_modes.json and bench_serve_modes.md.
+drives every mode at every --concurrency in turn (interleaved, so all see the same conditions; the
+order rotated each round), auto's ratios to the fixed modes are taken within each round and their
+median kept, and every answer's ranking is compared to the offline tool's on the verifier export
+(AR GR2's rankings). Outputs: bench_serve_modes.json and bench_serve_modes.md.
 
   python experiments/bench_serve.py --config=serve.py --workdir=W --modes=ar,lossless,auto \
       --drafter=cft --verifier=ar_rl --concurrency=1,4,16,32,64
@@ -48,6 +49,7 @@ runs/bench_serve/): bench_serve.json, bench_serve.md, latency_vs_throughput.png,
 
 import asyncio
 import atexit
+import collections
 import itertools
 import json
 import logging
@@ -634,10 +636,19 @@ def reference_rankings(bodies: list) -> dict:
   return {row["id"]: row["ranking"] for row in rows}
 
 
+def round_order(modes: list, r: int) -> list:
+  """The modes in the order round r drives them (a Williams design): rounds 0 .. n-1 rotate
+  them, so each mode takes each place once; rounds n .. 2n-1 run the same rotations reversed,
+  so over 2n rounds each mode runs right after every other equally often."""
+  k = r % len(modes)
+  order = list(modes[k:]) + list(modes[:k])
+  return order[::-1] if (r // len(modes)) % 2 else order
+
+
 def compare_modes(bodies: list, scratch: str) -> dict:
   """--modes: one server per mode, side by side; --mode_rounds rounds over every concurrency
-  and mode (interleaved); per (mode, C) the median throughput and latencies and the answers
-  equal to AR GR2's over all rounds."""
+  and mode (interleaved, the order rotated each round: round_order); per (mode, C) the median
+  throughput and latencies and the answers equal to AR GR2's over all rounds."""
   reference = reference_rankings(bodies)
   pair = (f"--config.serve.verify_with={os.path.join(FLAGS.workdir, FLAGS.verifier, 'export')}",)
   setups = {"ar": (FLAGS.verifier, ()), "lossless": (FLAGS.drafter, pair),
@@ -652,7 +663,7 @@ def compare_modes(bodies: list, scratch: str) -> dict:
                                                      requests=FLAGS.requests,
                                                      seconds=FLAGS.level_s, reference=reference)}
             for r in range(FLAGS.mode_rounds) for c in sorted(set(map(int, FLAGS.concurrency)))
-            for mode in FLAGS.modes]
+            for mode in round_order(FLAGS.modes, r)]
   finally:
     for server in servers.values():
       server.stop()
@@ -679,24 +690,38 @@ def compare_modes(bodies: list, scratch: str) -> dict:
                              "startup": s.health["startup"]} for mode, s in servers.items()}}
 
 
-def auto_vs_fixed(levels: list) -> list:
-  """Per concurrency: auto's throughput over the better fixed mode's (the higher), its p50
-  over the lower fixed p50."""
+def auto_vs_fixed(runs: list) -> list:
+  """Per concurrency: auto's throughput over the better fixed mode's (the higher) and its p50
+  over the lower fixed p50, each paired within a round (the modes of one round run minutes
+  apart; rounds drift more than that), then the median over the rounds, with the rounds' range.
+
+  Args:
+    runs: one load level per (round, mode, concurrency): {"round", "mode", "concurrency",
+      "throughput_rps", "p50_ms"}.
+  """
   out = []
-  for c in sorted({lv["concurrency"] for lv in levels}):
-    at = {lv["mode"]: lv for lv in levels if lv["concurrency"] == c}
-    fixed = [lv for mode, lv in at.items() if mode != "auto"]
-    if "auto" not in at or not fixed:
+  for c in sorted({lv["concurrency"] for lv in runs}):
+    paired = []
+    for r in sorted({lv["round"] for lv in runs}):
+      at = {lv["mode"]: lv for lv in runs if lv["concurrency"] == c and lv["round"] == r}
+      fixed = [lv for mode, lv in at.items() if mode != "auto"]
+      if "auto" not in at or not fixed:
+        continue
+      best = max(fixed, key=lambda lv: lv["throughput_rps"] or 0.0)
+      fastest = min(fixed, key=lambda lv: lv["p50_ms"] or float("inf"))
+      paired.append({"throughput": at["auto"]["throughput_rps"] / best["throughput_rps"],
+                     "p50": at["auto"]["p50_ms"] / fastest["p50_ms"],
+                     "best_fixed": best["mode"], "lowest_p50_fixed": fastest["mode"]})
+    if not paired:
       continue
-    best = max(fixed, key=lambda lv: lv["throughput_rps"] or 0.0)
-    fastest = min(fixed, key=lambda lv: lv["p50_ms"] or float("inf"))
-    a = at["auto"]
-    out.append({"concurrency": c, "auto_rps": a["throughput_rps"], "best_fixed": best["mode"],
-                "best_fixed_rps": best["throughput_rps"],
-                "throughput_ratio": a["throughput_rps"] / best["throughput_rps"],
-                "auto_p50_ms": a["p50_ms"], "lowest_p50_fixed": fastest["mode"],
-                "lowest_fixed_p50_ms": fastest["p50_ms"],
-                "p50_ratio": a["p50_ms"] / fastest["p50_ms"]})
+    ratio = lambda key, paired=paired: [p[key] for p in paired]
+    most = lambda key, paired=paired: collections.Counter(
+      p[key] for p in paired).most_common(1)[0][0]
+    out.append({"concurrency": c, "rounds": len(paired),
+                "best_fixed": most("best_fixed"), "lowest_p50_fixed": most("lowest_p50_fixed"),
+                **{f"{key}_ratio": float(np.median(ratio(key))) for key in ("throughput", "p50")},
+                **{f"{key}_ratio_range": [min(ratio(key)), max(ratio(key))]
+                   for key in ("throughput", "p50")}})
   return out
 
 
@@ -729,14 +754,15 @@ def write_modes_report(result: dict, report_dir: str) -> None:
                  f"{lv['equal_to_reference']} / {lv['answered']} | {lv['errors']} |")
   if result["auto_vs_fixed"]:
     lines += ["", "auto against the fixed modes (goals: throughput >= 0.95x the better fixed "
-              "mode's, p50 <= 1.05x the lower fixed p50):", "",
-              "| C | auto req/s | better fixed req/s | ratio | auto p50 ms | lower fixed p50 ms "
-              "| ratio |", "|---|---|---|---|---|---|---|"]
+              "mode's, p50 <= 1.05x the lower fixed p50), each ratio taken within a round, "
+              "then the median over the rounds (their range in brackets):", "",
+              "| C | better fixed | throughput ratio | lower-p50 fixed | p50 ratio |",
+              "|---|---|---|---|---|"]
+    span = lambda r, key: "[" + ", ".join(_f1(x, 2) for x in r[f"{key}_ratio_range"]) + "]"
     for r in result["auto_vs_fixed"]:
-      lines.append(f"| {r['concurrency']} | {_f1(r['auto_rps'])} | {_f1(r['best_fixed_rps'])} "
-                   f"({r['best_fixed']}) | {_f1(r['throughput_ratio'], 2)} | "
-                   f"{_f1(r['auto_p50_ms'])} | {_f1(r['lowest_fixed_p50_ms'])} "
-                   f"({r['lowest_p50_fixed']}) | {_f1(r['p50_ratio'], 2)} |")
+      lines.append(f"| {r['concurrency']} | {r['best_fixed']} | "
+                   f"{_f1(r['throughput_ratio'], 2)} {span(r, 'throughput')} | "
+                   f"{r['lowest_p50_fixed']} | {_f1(r['p50_ratio'], 2)} {span(r, 'p50')} |")
   _save_report(result, lines, report_dir, "bench_serve_modes")
 
 
@@ -766,7 +792,7 @@ def main(argv):
   if FLAGS.modes:
     result = {"command": command, "split": FLAGS.split, "requests_per_level": FLAGS.requests,
               **compare_modes(bodies, scratch)}
-    result["auto_vs_fixed"] = auto_vs_fixed(result["levels"])
+    result["auto_vs_fixed"] = auto_vs_fixed(result["runs"])
     for pool in _POOLS:
       pool.shutdown()
     write_modes_report(result, report_dir)
