@@ -49,7 +49,6 @@ runs/bench_serve/): bench_serve.json, bench_serve.md, latency_vs_throughput.png,
 
 import asyncio
 import atexit
-import collections
 import itertools
 import json
 import logging
@@ -69,6 +68,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import run as run_main  # noqa: E402  (experiments/run.py: its --config and --workdir flags)
+import serve_modes  # noqa: E402
 
 from gr2jax import cli, metrics  # noqa: E402
 from gr2jax.apps.serve import client  # noqa: E402
@@ -636,19 +636,10 @@ def reference_rankings(bodies: list) -> dict:
   return {row["id"]: row["ranking"] for row in rows}
 
 
-def round_order(modes: list, r: int) -> list:
-  """The modes in the order round r drives them (a Williams design): rounds 0 .. n-1 rotate
-  them, so each mode takes each place once; rounds n .. 2n-1 run the same rotations reversed,
-  so over 2n rounds each mode runs right after every other equally often."""
-  k = r % len(modes)
-  order = list(modes[k:]) + list(modes[:k])
-  return order[::-1] if (r // len(modes)) % 2 else order
-
-
 def compare_modes(bodies: list, scratch: str) -> dict:
   """--modes: one server per mode, side by side; --mode_rounds rounds over every concurrency
-  and mode (interleaved, the order rotated each round: round_order); per (mode, C) the median
-  throughput and latencies and the answers equal to AR GR2's over all rounds."""
+  and mode (interleaved, in serve_modes.round_order); per (mode, C) the median throughput and
+  latencies and the answers equal to AR GR2's over all rounds."""
   reference = reference_rankings(bodies)
   pair = (f"--config.serve.verify_with={os.path.join(FLAGS.workdir, FLAGS.verifier, 'export')}",)
   setups = {"ar": (FLAGS.verifier, ()), "lossless": (FLAGS.drafter, pair),
@@ -663,7 +654,7 @@ def compare_modes(bodies: list, scratch: str) -> dict:
                                                      requests=FLAGS.requests,
                                                      seconds=FLAGS.level_s, reference=reference)}
             for r in range(FLAGS.mode_rounds) for c in sorted(set(map(int, FLAGS.concurrency)))
-            for mode in round_order(FLAGS.modes, r)]
+            for mode in serve_modes.round_order(FLAGS.modes, r)]
   finally:
     for server in servers.values():
       server.stop()
@@ -688,41 +679,6 @@ def compare_modes(bodies: list, scratch: str) -> dict:
                              "decoders": s.health["decoders"],
                              "cost_table": s.health["cost_table"],
                              "startup": s.health["startup"]} for mode, s in servers.items()}}
-
-
-def auto_vs_fixed(runs: list) -> list:
-  """Per concurrency: auto's throughput over the better fixed mode's (the higher) and its p50
-  over the lower fixed p50, each paired within a round (the modes of one round run minutes
-  apart; rounds drift more than that), then the median over the rounds, with the rounds' range.
-
-  Args:
-    runs: one load level per (round, mode, concurrency): {"round", "mode", "concurrency",
-      "throughput_rps", "p50_ms"}.
-  """
-  out = []
-  for c in sorted({lv["concurrency"] for lv in runs}):
-    paired = []
-    for r in sorted({lv["round"] for lv in runs}):
-      at = {lv["mode"]: lv for lv in runs if lv["concurrency"] == c and lv["round"] == r}
-      fixed = [lv for mode, lv in at.items() if mode != "auto"]
-      if "auto" not in at or not fixed:
-        continue
-      best = max(fixed, key=lambda lv: lv["throughput_rps"] or 0.0)
-      fastest = min(fixed, key=lambda lv: lv["p50_ms"] or float("inf"))
-      paired.append({"throughput": at["auto"]["throughput_rps"] / best["throughput_rps"],
-                     "p50": at["auto"]["p50_ms"] / fastest["p50_ms"],
-                     "best_fixed": best["mode"], "lowest_p50_fixed": fastest["mode"]})
-    if not paired:
-      continue
-    ratio = lambda key, paired=paired: [p[key] for p in paired]
-    most = lambda key, paired=paired: collections.Counter(
-      p[key] for p in paired).most_common(1)[0][0]
-    out.append({"concurrency": c, "rounds": len(paired),
-                "best_fixed": most("best_fixed"), "lowest_p50_fixed": most("lowest_p50_fixed"),
-                **{f"{key}_ratio": float(np.median(ratio(key))) for key in ("throughput", "p50")},
-                **{f"{key}_ratio_range": [min(ratio(key)), max(ratio(key))]
-                   for key in ("throughput", "p50")}})
-  return out
 
 
 def write_modes_report(result: dict, report_dir: str) -> None:
@@ -792,7 +748,7 @@ def main(argv):
   if FLAGS.modes:
     result = {"command": command, "split": FLAGS.split, "requests_per_level": FLAGS.requests,
               **compare_modes(bodies, scratch)}
-    result["auto_vs_fixed"] = auto_vs_fixed(result["runs"])
+    result["auto_vs_fixed"] = serve_modes.auto_vs_fixed(result["runs"])
     for pool in _POOLS:
       pool.shutdown()
     write_modes_report(result, report_dir)

@@ -1,5 +1,5 @@
-"""experiments/bench_serve.py --modes: the rotated mode order and auto's ratios to the fixed
-modes, paired within each round."""
+"""experiments/serve_modes.py (bench_serve --modes): the mode order over the rounds and auto's
+ratios to the fixed modes, paired within each round."""
 
 import collections
 import os
@@ -8,15 +8,15 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import bench_serve  # noqa: E402
+import serve_modes  # noqa: E402
 
 
 def test_over_2n_rounds_each_mode_takes_each_place_and_follows_every_other_equally():
   modes = ["ar", "lossless", "auto"]
-  orders = [bench_serve.round_order(modes, r) for r in range(6)]
+  orders = [serve_modes.round_order(modes, r) for r in range(6)]
   assert orders[:3] == [["ar", "lossless", "auto"], ["lossless", "auto", "ar"],
                         ["auto", "ar", "lossless"]]
-  assert bench_serve.round_order(modes, 6) == orders[0]
+  assert serve_modes.round_order(modes, 6) == orders[0]
   for place in range(3):
     assert sorted(o[place] for o in orders[:3]) == sorted(modes)
   follows = collections.Counter((o[i - 1], o[i]) for o in orders for i in range(1, 3))
@@ -37,7 +37,7 @@ def test_ratios_are_paired_within_a_round_then_the_median_is_kept():
           _level(1, "lossless", 4, 40.0, 50.0),
           _level(2, "ar", 4, 300.0, 8.0), _level(2, "auto", 4, 330.0, 8.0),
           _level(2, "lossless", 4, 60.0, 30.0)]
-  [row] = bench_serve.auto_vs_fixed(runs)
+  [row] = serve_modes.auto_vs_fixed(runs)
   assert row["concurrency"] == 4 and row["rounds"] == 3
   assert row["best_fixed"] == "ar" and row["lowest_p50_fixed"] == "ar"
   assert row["throughput_ratio"] == pytest.approx(1.0)
@@ -47,4 +47,4 @@ def test_ratios_are_paired_within_a_round_then_the_median_is_kept():
 
 
 def test_a_concurrency_without_auto_has_no_row():
-  assert bench_serve.auto_vs_fixed([_level(0, "ar", 1, 10.0, 1.0)]) == []
+  assert serve_modes.auto_vs_fixed([_level(0, "ar", 1, 10.0, 1.0)]) == []
