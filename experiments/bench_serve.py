@@ -29,10 +29,10 @@ with AR GR2's rankings, in one run: 'ar' serves W/<--verifier>/export alone, 'lo
 W/<--drafter>/export verified by it (serve.verify_with, draft-and-verify at decode.draft_k) and
 'auto' the same pair with serve.mode=auto (the exact decoder of each batch bucket, from the cost
 table its warm-up measures). The three servers stay up side by side; each --mode_rounds round
-drives every mode at every --concurrency in turn (interleaved, so all see the same conditions; the
-order rotated each round), auto's ratios to the fixed modes are taken within each round and their
-median kept, and every answer's ranking is compared to the offline tool's on the verifier export
-(AR GR2's rankings). Outputs: bench_serve_modes.json and bench_serve_modes.md.
+drives every mode at every --concurrency in turn (interleaved, so all see the same conditions, in
+the balanced order of serve_modes.round_order), auto's ratios to the fixed modes are taken within
+each round and their median kept, and every answer's ranking is compared to the offline tool's on
+the verifier export (AR GR2's rankings). Outputs: bench_serve_modes.json and bench_serve_modes.md.
 
   python experiments/bench_serve.py --config=serve.py --workdir=W --modes=ar,lossless,auto \
       --drafter=cft --verifier=ar_rl --concurrency=1,4,16,32,64

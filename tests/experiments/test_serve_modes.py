@@ -29,8 +29,8 @@ def _level(r, mode, c, rps, p50):
 
 
 def test_ratios_are_paired_within_a_round_then_the_median_is_kept():
-  # Round 1 is slow for every mode (drift): the ratio of the medians over rounds would read
-  # auto at 100 / 200 = 0.5 of ar; paired within each round it is 1.0, 0.9 and 1.1.
+  # Round 1 is slow for every mode (drift); paired within each round, auto / ar is 1.0, 0.9 and
+  # 1.1, so the median is 1.0 and the range [0.9, 1.1].
   runs = [_level(0, "ar", 4, 200.0, 10.0), _level(0, "auto", 4, 200.0, 10.0),
           _level(0, "lossless", 4, 50.0, 40.0),
           _level(1, "ar", 4, 100.0, 20.0), _level(1, "auto", 4, 90.0, 22.0),
