@@ -261,8 +261,10 @@ def _tiny() -> ml_collections.ConfigDict:
     rate_power=2.0,  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
     #                  masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
     #                  docs/results/benchmarks/cft_validity/README.md (h))
-    pivot_align=False))  # the converted model fills the reasoning's last block with newlines so
-  #                        the answer starts a block (gr2jax/diffusion/pivot.py)
+    pivot_align=False,  # the converted model fills the reasoning's last block with newlines so
+    #                     the answer starts a block (gr2jax/diffusion/pivot.py)
+    answer_pair=False))  # a second complementary mask draw over the answer only, reasoning
+  #                        clean (train/cft.py; ranking-aware masking after DiffuRank)
   # OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
   # .702 -> .733 in 20 steps (README); on validation users 5e-6 gains ~.02 in 100 steps while
   # 2e-5 collapses by 100 (.78 -> .51) (docs/results/onpolicy_ablation.md)

@@ -7,9 +7,14 @@ Answer span: the response positions after the first *committed* `answer_start_id
 `</think>` id). A position whose predecessors hold no committed start token is unconstrained, so
 under diffusion a position can enter the span only once that token is committed.
 
-Inside the span only *label* tokens are restricted (structural JSON tokens stay free):
+Inside the span label tokens are restricted, and a label is required where the JSON opens one
+(other structural JSON tokens stay free):
   - a label token is allowed only if it belongs to a candidate that does not yet appear in full
     in the committed answer span (no out-of-set labels, no duplicates);
+  - after a committed *label opener* (a token that opens a string inside the array: `":["`,
+    `","`; `label_openers`) only the first label token of an unused candidate is allowed, while
+    one is left. Forbidding a used label alone would let the model's runner-up there be any
+    other token (a pivot-aligned model's is its newline filler: `"\n\n"`, malformed JSON);
   - SID level by level: when the committed token just before the position is a level-l SID token
     (l < L - 1), only level-(l + 1) tokens of not-yet-used candidates whose level-l code equals it
     are allowed. Deeper prefixes are not checked (a two-token look-back is enough to forbid the
@@ -31,16 +36,26 @@ class AnswerConstraint:
     labels: [B, N, L] int32 token ids of each candidate's label (L = 1 for slot labels, the SID
       depth for SIDs).
     token_level: [V] int32, the label level of every vocabulary token (-1 = not a label token).
+    opener: [V] bool, the label openers (module docstring).
     answer_start_id: the token id after which the answer span starts (static).
   """
 
   labels: jax.Array
   token_level: jax.Array
+  opener: jax.Array
   answer_start_id: int = flax.struct.field(pytree_node=False)
 
 
+def label_openers(vocab: dict[str, int]) -> list[int]:
+  """The ids of the tokens that open a JSON string inside an array (`":["`, `","`: the text ends
+  with a quote after a `[` or `,`), from a token -> id vocabulary."""
+  return sorted(i for t, i in vocab.items()
+                if t.endswith('"') and ("[" in t or "," in t))
+
+
 def make_constraint(
-  labels: np.ndarray, level_token_ids: list[list[int]], vocab_size: int, answer_start_id: int
+  labels: np.ndarray, level_token_ids: list[list[int]], vocab_size: int, answer_start_id: int,
+  opener_ids: list[int] = (),
 ) -> AnswerConstraint:
   """Builds an AnswerConstraint.
 
@@ -50,6 +65,7 @@ def make_constraint(
       for L = 1; all `<a_*>` ids, then all `<b_*>` ids, ... for SIDs).
     vocab_size: V.
     answer_start_id: the `</think>` token id.
+    opener_ids: the label openers' ids (label_openers); none = no label is required anywhere.
 
   Returns:
     The constraint.
@@ -69,7 +85,12 @@ def make_constraint(
   levels = token_level[labels]  # [B, N, L]
   if (levels != np.arange(labels.shape[2])).any():
     raise ValueError("make_constraint: a candidate label token is not a token of its level")
-  return AnswerConstraint(jnp.asarray(labels), jnp.asarray(token_level), int(answer_start_id))
+  opener = np.zeros((vocab_size,), bool)
+  opener[np.asarray(opener_ids, np.int64)] = True
+  if (opener & (token_level >= 0)).any():
+    raise ValueError("make_constraint: a label opener is a label token")
+  return AnswerConstraint(jnp.asarray(labels), jnp.asarray(token_level), jnp.asarray(opener),
+                          int(answer_start_id))
 
 
 def apply(
@@ -120,4 +141,9 @@ def apply(
   allowed = jnp.zeros(logits.shape, bool).at[rows, cols, tokens].max(ok)
   is_label = constraint.token_level >= 0  # [V]
   banned = in_answer[:, :, None] & is_label[None, None, :] & ~allowed
+  # After a committed opener, while a candidate is unused: only an unused label's first token.
+  opened = in_answer & (prev >= 0) & constraint.opener[jnp.maximum(prev, 0)]  # [B, K]
+  required = opened & ~jnp.all(used, axis=-1)[:, None]
+  first_level = (constraint.token_level == 0)[None, None, :]
+  banned |= required[:, :, None] & ~(allowed & first_level)
   return jnp.where(banned, -jnp.inf, logits)

@@ -49,6 +49,7 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
   response = np.full((batch_size, response_len), pad_id, np.int32)
   weights = np.zeros((batch_size, response_len), np.float32)
   response_lengths = np.zeros((batch_size,), np.int32)
+  answer_starts = np.zeros((batch_size,), np.int32)
   target_position = np.zeros((batch_size,), np.int32)
   for b, ex in enumerate(examples):
     if filler_id is None:
@@ -62,11 +63,13 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
     weights[b, :r] = lambda_r
     weights[b, r:n] = lambda_o
     response_lengths[b] = n
+    answer_starts[b] = r
     target_position[b] = ex.target_position
   return Batch(prompt_tokens=prompt_tokens, prompt_lengths=prompt_lengths,
                example_mask=np.arange(batch_size) < len(examples),
                target_position=target_position, response_tokens=response,
-               response_lengths=response_lengths, response_weights=weights)
+               response_lengths=response_lengths, response_weights=weights,
+               answer_starts=answer_starts)
 
 
 class BatchIterator:

@@ -57,9 +57,11 @@ def _rl_prepare(ctx: Context):
 
 
 def _cft_loss(ctx: Context) -> Loss:
-  return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=ctx.config.cft.eps,
-                                complementary=ctx.config.cft.complementary,
-                                rate_power=ctx.config.cft.rate_power), cft.FIELDS)
+  c = ctx.config.cft
+  return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=c.eps,
+                                complementary=c.complementary, rate_power=c.rate_power,
+                                answer_pair=c.answer_pair),
+              cft.ANSWER_PAIR_FIELDS if c.answer_pair else cft.FIELDS)
 
 
 def _opd_loss(ctx: Context) -> Loss:

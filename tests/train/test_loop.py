@@ -348,14 +348,15 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
 @pytest.mark.parametrize("pivot_align", [False, True])
 def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok, pivot_align):
   """CFT (converted to B=4) -> OPD (AR teacher) -> RL, each a couple of real steps through the
-  one loop, each ending with the one evaluation (diffusion decoding); pivot-aligned, every
-  export records the tokenizer's filler and OPD's teacher reads the rollouts without it."""
+  one loop, each ending with the one evaluation (diffusion decoding); pivot-aligned (and CFT
+  with its answer pair), every export records the tokenizer's filler and OPD's teacher reads
+  the rollouts without it."""
   workdir = str(tmp_path)
   ar_export = os.path.join(uninterrupted, "sft", "export")
   results = {}
   for stage, init, extra in (
       ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True, rate_power=1.0,
-                                       pivot_align=pivot_align))),
+                                       pivot_align=pivot_align, answer_pair=pivot_align))),
       ("opd", os.path.join(workdir, "cft", "export"),
        dict(opd=dict(teacher=ar_export, group_size=2, teacher_dtype="bfloat16"))),
       ("rl", os.path.join(workdir, "opd", "export"),
