@@ -111,7 +111,8 @@ def answer_constraint(tokenizer, config: ModelConfig, label_tokens: np.ndarray):
   return constrain.make_constraint(label_tokens, label_levels(tokenizer, label_tokens.shape[2]),
                                    config.vocab_size,
                                    tokenizer.convert_tokens_to_ids(prompts.THINK_END),
-                                   constrain.label_openers(tokenizer.get_vocab()))
+                                   constrain.label_openers(tokenizer.get_vocab()),
+                                   tokenizer.convert_tokens_to_ids(prompts.IM_END))
 
 
 def response_texts(tokenizer, tokens: np.ndarray, lengths: np.ndarray) -> list[str]:

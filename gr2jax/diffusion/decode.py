@@ -328,10 +328,13 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
   bucket_sizes = _bucket_sizes(t, head_buckets)
 
   def propose_fn(logits, query_idx, state_out, start, key):
-    """Proposals [B, Kq] for the queries; query i predicts response index start + i + 1."""
-    if constraint is not None:
-      logits = constrain.apply(constraint, logits, start[:, None] + query_idx + 1, state_out)
-    return commit.propose(logits, mask_id, temperature, key)
+    """Proposals [B, Kq] for the queries; query i predicts response index start + i + 1. Under
+    the answer constraint the token is the constrained choice, its log-prob the model's own
+    (constrain.py: a forbidden preference defers the position)."""
+    if constraint is None:
+      return commit.propose(logits, mask_id, temperature, key)
+    return constrain.propose(constraint, logits, start[:, None] + query_idx + 1, state_out,
+                             mask_id, temperature, key)
 
   key, prefill_key = jax.random.split(key)
   start = jnp.zeros((b,), jnp.int32)

@@ -55,6 +55,35 @@ def test_a_label_is_required_after_a_committed_opener_while_a_candidate_is_unuse
   assert _allowed(sid, [[START, 20, 23, opener, MASK]], [[4]])[0] == [21]
 
 
+def test_a_label_is_required_where_the_model_wants_one_and_commits_by_its_own_confidence():
+  c = constrain.make_constraint([[[10], [11], [12]]], [SLOTS], V, START)
+  #           0      1   2     3
+  response = jnp.asarray([[START, 11, MASK, MASK]])
+  targets = jnp.asarray([[2, 3]])
+  logits = np.zeros((1, 2, V), np.float32)
+  logits[0, 0, [11, 5, 12]] = [6.0, 3.0, 1.0]  # wants used 11; runner-up 5 (a filler) over 12
+  logits[0, 1, [5, 11]] = [6.0, 3.0]  # wants 5: not a label position
+  out = np.asarray(constrain.apply(c, jnp.asarray(logits), targets, response))
+  assert sorted(np.flatnonzero(np.isfinite(out[0, 0])).tolist()) == [10, 12]
+  assert np.isfinite(out[0, 1, 5]) and not np.isfinite(out[0, 1, 11])
+  tokens, logp = constrain.propose(c, jnp.asarray(logits), targets, response, MASK, 0.0, None)
+  assert np.asarray(tokens).tolist() == [[12, 5]]
+  # The log-prob is the unconstrained model's: low where its preference was forbidden.
+  free = np.asarray(jax.nn.log_softmax(jnp.asarray(logits).at[..., MASK].set(-jnp.inf)))
+  np.testing.assert_allclose(np.asarray(logp), [[free[0, 0, 12], free[0, 1, 5]]], rtol=1e-6)
+
+
+def test_the_span_ends_at_the_committed_end_of_turn():
+  end = 9
+  c = constrain.make_constraint([[[10], [11], [12]]], [SLOTS], V, START, answer_end_id=end)
+  others = [t for t in range(V) if t not in SLOTS]
+  #            0      1     2     3    4   5   6
+  response = [[START, MASK, MASK, end, 10, 11, MASK]]
+  rows = _allowed(c, response, [[1, 6]])
+  assert rows[0] == sorted(others + [10, 11, 12])  # what follows the end uses no candidate
+  assert rows[1] == list(range(V))  # after the end nothing is constrained
+
+
 def test_label_openers_are_the_tokens_that_open_a_string_in_an_array():
   vocab = {'":["': 3, '","': 4, '"]': 5, '{"': 6, 'ranking': 7, ',': 8, '",Ġ"': 9, '"': 10}
   assert constrain.label_openers(vocab) == [3, 4, 9]
