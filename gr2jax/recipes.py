@@ -253,10 +253,11 @@ def _tiny() -> ml_collections.ConfigDict:
     eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
     eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
     alpha=0.2))  # conditional format-reward weight (Diffusion-GR2 App. B)
-  # CFT: 3 epochs of the 9,199 tiny traces (1,000 steps = 1.7 epochs: valid .760 on validation
-  # users; 1,725: .868, duplicates 454 -> 230) at peak lr 4e-3 (valid .868 / .908 / .928 / .947
-  # / .937 at 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3; docs/results/onpolicy_ablation.md)
-  c.stages.cft = _stage(1725, 16, 100, 4e-3, 30, cft=dict(
+  # CFT: 5 epochs of the 9,199 tiny traces at peak lr 4e-3 (valid on validation users at lr
+  # 5e-4: .760 / .868 at 1.7 / 3 epochs; at 3 epochs .868 / .908 / .928 / .947 / .937 at lr
+  # 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3; at lr 4e-3 .947 / .972 at 3 / 5 epochs, duplicates
+  # 106 -> 55; docs/results/onpolicy_ablation.md)
+  c.stages.cft = _stage(2875, 16, 100, 4e-3, 30, cft=dict(
     eps=1e-3,  # per-block masking rate t ~ U(eps, 1)
     complementary=True,  # also train the inverted mask (every token supervised per pair)
     rate_power=2.0,  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
