@@ -1,6 +1,5 @@
 """Constrained answer decoding: hand-made logits, then the decoder with a constraint."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np
