@@ -67,6 +67,7 @@ _SIZES = (
   ("rl", "eps_low", "float", dict(low=0.0, high=1.0)),
   ("rl", "eps_high", "float", dict(low=0.0)),
   ("rl", "alpha", "float", dict(low=0.0)),
+  ("rl", "temperature", "float", dict(low=0.0, low_open=True)),  # rollouts sample
   ("opd", "group_size", "int", 1),
   ("cft", "eps", "float", dict(low=0.0, high=1.0, high_open=True)),
 )

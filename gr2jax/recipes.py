@@ -252,7 +252,8 @@ def _tiny() -> ml_collections.ConfigDict:
     group_size=8,  # G rollouts per prompt (paper: 8)
     eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
     eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
-    alpha=0.2))  # conditional format-reward weight (Diffusion-GR2 App. B)
+    alpha=0.2,  # conditional format-reward weight (Diffusion-GR2 App. B)
+    temperature=1.0))  # rollout sampling temperature (> 0; the log-probs use the same)
   # CFT: 5 epochs of the 9,199 tiny traces at peak lr 4e-3 (valid on validation users at lr
   # 5e-4: .760 / .868 at 1.7 / 3 epochs; at 3 epochs .868 / .908 / .928 / .947 / .937 at lr
   # 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3; at lr 4e-3 .947 / .972 at 3 / 5 epochs, duplicates
@@ -282,7 +283,8 @@ def _tiny() -> ml_collections.ConfigDict:
   # valid on validation users .863 -> .866 / .876 / .875 at 60 / 120 / 180 steps: it stops
   # improving by 120 (docs/results/onpolicy_ablation.md)
   c.stages.rl = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
-    group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2))  # as AR RL (paper: G 8, eps 0.2)
+    group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
+    temperature=1.0))
   c.stages.rl.train.micro_batches = 4
   return c
 

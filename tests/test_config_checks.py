@@ -41,6 +41,8 @@ def test_shipped_recipes_pass(name, variant):
   ("stages.rl.train.micro_batches", 3,
    r"rows per step \(stages.rl.train.batch_size=4 x group_size=8\)"),
   ("stages.opd.opd.group_size", 0, r"stages.opd.opd.group_size=0"),
+  ("stages.rl.rl.temperature", 0.0, r"stages.rl.rl.temperature=0.0"),
+  ("stages.ar_rl.rl.temperature", -1.0, r"stages.ar_rl.rl.temperature=-1.0"),
   ("decode.block_size", 0, r"decode.block_size=0"),
   ("decode.max_steps_per_block", 0, r"decode.max_steps_per_block=0"),
 ])

@@ -1,7 +1,7 @@
 """AR GR2 RL (GR2, arXiv 2602.07774): GRPO with the rank-promotion + conditional format reward,
 from the SFT export; the AR RL stage of a recipe (its settings: `stages.ar_rl`). G rollouts per
 prompt, group z-score advantages, zero-variance groups dropped, clipped ratio, token-sum
-normalisation; rollouts at the recipe's decode.temperature.
+normalisation; rollouts at its rl.temperature.
 
   python experiments/run.py --config=ar_rl.py --workdir=W
 """

@@ -27,8 +27,8 @@ class DecodeSpec:
       paper's Table 2 quality mode).
     rollout_tau: commit threshold of OPD / RL rollouts, in (0, 1].
     max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
-    temperature: rollout sampling temperature, AR and diffusion (>= 0; rollout log-probs use
-      the same); evaluations are greedy.
+    temperature: OPD's rollout sampling temperature (>= 0; rollout log-probs use the same; the
+      RL stages sample at their own rl.temperature); evaluations are greedy.
     constrained: evaluations decode the answer under the answer constraint
       (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
     commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).

@@ -6,8 +6,8 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
 
   - Rollouts, rewards, advantages and pi_old: train/rollouts.py `prepare` with `answer_rewards`
     (GR2's R_rank + alpha R_fmt, gr2jax/train/rewards.py: an invalid, truncated or overflowing
-    output gets -1 and stays in its group), G rollouts per prompt at the decode spec's
-    temperature > 0.
+    output gets -1 and stays in its group), G rollouts per prompt at the stage's
+    rl.temperature > 0 (the policy's spec.temperature, train/stages.py).
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
     from the SAME `policy.log_probs` (decoding/policy.py): for an AR policy the causal scorer over
     [prompt | response], for a diffusion policy the differentiable replay of the trace

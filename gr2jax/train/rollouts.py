@@ -84,7 +84,8 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, group
   if reward_fn is None and teacher is None:
     raise ValueError("rollouts.prepare: give reward_fn (RL) or teacher (OPD), or both")
   if not policy.spec.temperature > 0:
-    raise ValueError(f"rollouts.prepare: on-policy rollouts need DecodeSpec.temperature > 0, got "
+    raise ValueError("rollouts.prepare: on-policy rollouts need a sampling temperature > 0 "
+                     "(OPD: decode.temperature, AR RL / RL: rl.temperature), got "
                      f"{policy.spec.temperature}")
   bp = batch.num_rows
   prompts = batch.replace(response_tokens=None, response_lengths=None, response_weights=None)

@@ -51,7 +51,8 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 # (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
 # still resume and are reused. Any other value is a change like any other.
 ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
-                    "cft.pivot_align": False, "cft.answer_pair": False}
+                    "cft.pivot_align": False, "cft.answer_pair": False,
+                    "rl.temperature": 1.0}
 
 
 class RunChangedError(ValueError):

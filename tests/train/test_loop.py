@@ -24,6 +24,7 @@ from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.train import loop, optim, run_checkpoints, stages
 from gr2jax.train import state as state_lib
 from gr2jax.workdir import InUseError
+from tests.train import toy_policy
 from tests.train.toy import toy_config, toy_context, toy_tokenizer
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -323,6 +324,19 @@ def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
   with pytest.raises(ValueError, match=r"train.prepare_chunk=3 is not a multiple .* \(2\)"):
     loop.train(config, str(tmp_path), stages.STAGES["ar_rl"],
                toy_context(config, tok, str(tmp_path), mesh))
+
+
+@pytest.mark.parametrize("stage", ["ar_rl", "opd", "rl"])
+def test_each_on_policy_stage_samples_at_its_temperature(tmp_path, tok, stage):
+  """AR RL and RL sample (and score) at their rl.temperature, OPD at the decode spec's."""
+  config = toy_config(stage)
+  assert config.decode.temperature != 0.5
+  if config.rl is not None:
+    config.rl.temperature = 0.5
+  context = dataclasses.replace(toy_context(config, tok, str(tmp_path)),
+                                model_config=toy_policy.DIFFUSION)
+  want = config.decode.temperature if stage == "opd" else 0.5
+  assert stages._policy(context).spec.temperature == want
 
 
 @pytest.mark.slow  # the same path by default: tests/test_reproduce.py's HF-layout run (AR RL and

@@ -204,13 +204,15 @@ def test_result_fields_leave_out_what_does_not_change_the_export():
 def test_a_field_added_at_its_default_is_the_record_without_it():
   """Records from before an ADDED_AT_DEFAULT field existed resume and keep their digest; the
   field at another value is a change."""
-  old = {"config": {"data": {"seed": 0}, "opd": {"group_size": 4}}}
+  old = {"config": {"data": {"seed": 0}, "opd": {"group_size": 4}, "rl": {"alpha": 0.2}}}
   new = {"config": {"data": {"seed": 0, "drop_unusable_users": False},
-                    "opd": {"group_size": 4, "context": "commit_step"}}}
+                    "opd": {"group_size": 4, "context": "commit_step"},
+                    "rl": {"alpha": 0.2, "temperature": 1.0}}}
   assert run_checkpoints.changed_fields(old, new) == []
   assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
   new["config"]["opd"]["context"] = "left_clean"
+  new["config"]["rl"]["temperature"] = 0.5
   assert run_checkpoints.changed_fields(old, new) == [
-    ("opd.context", "<absent>", "left_clean")]
+    ("opd.context", "<absent>", "left_clean"), ("rl.temperature", "<absent>", 0.5)]
   assert run_checkpoints.without_added_defaults(
     {"data": {"drop_unusable_users": False, "seed": 1}}, "") == {"data": {"seed": 1}}
