@@ -68,6 +68,7 @@ _SIZES = (
   ("rl", "eps_high", "float", dict(low=0.0)),
   ("rl", "alpha", "float", dict(low=0.0)),
   ("rl", "temperature", "float", dict(low=0.0, low_open=True)),  # rollouts sample
+  ("rl", "rollout_tau", "float", dict(low=0.0, high=1.0, low_open=True)),  # diffusion RL only
   ("opd", "group_size", "int", 1),
   ("cft", "eps", "float", dict(low=0.0, high=1.0, high_open=True)),
 )

@@ -284,7 +284,8 @@ def _tiny() -> ml_collections.ConfigDict:
   # improving by 120 (docs/results/onpolicy_ablation.md)
   c.stages.rl = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
     group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
-    temperature=1.0))
+    temperature=1.0,
+    rollout_tau=0.9))  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
   c.stages.rl.train.micro_batches = 4
   return c
 

@@ -43,6 +43,8 @@ def test_shipped_recipes_pass(name, variant):
   ("stages.opd.opd.group_size", 0, r"stages.opd.opd.group_size=0"),
   ("stages.rl.rl.temperature", 0.0, r"stages.rl.rl.temperature=0.0"),
   ("stages.ar_rl.rl.temperature", -1.0, r"stages.ar_rl.rl.temperature=-1.0"),
+  ("stages.rl.rl.rollout_tau", 0.0, r"stages.rl.rl.rollout_tau=0.0"),
+  ("stages.rl.rl.rollout_tau", 1.5, r"stages.rl.rl.rollout_tau=1.5"),
   ("decode.block_size", 0, r"decode.block_size=0"),
   ("decode.max_steps_per_block", 0, r"decode.max_steps_per_block=0"),
 ])

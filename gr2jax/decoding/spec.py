@@ -25,7 +25,8 @@ class DecodeSpec:
       of this block size (paper: 32); every decoder then reads the model's config.block_size.
     eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
       paper's Table 2 quality mode).
-    rollout_tau: commit threshold of OPD / RL rollouts, in (0, 1].
+    rollout_tau: commit threshold of OPD's rollouts, in (0, 1] (diffusion RL commits at its own
+      rl.rollout_tau).
     max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
     temperature: OPD's rollout sampling temperature (>= 0; rollout log-probs use the same; the
       RL stages sample at their own rl.temperature); evaluations are greedy.

@@ -52,7 +52,7 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 # still resume and are reused. Any other value is a change like any other.
 ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
                     "cft.pivot_align": False, "cft.answer_pair": False,
-                    "rl.temperature": 1.0}
+                    "rl.temperature": 1.0, "rl.rollout_tau": 0.9}
 
 
 class RunChangedError(ValueError):

@@ -9,7 +9,8 @@
 Each loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go
 to the device). The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built
 from the run's decode spec (the view's `decode`, decoding/policy.py `make_policy`; AR RL and RL
-sample at their own `rl.temperature`, OPD at the spec's) and share one prepare
+sample at their own `rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's)
+and share one prepare
 (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
@@ -28,11 +29,13 @@ from gr2jax.train.step import Loss
 
 def _policy(ctx: Context) -> policy_lib.Policy:
   """The trained model's policy: its decoder at the run's decode spec, responses of R tokens;
-  an RL stage's rollouts (and their log-probs) at its own rl.temperature."""
+  an RL stage's rollouts (and their log-probs) at its own rl.temperature, diffusion RL's at its
+  rl.rollout_tau."""
   shrink = ctx.config.replay_shrink  # None in an AR stage's view: its policy replays nothing
   spec = ctx.config.decode
   if ctx.config.rl is not None:
-    spec = dataclasses.replace(spec, temperature=ctx.config.rl.temperature)
+    spec = dataclasses.replace(spec, temperature=ctx.config.rl.temperature,
+                               rollout_tau=ctx.config.rl.get("rollout_tau", spec.rollout_tau))
   return policy_lib.make_policy(ctx.model_config, spec, ctx.response_len,
                                 1 if shrink is None else shrink)
 

@@ -327,16 +327,20 @@ def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
 
 
 @pytest.mark.parametrize("stage", ["ar_rl", "opd", "rl"])
-def test_each_on_policy_stage_samples_at_its_temperature(tmp_path, tok, stage):
-  """AR RL and RL sample (and score) at their rl.temperature, OPD at the decode spec's."""
+def test_each_on_policy_stage_samples_at_its_temperature_and_tau(tmp_path, tok, stage):
+  """AR RL and RL sample (and score) at their rl.temperature, OPD at the decode spec's; RL
+  commits at its rl.rollout_tau, OPD at the spec's rollout_tau."""
   config = toy_config(stage)
-  assert config.decode.temperature != 0.5
+  assert config.decode.temperature != 0.5 and config.decode.rollout_tau != 0.7
   if config.rl is not None:
     config.rl.temperature = 0.5
+  if stage == "rl":
+    config.rl.rollout_tau = 0.7
   context = dataclasses.replace(toy_context(config, tok, str(tmp_path)),
                                 model_config=toy_policy.DIFFUSION)
-  want = config.decode.temperature if stage == "opd" else 0.5
-  assert stages._policy(context).spec.temperature == want
+  spec = stages._policy(context).spec
+  assert spec.temperature == (config.decode.temperature if stage == "opd" else 0.5)
+  assert spec.rollout_tau == (0.7 if stage == "rl" else config.decode.rollout_tau)
 
 
 @pytest.mark.slow  # the same path by default: tests/test_reproduce.py's HF-layout run (AR RL and

@@ -207,7 +207,7 @@ def test_a_field_added_at_its_default_is_the_record_without_it():
   old = {"config": {"data": {"seed": 0}, "opd": {"group_size": 4}, "rl": {"alpha": 0.2}}}
   new = {"config": {"data": {"seed": 0, "drop_unusable_users": False},
                     "opd": {"group_size": 4, "context": "commit_step"},
-                    "rl": {"alpha": 0.2, "temperature": 1.0}}}
+                    "rl": {"alpha": 0.2, "temperature": 1.0, "rollout_tau": 0.9}}}
   assert run_checkpoints.changed_fields(old, new) == []
   assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
   new["config"]["opd"]["context"] = "left_clean"
