@@ -1,0 +1,133 @@
+r"""Where a diffusion model's duplicate answers come from: one denoising step, or two.
+
+  python experiments/duplicate_commits.py --workdir=W --ckpt=W/rl/export --split=validation \
+      --limit=2000 --tau=0.9 --out=OUT.json
+
+Decodes --split with the checkpoint's own decoder (greedy, commit threshold --tau, no
+constraint) and, for every answer that names a candidate twice (answer.parse_answer's
+'duplicate'), reads the decoder's trace: the denoising step and block in which each answer-span
+occurrence of the repeated label was committed. `same_step`: two occurrences were committed by
+one forward (the parallel commit of places that cannot see each other); `other_steps`: each was
+committed by another step, so the later one was written with the earlier one in view. W is read
+only (its summary.json paths). Prints the counts as JSON and a markdown table, writes them to
+--out.
+"""
+
+import collections
+import json
+import os
+import sys
+
+import numpy as np
+from absl import app, flags, logging
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from gr2jax import cli, load  # noqa: E402
+from gr2jax.data import answer  # noqa: E402
+from gr2jax.data import lengths as lengths_lib  # noqa: E402
+from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
+from gr2jax.decoding import policy as policy_lib  # noqa: E402
+from gr2jax.decoding import prompt_io  # noqa: E402
+from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
+from gr2jax.diffusion import decode  # noqa: E402
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script: tests import the module
+  beside other absl mains)."""
+  flags.DEFINE_string("workdir", None, "The workdir of the checkpoint's data build (read only).")
+  flags.DEFINE_string("ckpt", None, "A block-diffusion export (e.g. W/rl/export).")
+  flags.DEFINE_string("split", "validation", "Decoded split.")
+  flags.DEFINE_integer("limit", 2000, "First N users only (0 = all).")
+  flags.DEFINE_float("tau", 0.9, "Commit threshold.")
+  flags.DEFINE_integer("batch_size", 256, "Decode batch size.")
+  flags.DEFINE_string("out", None, "JSON of the counts.")
+  flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+
+
+ANSWER_START = '{"ranking"'
+
+
+def occurrences(tokens: np.ndarray, label: np.ndarray, start: int) -> list[int]:
+  """Positions p >= start where tokens[p:p + len(label)] == label."""
+  n = len(label)
+  return [p for p in range(start, len(tokens) - n + 1) if np.array_equal(tokens[p:p + n], label)]
+
+
+def repeat_kind(tokens: np.ndarray, steps: np.ndarray, labels: np.ndarray, start: int,
+                block_size: int) -> str | None:
+  """'same_step' if two answer-span occurrences of one label were committed by one denoising step
+  of one block, 'other_steps' if a label repeats but never so, None if none repeats.
+
+  Args:
+    tokens: [R] the response.
+    steps: [R] each response token's denoising step within its block (the decoder's trace).
+    labels: [N, Lc] the candidates' label tokens.
+    start: the answer's first response index (occurrences before it, in the reasoning, are not
+      the ranking's).
+    block_size: B (response index // B is a token's block).
+  """
+  kind = None
+  for label in labels:
+    where = occurrences(tokens, label, start)
+    if len(where) < 2:
+      continue
+    kind = "other_steps"
+    commits = [(p // block_size, int(steps[p])) for p in where]
+    if len(set(commits)) < len(commits):
+      return "same_step"
+  return kind
+
+
+def answer_start(tok, text: str) -> int:
+  """Tokens before the answer JSON in a response (its length when there is none)."""
+  cut = text.find(ANSWER_START)
+  return len(tok.encode(text if cut < 0 else text[:cut], add_special_tokens=False))
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  config, params = load.load_model(FLAGS.ckpt)
+  if config.mask_token_id is None:
+    raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a block-diffusion model")
+  summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
+  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  data = prompt_io.load_split(summary["paths"]["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
+  prompt_len, response_len = lengths_lib.static_lengths(summary)
+  policy = policy_lib.make_policy(config, DecodeSpec(block_size=config.block_size,
+                                                     eval_tau=FLAGS.tau), response_len)
+  params = policy.decoding_params(params)
+  counts = collections.Counter()
+  for first in range(0, len(data), FLAGS.batch_size):
+    chunk = data.encoded[first:first + FLAGS.batch_size]
+    prompts, lengths = prompt_io.prompt_arrays(chunk, FLAGS.batch_size, prompt_len,
+                                               config.pad_token_id)
+    out = decode.block_diffusion_generate(params, config, prompts, lengths,
+                                          policy.decoding(FLAGS.tau))
+    tokens, steps, sizes = (np.asarray(x) for x in (out.tokens, out.commit_step, out.lengths))
+    texts = prompt_io.response_texts(tok, tokens[:len(chunk)], sizes[:len(chunk)])
+    for i, text in enumerate(texts):
+      kind = answer.parse_answer(text, data.labels[first + i]).kind
+      counts[kind] += 1
+      if kind == "duplicate":
+        n = int(sizes[i])
+        counts["duplicate_" + (repeat_kind(tokens[i, :n], steps[i, :n], chunk[i].label_tokens,
+                                           answer_start(tok, text), config.block_size)
+                               or "unlocated")] += 1
+  row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, users=len(data), tau=FLAGS.tau, **counts)
+  print(json.dumps(row), flush=True)
+  with open(FLAGS.out, "w") as f:
+    json.dump(row, f, indent=1)
+  cols = ("users", "tau", "valid", "duplicate", "duplicate_same_step", "duplicate_other_steps",
+          "duplicate_unlocated")
+  print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
+  print("| " + " | ".join(str(row.get(c, 0)) for c in cols) + " |")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(cli.one_line_refusals()(main))

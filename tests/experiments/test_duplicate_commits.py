@@ -1,0 +1,27 @@
+"""experiments/duplicate_commits.py: which steps committed a repeated label (the decode itself is
+a run, not a test)."""
+
+import numpy as np
+
+from experiments import duplicate_commits
+
+LABELS = np.array([[7, 8], [7, 9], [6, 9]], np.int32)  # two-token labels sharing a first token
+
+
+def test_occurrences_match_whole_labels_from_the_answer_on():
+  tokens = np.array([7, 8, 1, 7, 8, 2, 7, 9, 7, 8], np.int32)
+  assert duplicate_commits.occurrences(tokens, LABELS[0], 0) == [0, 3, 8]
+  assert duplicate_commits.occurrences(tokens, LABELS[0], 1) == [3, 8]
+  assert duplicate_commits.occurrences(tokens, LABELS[1], 0) == [6]
+
+
+def test_a_repeat_is_same_step_only_within_one_block_and_step():
+  tokens = np.array([7, 8, 1, 7, 8, 2, 7, 9, 7, 8], np.int32)
+  steps = np.array([0, 0, 0, 3, 3, 0, 1, 1, 3, 3], np.int32)
+  # the answer from index 1: label 0 at 3 and 8, both step 3; B = 4 puts them in blocks 0 and 2
+  assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 1, 4) == "other_steps"
+  assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 1, 16) == "same_step"
+  steps[8] = 2
+  assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 1, 16) == "other_steps"
+  # a label cited in the reasoning and ranked once does not repeat
+  assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 4, 16) is None
