@@ -82,10 +82,13 @@ def repeat_kind(tokens: np.ndarray, steps: np.ndarray, labels: np.ndarray, start
   return kind
 
 
-def answer_start(tok, text: str) -> int:
-  """Tokens before the answer JSON in a response (its length when there is none)."""
-  cut = text.find(ANSWER_START)
-  return len(tok.encode(text if cut < 0 else text[:cut], add_special_tokens=False))
+def answer_start(tok, tokens: np.ndarray) -> int:
+  """The response index of the token that completes the answer JSON's opening (len(tokens) when
+  there is none): read off the decoded prefixes, so fillers and merges cannot shift it."""
+  for p in range(len(tokens)):
+    if ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
+      return p
+  return len(tokens)
 
 
 def main(argv):
@@ -116,7 +119,7 @@ def main(argv):
       if kind == "duplicate":
         n = int(sizes[i])
         counts["duplicate_" + (repeat_kind(tokens[i, :n], steps[i, :n], chunk[i].label_tokens,
-                                           answer_start(tok, text), config.block_size)
+                                           answer_start(tok, tokens[i, :n]), config.block_size)
                                or "unlocated")] += 1
   row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, users=len(data), tau=FLAGS.tau, **counts)
   print(json.dumps(row), flush=True)

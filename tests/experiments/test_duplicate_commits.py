@@ -25,3 +25,17 @@ def test_a_repeat_is_same_step_only_within_one_block_and_step():
   assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 1, 16) == "other_steps"
   # a label cited in the reasoning and ranked once does not repeat
   assert duplicate_commits.repeat_kind(tokens, steps, LABELS, 4, 16) is None
+
+
+class _Chars:
+  """A tokenizer whose token i decodes to chr(i)."""
+
+  def decode(self, ids, skip_special_tokens=False):
+    return "".join(chr(i) for i in ids)
+
+
+def test_the_answer_starts_at_the_token_completing_its_opening():
+  text = 'ab\n{"ranking":["x"]}'
+  tokens = np.array([ord(c) for c in text], np.int32)
+  assert duplicate_commits.answer_start(_Chars(), tokens) == text.index('{"ranking"') + 9
+  assert duplicate_commits.answer_start(_Chars(), tokens[:5]) == 5
