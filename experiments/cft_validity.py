@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from typing import NamedTuple
 
 import numpy as np
 from absl import app, flags, logging
@@ -33,16 +34,23 @@ from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
+from gr2jax.model.config import ModelConfig  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
-flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).")
-flags.DEFINE_list("specs", ["1.0:confidence:32", "1.0:left_to_right:32", "0.9:confidence:32",
-                            "0.9:left_to_right:32"], "TAU:ORDER:B decodes.")
-flags.DEFINE_string("split", "test_1615", "Evaluated split.")
-flags.DEFINE_integer("limit", 0, "First N users only (0 = all).")
-flags.DEFINE_string("out", None, "JSON of every row.")
-flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script: experiments/
+  duplicate_commits.py imports this module's readers)."""
+  flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
+  flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).")
+  flags.DEFINE_list("specs", ["1.0:confidence:32", "1.0:left_to_right:32", "0.9:confidence:32",
+                              "0.9:left_to_right:32"], "TAU:ORDER:B decodes.")
+  flags.DEFINE_string("split", "test_1615", "Evaluated split.")
+  flags.DEFINE_integer("limit", 0, "First N users only (0 = all).")
+  flags.DEFINE_string("out", None, "JSON of every row.")
+  flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+
 
 ANSWER_START = '{"ranking"'
 
@@ -67,17 +75,33 @@ def by_group(keys: np.ndarray, valid: np.ndarray) -> dict:
   return out
 
 
+class DiffusionRead(NamedTuple):
+  """A block-diffusion export and a split of its data build, as the diagnostics read them."""
+  config: ModelConfig
+  params: dict
+  tokenizer: object
+  data: prompt_io.SplitData
+  prompt_len: int
+  response_len: int
+
+
+def read_diffusion(ckpt: str, workdir: str, split: str, limit: int) -> DiffusionRead:
+  """--ckpt's model (a UsageError if it is not block diffusion) and --split of W's data build
+  (read only: its summary.json paths)."""
+  config, params = load.load_model(ckpt)
+  if config.mask_token_id is None:
+    raise app.UsageError(f"--ckpt={ckpt} is not a diffusion model")
+  summary = json.load(open(os.path.join(workdir, "summary.json")))
+  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  data = prompt_io.load_split(summary["paths"]["tfds"], split, tok, limit=limit)
+  return DiffusionRead(config, params, tok, data, *lengths_lib.static_lengths(summary))
+
+
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, params = load.load_model(FLAGS.ckpt)
-  if config.mask_token_id is None:
-    raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a diffusion model")
-  summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
-  paths = summary["paths"]
-  tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  data = prompt_io.load_split(paths["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
-  prompt_len, response_len = lengths_lib.static_lengths(summary)
+  config, params, tok, data, prompt_len, response_len = read_diffusion(
+    FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []
   for spec in FLAGS.specs:
@@ -118,4 +142,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(cli.one_line_refusals()(main))

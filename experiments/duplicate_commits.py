@@ -23,10 +23,9 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from gr2jax import cli, load  # noqa: E402
+from experiments import cft_validity  # noqa: E402
+from gr2jax import cli  # noqa: E402
 from gr2jax.data import answer  # noqa: E402
-from gr2jax.data import lengths as lengths_lib  # noqa: E402
-from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
 from gr2jax.decoding import prompt_io  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
@@ -94,13 +93,8 @@ def answer_start(tok, tokens: np.ndarray) -> int:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, params = load.load_model(FLAGS.ckpt)
-  if config.mask_token_id is None:
-    raise app.UsageError(f"--ckpt={FLAGS.ckpt} is not a block-diffusion model")
-  summary = json.load(open(os.path.join(FLAGS.workdir, "summary.json")))
-  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  data = prompt_io.load_split(summary["paths"]["tfds"], FLAGS.split, tok, limit=FLAGS.limit)
-  prompt_len, response_len = lengths_lib.static_lengths(summary)
+  config, params, tok, data, prompt_len, response_len = cft_validity.read_diffusion(
+    FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   policy = policy_lib.make_policy(config, DecodeSpec(block_size=config.block_size,
                                                      eval_tau=FLAGS.tau), response_len)
   params = policy.decoding_params(params)
