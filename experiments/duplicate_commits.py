@@ -47,9 +47,6 @@ def define_flags() -> None:
   flags.mark_flags_as_required(["workdir", "ckpt", "out"])
 
 
-ANSWER_START = '{"ranking"'
-
-
 def occurrences(tokens: np.ndarray, label: np.ndarray, start: int) -> list[int]:
   """Positions p >= start where tokens[p:p + len(label)] == label."""
   n = len(label)
@@ -85,7 +82,7 @@ def answer_start(tok, tokens: np.ndarray) -> int:
   """The response index of the token that completes the answer JSON's opening (len(tokens) when
   there is none): read off the decoded prefixes, so fillers and merges cannot shift it."""
   for p in range(len(tokens)):
-    if ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
+    if cft_validity.ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
       return p
   return len(tokens)
 

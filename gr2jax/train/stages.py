@@ -10,8 +10,7 @@ Each loss is a train/step.py `Loss`: the function and the Batch fields it reads 
 to the device). The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built
 from the run's decode spec (the view's `decode`, decoding/policy.py `make_policy`; AR RL and RL
 sample at their own `rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's)
-and share one prepare
-(train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
+and share one prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
 import dataclasses
