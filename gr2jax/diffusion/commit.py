@@ -123,7 +123,7 @@ def commit_step(
   return select(tokens, logprob, canvas, masked, threshold)
 
 
-ORDERS = ("confidence", "left_to_right")
+ORDERS = ("confidence", "left_to_right", "distinct")
 
 
 def select(
@@ -147,7 +147,11 @@ def select(
     order: which open positions commit first. 'confidence' (the paper's rule): every position
       above tau plus the most confident one. 'left_to_right': the leftmost open position plus
       the run of open positions right after it whose confidences are all above tau (AR order
-      inside the block; tau = 1.0 writes the block exactly left to right).
+      inside the block; tau = 1.0 writes the block exactly left to right). 'distinct':
+      'confidence', except that an open position whose proposed token is also proposed at a more
+      confident open position waits for a later step (where it sees that token committed): one
+      step never writes one token at two places. Not the paper's rule, and not a constraint: a
+      token may still repeat across steps, and tau < 0 (the capped step) commits every position.
     count: optional [B] int: commit exactly the first `count` open positions in `order` instead
       of the threshold rule (0 commits nothing; the replay of a recorded commit schedule).
 
@@ -164,6 +168,12 @@ def select(
   else:
     by_conf = jnp.argsort(-conf, axis=-1, stable=True)
     rank = jnp.argsort(by_conf, axis=-1, stable=True)  # [B, T] 0 = the most confident
+  if order == "distinct":
+    repeat = _repeats(tokens, masked, rank)  # [B, T]
+    # First occurrences in confidence order, then the repeats, then closed positions (the
+    # ranking a count replay commits in).
+    key = jnp.where(masked, jnp.where(repeat, rank + t, rank), rank + 2 * t)
+    rank = jnp.argsort(jnp.argsort(key, axis=-1, stable=True), axis=-1, stable=True)
   if count is not None:
     committed = masked & (rank < jnp.asarray(count, jnp.int32)[:, None])
   elif order == "left_to_right":
@@ -172,10 +182,21 @@ def select(
     committed = masked & (rank < first_fail[:, None])
   else:
     forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), t, dtype=bool)  # [B, T]
-    committed = masked & ((conf > tau[:, None]) | forced)
+    above = conf > tau[:, None]
+    if order == "distinct":
+      above = (above & ~repeat) | (tau[:, None] < 0)
+    committed = masked & (above | forced)
   return CommitResult(
     canvas=jnp.where(committed, tokens, canvas),
     masked=masked & ~committed,
     committed=committed,
     logprob=logprob,
   )
+
+
+def _repeats(tokens: jax.Array, masked: jax.Array, rank: jax.Array) -> jax.Array:
+  """[B, T] bool: open positions whose proposed token is also proposed at an open position of
+  lower rank (more confident) in the same row."""
+  same = tokens[:, :, None] == tokens[:, None, :]  # [B, T(i), T(j)]
+  before = masked[:, None, :] & (rank[:, None, :] < rank[:, :, None])
+  return masked & jnp.any(same & before, axis=-1)

@@ -424,7 +424,7 @@ class BlockDecoding:
     max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
     max_new_tokens: response length cap.
     temperature: 0 = greedy, else sampling with the decode's key.
-    commit_order: 'confidence' (the paper's rule) or 'left_to_right' (commit.select).
+    commit_order: 'confidence' (the paper's rule), 'left_to_right' or 'distinct' (commit.select).
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
       at all B queries every step.
     cache_size: KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum).

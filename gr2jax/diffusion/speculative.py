@@ -35,8 +35,9 @@ and d_<i) alone. Exact here:
   - commit_order 'left_to_right': each step commits the leftmost open position and the run after
     it, decided on the proposals' *maximum* probabilities (not the sampled tokens'), so which
     positions commit never depends on the values drawn, and d_i's forward saw only d_<i.
-Not exact, and refused: 'confidence' order with several steps, which commits later positions
-first, so d_i's distribution conditions on d_>i. Greedy decoding is exact with any drafter.
+Not exact, and refused: 'confidence' (or 'distinct') order with several steps, which commits
+later positions first, so d_i's distribution conditions on d_>i. Greedy decoding is exact with
+any drafter.
 
 Lock-step batches: each verify step is one iteration of the outer `lax.while_loop`; its draft is
 an inner `lax.while_loop` of drafter forwards (one per iteration for all rows: commit forwards
@@ -571,9 +572,10 @@ def check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, 
   if temperature > 0:
     if key is None:
       raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
-    if spec.commit_order == "confidence" and not spec.one_step:
+    if spec.commit_order != "left_to_right" and not spec.one_step:
       raise ValueError(
-        f"{where}: temperature={temperature} with commit_order='confidence' and {spec.draft_steps}"
+        f"{where}: temperature={temperature} with commit_order={spec.commit_order!r} and "
+        f"{spec.draft_steps}"
         " draft steps is not lossless (a later position commits first, so a draft's distribution"
         " conditions on the drafts after it); use commit_order='left_to_right', draft_tau=0 or "
         "draft_steps=1")

@@ -166,3 +166,46 @@ def test_count_commits_exactly_the_first_positions_in_order():
   np.testing.assert_array_equal(out.committed, open_)
   with pytest.raises(ValueError, match="order='random' not in"):
     _select(CONF, open_, 1.0, order="random")
+
+
+def _select_tokens(tokens, conf, masked, tau, **kw):
+  """select() on given proposals and confidences."""
+  conf = jnp.asarray(conf, jnp.float32)
+  return commit.select(jnp.asarray(tokens, jnp.int32), jnp.log(conf),
+                       jnp.full(conf.shape, MASK, jnp.int32), jnp.asarray(masked, bool), tau, **kw)
+
+
+# Positions 1, 2 and 4 all propose token 3; 4 is the most confident of them.
+TOKENS = [[1, 3, 3, 2, 3]]
+CONF_REP = [[0.5, 0.95, 0.97, 0.96, 0.99]]
+
+
+def test_distinct_defers_a_token_proposed_at_a_more_confident_place():
+  open_ = [[True, True, True, True, True]]
+  out = _select_tokens(TOKENS, CONF_REP, open_, 0.9, order="distinct")
+  np.testing.assert_array_equal(out.committed, [[False, False, False, True, True]])
+  # The paper's rule commits all four above tau, token 3 at three places.
+  out = _select_tokens(TOKENS, CONF_REP, open_, 0.9, order="confidence")
+  np.testing.assert_array_equal(out.committed, [[False, True, True, True, True]])
+  # A committed (closed) place does not defer an open one; tau < 0 (the capped step) commits all.
+  out = _select_tokens(TOKENS, CONF_REP, [[True, True, True, True, False]], 0.9, order="distinct")
+  np.testing.assert_array_equal(out.committed, [[False, False, True, True, False]])
+  out = _select_tokens(TOKENS, CONF_REP, open_, -1.0, order="distinct")
+  np.testing.assert_array_equal(out.committed, open_)
+  # The forced most-confident place commits below tau; without repeats it is 'confidence'.
+  out = _select_tokens(TOKENS, CONF_REP, open_, 1.0, order="distinct")
+  np.testing.assert_array_equal(out.committed, [[False, False, False, False, True]])
+  out = _select(CONF, open_, 0.9, order="distinct")
+  np.testing.assert_array_equal(out.committed, _select(CONF, open_, 0.9).committed)
+
+
+def test_distinct_count_ranks_first_occurrences_before_repeats():
+  open_ = [[True, True, True, True, True]]
+  for n, want in ((2, [False, False, False, True, True]), (3, [True, False, False, True, True]),
+                  (4, [True, False, True, True, True]), (5, open_[0])):
+    out = _select_tokens(TOKENS, CONF_REP, open_, 1.0, order="distinct", count=jnp.array([n]))
+    np.testing.assert_array_equal(out.committed, [want], err_msg=f"count={n}")
+  # Closed places rank last: a count of the open places commits exactly those.
+  half = [[False, True, True, False, True]]
+  out = _select_tokens(TOKENS, CONF_REP, half, 1.0, order="distinct", count=jnp.array([3]))
+  np.testing.assert_array_equal(out.committed, half)

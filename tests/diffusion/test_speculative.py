@@ -87,6 +87,12 @@ def test_greedy_equals_generate_with_accepted_and_rejected_drafts(pair_a, run_a)
                                   accepted[b, :steps[b]] + 1)
 
 
+def test_greedy_equals_generate_with_a_distinct_order_drafter(pair_a):
+  spec = sp.DraftSpec(k=4, draft_tau=0.01, draft_steps=8, commit_order="distinct")
+  out = sp.speculative_generate(*pair_a, PROMPTS, LENGTHS, spec, max_new_tokens=MAX_NEW)
+  _assert_generates_the_same(pair_a[1], PROMPTS, LENGTHS, out)
+
+
 def _pair_b():
   verifier = sp.Model(init_params(AR_B, jax.random.key(2)), AR_B)
   return sp.Model(init_params(_diffusion(AR_B), jax.random.key(3)), _diffusion(AR_B)), verifier
@@ -274,6 +280,9 @@ def _bad(pair, **change):
   (lambda d, v: dict(temperature=1.0), ValueError, "needs a PRNG key"),
   (lambda d, v: dict(temperature=1.0, key=jax.random.key(0)), ValueError,
    "commit_order='confidence' and 8 draft steps is not lossless"),
+  (lambda d, v: dict(temperature=1.0, key=jax.random.key(0),
+                     spec=sp.DraftSpec(k=4, commit_order="distinct")), ValueError,
+   "commit_order='distinct' and 8 draft steps is not lossless"),
   (lambda d, v: dict(max_new_tokens=0), ValueError, "max_new_tokens=0 must be >= 1"),
   (lambda d, v: dict(prompt_lengths=np.array([12, 7, 3, 13])), ValueError, "prompt_lengths"),
   (lambda d, v: dict(drafter=(d.params,)), TypeError, "drafter must be a Model"),
