@@ -1,10 +1,10 @@
 r"""Where a diffusion model's duplicate answers come from: one denoising step, or two.
 
   python experiments/duplicate_commits.py --workdir=W --ckpt=W/rl/export --split=validation \
-      --limit=2000 --tau=0.9 --out=OUT.json
+      --limit=2000 --tau=0.9 --order=confidence --out=OUT.json
 
-Decodes --split with the checkpoint's own decoder (greedy, commit threshold --tau, no
-constraint) and, for every answer that names a candidate twice (answer.parse_answer's
+Decodes --split with the checkpoint's own decoder (greedy, commit threshold --tau, commit order
+--order, no constraint) and, for every answer that names a candidate twice (answer.parse_answer's
 'duplicate'), reads the decoder's trace: the denoising step and block in which each answer-span
 occurrence of the repeated label was committed. `same_step`: two occurrences were committed by
 one forward (the parallel commit of places that cannot see each other); `other_steps`: each was
@@ -29,7 +29,7 @@ from gr2jax.data import answer  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
 from gr2jax.decoding import prompt_io  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
-from gr2jax.diffusion import decode  # noqa: E402
+from gr2jax.diffusion import commit, decode  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -42,6 +42,8 @@ def define_flags() -> None:
   flags.DEFINE_string("split", "validation", "Decoded split.")
   flags.DEFINE_integer("limit", 2000, "First N users only (0 = all).")
   flags.DEFINE_float("tau", 0.9, "Commit threshold.")
+  flags.DEFINE_enum("order", "confidence", commit.ORDERS,
+                    "Commit order (gr2jax/diffusion/commit.py; 'confidence' = the paper's).")
   flags.DEFINE_integer("batch_size", 256, "Decode batch size.")
   flags.DEFINE_string("out", None, "JSON of the counts.")
   flags.mark_flags_as_required(["workdir", "ckpt", "out"])
@@ -93,7 +95,8 @@ def main(argv):
   config, params, tok, data, prompt_len, response_len = cft_validity.read_diffusion(
     FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   policy = policy_lib.make_policy(config, DecodeSpec(block_size=config.block_size,
-                                                     eval_tau=FLAGS.tau), response_len)
+                                                     eval_tau=FLAGS.tau,
+                                                     commit_order=FLAGS.order), response_len)
   params = policy.decoding_params(params)
   counts = collections.Counter()
   for first in range(0, len(data), FLAGS.batch_size):
@@ -112,12 +115,13 @@ def main(argv):
         counts["duplicate_" + (repeat_kind(tokens[i, :n], steps[i, :n], chunk[i].label_tokens,
                                            answer_start(tok, tokens[i, :n]), config.block_size)
                                or "unlocated")] += 1
-  row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, users=len(data), tau=FLAGS.tau, **counts)
+  row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, users=len(data), tau=FLAGS.tau,
+             order=FLAGS.order, **counts)
   print(json.dumps(row), flush=True)
   with open(FLAGS.out, "w") as f:
     json.dump(row, f, indent=1)
-  cols = ("users", "tau", "valid", "duplicate", "duplicate_same_step", "duplicate_other_steps",
-          "duplicate_unlocated")
+  cols = ("users", "tau", "order", "valid", "duplicate", "duplicate_same_step",
+          "duplicate_other_steps", "duplicate_unlocated")
   print("| " + " | ".join(cols) + " |\n|" + "---|" * len(cols))
   print("| " + " | ".join(str(row.get(c, 0)) for c in cols) + " |")
 
