@@ -10,9 +10,9 @@ inside a block, 'distinct' = no token committed at two places by one step); ':gi
 user's own reasoning (teacher forcing; only splits that carry reasoning: --split=train
 --limit=1615) and decodes the answer after it. All through the one evaluation
 (decoding/evaluation.evaluate) and reports the valid rate, the invalid kinds, R@1 and the wall
-time. Per spec it also splits validity by where the answer
-starts relative to the block boundaries (response tokens before `{"ranking"` modulo B) and by the
-reasoning length (tokens), from the decoded responses. W is read only (its summary.json paths).
+time. Per spec it also splits validity by where the answer starts relative to the block
+boundaries (response tokens before `{"ranking"` modulo B) and by the reasoning length (tokens),
+from the decoded responses. W is read only (its summary.json paths).
 Prints a markdown table and writes every row to --out (JSON).
 """
 
