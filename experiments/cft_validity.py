@@ -6,9 +6,9 @@ r"""Answer validity of CFT models without a constrained decoder: decode-side cau
 Each spec TAU:ORDER:B[:given] decodes --split (default the 1,615 users) with the checkpoint's
 weights at block size B (the checkpoint's own B or another), commit threshold TAU and commit
 order ORDER (gr2jax/diffusion/commit.py: 'confidence' = the paper's, 'left_to_right' = AR order
-inside a block, 'distinct' = no token committed at two places by one step); ':given' gives each
-user's own reasoning (teacher forcing; only splits that carry reasoning: --split=train
---limit=1615) and decodes the answer after it. All through the one evaluation
+inside a block, 'distinct' = no token new to the block committed at two places by one step);
+':given' gives each user's own reasoning (teacher forcing; only splits that carry reasoning:
+--split=train --limit=1615) and decodes the answer after it. All through the one evaluation
 (decoding/evaluation.evaluate) and reports the valid rate, the invalid kinds, R@1 and the wall
 time. Per spec it also splits validity by where the answer starts relative to the block
 boundaries (response tokens before `{"ranking"` modulo B) and by the reasoning length (tokens),

@@ -148,10 +148,12 @@ def select(
       above tau plus the most confident one. 'left_to_right': the leftmost open position plus
       the run of open positions right after it whose confidences are all above tau (AR order
       inside the block; tau = 1.0 writes the block exactly left to right). 'distinct':
-      'confidence', except that an open position whose proposed token is also proposed at a more
-      confident open position waits for a later step (where it sees that token committed): one
-      step never writes one token at two places. Not the paper's rule, and not a constraint: a
-      token may still repeat across steps, and tau < 0 (the capped step) commits every position.
+      'confidence', except that an open position whose proposed token is not yet in the block
+      (at a closed position of `canvas`) and is also proposed at a more confident open position
+      waits for a later step (where it sees that token committed): one step never writes a token
+      new to the block at two places. A token already in the block (a separator after its
+      first) commits under the paper's rule. Not the paper's rule, and not a constraint: a token
+      may still repeat across steps, and tau < 0 (the capped step) commits every position.
     count: optional [B] int: commit exactly the first `count` open positions in `order` instead
       of the threshold rule (0 commits nothing; the replay of a recorded commit schedule).
 
@@ -169,7 +171,7 @@ def select(
     by_conf = jnp.argsort(-conf, axis=-1, stable=True)
     rank = jnp.argsort(by_conf, axis=-1, stable=True)  # [B, T] 0 = the most confident
   if order == "distinct":
-    repeat = _repeats(tokens, masked, rank)  # [B, T]
+    repeat = _new_repeats(tokens, canvas, masked, rank)  # [B, T]
     # First occurrences in confidence order, then the repeats, then closed positions (the
     # ranking a count replay commits in).
     key = jnp.where(masked, jnp.where(repeat, rank + t, rank), rank + 2 * t)
@@ -194,9 +196,11 @@ def select(
   )
 
 
-def _repeats(tokens: jax.Array, masked: jax.Array, rank: jax.Array) -> jax.Array:
-  """[B, T] bool: open positions whose proposed token is also proposed at an open position of
-  lower rank (more confident) in the same row."""
+def _new_repeats(tokens: jax.Array, canvas: jax.Array, masked: jax.Array,
+                 rank: jax.Array) -> jax.Array:
+  """[B, T] bool: open positions whose proposed token is not at a closed position of the row's
+  canvas and is also proposed at an open position of lower rank (more confident)."""
   same = tokens[:, :, None] == tokens[:, None, :]  # [B, T(i), T(j)]
   before = masked[:, None, :] & (rank[:, None, :] < rank[:, :, None])
-  return masked & jnp.any(same & before, axis=-1)
+  present = jnp.any((tokens[:, :, None] == canvas[:, None, :]) & ~masked[:, None, :], axis=-1)
+  return masked & ~present & jnp.any(same & before, axis=-1)

@@ -192,6 +192,12 @@ def test_distinct_defers_a_token_proposed_at_a_more_confident_place():
   np.testing.assert_array_equal(out.committed, [[False, False, True, True, False]])
   out = _select_tokens(TOKENS, CONF_REP, open_, -1.0, order="distinct")
   np.testing.assert_array_equal(out.committed, open_)
+  # A token already in the block (token 3 committed at the closed place 4) is not new: its
+  # places commit under the paper's rule.
+  out = commit.select(jnp.asarray(TOKENS, jnp.int32), jnp.log(jnp.asarray(CONF_REP)),
+                      jnp.asarray([[MASK, MASK, MASK, MASK, 3]], jnp.int32),
+                      jnp.asarray([[True, True, True, True, False]]), 0.9, order="distinct")
+  np.testing.assert_array_equal(out.committed, [[False, True, True, True, False]])
   # The forced most-confident place commits below tau; without repeats it is 'confidence'.
   out = _select_tokens(TOKENS, CONF_REP, open_, 1.0, order="distinct")
   np.testing.assert_array_equal(out.committed, [[False, False, False, False, True]])
