@@ -168,11 +168,13 @@ def test_count_commits_exactly_the_first_positions_in_order():
     _select(CONF, open_, 1.0, order="random")
 
 
-def _select_tokens(tokens, conf, masked, tau, **kw):
-  """select() on given proposals and confidences."""
+def _select_tokens(tokens, conf, masked, tau, canvas=None, **kw):
+  """select() on given proposals and confidences (canvas: the block's tokens, default all MASK)."""
   conf = jnp.asarray(conf, jnp.float32)
+  canvas = jnp.full(conf.shape, MASK) if canvas is None else canvas
   return commit.select(jnp.asarray(tokens, jnp.int32), jnp.log(conf),
-                       jnp.full(conf.shape, MASK, jnp.int32), jnp.asarray(masked, bool), tau, **kw)
+                       jnp.asarray(canvas, jnp.int32),
+                       jnp.asarray(masked, bool), tau, **kw)
 
 
 # Positions 1, 2 and 4 all propose token 3; 4 is the most confident of them.
@@ -194,9 +196,8 @@ def test_distinct_defers_a_token_proposed_at_a_more_confident_place():
   np.testing.assert_array_equal(out.committed, open_)
   # A token already in the block (token 3 committed at the closed place 4) is not new: its
   # places commit under the paper's rule.
-  out = commit.select(jnp.asarray(TOKENS, jnp.int32), jnp.log(jnp.asarray(CONF_REP)),
-                      jnp.asarray([[MASK, MASK, MASK, MASK, 3]], jnp.int32),
-                      jnp.asarray([[True, True, True, True, False]]), 0.9, order="distinct")
+  out = _select_tokens(TOKENS, CONF_REP, [[True, True, True, True, False]], 0.9,
+                       canvas=[[MASK, MASK, MASK, MASK, 3]], order="distinct")
   np.testing.assert_array_equal(out.committed, [[False, True, True, True, False]])
   # The forced most-confident place commits below tau; without repeats it is 'confidence'.
   out = _select_tokens(TOKENS, CONF_REP, open_, 1.0, order="distinct")
