@@ -68,7 +68,7 @@ def test_every_stage_reads_one_data_build_prompt_and_decode_spec(variant, hf_dir
 def test_chain_paths_and_inits(hf_dir):
   tiny = _recipe("table2", "", hf_dir)
   assert recipe_lib.chain(tiny) == recipe_lib.TRAIN_STAGES
-  assert recipe_lib.init_of(tiny, "sft", "W") == "preset:tiny"
+  assert recipe_lib.init_of(tiny, "sft", "W") == "preset:tiny_deep"
   assert recipe_lib.init_of(tiny, "opd", "W") == os.path.join("W", "cft", "export")
   assert recipe_lib.stage_config(tiny, "opd", "W").opd.teacher == os.path.join("W", "ar_rl",
                                                                                 "export")

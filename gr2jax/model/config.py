@@ -111,14 +111,15 @@ class ModelConfig:
 
   @classmethod
   def tiny(cls, **overrides) -> "ModelConfig":
-    """The CPU default: 1.44M params with an untied head (docs/results/benchmarks.md)."""
+    """2 layers, 1.44M params with an untied head (docs/results/benchmarks.md); the fast
+    preset of tests and benchmarks."""
     return cls(**{**dict(vocab_size=4096, hidden_size=128, num_layers=2, num_heads=4,
                          num_kv_heads=2, head_dim=32, intermediate_size=384), **overrides})
 
   @classmethod
   def tiny_deep(cls, **overrides) -> "ModelConfig":
-    """`tiny` with 4 layers instead of 2 (the CFT validity-vs-size curve,
-    docs/results/cft_validity_and_speedup.md)."""
+    """`tiny` with 4 layers instead of 2: the tiny recipe's model (gr2jax/recipes.py; the CFT
+    validity-vs-size curve, docs/results/cft_validity_and_speedup.md)."""
     return cls.tiny(**{**dict(num_layers=4), **overrides})
 
   @classmethod
