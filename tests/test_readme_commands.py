@@ -3,8 +3,9 @@
 The commands are parsed from README.md itself (its ```bash blocks, continuation lines joined,
 comments dropped, and its ```python notebook block): a command the README gains that is not in
 COMMANDS below fails `test_every_readme_command_is_covered`. Each runs from a directory laid
-out as the repository root (its top-level entries linked) where the README's workdirs exist, so
-nothing is written into the repository; `python` is the venv's. The only flags added shrink the
+out as the repository root (its tracked top-level entries and the venv linked, never a user's
+own files beside them: tests/test_readme_roots.py) where the README's workdirs exist, so nothing
+is written into the repository; `python` is the venv's. The only flags added shrink the
 work: `:smoke` (every stage on a few examples), the HF-layout recipe's data and evaluation sizes
 (tests/test_chain.py HF_SMOKE), fewer CFT steps, one compiled server batch; `/models/...`
 are directories of the test (Qwen3-8B: a random-weight Qwen3 in the real HF layout,
@@ -129,15 +130,23 @@ def test_every_readme_command_is_covered():
   assert [c for c in COMMANDS if c not in commands] == [], "commands no longer in the README"
 
 
-def _root(directory, workdirs: dict[str, str]) -> str:
-  """A directory laid out as the repository root (its entries linked) with these workdirs."""
+def _checkout_entries(repo: str = REPO) -> list[str]:
+  """The checkout's own top-level entries: what git tracks, and the venv setup.sh made. A user's
+  files beside them (a `workdir/`, `W/`, `models/`, `requests.jsonl`) are never taken in."""
+  tracked = subprocess.run(["git", "ls-files", "-z"], cwd=repo, capture_output=True, check=True)
+  names = {path.split("/", 1)[0] for path in tracked.stdout.decode().split("\0") if path}
+  return sorted(names | {".venv"})
+
+
+def _root(directory, workdirs: dict[str, str], repo: str = REPO) -> str:
+  """A directory laid out as the checkout `repo` (its own entries linked, _checkout_entries)
+  with these workdirs and an empty `models/`."""
   os.makedirs(directory, exist_ok=True)
-  for name in os.listdir(REPO):
-    if not os.path.exists(os.path.join(directory, name)):
-      os.symlink(os.path.join(REPO, name), os.path.join(directory, name))
+  for name in _checkout_entries(repo):
+    os.symlink(os.path.join(repo, name), os.path.join(directory, name))
   for name, target in workdirs.items():
     os.symlink(target, os.path.join(directory, name))
-  os.makedirs(os.path.join(directory, "models"), exist_ok=True)
+  os.makedirs(os.path.join(directory, "models"))
   return str(directory)
 
 
