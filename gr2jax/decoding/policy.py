@@ -263,7 +263,8 @@ class LosslessPolicy:
     config: the drafter (a mask token; config.block_size >= spec.draft_k).
     verifier_config: the AR verifier (the drafter's vocab, eos and pad ids).
     spec: the decode spec (spec.draft: K, draft tau, draft steps; its commit order).
-    max_new_tokens: M, the response cap.
+    max_new_tokens: M, the verifier's own response cap (never widened for a pivot-aligned
+      drafter's fillers: the output is the verifier's decode at M).
   """
 
   config: ModelConfig
@@ -307,11 +308,15 @@ def response_width(response_len: int, config: ModelConfig) -> int:
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
                 shrink: int = 1, verifier_config: ModelConfig | None = None) -> Policy:
   """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
-  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting. A
-  pivot-aligned `config` gets room for its fillers (`response_width`)."""
-  max_new_tokens = response_width(max_new_tokens, config)
+  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting.
+
+  The cap is the width of the model whose tokens are the output: a pivot-aligned `config` decoding
+  alone gets room for its fillers (`response_width`); the lossless mode writes its verifier's
+  tokens, so it stops at the verifier's own cap `max_new_tokens` whatever the drafter (a wider cap
+  would let the verifier write past where its own decode stops)."""
   if verifier_config is not None:
     return LosslessPolicy(config, verifier_config, spec, max_new_tokens)
+  max_new_tokens = response_width(max_new_tokens, config)
   if config.mask_token_id is None:
     return ARPolicy(config, spec, max_new_tokens)
   return DiffusionPolicy(config, spec, max_new_tokens, shrink)

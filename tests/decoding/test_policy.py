@@ -17,7 +17,7 @@ from gr2jax.decoding.policy import (
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model import generate
 from gr2jax.model.params import init_params
-from tests.train.toy_policy import AR, DIFFUSION
+from tests.train.toy_policy import AR, DIFFUSION, STOP
 
 
 def test_paper_defaults():
@@ -78,21 +78,45 @@ def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepa
     causal_log_probs(params, DIFFUSION, prompts, lengths, out.tokens, out.lengths)
 
 
-def test_a_pivot_aligned_model_gets_room_for_its_fillers_and_lossless_stays_exact():
-  """Without a filler the width is the caller's (today's decoders); with one, B - 1 more tokens;
-  an AR verifier with a pivot-aligned drafter writes exactly the AR model's own greedy tokens."""
-  spec = DecodeSpec(block_size=4, draft_k=4)
-  pivoted = dataclasses.replace(DIFFUSION, pivot_filler_id=9)
-  assert make_policy(DIFFUSION, spec, 10).max_new_tokens == 10
-  assert make_policy(pivoted, spec, 10).max_new_tokens == response_width(10, pivoted) >= 13
-  params = {"drafter": init_params(AR, jax.random.key(0)),
-            "verifier": init_params(AR, jax.random.key(1))}
-  prompts = np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0]], np.int32)
-  lengths = np.array([5, 3], np.int32)
-  lossless = make_policy(pivoted, spec, 10, verifier_config=AR)
-  out = lossless.decode(lossless.decoding_params(params), prompts, lengths)
-  width = lossless.max_new_tokens
-  ref = generate.generate(params["verifier"], AR, prompts, lengths, max_new_tokens=width)
-  np.testing.assert_array_equal(np.asarray(out.lengths), np.asarray(ref.lengths))
-  for b, n in enumerate(np.asarray(ref.lengths)):
-    np.testing.assert_array_equal(np.asarray(out.tokens)[b, :n], np.asarray(ref.tokens)[b, :n])
+# A pivot-aligned drafter with the AR verifier's own weights (its drafts are often accepted, up
+# to the cap) and four prompts whose AR answers at R = CAP stop early (row 3) or are cut at the cap
+# (rows 0-2: the verifier would write on past it).
+PIVOTED = dataclasses.replace(DIFFUSION, pivot_filler_id=9)
+CAP = 10
+PROMPTS = np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0], [30, 31, 32, 33, 0, 0],
+                    [40, 41, 0, 0, 0, 0]], np.int32)
+LENGTHS = np.array([5, 3, 4, 2], np.int32)
+
+
+def pivoted_lossless_pair():
+  """(the lossless policy of PIVOTED verified by AR at CAP, its params {"drafter", "verifier"})."""
+  verifier = init_params(AR, jax.random.key(1))
+  policy = make_policy(PIVOTED, DecodeSpec(block_size=4, draft_k=4), CAP, verifier_config=AR)
+  return policy, policy.decoding_params({"drafter": verifier, "verifier": verifier})
+
+
+def assert_ar_greedy_at_cap(policy, params, verifier_params):
+  """policy.decode(params, PROMPTS) writes exactly AR's greedy tokens and lengths at CAP, and
+  the prompts include an answer AR stops and one it leaves cut at CAP (that it would continue)."""
+  ref = generate.generate(verifier_params, AR, PROMPTS, LENGTHS, max_new_tokens=CAP)
+  out = policy.decode(params, PROMPTS, LENGTHS)
+  assert policy.max_new_tokens == CAP
+  np.testing.assert_array_equal(out.tokens, np.asarray(ref.tokens))
+  np.testing.assert_array_equal(out.lengths, np.asarray(ref.lengths))
+  ref_lengths = np.asarray(ref.lengths)
+  stopped = np.isin(np.asarray(ref.tokens)[np.arange(4), ref_lengths - 1], STOP)
+  assert stopped.any() and (~stopped & (ref_lengths == CAP)).any()
+
+
+def test_a_pivot_aligned_model_gets_room_for_its_fillers():
+  """Without a filler the width is the caller's; with one, B - 1 more tokens (rounded up)."""
+  spec = DecodeSpec(block_size=4)
+  assert make_policy(DIFFUSION, spec, CAP).max_new_tokens == CAP
+  assert make_policy(PIVOTED, spec, CAP).max_new_tokens == response_width(CAP, PIVOTED) >= 13
+
+
+def test_lossless_with_a_pivot_aligned_drafter_is_the_verifiers_decode_at_its_own_cap():
+  """The lossless mode writes its verifier's tokens, so the drafter's filler room does not widen
+  it: AR's greedy tokens and lengths at R, an answer AR cuts at R cut there too."""
+  policy, params = pivoted_lossless_pair()
+  assert_ar_greedy_at_cap(policy, params, params["verifier"])

@@ -15,10 +15,12 @@ from gr2jax.apps.serve import auto, server
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve.client import scrape
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good, _model, _reranker
+from tests.decoding.test_policy import PROMPTS, assert_ar_greedy_at_cap, pivoted_lossless_pair
 
 DRAFT_KS = (2, 8)  # the toy drafter's block is 8
 DECODERS = ("ar", "lossless_k2", "lossless_k8")
@@ -105,6 +107,19 @@ def _lossless_engine(tok_dir, draft_ks=DRAFT_KS) -> engine_lib.Engine:
                                  policy=policy)
   return engine_lib.Engine(lossless, prompt_lengths=(PROMPT_LEN,), name="toy", mode="auto",
                            draft_ks=draft_ks)
+
+
+def test_every_exact_decoder_of_a_pivot_aligned_drafter_is_the_verifiers_decode_at_its_cap():
+  """'auto' builds the verifier-alone decoder from the lossless policy: both decoders keep the
+  verifier's own cap R (not the pivot-aligned drafter's widened one) and write AR's greedy tokens
+  and lengths at R (tests/decoding/test_policy.py's prompts: an answer stopped, one cut at R)."""
+  policy, params = pivoted_lossless_pair()
+  lossless = reranker_lib.Reranker(params, policy, tokenizer=None, rendering=None,
+                                   prompt_len=PROMPTS.shape[1])
+  decoders = auto.exact_decoders(lossless, (policy.spec.draft_k,))
+  assert tuple(decoders) == ("ar", "lossless_k4")
+  for decoder in decoders.values():
+    assert_ar_greedy_at_cap(decoder.policy, decoder.params, params["verifier"])
 
 
 def test_a_k_the_drafter_cannot_draft_is_refused_by_name(tok_dir):
