@@ -7,9 +7,12 @@ data build then trains on them)] -> [convert: the HF checkpoint with the project
 (built, or reused from W's cache, first). A step's digest covers what changes its result: its
 view of the recipe (recipe.stage_config, less how often it saves or evaluates; for convert, the
 HF directory and dtype; for teacher, its spec and data build), with paths inside W written
-relative to W (gr2jax/workdir.portable), chained with every step before it (the first:
-the data build's config). So the same command from another directory, with W spelt relative or
-absolute, or on a moved or copied W, reuses every finished step.
+relative to W and paths inside the checkout (the shipped data) relative to the checkout
+(gr2jax/workdir.portable), chained with every step before it (the first: the data build's
+config). So the same command from another directory, with W spelt relative or absolute, on a
+moved or copied W, or from another clone or a moved checkout, reuses every finished step. A
+step recorded before paths inside the checkout were written that way is reused in place (its
+digest of those paths as they were), and its done.json rewritten the current way.
 
 W/<step>/started.json and done.json record the digest, the view and the upstream digest. Every
 step is decided before anything is written (`plan_chain`); nothing is ever deleted:
@@ -90,9 +93,10 @@ def _model_digest(path: str) -> str | None:
   return exports.content_digest(path) if os.path.isdir(path) else None
 
 
-def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
+def _view(recipe: recipe_lib.Recipe, step: str, workdir: str, checkout: bool = True) -> dict:
   """What step's result depends on, as a run record (`{"config": ...}`), paths inside workdir
-  relative to it (workdir_lib.portable): a training stage's view of the recipe (what its
+  and inside the checkout relative to them (workdir_lib.portable; `checkout`: its argument): a
+  training stage's view of the recipe (what its
   loop records), convert's HF directory (and its content digest) and dtype, the teacher's spec,
   model content digest and data build."""
   if step == recipe_lib.CONVERT:
@@ -107,26 +111,42 @@ def _view(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict:
     config = recipe_lib.stage_config(recipe, step, workdir).to_dict()
     config["train"].pop("restart")  # how this run starts, not what it makes (as run_record)
   record = json.loads(json.dumps({"config": config}, default=run_checkpoints.json_value))
-  return workdir_lib.portable(record, workdir)
+  return workdir_lib.portable(record, workdir, checkout)
 
 
-def _data_digest(recipe: recipe_lib.Recipe, workdir: str) -> str:
+def _data_digest(recipe: recipe_lib.Recipe, workdir: str, checkout: bool = True) -> str:
   data = run_checkpoints.without_added_defaults(
     {"data": recipe_lib.data_config(recipe).to_dict()}, "")["data"]
   return files.json_digest(workdir_lib.portable(
-    json.loads(json.dumps(data, default=run_checkpoints.json_value)), workdir))
+    json.loads(json.dumps(data, default=run_checkpoints.json_value)), workdir, checkout))
 
 
-def step_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, str]:
+def step_digests(recipe: recipe_lib.Recipe, workdir: str, checkout: bool = True
+                 ) -> dict[str, str]:
   """{step: digest} for the recipe's chain: of the fields of the step's view (`_view`) that
   change its result (run_checkpoints.result_fields: not how often it saves or evaluates, nor
-  where the workdir lives) chained with every earlier step's (the first: the data build's
-  config). done.json also records the data build's digest (`data`), the same for every step."""
-  keys, upstream = {}, _data_digest(recipe, workdir)
+  where the workdir or the checkout lives) chained with every earlier step's (the first: the
+  data build's config). done.json also records the data build's digest (`data`), the same for
+  every step. `checkout=False`: the digests of a record written before paths inside the
+  checkout were "{checkout}/..." (workdir_lib.portable)."""
+  keys, upstream = {}, _data_digest(recipe, workdir, checkout)
   for step in recipe_lib.chain(recipe):
-    fields = run_checkpoints.result_fields(_view(recipe, step, workdir))
+    fields = run_checkpoints.result_fields(_view(recipe, step, workdir, checkout))
     upstream = keys[step] = files.json_digest([upstream, fields])
   return keys
+
+
+def _known_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, tuple[str, ...]]:
+  """{'data' and each step: the digests its record may hold to count as this recipe's}: the
+  digest (step_digests) first, then the one recorded before paths inside the checkout were
+  "{checkout}/..." with the checkout where it is now (the same digest, once, where the recipe
+  names no path inside the checkout)."""
+  def digests(checkout: bool) -> dict[str, str]:
+    return {"data": _data_digest(recipe, workdir, checkout),
+            **step_digests(recipe, workdir, checkout)}
+
+  now, before = digests(True), digests(False)
+  return {k: tuple(dict.fromkeys((now[k], before[k]))) for k in now}
 
 
 def _output(step_dir: str, step: str) -> str:
@@ -160,12 +180,13 @@ def _aside(workdir: str, step: str, key: str) -> str:
   return f"{recipe_lib.stage_dir(workdir, step)}.{key}"
 
 
-def _find_aside(workdir: str, step: str, key: str) -> str | None:
-  """A run of `key` moved aside earlier, finished and intact (then reusable), else None."""
-  path = _aside(workdir, step, key)
-  done = _record(os.path.join(path, DONE_FILE))
-  if done and done.get("digest") == key and _broken(path, step, done) is None:
-    return path
+def _find_aside(workdir: str, step: str, keys: tuple[str, ...]) -> str | None:
+  """A run of one of `keys` moved aside earlier, finished and intact (then reusable), else None."""
+  for key in keys:
+    path = _aside(workdir, step, key)
+    done = _record(os.path.join(path, DONE_FILE))
+    if done and done.get("digest") == key and _broken(path, step, done) is None:
+      return path
   return None
 
 
@@ -205,20 +226,22 @@ class _Plan:
   moved_from: str = ""
 
 
-def _plan_step(recipe, step: str, key: str, upstream_key: str, workdir: str) -> _Plan:
-  """The action for one step (module docstring); raises StepChanged for a refused change."""
+def _plan_step(recipe, step: str, keys: tuple[str, ...], upstream_keys: tuple[str, ...],
+               workdir: str) -> _Plan:
+  """The action for one step (module docstring), `keys` / `upstream_keys` its and its upstream's
+  known digests (`_known_digests`); raises StepChanged for a refused change."""
   step_dir = recipe_lib.stage_dir(workdir, step)
   done = _record(os.path.join(step_dir, DONE_FILE))
-  if done and done["digest"] == key:
+  if done and done["digest"] in keys:
     broken = _broken(step_dir, step, done)
     note = (f"{_restart_flag(step)} moves only a run of other settings aside"
             if _restart(recipe, step) else "")
     return _Plan(step, "redo", broken) if broken else _Plan(step, "reuse", note)
-  found = _find_aside(workdir, step, key)
+  found = _find_aside(workdir, step, keys)
   if found:
     return _Plan(step, "swap", moved_from=found)
   saved = done or _record(os.path.join(step_dir, STARTED_FILE))
-  if saved is None or saved["digest"] == key:
+  if saved is None or saved["digest"] in keys:
     return _Plan(step, "run")
   if step == recipe_lib.CONVERT or _restart(recipe, step):
     return _Plan(step, "aside", "settings changed" if step == recipe_lib.CONVERT
@@ -232,7 +255,7 @@ def _plan_step(recipe, step: str, key: str, upstream_key: str, workdir: str) -> 
       f"run):\n  " + "\n  ".join(changes) + f"\nNothing was changed. To go on: rerun with its "
       f"settings, pass {_restart_flag(step)} (moves it to {_aside(workdir, step, saved['digest'])},"
       " kept: a rerun with its settings moves it back), or use a new --workdir.")
-  if saved.get("upstream") != upstream_key:
+  if saved.get("upstream") not in upstream_keys:
     return _Plan(step, "aside", "an earlier step changed")
   return _Plan(step, "run", "absorbing the change")
 
@@ -243,31 +266,31 @@ def plan_chain(recipe: recipe_lib.Recipe, workdir: str, steps) -> list[_Plan]:
   Raises:
     StepChanged: a step holds work made with settings it cannot absorb (names the fields).
   """
-  keys, upstream = step_digests(recipe, workdir), _data_digest(recipe, workdir)
-  plans = []
+  known = _known_digests(recipe, workdir)
+  plans, upstream = [], known["data"]
   for step in recipe_lib.chain(recipe):
     if step in steps:
-      plans.append(_plan_step(recipe, step, keys[step], upstream, workdir))
-    upstream = keys[step]
+      plans.append(_plan_step(recipe, step, known[step], upstream, workdir))
+    upstream = known[step]
   return plans
 
 
 def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict[str, str]:
   """{step: why} of the steps before `step` not done (and intact) with this recipe under
   workdir; why is '' for a step never started."""
-  keys, missing = step_digests(recipe, workdir), {}
+  known, missing = _known_digests(recipe, workdir), {}
   for s in recipe_lib.upstream(recipe, step):
     step_dir = recipe_lib.stage_dir(workdir, s)
     done = _record(os.path.join(step_dir, DONE_FILE))
-    if done and done["digest"] == keys[s]:
+    if done and done["digest"] in known[s]:
       broken = _broken(step_dir, s, done)
       if broken:
         missing[s] = f"its done run is broken: {broken}"
       continue
-    if _find_aside(workdir, s, keys[s]):
+    if _find_aside(workdir, s, known[s]):
       continue
     saved = done or _record(os.path.join(step_dir, STARTED_FILE))
-    missing[s] = ("" if saved is None else "started, not finished" if saved["digest"] == keys[s]
+    missing[s] = ("" if saved is None else "started, not finished" if saved["digest"] in known[s]
                   else "made with other settings")
   return missing
 
@@ -365,7 +388,12 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
       if plan.action == "reuse":
         print(f"{prefix}: reusing {stage_dir}" + (f" ({plan.note})" if plan.note else ""),
               flush=True)
-      timings[name] = {"seconds": _record(done_file)["seconds"], "how": "reused"}
+      done = _record(done_file)
+      if done["digest"] != key:  # recorded before "{checkout}/...": written the current way
+        done |= {"digest": key, "upstream": upstream, "view": _view(recipe, name, workdir),
+                 "data": _data_digest(recipe, workdir)}
+        files.atomic_write(done_file, json.dumps(done))
+      timings[name] = {"seconds": done["seconds"], "how": "reused"}
       upstream = key
       continue
     if plan.action == "aside":

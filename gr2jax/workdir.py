@@ -1,5 +1,5 @@
 """Exclusive locks on a workdir (or any path a run writes), held for as long as the run uses it;
-and `portable`, how a record writes paths inside a workdir.
+and `portable`, how a record writes paths inside a workdir or inside the checkout.
 
 `lock_workdir(workdir)` is what a stage wraps its whole run in; `lock_file(lock_path, what)` is the
 same lock on an explicit lock file (`checkpoint.atomic_directory` locks a sibling of its target).
@@ -25,6 +25,9 @@ from collections.abc import Iterator
 
 LOCK_FILE = ".lock"
 WORKDIR = "{workdir}"  # how a record writes a run's workdir (portable)
+CHECKOUT = "{checkout}"  # how a record writes the checkout gr2jax is imported from (portable)
+# the checkout: the directory holding gr2jax/ and the shipped data/amazon_beauty (recipes.DATA_DIR)
+CHECKOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 log = logging.getLogger(__name__)
 
@@ -124,26 +127,58 @@ def lock_workdir(workdir: str) -> Iterator[None]:
     yield
 
 
-def portable(tree, workdir: str):
-  """`tree` (JSON-like: dicts, lists, strings, numbers) with every path written the same way
-  however it was spelt: a path inside `workdir` as "{workdir}/<path relative to it>" (the
-  workdir itself: "{workdir}"), any other as its absolute real path.
-
-  A string counts as a path when it contains a path separator (and no "{workdir}" already); it
-  is resolved against the current directory (how the run reads it), symlinks included, so
-  "W/sft/export" and "/abs/W/sft/export" give the same value. Other strings ("preset:tiny",
-  "cosine") are kept.
-  """
-  root = os.path.realpath(workdir)
-  if isinstance(tree, dict):
-    return {k: portable(v, workdir) for k, v in tree.items()}
-  if isinstance(tree, (list, tuple)):
-    return [portable(v, workdir) for v in tree]
-  if not isinstance(tree, str) or os.sep not in tree or WORKDIR in tree:
-    return tree
-  path = os.path.realpath(tree)
+def _under(path: str, root: str, symbol: str) -> str | None:
+  """Real path `path` as "`symbol`/<path relative to root>" (root itself: `symbol`) when it is
+  inside real path `root`, else None."""
   if path == root:
-    return WORKDIR
+    return symbol
   if path.startswith(root + os.sep):
-    return os.path.join(WORKDIR, os.path.relpath(path, root))
-  return path
+    return os.path.join(symbol, os.path.relpath(path, root))
+  return None
+
+
+def _map_strings(tree, fn):
+  """`tree` (JSON-like: dicts, lists, strings, numbers) with fn applied to every string."""
+  if isinstance(tree, dict):
+    return {k: _map_strings(v, fn) for k, v in tree.items()}
+  if isinstance(tree, (list, tuple)):
+    return [_map_strings(v, fn) for v in tree]
+  return fn(tree) if isinstance(tree, str) else tree
+
+
+def portable(tree, workdir: str, checkout: bool = True):
+  """`tree` (JSON-like: dicts, lists, strings, numbers) with every path written the same way
+  however it was spelt and wherever the workdir and the checkout live: a path inside `workdir`
+  as "{workdir}/<path relative to it>" (the workdir itself: "{workdir}"), else a path inside the
+  checkout (CHECKOUT_DIR: the shipped data "{checkout}/data/amazon_beauty") as
+  "{checkout}/<path relative to it>", any other as its absolute real path.
+
+  A string counts as a path when it contains a path separator (and no "{workdir}" or
+  "{checkout}" already); it is resolved against the current directory (how the run reads it),
+  symlinks included, so "W/sft/export" and "/abs/W/sft/export" give the same value. Other
+  strings ("preset:tiny", "cosine") are kept. `checkout=False` writes paths inside the checkout
+  absolute too: how records were written before "{checkout}" (gr2jax/chain.py still reuses
+  their steps in place).
+  """
+  root, home = os.path.realpath(workdir), os.path.realpath(CHECKOUT_DIR)
+
+  def one(text: str) -> str:
+    if os.sep not in text or WORKDIR in text or CHECKOUT in text:
+      return text
+    path = os.path.realpath(text)
+    return (_under(path, root, WORKDIR) or (checkout and _under(path, home, CHECKOUT))
+            or path)
+
+  return _map_strings(tree, one)
+
+
+def in_checkout(tree):
+  """`tree` with every absolute path inside the checkout written "{checkout}/<path relative to
+  it>", as `portable` writes it: a record written before "{checkout}" (its paths absolute)
+  compared with one written now, with the checkout where it was."""
+  home = os.path.realpath(CHECKOUT_DIR)
+
+  def one(text: str) -> str:
+    return (_under(text, home, CHECKOUT) if os.path.isabs(text) else None) or text
+
+  return _map_strings(tree, one)

@@ -7,7 +7,10 @@ with this tiny tokenizer) and 16 evaluated users (the smoke's rollout sizes and 
 gr2jax/recipes.py `_smoke`); then a single stage checks or runs its upstream, the teacher step
 runs and extends its sample, and on that workdir a rerun with other settings is refused touching
 nothing, a copy spelt relative reuses every step, a broken step is named, restart moves a run
-aside."""
+aside. Those are integration tests (CI runs them after the default tests); the digests' tests,
+on recipes and hand-written step records only, run by default: the same digests wherever the
+workdir or the checkout lives, and a step recorded before paths inside the checkout were written
+"{checkout}/..." reused in place."""
 
 import json
 import os
@@ -20,8 +23,6 @@ import time
 import pytest
 
 from tests.hf_layout import save_qwen3_dir
-
-pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(REPO, "experiments", "run.py")
@@ -55,6 +56,7 @@ def hf_run(tmp_path_factory):
   return hf_dir, workdir, result, seconds
 
 
+@pytest.mark.integration
 def test_table2_hf_recipe_end_to_end(hf_run):
   hf_dir, workdir, result, (wall, cpu) = hf_run
   print(f"table2.py:qwen3_0_6b,smoke on the HF-layout checkpoint: {wall:.0f} s wall, "
@@ -91,6 +93,7 @@ def test_table2_hf_recipe_end_to_end(hf_run):
   assert "style: chat" in config and f"tokenizer_base: {hf_dir}" in config
 
 
+@pytest.mark.integration
 def test_single_stage_checks_or_runs_its_upstream(hf_run):
   """rl.py on the finished workdir with OPD's completion record removed: 'check' names OPD and
   its command in one line; 'run' redoes OPD (resumed at its last step: export + evaluation) and
@@ -108,6 +111,7 @@ def test_single_stage_checks_or_runs_its_upstream(hf_run):
   assert "] sft: reusing" in result.stdout
 
 
+@pytest.mark.integration
 def test_llm_teacher_step_of_the_hf_recipe(hf_run):
   """With --config.teacher.hf_dir a stage names the teacher step as missing upstream, and
   teacher.py runs the smoke teacher through the chain (the HF-layout model as the teacher, GR2's
@@ -152,6 +156,7 @@ def readme_snippet() -> str:
   return section.split("```python\n", 1)[1].split("```", 1)[0]
 
 
+@pytest.mark.integration
 def test_readme_notebook_snippet_runs_verbatim(hf_run, tmp_path):
   """The README's notebook code, run as written in a directory where W is a finished workdir
   (the HF-layout run's) and requests.jsonl holds requests: AR and block-diffusion decoding,
@@ -199,6 +204,7 @@ def _recipe(hf_dir, *overrides):
   return recipe.from_config(c)
 
 
+@pytest.mark.integration
 def test_rerun_with_another_learning_rate_is_refused_and_touches_nothing(hf_run):
   hf_dir, workdir, _, _ = hf_run
   before = _files(workdir)
@@ -213,6 +219,7 @@ def test_rerun_with_another_learning_rate_is_refused_and_touches_nothing(hf_run)
   assert _files(workdir) == before  # every file of the first run, byte for byte
 
 
+@pytest.mark.integration
 def test_copied_workdir_spelt_relative_from_another_directory_reuses_every_step(hf_run,
                                                                               tmp_path):
   hf_dir, workdir, _, _ = hf_run
@@ -226,6 +233,7 @@ def test_copied_workdir_spelt_relative_from_another_directory_reuses_every_step(
   assert "[chain 2/2] sft: reusing" in result.stdout and "running" not in result.stdout
 
 
+@pytest.mark.integration
 def test_a_broken_done_step_is_named_with_the_command_that_redoes_it(hf_run, tmp_path):
   """An export that lost its manifest is not trusted: ar_rl.py names sft, what is wrong and the
   command; the chain itself redoes sft (its export moved aside, re-exported from its last
@@ -267,6 +275,82 @@ def test_step_digests_do_not_depend_on_where_the_workdir_lives(tmp_path, monkeyp
   assert digests(".", "../elsewhere/export") != absolute  # another teacher model
 
 
+def _at_checkout(monkeypatch, root) -> None:
+  """gr2jax as if imported from a checkout at `root` (its shipped data under it)."""
+  from gr2jax import recipes
+  from gr2jax import workdir as workdir_lib
+
+  monkeypatch.setattr(workdir_lib, "CHECKOUT_DIR", str(root))
+  monkeypatch.setattr(recipes, "DATA_DIR", str(root / "data" / "amazon_beauty"))
+
+
+def _done_sft(workdir: str, digest: str, upstream: str, view: dict) -> None:
+  """W/sft as the chain leaves a finished step: a complete export and done.json."""
+  from gr2jax.data import pipeline
+
+  export = os.path.join(workdir, "sft", "export")
+  os.makedirs(export)
+  with open(os.path.join(export, "params.bin"), "w") as f:
+    f.write("p")
+  pipeline.mark_complete(export)
+  with open(os.path.join(workdir, "sft", "done.json"), "w") as f:
+    json.dump({"digest": digest, "upstream": upstream, "view": view, "seconds": 1.0}, f)
+
+
+def test_a_moved_or_cloned_checkout_reuses_its_workdirs_steps(tmp_path, monkeypatch):
+  """A workdir made with the shipped data of a checkout at one path: the checkout moved (or
+  another clone) reuses its steps; another data_dir is refused naming data.data_dir."""
+  from gr2jax import chain, recipe, recipes
+
+  workdir = str(tmp_path / "W")
+  _at_checkout(monkeypatch, tmp_path / "clone_a")
+  made = recipe.from_config(recipes.config("", "sft"))
+  keys = chain.step_digests(made, workdir)
+  _done_sft(workdir, keys["sft"], chain._data_digest(made, workdir),
+            chain._view(made, "sft", workdir))
+  assert chain._view(made, "sft", workdir)["config"]["data"]["data_dir"] == (
+    "{checkout}/data/amazon_beauty")
+
+  _at_checkout(monkeypatch, tmp_path / "clone_b")
+  moved = recipe.from_config(recipes.config("", "sft"))
+  assert chain.step_digests(moved, workdir) == keys
+  assert [(p.step, p.action) for p in chain.plan_chain(moved, workdir, ("sft",))] == [
+    ("sft", "reuse")]
+  assert "sft" not in chain.missing_upstream(moved, "ar_rl", workdir)
+
+  c = recipes.config("", "sft")
+  c.data.data_dir = str(tmp_path / "my_data")
+  other = recipe.from_config(c)
+  with pytest.raises(chain.StepChanged, match=r"(?s)sft: .* other settings .*data\.data_dir: "
+                     r"'\{checkout\}/data/amazon_beauty' -> '" + str(tmp_path / "my_data")):
+    chain.plan_chain(other, workdir, ("sft",))
+
+
+def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritten(tmp_path,
+                                                                                monkeypatch):
+  """A done step recorded before "{checkout}/..." (the shipped data's absolute path, the checkout
+  where it was): reused, and its done.json rewritten the current way, so it then survives a move
+  of the checkout."""
+  from gr2jax import chain, recipe, recipes
+
+  workdir = str(tmp_path / "W")
+  _at_checkout(monkeypatch, tmp_path / "clone_a")
+  r = recipe.from_config(recipes.config("", "sft"))
+  old = chain.step_digests(r, workdir, checkout=False)
+  assert old != chain.step_digests(r, workdir)
+  view = chain._view(r, "sft", workdir, checkout=False)
+  assert view["config"]["data"]["data_dir"] == str(tmp_path / "clone_a" / "data" / "amazon_beauty")
+  _done_sft(workdir, old["sft"], chain._data_digest(r, workdir, checkout=False), view)
+  assert [p.action for p in chain.plan_chain(r, workdir, ("sft",))] == ["reuse"]
+  chain.run_chain(r, workdir, upto="sft")
+  done = json.load(open(os.path.join(workdir, "sft", "done.json")))
+  assert done["digest"] == chain.step_digests(r, workdir)["sft"] and done["seconds"] == 1.0
+  _at_checkout(monkeypatch, tmp_path / "clone_b")
+  assert [p.action for p in chain.plan_chain(recipe.from_config(recipes.config("", "sft")),
+                                             workdir, ("sft",))] == ["reuse"]
+
+
+@pytest.mark.integration
 def test_reference_rows_are_on_the_model_rows_users_with_their_n(hf_run, tmp_path):
   """With eval.limit the floor and rule-teacher rows are computed on the same first users as the
   model rows (recomputed from the records, equal to the build's own numbers on the whole
@@ -296,6 +380,7 @@ def test_reference_rows_are_on_the_model_rows_users_with_their_n(hf_run, tmp_pat
   assert "data 3 (cached), sft 61 (reused), total 9 (this run)" in md
 
 
+@pytest.mark.integration
 def test_restart_moves_the_run_aside_and_its_settings_move_it_back(hf_run, tmp_path,
                                                                   monkeypatch):
   """run_chain with restart=True and another learning rate (on a copy; the loop stubbed: it
@@ -332,6 +417,7 @@ def test_restart_moves_the_run_aside_and_its_settings_move_it_back(hf_run, tmp_p
   assert os.path.isfile(os.path.join(copy, f"sft.{second}", "done.json"))
 
 
+@pytest.mark.integration
 @pytest.mark.slow  # a second SFT, on the command line
 def test_restart_on_the_command_line_moves_the_run_aside(hf_run):
   """restart=True with another learning rate: the first run is moved, whole and byte-identical,

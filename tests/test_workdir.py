@@ -65,3 +65,25 @@ def test_an_unwritable_directory_names_the_lock_file(tmp_path, monkeypatch):
                                     r".*\.lock \(Read-only file system\)"):
     with workdir.lock_workdir(str(tmp_path)):
       pass
+
+
+def test_a_path_in_the_checkout_is_written_relative_to_it(tmp_path, monkeypatch):
+  """The shipped data is "{checkout}/data/amazon_beauty" wherever the checkout lives (a clone, a
+  moved checkout); a path inside the workdir stays "{workdir}/...", any other path absolute; a
+  record that wrote a path of this checkout absolute reads as the same value (in_checkout)."""
+  from gr2jax import recipes
+
+  assert workdir.portable(recipes.DATA_DIR, "W") == "{checkout}/data/amazon_beauty"
+  records = []
+  for clone in ("a", "b"):
+    root = tmp_path / clone
+    monkeypatch.setattr(workdir, "CHECKOUT_DIR", str(root))
+    tree = {"data_dir": str(root / "data" / "amazon_beauty"), "init": str(root / "W" / "export"),
+            "mine": [str(tmp_path / "mine"), "preset:tiny"]}
+    records.append(workdir.portable(tree, str(root / "W")))
+  assert records[0] == records[1] == {
+    "data_dir": "{checkout}/data/amazon_beauty", "init": "{workdir}/export",
+    "mine": [str(tmp_path / "mine"), "preset:tiny"]}
+  before = workdir.portable(tree, str(root / "W"), checkout=False)
+  assert before["data_dir"] == str(root / "data" / "amazon_beauty")
+  assert workdir.in_checkout(before) == records[1]

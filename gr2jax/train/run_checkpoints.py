@@ -7,9 +7,11 @@ build, the init's digest, P and R). Saves happen every `save_every` steps (async
 saves only a finite state (`all_finite`).
 
 The record describes the work, not where it lives: a path inside the run's workdir is kept
-relative to it (gr2jax/workdir.portable, "{workdir}/sft/export"), so the same run resumes with
-the workdir spelled relative or absolute, from another directory, or after the workdir was moved
-or copied.
+relative to it (gr2jax/workdir.portable, "{workdir}/sft/export"), and a path inside the checkout
+relative to the checkout ("{checkout}/data/amazon_beauty", the shipped data), so the same run
+resumes with the workdir spelled relative or absolute, from another directory, after the workdir
+was moved or copied, or from another clone or a moved checkout. A data_dir outside the checkout
+is compared as its absolute path.
 
 `restore_latest` walks back from the newest step. A step whose run record differs from this run's
 in a field that alters the run (everything but RUN_NEUTRAL; train.steps only when below the
@@ -102,7 +104,8 @@ def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
 
   Args:
     config: the run config (`train.restart` is left out: it only says how this run starts).
-    workdir: the run's workdir (paths inside it are recorded relative to it).
+    workdir: the run's workdir (paths inside it are recorded relative to it, paths inside the
+      checkout relative to the checkout).
     data_build: exports.data_build_record of the run's data build.
     init_sha256: the digest of config.init (loop.init_digest: of its content, not its path).
     lengths: the static (P, R) of the run's batches.
@@ -153,8 +156,10 @@ def _neutral_fields(*flat_records: dict) -> set[str]:
 
 
 def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object]]:
-  """[(field, saved value, current value)] of the record fields that alter the run."""
-  a, b = _flat(without_added_defaults(saved)), _flat(without_added_defaults(current))
+  """[(field, saved value, current value)] of the record fields that alter the run; a path of
+  this checkout that an older record wrote absolute is the same as its "{checkout}/..." form
+  (workdir.in_checkout)."""
+  a, b = (_flat(without_added_defaults(workdir_lib.in_checkout(r))) for r in (saved, current))
   neutral = _neutral_fields(a, b)
   missing = "<absent>"
   return [(k.removeprefix("config."), a.get(k, missing), b.get(k, missing))

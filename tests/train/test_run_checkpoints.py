@@ -4,6 +4,7 @@ restores, the finite check, restart moving a run aside. Each on a two-leaf state
 compile."""
 
 import glob
+import json
 import os
 
 import jax
@@ -188,6 +189,32 @@ def test_a_record_describes_the_work_not_where_the_workdir_lives(tmp_path, monke
   assert record(str(tmp_path / "copy"), str(tmp_path / "copy" / "sft" / "export")) == absolute
   assert workdir_lib.portable({"a": ["x/y", "preset:tiny", 3]}, "sft") == {
     "a": [str(work / "x" / "y"), "preset:tiny", 3]}
+
+
+def test_a_moved_checkout_resumes_and_another_data_dir_is_refused(tmp_path, monkeypatch):
+  """The tiny recipe's SFT record made with the shipped data of a checkout at one path resumes
+  with the checkout at another (a clone, a move), and as an older record that wrote the path
+  absolute with the checkout where it was; a data_dir of the user's is refused naming the
+  field."""
+  from gr2jax import recipe, recipes
+
+  def record(root, data_dir=None):
+    monkeypatch.setattr(workdir_lib, "CHECKOUT_DIR", str(root))
+    monkeypatch.setattr(recipes, "DATA_DIR", str(root / "data" / "amazon_beauty"))
+    c = recipes.config("", "sft")
+    c.data.data_dir = data_dir or c.data.data_dir
+    return _record(recipe.stage_config(recipe.from_config(c), "sft", "W"), workdir="W")
+
+  saved = record(tmp_path / "clone_a")
+  assert saved["config"]["data"]["data_dir"] == "{checkout}/data/amazon_beauty"
+  run_checkpoints.check_resume(saved, record(tmp_path / "clone_b"), 2, "W/sft/checkpoints")
+  old = json.loads(json.dumps(saved).replace("{checkout}", str(tmp_path / "clone_b")))
+  run_checkpoints.check_resume(old, record(tmp_path / "clone_b"), 2, "W/sft/checkpoints")
+  mine = str(tmp_path / "my_data")
+  with pytest.raises(run_checkpoints.RunChangedError, match=(
+      r"(?s)other settings:\n  data\.data_dir: '\{checkout\}/data/amazon_beauty' \(checkpoint\) "
+      f"-> '{mine}' \\(this run\\)\nRerun")):
+    run_checkpoints.check_resume(saved, record(tmp_path / "clone_b", mine), 2, "W/sft/checkpoints")
 
 
 def test_result_fields_leave_out_what_does_not_change_the_export():
