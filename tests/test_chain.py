@@ -326,6 +326,22 @@ def test_a_moved_or_cloned_checkout_reuses_its_workdirs_steps(tmp_path, monkeypa
     chain.plan_chain(other, workdir, ("sft",))
 
 
+def test_a_moved_checkout_reuses_the_data_build(tmp_path):
+  """The data build keys the raw files by content, not by data_dir: the same files at the
+  moved checkout's path rebuild nothing (tests/data/test_pipeline.py's small synthetic build)."""
+  from gr2jax.data import pipeline
+  from tests.data.test_pipeline import _config, write_dataset_with_sids
+
+  first = tmp_path / "clone_a" / "data"
+  first.mkdir(parents=True)
+  write_dataset_with_sids(first)
+  moved = tmp_path / "clone_b" / "data"
+  shutil.copytree(first, moved)
+  workdir = str(tmp_path / "W")
+  assert not any(pipeline.run(_config(first, first / "sids.npy"), workdir)["cached"].values())
+  assert all(pipeline.run(_config(moved, moved / "sids.npy"), workdir)["cached"].values())
+
+
 def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritten(tmp_path,
                                                                                 monkeypatch):
   """A done step recorded before "{checkout}/..." (the shipped data's absolute path, the checkout
