@@ -12,7 +12,8 @@ inside a block, 'distinct' = no token new to the block committed at two places b
 (decoding/evaluation.evaluate) and reports the valid rate, the invalid kinds, R@1 and the wall
 time. Per spec it also splits validity by where the answer starts relative to the block
 boundaries (response tokens before `{"ranking"` modulo B) and by the reasoning length (tokens),
-from the decoded responses. W is read only (its summary.json paths).
+from the decoded responses. W is read only (its summary.json paths). Every --specs entry is
+checked before anything is loaded (TAU in (0, 1], ORDER one of commit.ORDERS, B an integer >= 1).
 Prints a markdown table and writes every row to --out (JSON).
 """
 
@@ -35,6 +36,7 @@ from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
+from gr2jax.diffusion import commit  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -54,6 +56,49 @@ def define_flags() -> None:
 
 
 ANSWER_START = '{"ranking"'
+SPEC_FORM = "TAU:ORDER:B or TAU:ORDER:B:given, e.g. 0.9:confidence:32"
+
+
+class Spec(NamedTuple):
+  """One --specs entry: its text, how it decodes and whether the reasoning is given."""
+  text: str
+  decode: DecodeSpec
+  given: bool
+
+
+def _spec_problem(fields: list[str]) -> str | None:
+  """What is wrong with the fields of a --specs entry (TAU:ORDER:B[:given]), else None."""
+  if len(fields) not in (3, 4):
+    return f"has {len(fields)} field{'s' * (len(fields) != 1)}, not 3 or 4"
+  tau, order, block, *given = fields
+  if given not in ([], ["given"]):
+    return f"its 4th field is {given[0]!r}, not 'given'"
+  try:
+    tau_value = float(tau)
+  except ValueError:
+    return f"TAU {tau!r} is not a number"
+  if not 0 < tau_value <= 1:
+    return f"TAU {tau} is not in (0, 1]"
+  if order not in commit.ORDERS:
+    return f"ORDER {order!r} is not one of {', '.join(commit.ORDERS)}"
+  if not block.isdigit() or int(block) < 1:
+    return f"B {block!r} is not an integer >= 1"
+  return None
+
+
+def parse_spec(text: str) -> Spec:
+  """A --specs entry TAU:ORDER:B[:given] as a Spec (checked before anything is loaded).
+
+  Raises:
+    app.UsageError: naming --specs, the entry, what is wrong and the expected form.
+  """
+  fields = text.split(":")
+  problem = _spec_problem(fields)
+  if problem:
+    raise app.UsageError(f"--specs: {text!r} {problem}; expected {SPEC_FORM}")
+  decode = DecodeSpec(block_size=int(fields[2]), eval_tau=float(fields[0]),
+                      commit_order=fields[1])
+  return Spec(text, decode, fields[3:] == ["given"])
 
 
 def answer_offsets(tok, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
@@ -101,34 +146,31 @@ def read_diffusion(ckpt: str, workdir: str, split: str, limit: int) -> Diffusion
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
+  specs = [parse_spec(text) for text in FLAGS.specs]
   config, params, tok, data, prompt_len, response_len = read_diffusion(
     FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []
-  for spec in FLAGS.specs:
-    tau, order, block, *given = spec.split(":")
-    if given not in ([], ["given"]):
-      raise app.UsageError(f"--specs: {spec!r} must be TAU:ORDER:B or TAU:ORDER:B:given")
-    cfg = dataclasses.replace(config, block_size=int(block))
-    decode = DecodeSpec(block_size=int(block), eval_tau=float(tau), commit_order=order)
+  for spec in specs:
+    decode, block = spec.decode, spec.decode.block_size
+    cfg = dataclasses.replace(config, block_size=block)
     policy = policy_lib.make_policy(cfg, decode, response_len)
-    jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.replace(':', '_')}.jsonl")
+    jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.text.replace(':', '_')}.jsonl")
     start = time.perf_counter()
     result = evaluation.evaluate(policy, params, data, tok, batch_size=256, prompt_len=prompt_len,
-                                 out_path=jsonl, desc=spec, given_reasoning=bool(given))
+                                 out_path=jsonl, desc=spec.text, given_reasoning=spec.given)
     decoded = [json.loads(line) for line in open(jsonl)]
     before, valid = answer_offsets(tok, decoded)
     counts = collections.Counter(result["counts"])
-    row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, tau=float(tau), order=order, block=int(block),
-               reasoning="given" if given else "generated",
+    row = dict(ckpt=FLAGS.ckpt, split=FLAGS.split, tau=decode.eval_tau, order=decode.commit_order,
+               block=block, reasoning="given" if spec.given else "generated",
                valid_rate=result["valid_rate"], duplicate=counts["duplicate"],
                out_of_set=counts["out_of_set"],
                other_invalid=sum(v for k, v in counts.items()
                                  if k not in ("valid", "duplicate", "out_of_set")),
                R1=result["R@1"], R1_se=result["R@1_se"], nfe_per_token=result["nfe_per_token"],
                seconds=time.perf_counter() - start,
-               valid_by_answer_offset=by_group(np.where(before < 0, -1, before % int(block)),
-                                               valid),
+               valid_by_answer_offset=by_group(np.where(before < 0, -1, before % block), valid),
                valid_by_reasoning_tokens=by_group(before, valid))
     print(json.dumps(row), flush=True)
     rows.append(row)
