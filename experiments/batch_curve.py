@@ -79,6 +79,19 @@ def define_flags() -> None:
   FLAGS.set_default("hf_check", False)
 
 
+def read_json(path: str, note: str):
+  """The JSON of the file `path`; one that is not JSON is a ValueError naming it, where it
+  breaks, and `note` (what the file is, what to do)."""
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); "
+                     f"{note}") from None
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); {note}") from None
+
+
 # ---- modes and the curve (pure) -------------------------------------------------------------
 
 
@@ -250,7 +263,8 @@ def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_pa
   s = plan.PRESETS["qwen3_8b"]
   header = {"versions": plan.versions(), "prompt_len": s.prompt_len,
             "response_len": s.response_len, "block_size": s.block_size}
-  cache = json.load(open(cache_path)) if os.path.exists(cache_path) else {}
+  cache = (read_json(cache_path, "the compiles of earlier runs: delete it to compile again")
+           if os.path.exists(cache_path) else {})
   if cache.get("header") != header:  # other compilers or shapes: nothing reusable
     cache = {"header": header, "steps": {}}
   out = {}
@@ -270,10 +284,9 @@ def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_pa
 
 def run_predicted(batches: list[int], ks: list[int]) -> dict:
   """The predicted section (module doc)."""
-  with open(FLAGS.table3) as f:
-    fpt = roofline.forwards_per_token(json.load(f)["rows"])
-  with open(FLAGS.grid_json) as f:
-    spec_fpt = roofline.speculative_forwards_per_token(json.load(f)["grid"]["rows"])
+  fpt = roofline.forwards_per_token(read_json(FLAGS.table3, "the file of --table3")["rows"])
+  spec_fpt = roofline.speculative_forwards_per_token(
+    read_json(FLAGS.grid_json, "the file of --grid_json")["grid"]["rows"])
   taus = [float(t) for t in FLAGS.taus]
   s = plan.PRESETS["qwen3_8b"]
   modes = predicted_modes(fpt, spec_fpt, taus, ks, [float(t) for t in FLAGS.spec_taus],
@@ -310,8 +323,7 @@ def run_cpu(batches: list[int], runs: dict, save) -> None:
   commands are kept), `save()` after every batch."""
   import jax
 
-  with open(FLAGS.schedules) as f:
-    schedules = json.load(f)
+  schedules = read_json(FLAGS.schedules, "the file of --schedules")
   chosen = [bench_speedup.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
   head = {"command": command_line(), "device": str(jax.devices()[0].device_kind),
           "schedules": os.path.relpath(FLAGS.schedules, REPO), "repeats": FLAGS.repeats}
@@ -422,7 +434,8 @@ def main(argv):
     raise app.UsageError(f"--schedules={FLAGS.schedules} does not exist")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   path = os.path.join(FLAGS.out_dir, "batch_curve.json")
-  result = json.load(open(path)) if os.path.exists(path) else {}  # the other section's kept
+  result = (read_json(path, "it keeps the sections of earlier commands: repair it, or move it "
+                     "aside to start afresh") if os.path.exists(path) else {})
 
   def save(section=None, name=None):
     if section is not None:

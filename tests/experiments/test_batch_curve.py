@@ -122,3 +122,28 @@ def test_a_bad_flag_is_one_line(tmp_path):
     env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 1 and "Traceback" not in result.stderr
   assert "--sections: ['gpu'] not in ('predicted', 'cpu')" in result.stderr
+
+
+def test_a_corrupt_json_file_is_named(tmp_path):
+  path = tmp_path / "compiled.json"
+  path.write_text('{"header": ')
+  with pytest.raises(ValueError) as e:
+    batch_curve.read_json(str(path), "delete it")
+  assert str(e.value) == f"{path}: not valid JSON (Expecting value at line 1 column 12); delete it"
+  path.write_bytes(b"\xff\xfe")
+  with pytest.raises(ValueError, match=f"^{path}: not UTF-8 text .*; delete it$"):
+    batch_curve.read_json(str(path), "delete it")
+
+
+def test_a_corrupt_batch_curve_json_is_one_line_naming_it(tmp_path):
+  (tmp_path / "batch_curve.json").write_text('{"cpu": {')
+  result = subprocess.run(
+    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=cpu",
+     "--schedules=docs/results/lossless/schedules.json", f"--out_dir={tmp_path}"],
+    capture_output=True, text=True, cwd=REPO, timeout=300,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"})
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.strip().splitlines()[-1] == (
+    f"{tmp_path / 'batch_curve.json'}: not valid JSON (Expecting property name enclosed in double "
+    "quotes at line 1 column 10); it keeps the sections of earlier commands: repair it, or move "
+    "it aside to start afresh")
