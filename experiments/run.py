@@ -100,6 +100,19 @@ def _run_step(config, workdir):
   return chain.run_step(_recipe(config), config.stage, workdir, config.upstream)
 
 
+def eval_checkpoint(evaluate, workdir: str) -> str:
+  """The directory --config.evaluate.ckpt names (`{workdir}` filled in), checked before anything
+  loads: a missing one is a UsageError naming the flag and the path."""
+  if not evaluate.ckpt:
+    raise app.UsageError("eval.py needs --config.evaluate.ckpt=<checkpoint or HF dir>")
+  ckpt = evaluate.ckpt.format(workdir=workdir)
+  if not os.path.isdir(ckpt):
+    what = "is not a directory" if os.path.exists(ckpt) else "does not exist"
+    raise app.UsageError(f"--config.evaluate.ckpt: {ckpt} {what} (pass a gr2jax export or an "
+                         "HF Qwen3 directory)")
+  return ckpt
+
+
 def _run_eval(config, workdir):
   import json
 
@@ -107,9 +120,7 @@ def _run_eval(config, workdir):
   from gr2jax.train import loop
 
   e = config.evaluate
-  if not e.ckpt:
-    raise app.UsageError("eval.py needs --config.evaluate.ckpt=<checkpoint or HF dir>")
-  ckpt = e.ckpt.format(workdir=workdir)
+  ckpt = eval_checkpoint(e, workdir)
   r = _recipe(config)
   view = recipe.evaluation_config(r)
   config_checks.check_stage_config(view)

@@ -113,6 +113,36 @@ def test_an_unknown_override_names_the_flag_and_the_fields(run_module):
     "--config.tacher: the config has no field 'tacher'; its fields: data, decode,")
 
 
+def test_a_missing_eval_checkpoint_names_the_flag_and_the_path(run_module, tmp_path):
+  import ml_collections
+  from absl import app
+
+  evaluate = ml_collections.ConfigDict({"ckpt": "{workdir}/cft/export"})
+  with pytest.raises(app.UsageError) as e:
+    run_module.eval_checkpoint(evaluate, str(tmp_path))
+  assert str(e.value) == (f"--config.evaluate.ckpt: {tmp_path}/cft/export does not exist (pass a "
+                          "gr2jax export or an HF Qwen3 directory)")
+  (tmp_path / "cft").mkdir()
+  (tmp_path / "cft" / "export").write_text("")
+  with pytest.raises(app.UsageError, match="cft/export is not a directory"):
+    run_module.eval_checkpoint(evaluate, str(tmp_path))
+  (tmp_path / "cft" / "export").unlink()
+  (tmp_path / "cft" / "export").mkdir()
+  assert run_module.eval_checkpoint(evaluate, str(tmp_path)) == f"{tmp_path}/cft/export"
+
+
+def test_eval_py_with_a_missing_checkpoint_is_one_line_before_the_data_loads(tmp_path):
+  """No data build is made and no stage is blamed: the line names the flag and the path."""
+  missing = tmp_path / "W" / "cft" / "export"
+  result = _run("--config=eval.py", f"--workdir={tmp_path / 'W'}",
+                f"--config.evaluate.ckpt={missing}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert result.stderr.strip().splitlines()[-1] == (
+    f"--config.evaluate.ckpt: {missing} does not exist (pass a gr2jax export or an HF Qwen3 "
+    "directory)")
+  assert os.listdir(tmp_path / "W") == []
+
+
 def _data_overrides(data_dir) -> dict[str, object]:
   """{field: value} of a small synthetic data build (tests/data/test_pipeline.py's: 160 users,
   300 items, a SID file), each a `--config.<field>=<value>` of the command line."""
@@ -128,7 +158,7 @@ def _tiny_export(config, workdir: str, path: str) -> None:
   """A fresh tiny block-diffusion model of the data build of `config` (built here, in
   `workdir`), saved at `path` with its data build recorded, as a stage exports it."""
   from gr2jax import exports, recipe
-  from gr2jax.data import pipeline
+  from gr2jax.data import pipeline, prompts
   from gr2jax.data import tokenizer as tokenizer_lib
   from gr2jax.train import loop
 
@@ -140,7 +170,7 @@ def _tiny_export(config, workdir: str, path: str) -> None:
   model_config, params = loop.model_from_init("preset:tiny", tok, view.train,
                                               r.decode.block_size)
   exports.save(path, model_config, params, metadata={
-    "data_build": exports.data_build_record(tok, pipeline.prompt_config(data))})
+    "data_build": exports.data_build_record(tok, prompts.prompt_config(data))})
 
 
 def test_eval_py_runs_as_the_readme_writes_it(tmp_path):
