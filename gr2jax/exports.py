@@ -321,12 +321,25 @@ def vocab_digest(tokenizer) -> str:
   return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def data_build_record(tokenizer, prompt) -> dict[str, Any]:
+def sids_digest(sids: np.ndarray) -> str:
+  """The sha256 of a data build's semantic IDs (their int32 [I, L + 1] shape and values, row
+  major): what `sids_sha256` means in a data build record. Two builds of the same catalogue can
+  hold same-shaped SIDs that give the items other codes; this tells them apart."""
+  sids = np.ascontiguousarray(sids, np.int32)
+  digest = hashlib.sha256(json.dumps(list(sids.shape)).encode())
+  digest.update(sids.reshape(-1).view(np.uint8).data)
+  return digest.hexdigest()
+
+
+def data_build_record(tokenizer, prompt, sids: np.ndarray | None = None) -> dict[str, Any]:
   """What a model's inputs depend on in its data build: the tokenizer (`vocab_sha256`, the
-  vocab_digest; `vocab`, its size) and the prompt format (data/prompts.PromptConfig)."""
+  vocab_digest; `vocab`, its size), the prompt format (data/prompts.PromptConfig) and, when
+  given, the semantic IDs its prompts show (`sids_sha256`, the sids_digest: a stage's export
+  records it; its run record, like every run recorded before the field, does not)."""
   prompt = json.loads(json.dumps(dataclasses.asdict(prompt)))
-  return {"vocab_sha256": vocab_digest(tokenizer), "vocab": len(tokenizer.get_vocab()),
-          "prompt": prompt}
+  record = {"vocab_sha256": vocab_digest(tokenizer), "vocab": len(tokenizer.get_vocab()),
+            "prompt": prompt}
+  return record if sids is None else {**record, "sids_sha256": sids_digest(sids)}
 
 
 def recorded_vocab_digest(record: Mapping[str, Any]) -> str | None:
@@ -337,10 +350,14 @@ def recorded_vocab_digest(record: Mapping[str, Any]) -> str | None:
 
 def data_build_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
   """How two data build records (`data_build_record`) differ, one phrase per field, a's value
-  first: the tokenizer (digest and size) and each prompt field."""
+  first: the tokenizer (digest and size), the semantic IDs (when both records hold their digest)
+  and each prompt field."""
   digest_a, digest_b = recorded_vocab_digest(a), recorded_vocab_digest(b)
   problems = [f"tokenizer vocab_sha256 {digest_a[:16]} (vocab {a['vocab']}) vs "
               f"{digest_b[:16]} (vocab {b['vocab']})"] if digest_a != digest_b else []
+  sids_a, sids_b = a.get("sids_sha256"), b.get("sids_sha256")
+  if sids_a and sids_b and sids_a != sids_b:
+    problems.append(f"semantic IDs sids_sha256 {sids_a[:16]} vs {sids_b[:16]}")
   prompt_a, prompt_b = a["prompt"], b["prompt"]
   for field in sorted(set(prompt_a) | set(prompt_b)):
     if prompt_a.get(field) != prompt_b.get(field):
@@ -357,7 +374,8 @@ def check_data_build(path: str, current: Mapping[str, Any]) -> None:
     current: `data_build_record` of the data build about to feed the model.
 
   Raises:
-    ValueError: the tokenizers or the prompt formats differ; names both.
+    ValueError: the tokenizers, the semantic IDs (when both records hold their digest) or the
+      prompt formats differ; names both.
   """
   recorded = load_metadata(path).get("data_build") if os.path.isdir(path) else None
   problems = data_build_differences(recorded, current) if recorded else []

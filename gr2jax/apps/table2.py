@@ -28,8 +28,8 @@ import numpy as np
 from gr2jax import chain, exports, files
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
+from gr2jax.data import build_rendering, pipeline, tfds_builder
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline, tfds_builder
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import teacher as teacher_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -107,7 +107,7 @@ def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]
   each user's kept history, as data/examples.py scores them)."""
   source = tfds_builder.data_source(summary["paths"]["tfds"], split)
   records = [source[i] for i in range(limit)]
-  catalog, sids = requests_lib.build_sids(summary)
+  catalog, sids = build_rendering.build_sids(summary)
   cfg = summary["examples"]["config"]
   candidates = np.stack([np.asarray(r["candidates"]) for r in records])
   levels = requests_lib.evidence_levels(

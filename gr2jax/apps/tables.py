@@ -41,9 +41,8 @@ import time
 import numpy as np
 
 from gr2jax import files, load
-from gr2jax.data import answer, pipeline, prompts, tfds_builder
+from gr2jax.data import answer, build_rendering, pipeline, prompts, tfds_builder
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
 from gr2jax.decoding import evaluation, prompt_io
@@ -86,8 +85,8 @@ def load_inputs(table: TablesView, workdir: str) -> Inputs:
   source = tfds_builder.data_source(paths["tfds"], table.split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
   p, r = lengths_lib.static_lengths(summary)
-  catalog, sids = requests_lib.build_sids(summary)
-  return Inputs(tok, data, records, p, r, pipeline.prompt_config(table.data), catalog, sids,
+  catalog, sids = build_rendering.build_sids(summary)
+  return Inputs(tok, data, records, p, r, prompts.prompt_config(table.data), catalog, sids,
                 paths["tfds"])
 
 

@@ -21,7 +21,7 @@ Prompt formats (`TeacherSpec.prompt`):
           whole kept history, every item with its SID, brand, category and title) through the
           teacher tokenizer's own chat template with thinking off (`enable_thinking=False`);
           the answer is one JSON object {"reasoning": str, "ranking": [labels, best first]}.
-  'data'  the data build's own prompt (pipeline.prompt_config), as a model trained by this
+  'data'  the data build's own prompt (prompts.prompt_config), as a model trained by this
           project reads it (e.g. the tiny AR GR2 SFT export); the reasoning is the response's
           `<think>` block (answer.reasoning_text), the answer its JSON ranking.
 Labels are the build's candidate labels (slot tokens or SIDs), so a trace cites candidates as the

@@ -198,17 +198,6 @@ class _Steps:
     log.info("step %-10s %6.1f s%s", name, self.timings[name], " (cached)" if hit else "")
 
 
-def prompt_config(config, answer_format: str | None = None,
-                  evidence_mode: str | None = None) -> prompts.PromptConfig:
-  """The PromptConfig of `config.prompt`, optionally with another answer format / evidence."""
-  p = config.prompt
-  return prompts.PromptConfig(
-    style=p.style,
-    answer_format=answer_format or p.answer_format, evidence=evidence_mode or p.evidence,
-    fields=tuple(p.fields), title_words=p.title_words, history_items=p.history_items,
-    evidence_levels=evidence.NUM_BUCKETS, max_citations=p.max_citations)
-
-
 def rqvae_config(config) -> rqvae.RQVAEConfig:
   """The RQVAEConfig of `config.rqvae`."""
   return rqvae.RQVAEConfig(**config.rqvae.to_dict())
@@ -242,7 +231,7 @@ def _prompt_lengths(exs, catalog, sids, config, tok) -> dict:
   exs = exs[: config.tokenizer_sample]
   out = {}
   for answer_format, evidence_mode in VARIANTS:
-    pc = prompt_config(config, answer_format, evidence_mode)
+    pc = prompts.prompt_config(config, answer_format, evidence_mode)
     rendered = [prompts.render_example(e, catalog, sids, pc) for e in exs]
     ids = tok([r.prompt for r in rendered], add_special_tokens=False)["input_ids"]
     resp = tok([r.reasoning + r.answer for r in rendered], add_special_tokens=False)["input_ids"]
@@ -260,7 +249,7 @@ def _tokenizer_corpus(catalog, exs, sids, config) -> list[str]:
   sample = rng.permutation(len(exs))[: config.tokenizer_sample]
   texts = []
   for answer_format, evidence_mode in VARIANTS:
-    pc = prompt_config(config, answer_format, evidence_mode)
+    pc = prompts.prompt_config(config, answer_format, evidence_mode)
     for i in sample:
       r = prompts.render_example(exs[i], catalog, sids, pc)
       texts.append(r.prompt + r.reasoning + r.answer)
@@ -629,7 +618,7 @@ def _run(config, workdir: str, read_only: bool = False) -> dict:
                             lambda out: _build_tokenizer(out, config, catalog, by_split, sids))
   tok = tokenizer.load_tokenizer(tok_dir)
 
-  pc = prompt_config(config)
+  pc = prompts.prompt_config(config)
   tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc),
                   _code(prompts, tfds_builder))
 

@@ -26,6 +26,7 @@ import json
 
 import numpy as np
 
+from gr2jax.data import evidence
 from gr2jax.data.records import Catalog, RerankExample
 
 ANSWER_FORMATS = ("sid", "slot")
@@ -98,6 +99,18 @@ class PromptConfig:
     if self.title_words < 1 or self.history_items < 0 or self.evidence_levels < 2:
       raise ValueError(f"bad lengths in {self}: need title_words >= 1, history_items >= 0, "
                        "evidence_levels >= 2")
+
+
+def prompt_config(data_config, answer_format: str | None = None,
+                  evidence_mode: str | None = None) -> PromptConfig:
+  """The PromptConfig of a data build config's `prompt` section (the recipe's data build),
+  optionally with another answer format / evidence mode."""
+  p = data_config.prompt
+  return PromptConfig(
+    style=p.style,
+    answer_format=answer_format or p.answer_format, evidence=evidence_mode or p.evidence,
+    fields=tuple(p.fields), title_words=p.title_words, history_items=p.history_items,
+    evidence_levels=evidence.NUM_BUCKETS, max_citations=p.max_citations)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,10 +8,10 @@ A request is one JSON object, `{"id": ..., "history": [item, ...] (oldest first)
 needs one of the data build's (matched by ASIN).
 
 A request is rendered exactly as the model saw its training data (`Rendering`): the data build's
-prompt config, and the per-candidate evidence buckets of gr2jax/data/evidence.py with the
-thresholds the build fit on its training lists over the last `max_history` items. The summary
-keeps those thresholds rounded to 6 decimals and levels often sit exactly on one, so
-`build_thresholds` recovers the exact ones from the build's own records (`exact_thresholds`).
+prompt config, and the per-candidate evidence buckets of gr2jax/data/evidence.py with the exact
+thresholds the build fit on its training lists over the last `max_history` items
+(gr2jax/data/build_rendering.py reads them from a data build; an export's inference bundle,
+gr2jax/decoding/bundle.py, carries them). This module reads no data build: serving imports it.
 
 Rows: an answer `{"line", "id", "ranking": [items best first, as given], "ranking_slots",
 "reasoning", "kind": answer validity, "fallback": bool, "response"}` (an invalid answer falls back
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from gr2jax.data import answer, pipeline, prompts, raw, rqvae, tfds_builder
+from gr2jax.data import answer, prompts, raw
 from gr2jax.data import evidence as evidence_lib
 from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.data.split import PAD
@@ -130,7 +130,8 @@ class Rendering:
   Attributes:
     catalogue: the items requests may name.
     prompt: the data build's PromptConfig.
-    thresholds: [3, 3] evidence bucket thresholds fit by the data build (build_thresholds).
+    thresholds: [3, 3] evidence bucket thresholds fit by the data build (exact, not the
+      summary's rounded ones: build_rendering.build_thresholds).
     evidence_decay, evidence_window: the data build's evidence settings.
     max_history: history items an example keeps (the evidence sees the last evidence_window).
     num_candidates: N.
@@ -273,20 +274,6 @@ def render(requests: list[Request], rendering: Rendering) -> list[prompts.Render
           for e in to_examples(requests, rendering)]
 
 
-def load_rendering(summary: dict, data_config, items: str = "") -> Rendering:
-  """The Rendering of a data build (its pipeline.run summary and config).
-
-  Args:
-    summary: the data build's summary.
-    data_config: its config (the prompt: pipeline.prompt_config).
-    items: a user-supplied items.jsonl ('' = the build's catalogue).
-  """
-  build_catalog, sids = build_sids(summary)
-  thresholds = build_thresholds(summary, Catalogue.make(build_catalog, sids))
-  return make_rendering(build_catalog, sids, pipeline.prompt_config(data_config), thresholds,
-                        summary["examples"]["config"], items)
-
-
 def make_rendering(build_catalog: Catalog, sids: np.ndarray, prompt: prompts.PromptConfig,
                    thresholds: np.ndarray, settings, items: str = "") -> Rendering:
   """The Rendering of a build's catalogue and semantic IDs, its prompt, its exact evidence
@@ -310,58 +297,3 @@ def answer_row(request: Request, response: str, labels: tuple[str, ...]) -> dict
           "ranking": [request.candidate_ids[s] for s in slots], "ranking_slots": slots,
           "reasoning": answer.reasoning_text(response), "kind": result.kind,
           "fallback": result.kind != "valid", "response": response}
-
-
-def build_sids(summary: dict) -> tuple[Catalog, np.ndarray]:
-  """The data build's catalogue and semantic IDs [I, L + 1], from the paths of its summary
-  (`pipeline.run(...)['paths']`: items.jsonl.gz and the sids.npy the prompts were rendered with).
-  """
-  catalog = raw.load_catalog(pathlib.Path(summary["paths"]["items"]))
-  return catalog, rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
-
-
-def exact_thresholds(rounded: np.ndarray, levels: np.ndarray, buckets: np.ndarray,
-                     unit: float = 1e-6) -> np.ndarray:
-  """The build's evidence thresholds, recovered from the rounded ones its summary keeps.
-
-  The summary rounds them to 6 decimals, and evidence levels often sit exactly on a threshold
-  (a quantile of repeated values such as 1/3), so the rounded value would move such levels up a
-  bucket. Within half a rounding unit of each rounded threshold, the build's own records say
-  which levels were above it: the exact threshold is the largest level there that was not.
-
-  Args:
-    rounded: [3, 3] thresholds from the summary.
-    levels: [M, 3] evidence levels of the build's records (evidence_levels).
-    buckets: [M, 3] the buckets the build gave them.
-    unit: the rounding unit.
-
-  Returns:
-    [3, 3] thresholds that give every one of the records its build bucket.
-  """
-  out = np.asarray(rounded, np.float64).copy()
-  for k in range(out.shape[0]):
-    v, b = levels[:, k], buckets[:, k]
-    for j in range(out.shape[1]):
-      near = (np.abs(v - out[k, j]) <= unit / 2) & (v > 0)
-      below = near & (b < j + 2)  # bucket = 1 + the number of thresholds a level exceeds
-      if below.any():
-        out[k, j] = v[below].max()
-      elif near.any():  # every level there was above: the lowest threshold the rounding allows
-        out[k, j] -= unit / 2
-  return out
-
-
-def build_thresholds(summary: dict, catalogue: Catalogue,
-                     limit: int = 5000) -> np.ndarray:
-  """The data build's exact evidence thresholds (exact_thresholds on its first `limit` training
-  records; the records' history and candidates are the build's own)."""
-  cfg = summary["examples"]["config"]
-  rounded = np.asarray([summary["examples"]["evidence_thresholds"][k]
-                        for k in evidence_lib.KINDS], np.float64)
-  source = tfds_builder.data_source(summary["paths"]["tfds"], "train")
-  records = [source[i] for i in range(min(limit, len(source)))]
-  levels = evidence_levels([r["history"] for r in records],
-                           np.stack([r["candidates"] for r in records]), catalogue,
-                           cfg["max_history"], cfg["evidence_decay"], cfg["evidence_window"])
-  buckets = np.stack([r["evidence"] for r in records])
-  return exact_thresholds(rounded, levels.reshape(-1, 3), buckets.reshape(-1, 3))

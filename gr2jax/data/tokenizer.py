@@ -18,6 +18,9 @@ from tokenizers import decoders, models, pre_tokenizers, trainers
 from gr2jax.data import prompts
 
 ADDED_TOKENS_FILE = "added_tokens.txt"
+# What load_tokenizer reads of a tokenizer directory: without tokenizer.json transformers asks for
+# sentencepiece, without tokenizer_config.json it loads with no eos / pad token.
+FILES = ("tokenizer.json", "tokenizer_config.json")
 _TOKEN_PATTERN = re.compile(r"<\|?[A-Za-z/]+(?:_\d+)?\|?>")
 
 
@@ -114,7 +117,15 @@ def extend_tokenizer(base_dir: str, out_dir: str, *, codes_per_level: tuple[int,
 
 
 def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
-  """Loads a saved tokenizer directory (local only)."""
+  """Loads a saved tokenizer directory (local only).
+
+  Raises:
+    FileNotFoundError: the directory lacks a file of FILES (names the directory and the files).
+  """
+  missing = [name for name in FILES if not os.path.isfile(os.path.join(path, name))]
+  if missing:
+    raise FileNotFoundError(f"{path}: no tokenizer file(s) {', '.join(missing)} (a tokenizer "
+                            f"directory holds {' and '.join(FILES)})")
   return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 

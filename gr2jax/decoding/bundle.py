@@ -1,37 +1,51 @@
 """The inference bundle: what a stage's export carries so that it re-ranks with nothing else.
 
 A training stage's export (train/loop.py) holds, beside its params, model config and metadata
-(the data build's config, whose prompt section is the PromptConfig, and the decode spec):
+(the data build's config, whose prompt section is the PromptConfig; the decode spec; the data
+build record; the run record, whose `lengths` are the P, R it was trained with):
   tokenizer.json, ...        the data build's tokenizer files (where a converted checkpoint keeps
                              its own; load.find_tokenizer finds them there)
-  inference/bundle.json      P and R (data/lengths.static_lengths), the build's exact evidence
-                             thresholds (data/requests.build_thresholds, full precision) and its
-                             example settings the rendering reads (requests.RENDERING_SETTINGS)
+  inference/bundle.json      `format`; `prompt_len`, `response_len`: P and R
+                             (data/lengths.static_lengths); `thresholds`: the build's exact
+                             evidence thresholds (data/build_rendering.py, full precision); its
+                             example settings the rendering reads (requests.RENDERING_SETTINGS);
+                             `items_file`; `files`: the sha256 of every file above and below,
+                             by its path in the export
   inference/<items file>     the build's catalogue (titles, brands, categories, ASIN order)
   inference/sids.npy         the semantic IDs its prompts were rendered with
 
-`write(directory, summary, data_config)` copies them from a data build (pipeline.run's summary)
-into an export being written; `read(export, data_config, items)` gives the tokenizer, the
-request Rendering and P, R back with no workdir, raw data or pipeline run, or None for an export
-written before exports carried a bundle (decoding/reranker.py then builds the data build).
+`write(export, summary, rendering)` copies them from a data build into an export (the build's
+Rendering comes from data/build_rendering.py: this module reads no data build, so serving an
+export imports neither the pipeline nor TFDS). `read(export, data_config, items)` checks them and
+gives the tokenizer, the request Rendering, P, R and the data build record back. It returns None
+only for an export that never had a bundle (no inference/ directory; decoding/reranker.py then
+needs the workdir of its data build). Anything else wrong is a one-line ValueError naming the
+file and the field: a missing bundle.json or listed file, a file whose sha256 is not the recorded
+one, bad JSON, a field missing or of the wrong type or range, settings other than the export's
+data config's, widths other than its run record's. A bundle of another format (format 1 recorded
+no digests) is refused with the command that writes a new one (`rebundle_command`).
 """
 
 import dataclasses
 import json
+import math
 import os
 import shutil
 
 import numpy as np
 
+from gr2jax import exports
+from gr2jax import files as files_lib
+from gr2jax.data import evidence, prompts, raw
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline, raw, rqvae
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 
 DIRECTORY = "inference"
 BUNDLE_FILE = "bundle.json"
 SIDS_FILE = "sids.npy"
-FORMAT = 1
+FORMAT = 2
+THRESHOLDS_SHAPE = (len(evidence.KINDS), evidence.NUM_BUCKETS - 2)  # bucket 0 = no match
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,67 +57,222 @@ class Inference:
     rendering: how the build renders a request (data/requests.py).
     prompt_len: P, the build's static prompt width.
     response_len: R, the build's static response width (the default response cap).
+    data_build: the build's exports.data_build_record (tokenizer, prompt, SIDs), checked against
+      the export's own by the reranker.
   """
 
   tokenizer: object
   rendering: requests_lib.Rendering
   prompt_len: int
   response_len: int
+  data_build: dict
 
 
-def write(directory: str, summary: dict, data_config) -> None:
-  """Copies a data build's inference bundle (module docstring) into `directory`.
+def rebundle_command(export: str) -> str:
+  """The command that writes an export's inference bundle from its data build."""
+  return (f"python weights_conversion/add_bundle.py --export={export} "
+          "--workdir=<the workdir of its data build>")
+
+
+def write(export: str, summary: dict, rendering: requests_lib.Rendering) -> None:
+  """Writes a data build's inference bundle (module docstring) into `export`: the tokenizer
+  files beside the params, then inference/ at once (exports.atomic_directory: an interrupted
+  write leaves the inference/ the export had, or none; an existing one is replaced).
 
   Args:
-    directory: the export being written (exports.save's write_more).
-    summary: the data build's pipeline.run summary.
-    data_config: its config (the prompt).
+    export: the export (one being written: exports.save's write_more; or a finished one:
+      weights_conversion/add_bundle.py).
+    summary: the data build's pipeline.run summary (its files, P and R).
+    rendering: the build's Rendering of its own catalogue (build_rendering.load_rendering): the
+      exact thresholds and the settings.
   """
-  rendering = requests_lib.load_rendering(summary, data_config)
   paths = summary["paths"]
+  digests = {}
   for name in sorted(os.listdir(paths["tokenizer"])):
     source = os.path.join(paths["tokenizer"], name)
     if os.path.isfile(source):
-      shutil.copyfile(source, os.path.join(directory, name))
-  inference = os.path.join(directory, DIRECTORY)
-  os.makedirs(inference)
+      shutil.copyfile(source, os.path.join(export, name))
+      digests[name] = files_lib.file_sha256(os.path.join(export, name))
   items = os.path.basename(paths["items"])
-  shutil.copyfile(paths["items"], os.path.join(inference, items))
-  shutil.copyfile(paths["sids"], os.path.join(inference, SIDS_FILE))
   p, r = lengths_lib.static_lengths(summary)
-  settings = summary["examples"]["config"]
-  record = {"format": FORMAT, "prompt_len": p, "response_len": r, "items_file": items,
-            "thresholds": rendering.thresholds.tolist(),
-            **{name: settings[name] for name in requests_lib.RENDERING_SETTINGS}}
-  with open(os.path.join(inference, BUNDLE_FILE), "w") as f:
-    json.dump(record, f, indent=1)
+
+  def fill(directory: str) -> None:
+    for name, source in ((items, paths["items"]), (SIDS_FILE, paths["sids"])):
+      shutil.copyfile(source, os.path.join(directory, name))
+      digests[f"{DIRECTORY}/{name}"] = files_lib.file_sha256(os.path.join(directory, name))
+    record = {"format": FORMAT, "prompt_len": p, "response_len": r, "items_file": items,
+              "thresholds": rendering.thresholds.tolist(),
+              **{name: getattr(rendering, name) for name in requests_lib.RENDERING_SETTINGS},
+              "files": dict(sorted(digests.items()))}
+    with open(os.path.join(directory, BUNDLE_FILE), "w") as f:
+      json.dump(record, f, indent=1)
+
+  exports.atomic_directory(os.path.join(export, DIRECTORY), fill, overwrite=True)
 
 
 def read(export: str, data_config, items: str = "") -> Inference | None:
-  """The inference bundle of an export (module docstring), or None when it has none.
+  """The checked inference bundle of an export (module docstring), or None when it never had
+  one (no inference/ directory).
 
   Args:
     export: the export directory.
-    data_config: the data build's config (its prompt; the export records it).
+    data_config: the data build's config (its prompt and example settings; the export records
+      it).
     items: a user-supplied items.jsonl ('' = the build's catalogue), matched to the build's
       semantic IDs by ASIN.
 
   Raises:
-    ValueError: a bundle of another format (names the file and how to re-export).
+    ValueError: one line naming the file and the field (module docstring).
   """
   inference = os.path.join(export, DIRECTORY)
-  path = os.path.join(inference, BUNDLE_FILE)
-  if not os.path.isfile(path):
+  if not os.path.isdir(inference):
     return None
-  with open(path) as f:
-    record = json.load(f)
-  if record.get("format") != FORMAT:
-    raise ValueError(f"{path}: inference bundle format {record.get('format')!r}, this version "
-                     f"reads {FORMAT}; re-export the stage (--config.stages.<stage>.train."
-                     "restart=True) or pass workdir= and data_config= of its data build")
+  path = os.path.join(inference, BUNDLE_FILE)
+  record = _load_record(path, export)
+  _check_fields(record, path, export)
+  _check_against_export(record, path, export, data_config)
+  _check_files(record, path, export)
   catalog = raw.load_catalog(os.path.join(inference, record["items_file"]))
-  sids = rqvae.load_sids(os.path.join(inference, SIDS_FILE), catalog.num_items)
-  rendering = requests_lib.make_rendering(catalog, sids, pipeline.prompt_config(data_config),
-                                          np.asarray(record["thresholds"]), record, items)
-  return Inference(tokenizer_lib.load_tokenizer(export), rendering, record["prompt_len"],
-                   record["response_len"])
+  sids = _load_sids(os.path.join(inference, SIDS_FILE), catalog.num_items, export)
+  prompt = prompts.prompt_config(data_config)
+  rendering = requests_lib.make_rendering(catalog, sids, prompt, np.asarray(record["thresholds"]),
+                                          record, items)
+  tokenizer = tokenizer_lib.load_tokenizer(export)
+  return Inference(tokenizer, rendering, record["prompt_len"], record["response_len"],
+                   exports.data_build_record(tokenizer, prompt, sids))
+
+
+def _load_record(path: str, export: str) -> dict:
+  """bundle.json as a dict, its format checked first."""
+  if not os.path.isfile(path):
+    raise ValueError(f"{path}: missing: the export has an {DIRECTORY}/ directory without its "
+                     f"bundle file (an incomplete bundle); write it again: "
+                     f"{rebundle_command(export)}")
+  try:
+    with open(path) as f:
+      record = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path}: not a JSON bundle ({e}); write it again: "
+                     f"{rebundle_command(export)}") from None
+  if not isinstance(record, dict):
+    raise ValueError(f"{path}: not a JSON object but {type(record).__name__}; write it again: "
+                     f"{rebundle_command(export)}")
+  if record.get("format") != FORMAT:
+    raise ValueError(f"{path}: field 'format' is {record.get('format')!r}, this version reads "
+                     f"inference bundle format {FORMAT} (format 1 recorded no file digests); "
+                     f"write it again: {rebundle_command(export)}")
+  return record
+
+
+def _is_int(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+  return (isinstance(value, int | float) and not isinstance(value, bool)
+          and math.isfinite(value))
+
+
+def _is_width(value) -> bool:
+  return _is_int(value) and value > 0 and value % lengths_lib.LENGTH_MULTIPLE == 0
+
+
+def _is_file_name(value) -> bool:
+  return (isinstance(value, str) and value not in ("", ".", "..", BUNDLE_FILE, SIDS_FILE)
+          and os.path.basename(value) == value)
+
+
+def _is_thresholds(value) -> bool:
+  return (isinstance(value, list) and len(value) == THRESHOLDS_SHAPE[0]
+          and all(isinstance(row, list) and len(row) == THRESHOLDS_SHAPE[1]
+                  and all(_is_number(v) for v in row) for row in value))
+
+
+def _is_export_path(name) -> bool:
+  return (isinstance(name, str) and name == os.path.normpath(name) and not os.path.isabs(name)
+          and name.split("/")[0] != "..")
+
+
+def _is_digest(value) -> bool:
+  return (isinstance(value, str) and len(value) == 64
+          and all(c in "0123456789abcdef" for c in value))
+
+
+def _is_files(value) -> bool:
+  return (isinstance(value, dict) and all(_is_export_path(k) and _is_digest(v)
+                                          for k, v in value.items()))
+
+
+# bundle.json's fields besides `format`: (what the value must be, its check).
+FIELDS = {
+  "prompt_len": (f"a positive multiple of {lengths_lib.LENGTH_MULTIPLE}", _is_width),
+  "response_len": (f"a positive multiple of {lengths_lib.LENGTH_MULTIPLE}", _is_width),
+  "items_file": (f"the name of a file in {DIRECTORY}/", _is_file_name),
+  "thresholds": (f"a {list(THRESHOLDS_SHAPE)} list of lists of finite numbers", _is_thresholds),
+  "evidence_decay": ("a number in (0, 1]", lambda v: _is_number(v) and 0 < v <= 1),
+  "evidence_window": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+  "max_history": ("an integer >= 0", lambda v: _is_int(v) and v >= 0),
+  "num_candidates": ("an integer >= 1", lambda v: _is_int(v) and v >= 1),
+  "files": ("{path in the export: sha256 hex}", _is_files),
+}
+
+
+def _check_fields(record: dict, path: str, export: str) -> None:
+  """Every field of FIELDS present, of its type and range."""
+  for name, (what, check) in FIELDS.items():
+    if name not in record:
+      raise ValueError(f"{path}: field {name!r} is missing; write the bundle again: "
+                       f"{rebundle_command(export)}")
+    if not check(record[name]):
+      shown = repr(record[name])
+      shown = shown if len(shown) <= 80 else shown[:77] + "..."
+      raise ValueError(f"{path}: field {name!r} must be {what}, got {shown}")
+
+
+def _check_against_export(record: dict, path: str, export: str, data_config) -> None:
+  """The settings are those of the export's data config, P and R those it was trained with
+  (its run record's `lengths`, train/run_checkpoints.run_record; unchecked where it has none)."""
+  for name in requests_lib.RENDERING_SETTINGS:
+    want = data_config.get(name)
+    if want is not None and record[name] != want:
+      raise ValueError(f"{path}: field {name!r} is {record[name]!r}, the export's data build has "
+                       f"{want!r} (data_config.{name})")
+  lengths = (exports.load_metadata(export).get("run") or {}).get("lengths")
+  recorded = lengths if isinstance(lengths, list) and len(lengths) == 2 else ()
+  for name, want in zip(("prompt_len", "response_len"), recorded, strict=False):
+    if record[name] != want:
+      raise ValueError(f"{path}: field {name!r} is {record[name]}, the export was trained with "
+                       f"{want} ({exports.METADATA_FILE} run.lengths [P, R])")
+
+
+def _check_files(record: dict, path: str, export: str) -> None:
+  """Every file the bundle needs is listed, present and has its recorded sha256."""
+  digests = record["files"]
+  needed = {f"{DIRECTORY}/{record['items_file']}", f"{DIRECTORY}/{SIDS_FILE}",
+            *tokenizer_lib.FILES}
+  unlisted = sorted(needed - digests.keys())
+  if unlisted:
+    raise ValueError(f"{path}: field 'files' has no digest of {', '.join(unlisted)}; write the "
+                     f"bundle again: {rebundle_command(export)}")
+  missing = [name for name in sorted(digests) if not os.path.isfile(os.path.join(export, name))]
+  if missing:
+    raise ValueError(f"{export}: missing {', '.join(missing)} (listed in {DIRECTORY}/"
+                     f"{BUNDLE_FILE} field 'files'): an incomplete export; write its bundle "
+                     f"again: {rebundle_command(export)}")
+  for name, want in sorted(digests.items()):
+    got = files_lib.file_sha256(os.path.join(export, name))
+    if got != want:
+      raise ValueError(f"{os.path.join(export, name)}: sha256 {got[:16]}... is not the "
+                       f"{want[:16]}... that {DIRECTORY}/{BUNDLE_FILE} records (field 'files'): "
+                       f"the file was changed or damaged; write the bundle again: "
+                       f"{rebundle_command(export)}")
+
+
+def _load_sids(path: str, num_items: int, export: str) -> np.ndarray:
+  """[I, L + 1] int32 semantic IDs of a checked bundle (its digest matched: the file the data
+  build wrote, whose rows data/rqvae.py checked)."""
+  sids = np.load(path, allow_pickle=False)
+  if sids.ndim != 2 or sids.shape[0] != num_items or not np.issubdtype(sids.dtype, np.integer):
+    raise ValueError(f"{path}: {sids.dtype} {list(sids.shape)} semantic IDs, the catalogue has "
+                     f"{num_items} items; write the bundle again: {rebundle_command(export)}")
+  return sids.astype(np.int32)

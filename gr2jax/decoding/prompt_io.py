@@ -16,7 +16,7 @@ import re
 
 import numpy as np
 
-from gr2jax.data import batches, prompts, tfds_builder
+from gr2jax.data import batches, prompts
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import constrain
 from gr2jax.diffusion import decode as diffusion_decode
@@ -62,6 +62,10 @@ def load_split(tfds_dir: str, split: str, tokenizer, *, limit: int = 0) -> Split
   Returns:
     The split's SplitData, in record order.
   """
+  # TFDS loads here, not with the module: the server's path (prompt arrays, steering, response
+  # texts) reads no split and must not import tensorflow_datasets.
+  from gr2jax.data import tfds_builder
+
   source = tfds_builder.data_source(tfds_dir, split)
   n = len(source) if limit <= 0 else min(limit, len(source))
   records = [tfds_builder.decode_record(source[i]) for i in range(n)]

@@ -3,8 +3,9 @@
 `load_reranker(export)` loads an export and the data build and decode spec it records (the
 tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
 metadata written by gr2jax/train/loop.py): from the export alone when it carries its inference
-bundle (bundle.py; every stage export does), else from its data build, built or reused in a workdir
-(an export written before exports carried the bundle); `rerank_lines` answers JSONL lines or
+bundle (bundle.py, checked; every stage export does), else, for an export written before exports
+carried the bundle and only when the caller names the workdir, from its data build, built or
+reused there (the only path that imports the data pipeline); `rerank_lines` answers JSONL lines or
 request dicts in input order, each an answer row or a named error row (data/requests.py). Requests
 are decoded by the model's policy (policy.py: AR, or block diffusion at the spec's eval tau, with
 the answer constraint of the request's candidates when the spec is constrained) in batches of one
@@ -20,7 +21,7 @@ from collections.abc import Iterable
 import ml_collections
 
 from gr2jax import exports, load
-from gr2jax.data import batches, pipeline
+from gr2jax.data import batches
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -71,10 +72,10 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
 
   Args:
     export: a stage's export (W/<stage>/export), or any gr2jax / HF model directory with
-      data_config and decode given.
-    workdir: for an export without an inference bundle (bundle.py): the workdir of its data
-      build (built there if missing, cached otherwise); default the export's own workdir (W of
-      W/<stage>/export). An export with a bundle reads no workdir.
+      data_config, decode and workdir given.
+    workdir: for an export that never had an inference bundle (no inference/, bundle.py): the
+      workdir of its data build (built there if missing, cached otherwise); without it such an
+      export is refused. An export with a bundle reads no workdir.
     data_config: the data build's config (its prompt); default the one the export records.
     decode: the decode spec; default the one the export records.
     items: a user-supplied items.jsonl ('' = the build's catalogue).
@@ -84,12 +85,13 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
       own greedy answers (policy.LosslessPolicy).
 
   Raises:
-    ValueError: the export records no data build / decode spec and none is given; the data
-      build is not the export's (exports.check_data_build); with verify_with, a pair the
-      lossless mode cannot decode, named (another data build: speculative.check_same_build; a
-      drafter without a mask token, a verifier that is not AR, decode.draft_k over the
-      drafter's block size: speculative.check_pair); decode.constrained with a model that is
-      not block diffusion.
+    ValueError: the export records no data build / decode spec and none is given; its
+      inference bundle is incomplete, damaged or not the export's (bundle.read); it never had
+      one and no workdir is given; the data build is not the export's
+      (exports.check_data_build); with verify_with, a pair the lossless mode cannot decode,
+      named (another data build: speculative.check_same_build; a drafter without a mask token,
+      a verifier that is not AR, decode.draft_k over the drafter's block size:
+      speculative.check_pair); decode.constrained with a model that is not block diffusion.
   """
   export = os.fspath(export)
   data_config = _recorded(export, "data_config", data_config)
@@ -101,8 +103,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   inference = (bundle.read(export, data_config, items)
                or _from_data_build(export, data_config, workdir, items))
   model_config, params = load.load_model(export)
-  tok, rendering = inference.tokenizer, inference.rendering
-  exports.check_data_build(export, exports.data_build_record(tok, rendering.prompt))
+  exports.check_data_build(export, inference.data_build)
   verifier_config = None
   if verify_with:
     speculative.check_same_build(export, verify_with)
@@ -118,19 +119,32 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     raise ValueError("decode.constrained=True constrains a block-diffusion decoder's answers; "
                      + ("the lossless mode answers as its AR verifier" if verify_with else
                         f"{export} is an AR model") + ": pass decode.constrained=False")
-  return Reranker(policy.decoding_params(params), policy, tok, rendering, inference.prompt_len)
+  return Reranker(policy.decoding_params(params), policy, inference.tokenizer,
+                  inference.rendering, inference.prompt_len)
 
 
 def _from_data_build(export: str, data_config, workdir: str | None,
                      items: str) -> bundle.Inference:
-  """What an export without an inference bundle reads, from its data build (pipeline.run in
-  `workdir`, default the export's own W of W/<stage>/export)."""
+  """What an export that never had an inference bundle reads, from its data build (pipeline.run
+  in `workdir`, named by the caller: nothing is built or written otherwise).
+
+  Raises:
+    ValueError: no workdir is given (names the command that adds the export a bundle).
+  """
   if workdir is None:
-    workdir = os.path.dirname(os.path.dirname(os.path.abspath(export)))
+    raise ValueError(f"{export}: the export has no inference bundle ({bundle.DIRECTORY}/, "
+                     f"written by training stages since exports carried one): add it with "
+                     f"`{bundle.rebundle_command(export)}`, or pass workdir= of its data build")
+  # The data build's modules (pipeline, RQ-VAE, TFDS) load only on this path: a bundled export
+  # is served without them.
+  from gr2jax.data import build_rendering, pipeline
+
   summary = pipeline.run(data_config, workdir)
-  return bundle.Inference(tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"]),
-                          requests_lib.load_rendering(summary, data_config, items),
-                          *lengths_lib.static_lengths(summary))
+  tokenizer = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  rendering = build_rendering.load_rendering(summary, data_config, items)
+  _, sids = build_rendering.build_sids(summary)
+  return bundle.Inference(tokenizer, rendering, *lengths_lib.static_lengths(summary),
+                          exports.data_build_record(tokenizer, rendering.prompt, sids))
 
 
 def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,

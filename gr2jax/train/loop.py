@@ -32,8 +32,8 @@ import numpy as np
 
 from gr2jax import config_checks, exports, files, load
 from gr2jax import workdir as workdir_lib
+from gr2jax.data import build_rendering, pipeline, prompts
 from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import bundle, evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
@@ -65,7 +65,8 @@ class Context:
     data_build: checkpoint.data_build_record of the data build (tokenizer, prompt); train()
       needs it (recorded in the run checkpoints and the export).
     summary: the data build's pipeline.run summary: the export's inference bundle is copied
-      from it (decoding/bundle.py); a hand-made Context without one exports without a bundle.
+      from it (decoding/bundle.py, export_data_build); a hand-made Context without one exports
+      without a bundle.
   """
 
   config: StageView | EvaluationView
@@ -162,7 +163,7 @@ def load_context(config: StageView | EvaluationView, workdir: str,
                                 limit=config.eval.limit)
   p, r = lengths_lib.static_lengths(summary)
   mesh = mesh_lib.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tp)
-  data_build = exports.data_build_record(tokenizer, pipeline.prompt_config(config.data))
+  data_build = exports.data_build_record(tokenizer, prompts.prompt_config(config.data))
   return Context(config, model_config, tokenizer, train, eval_data, p, r, mesh, workdir,
                  data_build, summary)
 
@@ -258,13 +259,19 @@ def export_metadata(config: StageView, stage: Stage, step: int, data_build: dict
           "decode": dataclasses.asdict(config.decode)}
 
 
-def inference_bundle(ctx: Context):
-  """What an export writes beside its params so that it re-ranks alone: the data build's
-  inference bundle (decoding/bundle.write), or nothing for a hand-made Context without a
-  summary (exports.save's write_more)."""
+def export_data_build(ctx: Context) -> tuple[dict, Callable | None]:
+  """What a stage's export records of its data build and writes beside its params so that it
+  re-ranks alone: ctx.data_build with the digest of the build's semantic IDs
+  (exports.data_build_record; the run record keeps ctx.data_build without it, as every run
+  recorded before the field) and the build's inference bundle (decoding/bundle.write of
+  build_rendering.load_rendering, exports.save's write_more); for a hand-made Context without a
+  summary, ctx.data_build and no bundle."""
   if ctx.summary is None:
-    return None
-  return functools.partial(bundle.write, summary=ctx.summary, data_config=ctx.config.data)
+    return ctx.data_build, None
+  rendering = build_rendering.load_rendering(ctx.summary, ctx.config.data)
+  data_build = exports.data_build_record(ctx.tokenizer, rendering.prompt,
+                                         rendering.catalogue.sids)
+  return data_build, functools.partial(bundle.write, summary=ctx.summary, rendering=rendering)
 
 
 def _check_stage_kind(stage: Stage, config: StageView, model_config: ModelConfig) -> None:
@@ -399,8 +406,9 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
   final_step = int(jax.device_get(state.step))
   export_config = dataclasses.replace(model_config, remat="none", attention_chunk_bytes=0)
   if jax.process_index() == 0:
+    data_build, write_bundle = export_data_build(ctx)
     exports.save(export, export_config, params, metadata=export_metadata(
-      config, stage, final_step, ctx.data_build, record), write_more=inference_bundle(ctx))
+      config, stage, final_step, data_build, record), write_more=write_bundle)
   del params
   # The final evaluation is the export's (its config, keyed by its params digest): a later
   # evaluation of the export with the same settings, e.g. its Table 2 row, reuses it.

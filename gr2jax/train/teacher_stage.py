@@ -125,7 +125,7 @@ def run(spec: TeacherSpec, data_config, workdir: str, *, sample_fn: SampleFn | N
     catalog, examples = pipeline.training_lists(data_config, workdir)
     sids = rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
     tokenizer = tokenizer_lib.load_tokenizer(_tokenizer_dir(spec, summary["paths"]["tokenizer"]))
-    prompt_config = pipeline.prompt_config(data_config)
+    prompt_config = prompts.prompt_config(data_config)
     users = llm_teacher.select_users(len(examples), spec.num_users, spec.seed)
     chosen = [examples[i] for i in users]
     prompt_ids = llm_teacher.encode_prompts(chosen, catalog, sids, prompt_config, tokenizer,

@@ -164,19 +164,6 @@ def test_evidence_is_the_data_builds():
   assert example.evidence.max() > 0  # the toy catalogue shares brands and categories
 
 
-def test_exact_thresholds_undo_the_summary_rounding():
-  """Levels on a threshold (1/3 at a quantile) stay in the lower bucket, as in the build; the
-  summary's 0.333333 alone would move them up."""
-  exact = np.asarray([[0.1, 0.2, 1 / 3]] * 3)
-  levels = np.asarray([[1 / 3, 1 / 3 + 1e-7, 0.2], [0.05, 0.3, 0.5], [1 / 3 - 1e-7, 0.0, 0.1]]).T
-  levels = np.concatenate([levels, [[0.2, 0.2, 0.2], [0.2 + 1e-7] * 3]])
-  buckets = evidence_lib.bucketize(levels, exact)
-  rounded = exact.round(6)
-  assert (evidence_lib.bucketize(levels, rounded) != buckets).any()
-  recovered = requests_lib.exact_thresholds(rounded, levels, buckets)
-  np.testing.assert_array_equal(evidence_lib.bucketize(levels, recovered), buckets)
-
-
 def test_answer_row_valid_answer_and_reasoning():
   request = requests_lib.Request(1, "x", np.arange(3), np.arange(10),
                                  tuple(f"i{k}" for k in range(10)))

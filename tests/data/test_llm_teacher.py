@@ -87,7 +87,7 @@ def _users(config, work, spec):
                                                           spec.seed)]
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   sids = rqvae.load_sids(summary["paths"]["sids"], catalog.num_items)
-  ids = llm_teacher.encode_prompts(chosen, catalog, sids, pipeline.prompt_config(config), tok,
+  ids = llm_teacher.encode_prompts(chosen, catalog, sids, prompts.prompt_config(config), tok,
                                    "data", config.max_history)
   return chosen, ids, tok
 
@@ -279,7 +279,7 @@ def test_real_path_on_a_random_qwen3_in_the_hf_layout(build, tmp_path):
   catalog, examples = pipeline.training_lists(config, work)
   example = examples[llm_teacher.select_users(len(examples), 5, 0)[0]]
   sids = rqvae.load_sids(pipeline.run(config, work)["paths"]["sids"], catalog.num_items)
-  (ids,) = llm_teacher.encode_prompts([example], catalog, sids, pipeline.prompt_config(config),
+  (ids,) = llm_teacher.encode_prompts([example], catalog, sids, prompts.prompt_config(config),
                                       tok, "chat", config.max_history)
   text = tok.decode(ids.tolist())
   assert text.startswith("<|im_start|>system\n" + prompts.REJECTION_SYSTEM)
