@@ -71,10 +71,11 @@ def _has_tokenizer(directory: str) -> bool:
 
 def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
   """The directory of the tokenizer an export was trained with: `tokenizer_dir` if given, else
-  the export's own tokenizer files (a converted checkpoint has them), else, for a stage export
-  W/<stage>/export, the tokenizer of W's last data build (W/summary.json) or of another data
-  build cached in W (W/tokenizer-<key>/). A tokenizer whose
-  vocabulary is not the one the export records (exports.recorded_vocab_digest) is not taken.
+  the export's own tokenizer files (a converted checkpoint has them, and a stage export with its
+  inference bundle, decoding/bundle.py), else, for a stage export W/<stage>/export, the tokenizer
+  of W's last data build (W/summary.json) or of another data build cached in W
+  (W/tokenizer-<key>/); only read there. A tokenizer whose vocabulary is not the one the export
+  records (exports.recorded_vocab_digest) is not taken.
 
   Raises:
     FileNotFoundError: --tokenizer_dir has no tokenizer.json, or no tokenizer was found.
@@ -104,6 +105,7 @@ def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
       raise ValueError(f"--tokenizer_dir={source}: its vocabulary (vocab_sha256 {digest[:16]}) "
                        f"is not the one {ckpt} was trained with ({recorded[:16]}); pass that "
                        "data build's tokenizer directory (W/tokenizer-<key>/)")
-  raise FileNotFoundError(f"{ckpt}: no tokenizer found (none in the checkpoint, and no data build "
-                          "of its workdir with its vocabulary); pass --tokenizer_dir=<the data "
-                          "build's tokenizer directory, W/tokenizer-<key>/>")
+  raise FileNotFoundError(f"{ckpt}: no tokenizer found: no {hf_weights.TOKENIZER_JSON} in it, and "
+                          f"no data build in its workdir {workdir} (summary.json, tokenizer-*/) "
+                          "with its vocabulary; pass --tokenizer_dir=<the data build's tokenizer "
+                          "directory, W/tokenizer-<key>/>")

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from gr2jax import exports, load, workdir
+from gr2jax.data import prompts
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
 
@@ -72,6 +73,34 @@ def test_metadata_records_the_params_digest_and_older_dirs_still_load(tmp_path, 
   _assert_equal(load.load_model(path)[1], params)
   assert len(exports.content_digest(path)) == 64
   exports.check_data_build(path, {"vocab_sha256": "x", "vocab": 1, "prompt": {}})
+
+
+class _Vocab:
+  """A tokenizer as data_build_record reads it."""
+
+  def get_vocab(self):
+    return {"<a>": 0, "<b>": 1}
+
+
+def test_the_data_build_record_tells_same_shaped_semantic_ids_apart(tmp_path, params):
+  """A stage export's record holds its SIDs' digest: another build's same-shaped SIDs (the same
+  codes given to other items) are refused by name; a record without the digest (a run record,
+  an export written before it) is checked on the tokenizer and prompt only."""
+  tokenizer, prompt = _Vocab(), prompts.PromptConfig()
+  sids = np.arange(12, dtype=np.int32).reshape(3, 4)
+  other = sids[[1, 0, 2]]
+  record = exports.data_build_record(tokenizer, prompt, sids)
+  assert record["sids_sha256"] == exports.sids_digest(sids.astype(np.int64))  # values, not dtype
+  assert exports.sids_digest(other) != record["sids_sha256"]
+  assert exports.sids_digest(sids.reshape(4, 3)) != record["sids_sha256"]
+  path = str(tmp_path / "model")
+  exports.save(path, CONFIG, params, metadata={"data_build": record})
+  exports.check_data_build(path, exports.data_build_record(tokenizer, prompt, sids))
+  exports.check_data_build(path, exports.data_build_record(tokenizer, prompt))
+  with pytest.raises(ValueError, match=r"model was trained on another data build than this one "
+                                       r"\(checkpoint vs this run\): semantic IDs sids_sha256 "
+                                       r"\w{16} vs \w{16}\. Pass"):
+    exports.check_data_build(path, exports.data_build_record(tokenizer, prompt, other))
 
 
 def test_restore_into_shardings(saved, params):

@@ -1,6 +1,8 @@
 """Tests for gr2jax/data/tokenizer.py: render -> tokenize -> decode round-trips, SID tokens."""
 
 import os
+import re
+import shutil
 
 import pytest
 import transformers
@@ -38,6 +40,21 @@ def test_autotokenizer_loads_with_specials(tok_dir):
     assert len(tok.encode(t, add_special_tokens=False)) == 1, t
   learned = [t for t in tok.get_vocab() if t.startswith("<a_") and t not in ("<a_255>",)]
   assert all(t in prompts.added_tokens(CODES, 10, 5) for t in learned)
+
+
+@pytest.mark.parametrize("missing", [["tokenizer.json"], ["tokenizer_config.json"],
+                                     list(tokenizer.FILES)])
+def test_a_directory_without_its_tokenizer_files_is_named(tok_dir, tmp_path, missing):
+  """One line naming the directory and every missing file (transformers would suggest
+  installing sentencepiece without tokenizer.json, and load with no eos / pad token without
+  tokenizer_config.json)."""
+  for name in tokenizer.FILES:
+    if name not in missing:
+      shutil.copyfile(os.path.join(tok_dir, name), tmp_path / name)
+  with pytest.raises(FileNotFoundError, match=(
+      rf"^{re.escape(str(tmp_path))}: no tokenizer file\(s\) {', '.join(missing)} \(a tokenizer "
+      r"directory holds tokenizer\.json and tokenizer_config\.json\)$")):
+    tokenizer.load_tokenizer(str(tmp_path))
 
 
 @pytest.mark.parametrize("index", range(len(VARIANTS)))

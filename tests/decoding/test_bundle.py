@@ -26,7 +26,8 @@ from gr2jax.decoding import bundle
 from gr2jax.decoding import reranker as reranker_lib
 from tests.smoke_workdir import smoke_workdir
 
-ADD_BUNDLE = r"python weights_conversion/add_bundle\.py --export=\S+ --workdir="
+ADD_BUNDLE = (r"python weights_conversion/add_bundle\.py --export=\S+ --workdir=<the workdir of "
+              r"its data build>$")
 
 
 def _no_pipeline(*args, **kwargs):
@@ -52,12 +53,11 @@ def _edit_record(export: str, **fields) -> None:
     json.dump({k: v for k, v in record.items() if v is not None}, f)
 
 
-def _refused(export: str, config, match: str) -> str:
-  """The one-line ValueError bundle.read raises on `export`, checked against `match`."""
-  with pytest.raises(ValueError, match=match) as info:
+def _refused(export: str, config, where: str, message: str) -> None:
+  """bundle.read refuses `export` in one line: `where` (a path), then `message` (a regex)."""
+  with pytest.raises(ValueError, match=rf"^{re.escape(where)}: {message}") as info:
     bundle.read(export, config)
   assert "\n" not in str(info.value)
-  return str(info.value)
 
 
 def test_a_bundle_read_elsewhere_renders_as_the_data_build(bundled, tmp_path, monkeypatch):
@@ -92,15 +92,17 @@ def test_a_bundle_of_another_format_is_refused_naming_the_command(bundled, tmp_p
   export = _copy(bundled.export, tmp_path)
   for old in (1, bundle.FORMAT + 1, None):
     _edit_record(export, format=old)
-    _refused(export, bundled.config, rf"bundle\.json: field 'format' is {old!r}, this version "
-                                     rf"reads inference bundle format 2.*{ADD_BUNDLE}")
+    _refused(export, bundled.config, _bundle_file(export),
+             rf"field 'format' is {old!r}, this version reads inference bundle format 2 "
+             rf"\(format 1 recorded no file digests\); write it again: {ADD_BUNDLE}")
 
 
 def test_an_inference_directory_without_its_bundle_file_is_refused(bundled, tmp_path):
   export = _copy(bundled.export, tmp_path)
   os.remove(_bundle_file(export))
-  _refused(export, bundled.config, rf"^{re.escape(_bundle_file(export))}: missing: the export has an "
-                                   rf"inference/ directory without its bundle file.*{ADD_BUNDLE}")
+  _refused(export, bundled.config, _bundle_file(export),
+           rf"missing: the export has an inference/ directory without its bundle file \(an "
+           rf"incomplete bundle\); write it again: {ADD_BUNDLE}")
 
 
 @pytest.mark.parametrize("missing", [["inference/sids.npy"], ["inference/items.jsonl.gz"],
@@ -111,8 +113,9 @@ def test_a_missing_file_of_the_bundle_is_named(bundled, tmp_path, missing):
   export = _copy(bundled.export, tmp_path)
   for name in missing:
     os.remove(os.path.join(export, name))
-  _refused(export, bundled.config, rf"^{re.escape(export)}: missing {', '.join(missing)} \(listed in "
-                                   rf"inference/bundle\.json field 'files'\).*{ADD_BUNDLE}")
+  _refused(export, bundled.config, export,
+           rf"missing {', '.join(missing)} \(listed in inference/bundle\.json field 'files'\): "
+           rf"an incomplete export; write its bundle again: {ADD_BUNDLE}")
 
 
 def _permuted_sids(path: str) -> None:
@@ -135,9 +138,10 @@ def _flip_bytes(path: str) -> None:
 def test_a_changed_or_damaged_file_is_refused_naming_it(bundled, tmp_path, damage, name):
   export = _copy(bundled.export, tmp_path)
   damage(os.path.join(export, name))
-  _refused(export, bundled.config, rf"^{re.escape(os.path.join(export, name))}: sha256 \w+\.\.\. is not the "
-                                   rf"\w+\.\.\. that inference/bundle\.json records \(field "
-                                   rf"'files'\).*{ADD_BUNDLE}")
+  _refused(export, bundled.config, os.path.join(export, name),
+           rf"sha256 \w{{16}}\.\.\. is not the \w{{16}}\.\.\. that inference/bundle\.json "
+           rf"records \(field 'files'\): the file was changed or damaged; write the bundle "
+           rf"again: {ADD_BUNDLE}")
 
 
 def _cut_in_half(export: str) -> None:
@@ -179,7 +183,7 @@ def test_a_bad_bundle_record_is_refused_naming_the_field(bundled, tmp_path, chan
     change(export)
   else:
     _edit_record(export, **change)
-  _refused(export, bundled.config, rf"^{re.escape(_bundle_file(export))}: {message}")
+  _refused(export, bundled.config, _bundle_file(export), message)
 
 
 def test_write_replaces_a_bundle_whole(bundled, tmp_path):
