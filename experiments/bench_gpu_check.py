@@ -23,7 +23,14 @@ limits sum to under 10 min), so one that fails or runs over leaves the others' n
              train state (~24 bytes per param incl. the update's fp32 temporaries; 8B: ~200 GB)
              does not fit 3/4 of the local memory (fewer than ~4 H100s), the section times the
              full-depth forward + backward alone (mode 'grad'; reported per row).
-Then OUT/gpu_check.json (everything) and OUT/gpu_check.md (four tables).
+  exactness  this file --section=exactness: the teacher-forced check of greedy decodes in bf16
+             (gr2jax/decoding/exactness.py): AR and the lossless mode (a drafter made of the
+             verifier's first layers) decode the same prompts at batch 1, 8 and 16; per batch
+             and decoder, the positions whose committed token is not the verifier's teacher-forced
+             arg-max at that batch (flips), the largest flip margin (absolute and relative to the
+             position's largest logit), flips beyond exactness.TOLERANCE, and the rows that differ
+             from the batch-1 decode (and, for lossless, from AR's at the same batch).
+Then OUT/gpu_check.json (everything) and OUT/gpu_check.md (five tables).
 """
 
 import json
@@ -45,7 +52,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
 flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
 flags.DEFINE_enum("section", "all", ["all", "decode_kernel", "ar_decode", "diffusion", "train",
-                                     "report"],
+                                     "exactness", "report"],
                   "'all' runs every section as a subprocess, then the report.")
 flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
                   "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
@@ -56,13 +63,18 @@ PEAKS = (("H200", 989e12, 4.8e12), ("H100 PCIe", 756e12, 2.0e12), ("H100", 989e1
          ("A100", 312e12, 2.0e12), ("B200", 2250e12, 8.0e12), ("L40S", 362e12, 0.864e12))
 STATE_BYTES_PER_PARAM = 24  # bf16 params + grads, fp32 mu + nu, the update's fp32 temporaries
 
+# exactness: (prompt slots, new tokens per row, prompts, the drafter's layers, K = its block).
 PRESETS = {
   "qwen3_8b": dict(prompt_len=2200, new_tokens=128, block_size=32, repeats=2,
-                   max_rows_per_device=16,
-                   budget_s=dict(decode_kernel=40, ar_decode=150, diffusion=200, train=200)),
+                   max_rows_per_device=16, exactness=(128, 64, 16, 2, 8),
+                   budget_s=dict(decode_kernel=30, ar_decode=120, diffusion=160, train=160,
+                                 exactness=120)),
   "tiny": dict(prompt_len=64, new_tokens=32, block_size=8, repeats=1, max_rows_per_device=2,
-               budget_s=dict(decode_kernel=200, ar_decode=300, diffusion=400, train=400)),
+               exactness=(16, 32, 16, 2, 8),
+               budget_s=dict(decode_kernel=200, ar_decode=300, diffusion=400, train=400,
+                             exactness=300)),
 }
+EXACTNESS_BATCHES = (1, 8, 16)
 
 
 def peaks(device_kind: str) -> tuple[float | None, float | None]:
@@ -98,6 +110,8 @@ def _commands(out_dir: str) -> dict[str, list[str]]:
                   f"--repeats={p['repeats']}", f"--out_dir={os.path.join(out_dir, 'diffusion')}"],
     "train": [py, os.path.abspath(__file__), f"--preset={FLAGS.preset}", "--section=train",
               f"--out_dir={out_dir}"],
+    "exactness": [py, os.path.abspath(__file__), f"--preset={FLAGS.preset}",
+                  "--section=exactness", f"--out_dir={out_dir}"],
   }
 
 
@@ -159,6 +173,111 @@ def decode_kernel_section(out_dir: str) -> list[dict]:
     print(json.dumps(rows[-1]), flush=True)
   with open(os.path.join(out_dir, "decode_kernel.json"), "w") as f:
     json.dump(rows, f, indent=1)
+  return rows
+
+
+# ---- exactness section -----------------------------------------------------------------------
+
+
+def exactness_rows(params: dict, config, spec, prompts, lengths, new_tokens: int,
+                   drafter_layers: int, batches=EXACTNESS_BATCHES,
+                   on_row=lambda row: None) -> list[dict]:
+  """The teacher-forced check of AR's and the lossless mode's greedy decodes of the same prompts
+  at each batch size (module docstring).
+
+  AR decodes with `params`; the lossless mode verifies with them and drafts with a
+  block-diffusion model made of their embeddings and first `drafter_layers` layers (block
+  spec.k, the mask token the last id: a cheap drafter whose drafts the verifier partly accepts).
+  The decoders read the params in their layout (fused q/k/v, one buffer per layer); the check's
+  forward reads them stacked, as training and the causal scorer do: another kernel for the same
+  function, as a serving stack's teacher-forced forward is.
+
+  Args:
+    params: the model's param pytree (stacked), in the precision under test.
+    config: its AR config (a stop token in config.eos_token_ids ends a row early).
+    spec: the lossless mode's speculative.DraftSpec.
+    prompts: [N, P] int right-padded prompts; lengths: [N]; N a multiple of every batch size.
+    new_tokens: the response cap.
+    drafter_layers: the drafter's depth.
+    batches: batch sizes; the prompts are decoded in consecutive chunks of each.
+    on_row: called with each row as it lands.
+
+  Returns:
+    One row per (batch, decoder): batch, decoder, exactness.summary's fields, vs_batch_1 (how the
+    decode differs from the same decoder's at the first batch size, exactness.differences) and,
+    for lossless, vs_ar (from AR's at the same batch).
+  """
+  import dataclasses
+
+  import jax
+  import numpy as np
+
+  from gr2jax.decoding import exactness
+  from gr2jax.diffusion import convert, speculative
+  from gr2jax.model import generate
+  from gr2jax.model.params import layer_list
+
+  decoding = layer_list(params)
+  verifier = speculative.Model(decoding, config)
+  drafter = speculative.Model(
+    {**decoding, "layers": decoding["layers"][:drafter_layers]},
+    dataclasses.replace(convert.to_diffusion(config, spec.k, config.vocab_size - 1),
+                        num_layers=drafter_layers))
+  decoders = {
+    "ar": lambda p, n: generate.generate(decoding, config, p, n, max_new_tokens=new_tokens),
+    "lossless": lambda p, n: speculative.speculative_generate(drafter, verifier, p, n, spec,
+                                                              max_new_tokens=new_tokens)}
+  first, rows = {}, []
+  for b in batches:
+    decoded = {}
+    for name, decode in decoders.items():
+      parts = []
+      for start in range(0, len(prompts), b):
+        p, n = prompts[start:start + b], lengths[start:start + b]
+        out = decode(p, n)
+        parts.append((np.asarray(out.tokens), np.asarray(out.lengths),
+                      exactness.teacher_forced_check(params, config, p, n, out.tokens,
+                                                     out.lengths)))
+      tokens, out_lengths, check = jax.tree.map(lambda *x: np.concatenate(x), *parts)
+      decoded[name] = tokens, out_lengths
+      first.setdefault(name, decoded[name])
+      row = {"batch": b, "decoder": name, **exactness.summary(check),
+             "vs_batch_1": exactness.differences(tokens, out_lengths, *first[name])}
+      if name == "lossless":
+        row["vs_ar"] = exactness.differences(tokens, out_lengths, *decoded["ar"])
+      rows.append(row)
+      on_row(row)
+  return rows
+
+
+def exactness_section(out_dir: str) -> list[dict]:
+  """exactness_rows at the preset's model in bf16 (random weights); writes OUT/exactness.json,
+  each row as it lands."""
+  import jax
+  import numpy as np
+
+  from gr2jax.diffusion import speculative
+  from gr2jax.model import params as params_lib
+  from gr2jax.model.config import ModelConfig
+
+  prompt_len, new_tokens, n, drafter_layers, k = PRESETS[FLAGS.preset]["exactness"]
+  config = getattr(ModelConfig, FLAGS.preset)(param_dtype="bfloat16", compute_dtype="bfloat16",
+                                              eos_token_ids=())  # every row to the cap
+  params = jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0))
+  rng = np.random.default_rng(0)
+  prompts = rng.integers(1, config.vocab_size - 1, (n, prompt_len), dtype=np.int32)
+  lengths = rng.integers(prompt_len // 2, prompt_len + 1, n).astype(np.int32)
+  spec = speculative.DraftSpec(k=k, draft_tau=0.0, draft_steps=1)
+  device = jax.devices()[0].device_kind
+  rows = []
+
+  def save(row):
+    rows.append({**row, "device": device})
+    print(json.dumps(rows[-1]), flush=True)
+    with open(os.path.join(out_dir, "exactness.json"), "w") as f:
+      json.dump(rows, f, indent=1)
+
+  exactness_rows(params, config, spec, prompts, lengths, new_tokens, drafter_layers, on_row=save)
   return rows
 
 
@@ -355,11 +474,12 @@ def report(out_dir: str, status: dict) -> dict:
   diffusion = _load(os.path.join(out_dir, "diffusion", "bench_diffusion.json")) or {}
   train = _load(os.path.join(out_dir, "train.json")) or []
   kernel = _load(os.path.join(out_dir, "decode_kernel.json")) or []
+  exact = _load(os.path.join(out_dir, "exactness.json")) or []
   for r in ar:
     _, bw = peaks(r.get("device", ""))
     r["mbu"] = r["achieved_gbs"] * 1e9 / bw if bw else None
   result = {"preset": FLAGS.preset, "status": status, "decode_kernel": kernel, "ar_decode": ar,
-            "diffusion": diffusion.get("e2e", []), "train": train}
+            "diffusion": diffusion.get("e2e", []), "train": train, "exactness": exact}
   lines = [f"# GPU check ({FLAGS.preset})", "",
            "| section | status | seconds |", "|---|---|---|"]
   lines += [f"| {k} | {v['status']} | {v['seconds']:.0f} |" for k, v in status.items()]
@@ -392,6 +512,17 @@ def report(out_dir: str, status: dict) -> dict:
                  f"{_fmt(r.get('gib_per_device'), '{:.1f}')} | "
                  + (f"{r['step_s']:.3f} | {r['tokens_per_s']:.0f} | {_fmt(r['mfu'], '{:.1%}')} |"
                     if r["fits"] else "does not fit | | |"))
+  lines += ["", "## Exactness in bf16: the teacher-forced check (gr2jax/decoding/exactness.py)", "",
+            "| batch | decoder | positions | flips | flip rate | max flip margin | relative | "
+            "beyond tolerance | rows differing from batch 1 | rows differing from AR |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+  for r in exact:
+    lines.append(f"| {r['batch']} | {r['decoder']} | {r['positions']} | {r['flips']} | "
+                 f"{r['flip_rate']:.2%} | {_fmt(r['max_flip_margin'])} | "
+                 f"{_fmt(r['max_flip_relative'])} | {r['beyond_tolerance']} | "
+                 f"{r['vs_batch_1']['rows_differing']} / {r['vs_batch_1']['rows']} | "
+                 + (f"{r['vs_ar']['rows_differing']} / {r['vs_ar']['rows']} |" if "vs_ar" in r
+                    else "|"))
   with open(os.path.join(out_dir, "gpu_check.json"), "w") as f:
     json.dump(result, f, indent=1)
   with open(os.path.join(out_dir, "gpu_check.md"), "w") as f:
@@ -408,6 +539,8 @@ def main(argv):
     train_section(out_dir)
   elif FLAGS.section == "decode_kernel":
     decode_kernel_section(out_dir)
+  elif FLAGS.section == "exactness":
+    exactness_section(out_dir)
   elif FLAGS.section in ("ar_decode", "diffusion"):
     cmd = _commands(out_dir)[FLAGS.section]
     sys.exit(subprocess.run(cmd, cwd=REPO).returncode)

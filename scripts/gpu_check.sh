@@ -6,8 +6,9 @@
 #   bash scripts/gpu_check.sh --preset=tiny --out_dir=/tmp/gc  # CPU smoke run (tests/test_gpu_check.py)
 #
 # Measures AR decode tokens/s + model-bandwidth utilisation at batch 1, block diffusion vs AR at
-# tau 0.9 / 0.6 / 0.4 with a forced K-tokens-per-step schedule, and SFT / CFT train-step MFU at the
-# largest micro-batch that fits; writes OUT/gpu_check.json and OUT/gpu_check.md (+ a log per
+# tau 0.9 / 0.6 / 0.4 with a forced K-tokens-per-step schedule, SFT / CFT train-step MFU at the
+# largest micro-batch that fits, and the bf16 flip rate of AR and the lossless mode at batch 1 / 8
+# / 16 against the teacher-forced check (gr2jax/decoding/exactness.py); writes OUT/gpu_check.json and OUT/gpu_check.md (+ a log per
 # section). Needs the project venv (.venv, scripts/setup.sh) with a CUDA jaxlib on a GPU box,
 # e.g. `.venv/bin/pip install -U "jax[cuda12]==$(.venv/bin/python -c 'import jax; print(jax.__version__)')"`.
 # Every other flag is passed to experiments/bench_gpu_check.py.

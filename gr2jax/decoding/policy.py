@@ -88,16 +88,30 @@ def causal_log_probs(params: dict, config: ModelConfig, prompt_tokens: jax.Array
   Returns:
     (logp [B, M] f32 of the response tokens, log_probs [B, M, V] f32 or None).
   """
+  inputs, queries = causal_layout("causal_log_probs", config, prompt_tokens, prompt_lengths,
+                                  response_tokens, response_lengths)
+  return layout.score(params, config, inputs, queries, response_tokens, temperature=temperature,
+                      return_log_probs=return_log_probs)
+
+
+def causal_layout(where: str, config: ModelConfig, prompt_tokens: jax.Array,
+                  prompt_lengths: jax.Array, response_tokens: jax.Array,
+                  response_lengths: jax.Array) -> tuple[layout.Layout, jax.Array]:
+  """The causal scorer's one forward: `[prompt | response]` (module docstring) and the query
+  predicting each response token, (Layout, queries [B, M] int32); shapes as causal_log_probs.
+
+  Raises:
+    ValueError: starting with `where`, for a config with block_size != 1.
+  """
   if config.block_size != 1:
-    raise ValueError(f"causal_log_probs: the causal scorer scores an AR model, got block_size="
+    raise ValueError(f"{where}: the causal scorer scores an AR model, got block_size="
                      f"{config.block_size}")
   b, m = response_tokens.shape
   inputs = layout.two_stream_inputs(config, prompt_tokens, prompt_lengths, response_tokens,
                                     response_lengths, jnp.zeros((b, 0, m), bool))
   queries = layout.prediction_queries(jnp.full((b, m), layout.CLEAN_STREAM), prompt_lengths,
                                       prompt_tokens.shape[1], m)
-  return layout.score(params, config, inputs, queries, response_tokens, temperature=temperature,
-                      return_log_probs=return_log_probs)
+  return inputs, queries
 
 
 class Policy(Protocol):

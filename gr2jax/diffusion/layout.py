@@ -161,6 +161,24 @@ def prediction_queries(
   return jnp.where((stream == CLEAN_STREAM) & (j == 0), first, prev)
 
 
+def logits(params: dict, config: ModelConfig, inputs: Layout, queries: jax.Array) -> jax.Array:
+  """One forward of a layout with the LM head only at `queries`.
+
+  Args:
+    params: the param pytree.
+    config: the model.
+    inputs: a Layout.
+    queries: [B, M] int query indices (prediction_queries).
+
+  Returns:
+    [B, M, V] f32 raw logits.
+  """
+  return qwen3.forward(
+    params, config, inputs.tokens, inputs.positions, inputs.mask, logits_at=queries,
+    mask_pattern=inputs.pattern,
+  )[0]
+
+
 def score(
   params: dict,
   config: ModelConfig,
@@ -171,7 +189,7 @@ def score(
   temperature: float = 0.0,
   return_log_probs: bool = False,
 ) -> tuple[jax.Array, jax.Array | None]:
-  """One forward of a layout with the LM head only at `queries`; the targets' log-probs.
+  """The targets' log-probs from `logits` (one forward, the LM head only at `queries`).
 
   Log-probs are `commit.token_log_probs` (mask token suppressed, / temperature when > 0): the
   distribution the decoder samples and commits from.
@@ -188,10 +206,7 @@ def score(
   Returns:
     (log-probs of the targets [B, M] f32, the full log-probs [B, M, V] f32 or None).
   """
-  logits, _ = qwen3.forward(
-    params, config, inputs.tokens, inputs.positions, inputs.mask, logits_at=queries,
-    mask_pattern=inputs.pattern,
-  )  # [B, M, V]
-  logp = commit.token_log_probs(logits, config.mask_token_id, temperature)
+  logp = commit.token_log_probs(logits(params, config, inputs, queries), config.mask_token_id,
+                                temperature)  # [B, M, V]
   chosen = jnp.take_along_axis(logp, jnp.asarray(targets, jnp.int32)[..., None], axis=-1)[..., 0]
   return chosen, logp if return_log_probs else None
