@@ -39,7 +39,8 @@ def rerank(requests, model, *, workdir: str | None = None, data_config=None, dec
     requests: a JSONL path, or an iterable of JSONL lines / request dicts.
     model: a reranker.Reranker, or an export path (a stage's export records its data build and
       decode spec; reranker.load_reranker).
-    workdir: the data build's workdir (default: the export's own workdir).
+    workdir: for an export without an inference bundle, the workdir of its data build
+      (reranker.load_reranker; a bundled export reads none).
     data_config: the data build's config (default: the export's record).
     decode: the DecodeSpec (default: the export's record).
     items: a user-supplied items.jsonl ('' = the build's catalogue).

@@ -134,7 +134,8 @@ class Engine:
 
     Args:
       ckpt: the model export (AR or diffusion).
-      workdir: the workdir of the export's data build (None = the export's own).
+      workdir: the workdir of the export's data build, read only by an export without an
+        inference bundle (reranker.load_reranker).
       data_config: the data build's config (None = the export's record).
       decode: the DecodeSpec (None = the export's record).
       items: a user-supplied items.jsonl ('' = the build's catalogue).
