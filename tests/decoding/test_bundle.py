@@ -154,6 +154,7 @@ def _cut_in_half(export: str) -> None:
 BAD_RECORDS = [  # (what to do to bundle.json, the field named)
   (_cut_in_half, r"not a JSON bundle \(.*line \d+"),
   (dict(prompt_len="64"), r"field 'prompt_len' must be a positive multiple of 16, got '64'"),
+  (dict(response_len=8), r"field 'response_len' must be a positive multiple of 16, got 8"),
   (dict(response_len=-5), r"field 'response_len' must be a positive multiple of 16, got -5"),
   (dict(thresholds="x"), r"field 'thresholds' must be a \[3, 3\] list of lists of finite "
                          r"numbers, got 'x'"),
