@@ -268,7 +268,8 @@ class DiffusionPolicy:
 @dataclasses.dataclass(frozen=True)
 class LosslessPolicy:
   """A block-diffusion drafter verified by an AR model (diffusion/speculative.py): the decode is
-  the verifier's own greedy output, token for token, at the drafter's speed of acceptance.
+  the verifier's own greedy output at the drafter's speed of acceptance (exact as
+  decoding/exactness.py defines it: up to float near-ties, rare in fp32, common in bf16).
 
   Its params are {"drafter": ..., "verifier": ...}. It decodes only (evaluation, rerank, the
   server): it has no rollouts or log-probs of its own (its output is the verifier's).

@@ -50,9 +50,13 @@ output is then exactly that model's own left-to-right decoding (block_diffusion_
 B = 1), not another model's.
 
 Floating point: the verify forward scores K + 1 queries where `generate` scores one, so their
-matmuls and softmax sums round differently (~1e-7 relative in fp32). A greedy choice between two
-logits closer than that can differ; tests/diffusion/test_speculative.py and
-experiments/bench_speculative.py report where (first divergent token, logit margin).
+matmuls and softmax sums round differently (~1e-7 relative in fp32; far more in bf16, where AR at
+batch 1 and at batch 16 differ too). A greedy choice between two logits closer than that can
+fall either way, so "the verifier's greedy output" means exact as gr2jax/decoding/exactness.py
+defines it: every committed token is the verifier's teacher-forced arg-max at that batch, or a
+near-tie within exactness.TOLERANCE of the position's logit scale. tests/diffusion/
+test_speculative.py and experiments/bench_speculative.py report where a decode leaves `generate`'s
+(first divergent token, logit margin); the GPU check measures the bf16 flip rate.
 """
 
 import dataclasses
@@ -605,8 +609,9 @@ def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Arr
                          key: jax.Array | None = None) -> SpecOutput:
   """Draft-and-verify generation (module docstring): the verifier's output, faster.
 
-  Greedy (temperature 0): the tokens equal `generate(verifier, ...)`'s greedy tokens (up to float
-  near-ties, module docstring); stop ids are the verifier's config.eos_token_ids.
+  Greedy (temperature 0): the tokens equal `generate(verifier, ...)`'s greedy tokens up to float
+  near-ties (exact as gr2jax/decoding/exactness.py defines it, module docstring); stop ids are the
+  verifier's config.eos_token_ids.
 
   Args:
     drafter: Model(params, config) of a block-diffusion model (config.mask_token_id set,

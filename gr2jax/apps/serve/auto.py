@@ -1,9 +1,12 @@
 """serve.mode = 'auto': the fastest exact decoder of each batch bucket, from a cost table.
 
 With serve.verify_with set the server holds a block-diffusion drafter and its AR verifier once,
-and every one of these decoders writes the verifier's own greedy answers (the lossless mode's
-guarantee, gr2jax/diffusion/speculative.py), so which one decodes a batch never changes an
-answer:
+and every one of these decoders writes the verifier's own greedy answers at the verifier's
+response cap (the lossless mode's guarantee, gr2jax/diffusion/speculative.py), so which one
+decodes a batch does not change an answer beyond float near-ties: each committed token is the
+verifier's teacher-forced arg-max at that batch or within exactness.TOLERANCE of it
+(gr2jax/decoding/exactness.py: in bf16 a near-tie may fall either way between decoders and
+batch buckets, as it may for AR alone between batch sizes):
 
   'ar'             the verifier alone (model/generate.py: one forward per token)
   'lossless_k<K>'  draft-and-verify, K drafted tokens per verify forward, K in serve.draft_ks
