@@ -1,4 +1,5 @@
-"""scripts/gpu_check.sh --preset=tiny runs end to end on CPU and writes its tables (~3 min on 2 cores).
+"""scripts/gpu_check.sh --preset=tiny runs end to end on CPU and writes its tables (~3 min on 2
+cores).
 
 The GPU session then spends its minutes measuring, not debugging: every section (the decode
 kernel against the reference, AR decode MBU,
