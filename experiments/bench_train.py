@@ -13,7 +13,7 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
       --batch_size=8 --prompt_width=1024 --response_width=1024 --micro_batches=1,2 --peak_tflops=989
 
 Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
-the stage config's optimiser), the stage's REAL loss (`stages.STAGES[name].make_loss` on the
+the stage config's optimiser), the stage's REAL loss (`stages.TRAINERS[name].make_loss` on the
 stage's experiments/configs/<name>.py) in the one step factory (gr2jax/train/step.py), on
 synthetic rows with the shapes the stage's own batch has (`synthetic_batch`, a training Batch
 with every field; the step gets the fields its loss reads, `Loss.fields`, as the loop places
@@ -80,7 +80,7 @@ from gr2jax.train import opd, optim  # noqa: E402
 from gr2jax.train import state as state_lib  # noqa: E402
 from gr2jax.train import step as step_lib  # noqa: E402
 from gr2jax.train.loop import Context  # noqa: E402
-from gr2jax.train.stages import STAGES  # noqa: E402
+from gr2jax.train.stages import TRAINERS  # noqa: E402
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 FLAGS = flags.FLAGS
@@ -197,7 +197,7 @@ def forward_len(name: str, config: ModelConfig, cfg, shape: Rows) -> int:
   """Tokens of the one forward the stage's loss runs per row (module docstring)."""
   if name == "sft":
     return shape.prompt_width + shape.response_width
-  streams = shape.rounds if name in ("opd", "rl") else (2 if cfg.cft.complementary else 1)
+  streams = shape.rounds if name in ("opd", "rl") else (2 if cfg.settings.complementary else 1)
   return shape.prompt_width + (1 + streams) * layout.padded_width(shape.response_width,
                                                                   config.block_size)
 
@@ -249,7 +249,7 @@ def bench_stage(name: str, base: ModelConfig, shape: Rows, micro_batches: int, s
   cfg = stage_config(name)
   config = base if name == "sft" else diffusion_model(base, cfg.decode.block_size)
   ctx = Context(cfg, config, None, None, None, shape.prompt_width, shape.response_width, mesh, "")
-  loss_fn = STAGES[name].make_loss(ctx)
+  loss_fn = TRAINERS[name].make_loss(ctx)
   optimizer = optim.make_optimizer(cfg.optimizer)
   abstract = state_lib.abstract_state(params_lib.abstract_params(config), optimizer)
   shardings = state_lib.state_shardings(config, abstract, mesh)

@@ -58,6 +58,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from gr2jax import chunks, cli  # noqa: E402
+from gr2jax import recipe as recipe_lib  # noqa: E402
 from gr2jax.data.batches import Batch  # noqa: E402
 from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
@@ -169,6 +170,7 @@ class Shapes:
       train.micro_batches): the micro-batch every target compiles first.
     xla_flags: the recipe's XLA flags (config xla_flags): every compile for a target starts
       with those of its platform (targets.recipe_options).
+    clip: {stage: (eps_low, eps_high)} of the GRPO stages (the recipe's typed settings).
   """
 
   model: ModelConfig
@@ -189,6 +191,7 @@ class Shapes:
   prepare_chunk: dict = dataclasses.field(default_factory=dict)
   micro_batches: dict = dataclasses.field(default_factory=dict)
   xla_flags: tuple = ()
+  clip: dict = dataclasses.field(default_factory=dict)
 
   def diffusion(self) -> ModelConfig:
     return dataclasses.replace(self.model, block_size=self.block_size,
@@ -230,6 +233,7 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
   c = recipe_config("table2", variant)
   st = c.stages
   train = {name: st[name].train for name in ("sft", "ar_rl", "cft", "opd", "rl")}
+  settings = recipe_lib.from_config(c).settings
   return Shapes(
     model=model, prompt_len=2200, response_len=256, block_size=c.decode.block_size,
     max_steps_per_block=c.decode.max_steps_per_block, sft_rows=train["sft"].batch_size,
@@ -240,7 +244,8 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
     teacher_dtype=st.opd.opd.teacher_dtype, xla_flags=tuple(c.xla_flags),
     prepare_chunk={name: train[name].prepare_chunk // per_device_of
                    for name in ("ar_rl", "opd", "rl")},
-    micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()})
+    micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()},
+    clip={name: (settings[name].eps_low, settings[name].eps_high) for name in ("ar_rl", "rl")})
 
 
 def _presets() -> dict:
@@ -392,7 +397,8 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
                       sft_batch, ar_scored),
     "ar_rl": TrainStage(
       "ar_rl", ar, s.rollouts("ar_rl"),
-      functools.partial(rl.rl_loss, policy=ar_policy, eps_low=0.2, eps_high=0.2),
+      functools.partial(rl.rl_loss, policy=ar_policy, eps_low=s.clip["ar_rl"][0],
+                        eps_high=s.clip["ar_rl"][1]),
       ar_rl_batch, ar_scored, prepare=((ar, ar_scored),), rollout=(ar, 1)),
     "cft": TrainStage("cft", diff, s.cft_rows, functools.partial(cft.cft_loss, config=diff),
                       cft_batch, cft_work),
@@ -402,7 +408,8 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
       replay_work, prepare=((ar, ar_scored),), rollout=(diff, s.block_size)),
     "rl": TrainStage(
       "rl", diff, s.rollouts("rl"),
-      replayed(functools.partial(rl.rl_loss, policy=student, eps_low=0.2, eps_high=0.2)),
+      replayed(functools.partial(rl.rl_loss, policy=student, eps_low=s.clip["rl"][0],
+                                 eps_high=s.clip["rl"][1])),
       rl_batch, replay_work, prepare=((diff, replay_work),),
       rollout=(diff, s.block_size)),
   }

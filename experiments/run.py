@@ -30,6 +30,8 @@ CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
+from gr2jax import stage_registry  # noqa: E402
+
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for every artefact of the run.")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Call jax.distributed.initialize() (multi-host GPU/TPU jobs only).")
@@ -177,12 +179,8 @@ STAGES = {
     "table4": _run_tables,
     "table2": _run_table2,
     "convert": _run_step,
-    "sft": _run_step,
-    "ar_rl": _run_step,
-    "cft": _run_step,
-    "opd": _run_step,
-    "rl": _run_step,
     "eval": _run_eval,
+    **{name: _run_step for name in stage_registry.names()},  # the training stages
 }
 
 

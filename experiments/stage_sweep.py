@@ -29,7 +29,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
   sys.path.insert(0, REPO_ROOT)
 
-from gr2jax import cli, recipe  # noqa: E402
+from gr2jax import cli, stage_registry  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -38,7 +38,7 @@ def define_flags() -> None:
   """The command line's flags (defined only when run as a script: tests import the module
   beside other absl mains)."""
   flags.DEFINE_string("base", None, "A workdir whose upstream steps of --stage are done.")
-  flags.DEFINE_enum("stage", None, list(recipe.TRAIN_STAGES), "The stage to run.")
+  flags.DEFINE_enum("stage", None, list(stage_registry.names()), "The stage to run.")
   flags.DEFINE_string("out_dir", None, "One workdir per variant is made under it.")
   flags.DEFINE_string("variants", None,
                       "'name=overrides;name=overrides' (overrides: run.py flags, may be empty).")
@@ -70,7 +70,8 @@ def parse_variants(text: str) -> list[tuple[str, list[str]]]:
 def upstream_entries(base: str, stage: str) -> list[str]:
   """What a variant copies of `base`: everything but the stage and the stages after it (and
   their moved-aside runs, `<stage>.<digest>`)."""
-  later = recipe.TRAIN_STAGES[recipe.TRAIN_STAGES.index(stage):]
+  stages = stage_registry.names()
+  later = stages[stages.index(stage):]
   skip = lambda name: any(name == s or name.startswith(f"{s}.") for s in later)  # noqa: E731
   return sorted(name for name in os.listdir(base) if not skip(name) and not name.startswith("."))
 

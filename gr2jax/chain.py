@@ -36,7 +36,7 @@ import json
 import os
 import time
 
-from gr2jax import exports, files
+from gr2jax import exports, files, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import llm_teacher, pipeline
@@ -207,7 +207,7 @@ def _changes(step: str, saved: dict, current: dict) -> list[str]:
   fields = run_checkpoints.changed_fields(saved, current)
   lines = [f"{f}: {a!r} -> {b!r}" for f, a, b in fields
            if step != recipe_lib.TEACHER or f"config.{f}" not in _TEACHER_ABSORBED]
-  if step in recipe_lib.TRAIN_STAGES:
+  if step in stage_registry.names():
     old, new = saved["config"]["train"]["steps"], current["config"]["train"]["steps"]
     if new < old:
       lines.append(f"train.steps: {old!r} -> {new!r} (below the recorded run's)")
@@ -342,7 +342,7 @@ def _run_one(recipe, name: str, workdir: str, contexts: dict) -> None:
       contexts[config.train.limit] = loop.load_context(config, workdir)
     ctx = dataclasses.replace(contexts[config.train.limit], config=config)
     try:
-      loop.train(config, workdir, stages.STAGES[name], ctx)
+      loop.train(config, workdir, stages.stage(name), ctx)
     except run_checkpoints.RunChangedError as e:
       raise StepChanged(f"[chain] {name}: {e}") from None
 

@@ -8,11 +8,13 @@ values of the named recipes (`tiny`, `qwen3_0_6b` ... `qwen3_8b`) as one
 `from_config` turns it into a `Recipe` (`recipes.get(name)` does both), and everything a stage
 reads is derived from that here, once:
 
-  chain(recipe)              the steps in order: convert (HF recipes only), sft, ar_rl, cft,
-                             opd, rl (the data build runs first, inside every step)
+  chain(recipe)              the steps in order: convert (HF recipes only), then the training
+                             stages of gr2jax/stage_registry.py (sft, ar_rl, cft, opd, rl; the
+                             data build runs first, inside every step)
   stage_dir / export         <workdir>/<step>/, <workdir>/<step>/export
-  stage_config(recipe, ...)  the StageView the training loop reads for one stage: its init (the
-                             previous step's export), the OPD teacher (the AR RL export), the
+  stage_config(recipe, ...)  the StageView the training loop reads for one stage: its init (its
+                             registry init's export), its typed settings (the OPD teacher: the
+                             AR RL export), the
                              decode spec (recipe.decode, whole), the data build, mesh, eval
   evaluation_config(recipe)  the EvaluationView of a standalone evaluation (`eval.py`)
   data_config(recipe)        the data build's config (with the HF tokenizer to extend, if any)
@@ -36,18 +38,13 @@ from collections.abc import Mapping
 
 import ml_collections
 
-from gr2jax import config_checks
+from gr2jax import config_checks, stage_registry
 from gr2jax.decoding.spec import DecodeSpec
 
-TRAIN_STAGES = ("sft", "ar_rl", "cft", "opd", "rl")
-DIFFUSION_STAGES = ("cft", "opd", "rl")  # start from a block-diffusion model (B > 1)
 CONVERT = "convert"  # the HF checkpoint converted with the project's tokens added
 TEACHER = "teacher"  # the LLM-teacher step (teacher.hf_dir set): traces for the data build
 TEACHER_TRACES = os.path.join("{workdir}", TEACHER, "traces.jsonl")  # its output (data/pipeline.py
 #                                                   resolves {workdir})
-_INIT_OF = {"ar_rl": "sft", "cft": "ar_rl", "opd": "cft", "rl": "opd"}
-_TEACHER_OF = {"opd": "ar_rl"}  # the frozen AR GR2 that OPD distils from
-_STAGE_SETTINGS = {"ar_rl": "rl", "cft": "cft", "opd": "opd", "rl": "rl"}  # stage -> its block
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +79,7 @@ class Recipe:
     mesh: the device mesh (data, fsdp, tp; -1 = the remaining devices).
     eval: split, limit (first N users; 0 = all) and decode batch size of stage evaluations.
     stages: {stage: its training settings (train, optimizer, and its own block: rl, cft, opd)}.
+    settings: {stage: its own block, typed (gr2jax/stage_registry.py; None: it has none)}.
     replay_shrink: OPD / RL replay step shrinkage (1 = exact; k merges k steps per round).
     table: Table 2's splits, diffusion_splits and results_dir.
     teacher: the LLM-teacher step's settings (teacher_spec; hf_dir '' = the rule teacher).
@@ -96,6 +94,7 @@ class Recipe:
   mesh: ml_collections.FrozenConfigDict
   eval: ml_collections.FrozenConfigDict
   stages: Mapping[str, ml_collections.FrozenConfigDict]
+  settings: Mapping[str, stage_registry.Settings | None]
   replay_shrink: int
   table: ml_collections.FrozenConfigDict
   teacher: ml_collections.FrozenConfigDict
@@ -142,15 +141,20 @@ def from_config(config) -> Recipe:
   if hf_dir and not os.path.isfile(os.path.join(hf_dir, "config.json")):
     raise FileNotFoundError(f"--config.hf_dir={hf_dir}: no config.json there (expected a local "
                             "HF Qwen3 directory)")
-  missing = [s for s in TRAIN_STAGES if s not in config.stages]
+  stages = stage_registry.names()
+  missing = [s for s in stages if s not in config.stages]
   if missing:
     raise ValueError(f"recipe {config.recipe!r}: config.stages lacks {missing}")
   if config.teacher.hf_dir and config.data.teacher_traces:
     raise ValueError(f"data.teacher_traces={config.data.teacher_traces!r} and teacher.hf_dir="
                      f"{config.teacher.hf_dir!r} are both set: the teacher step writes the "
                      "traces; set one of them")
-  for s in TRAIN_STAGES:  # every size and rate, a ValueError naming the field
-    config_checks.check_stage_config(config.stages[s], prefix=f"stages.{s}.")
+  settings = {}
+  for s in stages:  # every size and rate, a ValueError naming the field
+    spec = stage_registry.STAGES[s]
+    block = config.stages[s][spec.block].to_dict() if spec.block else None
+    settings[s] = stage_registry.settings_of(spec, block, f"stages.{s}.{spec.block}.")
+    config_checks.check_stage_config(config.stages[s], f"stages.{s}.", s, settings[s])
   config_checks.check_stage_config(config)  # eval.*, and rerank.* in rerank.py's view
   parse_xla_flags(config.xla_flags)
   m = config.model
@@ -163,7 +167,8 @@ def from_config(config) -> Recipe:
     mesh=ml_collections.FrozenConfigDict(config.mesh),
     eval=ml_collections.FrozenConfigDict(config.eval),
     stages=types.MappingProxyType({s: ml_collections.FrozenConfigDict(config.stages[s])
-                                   for s in TRAIN_STAGES}),
+                                   for s in stages}),
+    settings=types.MappingProxyType(settings),
     replay_shrink=config.replay_shrink,
     table=ml_collections.FrozenConfigDict(config.table),
     teacher=ml_collections.FrozenConfigDict(config.teacher),
@@ -181,7 +186,7 @@ def chain(recipe: Recipe) -> tuple[str, ...]:
   """The recipe's steps in order (the data build runs inside each): the LLM teacher when
   teacher.hf_dir is set, the HF conversion for an HF recipe, then the training stages."""
   return (((TEACHER,) if recipe.teacher.hf_dir else ()) + ((CONVERT,) if _hf_dir(recipe) else ())
-          + TRAIN_STAGES)
+          + stage_registry.names())
 
 
 def stage_dir(workdir: str, step: str) -> str:
@@ -203,8 +208,9 @@ def upstream(recipe: Recipe, step: str) -> tuple[str, ...]:
 
 def init_of(recipe: Recipe, stage: str, workdir: str) -> str:
   """A training stage's init: the previous step's export, or `preset:NAME` for the first."""
-  if stage in _INIT_OF:
-    return export(workdir, _INIT_OF[stage])
+  init = stage_registry.spec(stage).init
+  if init is not None:
+    return export(workdir, init)
   return export(workdir, CONVERT) if _hf_dir(recipe) else f"preset:{recipe.model.preset}"
 
 
@@ -269,7 +275,7 @@ class TrainExamples:
   limit: int
 
 
-_SETTINGS = (Mesh, EvalSettings, ModelSettings, TrainExamples)
+_SETTINGS = (Mesh, EvalSettings, ModelSettings, TrainExamples, stage_registry.Settings)
 
 
 def _sorted(fields: dict) -> dict:
@@ -309,7 +315,9 @@ class StageView(_View):
     init: the previous step's export, or `preset:NAME` for the first.
     mesh, model, eval, decode: the recipe's (decode: its DecodeSpec, whole).
     train, optimizer: the stage's blocks (gr2jax/recipes.py; locked ConfigDicts).
-    rl, cft, opd: the stage's own block, None for the others (opd.teacher = the AR RL export).
+    settings: the stage's own block, typed (gr2jax/stage_registry.py; its `teacher`: the teacher
+      stage's export), None for a stage without one; recorded under the block's name (rl, cft,
+      opd).
     replay_shrink: the diffusion stages' replay shrinkage, None for the AR stages.
   """
   stage: str
@@ -321,10 +329,15 @@ class StageView(_View):
   optimizer: ml_collections.ConfigDict
   eval: EvalSettings
   decode: DecodeSpec
-  rl: ml_collections.ConfigDict | None = None
-  cft: ml_collections.ConfigDict | None = None
-  opd: ml_collections.ConfigDict | None = None
+  settings: stage_registry.Settings | None = None
   replay_shrink: int | None = None
+
+  def to_dict(self) -> dict:
+    """_View.to_dict with the settings under their block's name (`rl`, `cft`, `opd`)."""
+    out = super().to_dict()
+    if "settings" in out:
+      out[stage_registry.spec(self.stage).block] = out.pop("settings")
+    return _sorted(out)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,15 +397,11 @@ def _settings(cls, block):
 def stage_config(recipe: Recipe, stage: str, workdir: str) -> StageView:
   """The view a training stage's loop reads (gr2jax/train/loop.py, stages.py), derived from
   the recipe: nothing in it is set anywhere else (StageView's fields)."""
-  if stage not in TRAIN_STAGES:
-    raise ValueError(f"{stage!r} is not a training stage: {TRAIN_STAGES}")
+  spec = stage_registry.spec(stage)
   s = recipe.stages[stage]
-  blocks = {}
-  if stage in _STAGE_SETTINGS:
-    block = _STAGE_SETTINGS[stage]
-    blocks[block] = _editable(s[block])
-  if stage in _TEACHER_OF:
-    blocks["opd"].teacher = export(workdir, _TEACHER_OF[stage])
+  settings = recipe.settings[stage]
+  if spec.teacher is not None:
+    settings = dataclasses.replace(settings, teacher=export(workdir, spec.teacher))
   m = recipe.model
   return StageView(
     stage=stage, data=_locked(data_config(recipe)), init=init_of(recipe, stage, workdir),
@@ -401,8 +410,7 @@ def stage_config(recipe: Recipe, stage: str, workdir: str) -> StageView:
                         param_dtype=m.param_dtype),
     train=_locked(s.train), optimizer=_locked(s.optimizer),
     eval=_settings(EvalSettings, recipe.eval), decode=recipe.decode,
-    **{name: _locked(b) for name, b in blocks.items()},
-    replay_shrink=recipe.replay_shrink if stage in DIFFUSION_STAGES else None)
+    settings=settings, replay_shrink=recipe.replay_shrink if spec.diffusion else None)
 
 
 def evaluation_config(recipe: Recipe) -> EvaluationView:

@@ -29,11 +29,12 @@ paper and not tuned: the 8B schedule and batches, learning rates raised as the m
 import dataclasses
 import functools
 import os
+from collections.abc import Callable
 
 import ml_collections
 
+from gr2jax import stage_registry
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.recipe import TRAIN_STAGES
 
 # The shipped raw data (data/amazon_beauty/ of the repository, next to the package).
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data",
@@ -171,6 +172,131 @@ def _stage(steps: int, batch_size: int, save_every: int, learning_rate: float,
   return s
 
 
+# The training stages' values (gr2jax/stage_registry.py), one tiny-scale function and one HF-scale
+# change per stage; the recipes build `stages` from STAGE_VALUES.
+
+
+def _sft() -> ml_collections.ConfigDict:
+  """SFT: ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt."""
+  return _stage(1200, 32, 200, 2e-3, 100)
+
+
+def _sft_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
+  del divisor
+  s.train.update(dict(steps=900, batch_size=32))  # ~3 epochs of 9.2k traces at batch 32
+  s.optimizer.update(dict(learning_rate=1e-5 * lr_factor, warmup_steps=30))
+
+
+def _ar_rl() -> ml_collections.ConfigDict:
+  """AR RL (GR2 GRPO): 8 prompts x G rollouts per step."""
+  return _stage(60, 8, 20, 1e-4, 5, constant=True, rl=dict(
+    group_size=8,  # G rollouts per prompt (paper: 8)
+    eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
+    eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
+    alpha=0.2,  # conditional format-reward weight (Diffusion-GR2 App. B)
+    temperature=1.0))  # rollout sampling temperature (> 0; the log-probs use the same)
+
+
+def _ar_rl_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
+  s.train.update(dict(steps=600, batch_size=128, micro_batches=16 // divisor,
+                      prepare_chunk=256))  # GR2 gives no count: the AOT plan's 600
+  s.optimizer.learning_rate = 1e-6 * lr_factor
+
+
+def _cft() -> ml_collections.ConfigDict:
+  """CFT: 5 epochs of the 9,199 tiny traces at peak lr 4e-3 (valid on validation users at lr
+  5e-4: .760 / .868 at 1.7 / 3 epochs; at 3 epochs .868 / .908 / .928 / .947 / .937 at lr
+  5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3; at lr 4e-3 .947 / .972 at 3 / 5 epochs, duplicates
+  106 -> 55; docs/results/onpolicy_ablation.md)."""
+  return _stage(2875, 16, 100, 4e-3, 30, cft=dict(
+    eps=1e-3,  # per-block masking rate t ~ U(eps, 1)
+    complementary=True,  # also train the inverted mask (every token supervised per pair)
+    rate_power=2.0,  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
+    #                  masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
+    #                  docs/results/benchmarks/cft_validity/README.md (h))
+    pivot_align=False,  # the converted model fills the reasoning's last block with newlines so
+    #                     the answer starts a block (gr2jax/diffusion/pivot.py)
+    answer_pair=False))  # a second complementary mask draw over the answer only, reasoning
+  #                        clean (train/cft.py; ranking-aware masking after DiffuRank)
+
+
+def _cft_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
+  del divisor
+  s.train.update(dict(steps=860, batch_size=32))  # paper: 3 epochs of 9.2k at batch 32
+  s.optimizer.learning_rate = 1e-5 * lr_factor
+  s.cft.rate_power = 1.0  # t ~ U(eps, 1), as proposed (Diffusion-GR2, arXiv 2607.01170, CFT):
+  #                         the tiny model's p = 2 is a CPU measurement, untested at scale
+
+
+def _opd() -> ml_collections.ConfigDict:
+  """OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
+  .702 -> .733 in 20 steps (README); on validation users 5e-6 gains ~.02 in 100 steps while
+  2e-5 collapses by 100 (.78 -> .51) (docs/results/onpolicy_ablation.md)."""
+  s = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
+    group_size=4,  # G' student trajectories per prompt (paper: 4)
+    context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
+    #                         canvas when t was committed) | 'left_clean' (the paper's (P, o_<t):
+    #                         o_<t clean, the rest masked; B - 1 replay rounds); train/opd.py
+    teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
+  #                              'bfloat16' (half the memory; the loss reads f32)
+  s.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
+  return s
+
+
+def _opd_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
+  s.train.update(dict(steps=1500, batch_size=128, micro_batches=32 // divisor,
+                      prepare_chunk=256))  # paper: 128 prompts x ~1.5k steps, 1 epoch
+  s.optimizer.learning_rate = 1e-6 * lr_factor  # paper: constant 1e-6
+  s.opd.teacher_dtype = "bfloat16"  # f32: [512, 256, 151,936] = 80 GB per step (the plan)
+
+
+def _rl() -> ml_collections.ConfigDict:
+  """Diffusion RL (TraceRL-style GRPO): 4 prompts x G per step; after the 3-epoch CFT and OPD,
+  valid on validation users .863 -> .866 / .876 / .875 at 60 / 120 / 180 steps: it stops
+  improving by 120; after the 5-epoch CFT, rollout temperatures 0.25-1, rollout taus 0.5-0.9
+  and 32 prompts per step all leave tau-0.9 validity within one standard error of CFT's
+  (docs/results/onpolicy_ablation.md)."""
+  s = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
+    group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
+    temperature=1.0,
+    rollout_tau=0.9))  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
+  s.train.micro_batches = 4
+  return s
+
+
+def _rl_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
+  s.train.update(dict(steps=600, batch_size=128, micro_batches=64 // divisor,
+                      prepare_chunk=256))  # paper: 600 steps
+  s.optimizer.learning_rate = 5e-7 * lr_factor  # paper: 5e-7
+
+
+@dataclasses.dataclass(frozen=True)
+class StageValues:
+  """A training stage's values per scale.
+
+  Attributes:
+    tiny: () -> its block at the tiny scale (train, optimizer, its own settings).
+    hf: (block, learning-rate factor over 8B, micro-batch divisor vs 8B) -> None: the block
+      changed in place to an HF scale (HF_SCALES).
+    smoke_rows: a stage with a rows field (gr2jax/stage_registry.py): that field's value in a
+      smoke run, which trains 2 prompts per step.
+  """
+  tiny: Callable[[], ml_collections.ConfigDict]
+  hf: Callable[[ml_collections.ConfigDict, float, int], None]
+  smoke_rows: int | None = None
+
+
+# 8 rollout rows per on-policy step in a smoke run (AR RL, RL: 2 prompts x 4; OPD: 2 x 2): at 4 x G
+# these steps were most of an HF recipe's smoke (bf16 on CPU, ~1,000-token rows)
+STAGE_VALUES = {
+  "sft": StageValues(_sft, _sft_hf),
+  "ar_rl": StageValues(_ar_rl, _ar_rl_hf, smoke_rows=4),
+  "cft": StageValues(_cft, _cft_hf),
+  "opd": StageValues(_opd, _opd_hf, smoke_rows=2),
+  "rl": StageValues(_rl, _rl_hf, smoke_rows=4),
+}
+
+
 def _tiny() -> ml_collections.ConfigDict:
   """The tiny CPU recipe (docs/calibration_tiny_prompt.md; README Table 2: 43 min on 2 cores)."""
   c = ml_collections.ConfigDict()
@@ -250,50 +376,8 @@ def _tiny() -> ml_collections.ConfigDict:
   #                    larger sample extends the first one)
 
   c.stages = ml_collections.ConfigDict()
-  # SFT: ~38k examples (4 epochs of the 9,199 accepted traces), terse prompt
-  c.stages.sft = _stage(1200, 32, 200, 2e-3, 100)
-  # AR RL (GR2 GRPO): 8 prompts x G rollouts per step
-  c.stages.ar_rl = _stage(60, 8, 20, 1e-4, 5, constant=True, rl=dict(
-    group_size=8,  # G rollouts per prompt (paper: 8)
-    eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
-    eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
-    alpha=0.2,  # conditional format-reward weight (Diffusion-GR2 App. B)
-    temperature=1.0))  # rollout sampling temperature (> 0; the log-probs use the same)
-  # CFT: 5 epochs of the 9,199 tiny traces at peak lr 4e-3 (valid on validation users at lr
-  # 5e-4: .760 / .868 at 1.7 / 3 epochs; at 3 epochs .868 / .908 / .928 / .947 / .937 at lr
-  # 5e-4 / 1e-3 / 2e-3 / 4e-3 / 8e-3; at lr 4e-3 .947 / .972 at 3 / 5 epochs, duplicates
-  # 106 -> 55; docs/results/onpolicy_ablation.md)
-  c.stages.cft = _stage(2875, 16, 100, 4e-3, 30, cft=dict(
-    eps=1e-3,  # per-block masking rate t ~ U(eps, 1)
-    complementary=True,  # also train the inverted mask (every token supervised per pair)
-    rate_power=2.0,  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
-    #                  masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
-    #                  docs/results/benchmarks/cft_validity/README.md (h))
-    pivot_align=False,  # the converted model fills the reasoning's last block with newlines so
-    #                     the answer starts a block (gr2jax/diffusion/pivot.py)
-    answer_pair=False))  # a second complementary mask draw over the answer only, reasoning
-  #                        clean (train/cft.py; ranking-aware masking after DiffuRank)
-  # OPD: 20 x 8 prompts; lr 5e-5 for 40 steps lowered validity .70 -> .30; 5e-6: CFT valid
-  # .702 -> .733 in 20 steps (README); on validation users 5e-6 gains ~.02 in 100 steps while
-  # 2e-5 collapses by 100 (.78 -> .51) (docs/results/onpolicy_ablation.md)
-  c.stages.opd = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
-    group_size=4,  # G' student trajectories per prompt (paper: 4)
-    context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
-    #                         canvas when t was committed) | 'left_clean' (the paper's (P, o_<t):
-    #                         o_<t clean, the rest masked; B - 1 replay rounds); train/opd.py
-    teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
-  #                              'bfloat16' (half the memory; the loss reads f32)
-  c.stages.opd.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
-  # diffusion RL (TraceRL-style GRPO): 4 prompts x G per step; after the 3-epoch CFT and OPD,
-  # valid on validation users .863 -> .866 / .876 / .875 at 60 / 120 / 180 steps: it stops
-  # improving by 120; after the 5-epoch CFT, rollout temperatures 0.25-1, rollout taus 0.5-0.9
-  # and 32 prompts per step all leave tau-0.9 validity within one standard error of CFT's
-  # (docs/results/onpolicy_ablation.md)
-  c.stages.rl = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
-    group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
-    temperature=1.0,
-    rollout_tau=0.9))  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
-  c.stages.rl.train.micro_batches = 4
+  for name in stage_registry.names():
+    c.stages[name] = STAGE_VALUES[name].tiny()
   return c
 
 
@@ -323,24 +407,8 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   t = c.teacher  # the paper's teacher (Qwen3-32B, --config.teacher.hf_dir), GR2's prompt
   t.update(dict(prompt="chat", temperature=0.7, top_p=0.95, max_new_tokens=512, batch_size=64,
                 num_users=0))
-  s = c.stages
-  s.sft.train.update(dict(steps=900, batch_size=32))  # ~3 epochs of 9.2k traces at batch 32
-  s.sft.optimizer.update(dict(learning_rate=1e-5 * lr_factor, warmup_steps=30))
-  s.ar_rl.train.update(dict(steps=600, batch_size=128, micro_batches=16 // divisor,
-                            prepare_chunk=256))  # GR2 gives no count: the AOT plan's 600
-  s.ar_rl.optimizer.learning_rate = 1e-6 * lr_factor
-  s.cft.train.update(dict(steps=860, batch_size=32))  # paper: 3 epochs of 9.2k at batch 32
-  s.cft.optimizer.learning_rate = 1e-5 * lr_factor
-  s.cft.cft.rate_power = 1.0  # t ~ U(eps, 1), as proposed (Diffusion-GR2, arXiv 2607.01170, CFT):
-  #                             the tiny model's p = 2 is a CPU measurement, untested at scale
-  s.opd.train.update(dict(steps=1500, batch_size=128, micro_batches=32 // divisor,
-                          prepare_chunk=256))  # paper: 128 prompts x ~1.5k steps, 1 epoch
-  s.opd.optimizer.learning_rate = 1e-6 * lr_factor  # paper: constant 1e-6
-  s.opd.opd.teacher_dtype = "bfloat16"  # f32: [512, 256, 151,936] = 80 GB per step (the plan)
-  s.rl.train.update(dict(steps=600, batch_size=128, micro_batches=64 // divisor,
-                         prepare_chunk=256))  # paper: 600 steps
-  s.rl.optimizer.learning_rate = 5e-7 * lr_factor  # paper: 5e-7
-
+  for stage in stage_registry.names():
+    STAGE_VALUES[stage].hf(c.stages[stage], lr_factor, divisor)
 
 def _smoke(c: ml_collections.ConfigDict) -> None:
   """Every stage, the teacher step and every row on a few examples with a handful of steps
@@ -357,15 +425,13 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.table.fig6.output_lengths = (16,)  # each forced length compiles two decoders
   c.table.fig6.sweep_examples = 2
   c.table.lossless_drafts = ((c.decode.draft_k, c.decode.draft_tau),)  # one lossless program
-  for name in TRAIN_STAGES:
+  for name, stage in stage_registry.STAGES.items():
     t = c.stages[name].train
     t.update(dict(steps=2, batch_size=4, limit=256, save_every=2, prepare_chunk=0,
                   micro_batches=min(t.micro_batches, 4)))
-  # 8 rollout rows per on-policy step (AR RL, RL: 2 prompts x 4; OPD: 2 x 2): at 4 x G these
-  # steps were most of an HF recipe's smoke (bf16 on CPU, ~1,000-token rows)
-  for name, block, group_size in (("ar_rl", "rl", 4), ("opd", "opd", 2), ("rl", "rl", 4)):
-    c.stages[name].train.batch_size = 2
-    c.stages[name][block].group_size = group_size
+    if stage.rows_field is not None:  # 2 prompts x STAGE_VALUES' smoke_rows
+      t.batch_size = 2
+      c.stages[name][stage.block][stage.rows_field] = STAGE_VALUES[name].smoke_rows
   # the teacher step: one batch of 8 users, 2 attempts each (all users: ~1.4 s a user on 2 CPU
   # cores with an HF recipe's 512-token responses, ~9 h)
   t = c.teacher
@@ -435,7 +501,7 @@ def _tiny_as_is(c: ml_collections.ConfigDict) -> None:
 
 
 # The named recipes: name -> a function that turns the tiny recipe's ConfigDict (`_tiny()`) into
-# this recipe in place. A new recipe is a function here (README, "How to extend").
+# this recipe in place. A new recipe is a function here (README.md, "How to extend").
 RECIPES = {"tiny": _tiny_as_is,
            **{name: functools.partial(_qwen3, name=name) for name in HF_SCALES}}
 

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from gr2jax import recipe as recipe_lib
-from gr2jax import recipes
+from gr2jax import recipes, stage_registry
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.decoding.spec import DecodeSpec
 
@@ -50,7 +50,7 @@ def test_every_stage_reads_one_data_build_prompt_and_decode_spec(variant, hf_dir
     r = _recipe(file, variant, hf_dir)
     assert dataclasses.replace(r, data=None) == dataclasses.replace(table, data=None), file
     assert recipe_lib.data_config(r).to_dict() == data
-  for stage in recipe_lib.TRAIN_STAGES:
+  for stage in stage_registry.names():
     view = recipe_lib.stage_config(_recipe(stage, variant, hf_dir), stage, "W")
     assert view.data.to_dict() == data, stage
     assert view.data.prompt.to_dict() == data["prompt"], stage
@@ -67,10 +67,10 @@ def test_every_stage_reads_one_data_build_prompt_and_decode_spec(variant, hf_dir
 
 def test_chain_paths_and_inits(hf_dir):
   tiny = _recipe("table2", "", hf_dir)
-  assert recipe_lib.chain(tiny) == recipe_lib.TRAIN_STAGES
+  assert recipe_lib.chain(tiny) == stage_registry.names()
   assert recipe_lib.init_of(tiny, "sft", "W") == "preset:tiny_deep"
   assert recipe_lib.init_of(tiny, "opd", "W") == os.path.join("W", "cft", "export")
-  assert recipe_lib.stage_config(tiny, "opd", "W").opd.teacher == os.path.join("W", "ar_rl",
+  assert recipe_lib.stage_config(tiny, "opd", "W").settings.teacher == os.path.join("W", "ar_rl",
                                                                                 "export")
   assert recipe_lib.upstream(tiny, "cft") == ("sft", "ar_rl")
   big = _recipe("table2", "qwen3_8b", hf_dir)
@@ -93,7 +93,7 @@ def test_an_llm_teacher_is_the_chains_first_step_and_the_data_builds_traces(hf_d
   assert recipe_lib.chain(r)[:2] == (recipe_lib.TEACHER, recipe_lib.CONVERT)
   assert recipe_lib.upstream(r, "sft") == (recipe_lib.TEACHER, recipe_lib.CONVERT)
   assert recipe_lib.data_config(r, traces=False).teacher_traces == ""
-  for stage in recipe_lib.TRAIN_STAGES:
+  for stage in stage_registry.names():
     data = recipe_lib.stage_config(r, stage, "W").data
     assert pipeline.resolve_workdir(data, "W").teacher_traces == os.path.join(
       "W", "teacher", "traces.jsonl")

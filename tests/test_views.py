@@ -34,7 +34,7 @@ import typing
 import ml_collections
 import pytest
 
-from gr2jax import chain, recipe, recipes
+from gr2jax import chain, recipe, recipes, stage_registry
 from gr2jax.train import loop, run_checkpoints
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -78,7 +78,7 @@ def merge(a: Fields | None, b: Fields | None) -> Fields | None:
 def view_fields() -> dict[str, Fields]:
   """{view type name: its Fields}, from every view of the tiny recipe."""
   r = recipes.get("tiny")
-  views = ([recipe.stage_config(r, s, "W") for s in recipe.TRAIN_STAGES]
+  views = ([recipe.stage_config(r, s, "W") for s in stage_registry.names()]
            + [recipe.evaluation_config(r)]
            + [recipe.tables_config(r, name, "W") for name in ("table3", "table4", "fig6")])
   out = {}
@@ -299,7 +299,7 @@ def name(view: StageView):
 
 
 def shrink(ctx):
-  c = ctx.config.rl
+  c = ctx.config.settings
   return c.eps_low, c.eps_lo
 
 
@@ -319,10 +319,10 @@ def test_the_checker_finds_stale_reads(views):
   result = check_source(STALE, "stale.py", views)
   assert [line.split(": ", 1)[1] for line in result.stale] == [
     "view.eval.tau: EvalSettings has no field 'tau'",
-    "c.eps_lo: ConfigDict has no field 'eps_lo'",
+    "c.eps_lo: ARRLSettings | CFTSettings | OPDSettings | RLSettings has no field 'eps_lo'",
     "view.optimizer: EvaluationView has no field 'optimizer'",
     "cfg.taus: ConfigDict has no field 'taus'"]
-  assert result.checked >= 6  # view.eval, .split, ctx.config, .rl, c.eps_low, t.fig6, cfg.tau
+  assert result.checked >= 6  # view.eval, .split, ctx.config, .settings, c.eps_low, t.fig6, cfg.tau
 
 
 def test_a_missing_field_is_an_attribute_error_and_views_are_frozen():
@@ -334,7 +334,7 @@ def test_a_missing_field_is_an_attribute_error_and_views_are_frozen():
     view.stage = "sft"
   with pytest.raises(AttributeError, match="optimizer"):
     view.optimizer  # noqa: B018
-  assert recipe.stage_config(r, "sft", "W").rl is None  # a block of another stage
+  assert recipe.stage_config(r, "sft", "W").settings is None  # a stage without its own block
 
 
 def _recipe(variant: str) -> recipe.Recipe:
@@ -357,7 +357,7 @@ def _records() -> dict:
   out = {}
   for variant in ("", "qwen3_8b"):
     r = _recipe(variant)
-    views = {**{s: recipe.stage_config(r, s, "W") for s in recipe.TRAIN_STAGES},
+    views = {**{s: recipe.stage_config(r, s, "W") for s in stage_registry.names()},
              "eval": recipe.evaluation_config(r),
              **{t: recipe.tables_config(r, t, "W") for t in ("table3", "table4", "fig6")}}
     out[variant or "tiny"] = {**{name: record(v) for name, v in views.items()},

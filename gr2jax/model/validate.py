@@ -12,10 +12,11 @@ caller the contract is the caller's: ids outside [0, V) give NaN logits (jnp.tak
 negative ids wrap around), so jitted code must be fed checked values (`generate` and
 `block_diffusion_generate` check before they trace).
 
-The scalar checks (`integer`, `real`, `one_of`, `boolean`) are also the one place a setting is
-checked: the decode specs' `__post_init__`, the decoders' arguments and the server's settings
-call them, with `where` the entry point (`block_diffusion_generate: threshold=...`) or a config
-block with its dot (`decode.` gives `decode.eval_tau=...`).
+The scalar checks (`integer`, `real`, `one_of`, `boolean`) are the project's one set of scalar
+checks: the decode specs' and the stage settings' `__post_init__` (gr2jax/stage_registry.py),
+gr2jax/config_checks.py, the decoders' arguments and the server's settings call them, with
+`where` the entry point (`block_diffusion_generate: threshold=...`), a config block with its dot
+(`decode.` gives `decode.eval_tau=...`) or '' (the bare field, which a caller prefixes).
 """
 
 import math
@@ -140,8 +141,9 @@ class WrongKind(TypeError, ValueError):
 
 
 def _label(where: str, name: str) -> str:
-  """`where: name`, or `block.name` when `where` is a config block with its dot ('decode.')."""
-  return f"{where}{name}" if where.endswith(".") else f"{where}: {name}"
+  """`where: name`, or `block.name` when `where` is a config block with its dot ('decode.'), or
+  the bare name when `where` is ''."""
+  return f"{where}{name}" if not where or where.endswith(".") else f"{where}: {name}"
 
 
 def integer(where: str, name: str, value, *, minimum: int | None = None,
@@ -158,7 +160,7 @@ def integer(where: str, name: str, value, *, minimum: int | None = None,
 
 
 def real(where: str, name: str, value, *, low: float | None = None, high: float | None = None,
-         low_open: bool = False, note: str = "") -> float:
+         low_open: bool = False, high_open: bool = False, note: str = "") -> float:
   """A finite real scalar (Python / numpy; bool refused) in an interval, returned as float.
 
   Args:
@@ -168,6 +170,7 @@ def real(where: str, name: str, value, *, low: float | None = None, high: float 
     low: the smallest allowed value (None: no lower bound); excluded when low_open.
     high: the largest allowed value (None: no upper bound).
     low_open: low itself is refused (`(0, 1]`, `> 0`).
+    high_open: high itself is refused (`[0, 1)`).
     note: appended to the out-of-interval message, e.g. " (0 = greedy)".
 
   Raises:
@@ -180,11 +183,12 @@ def real(where: str, name: str, value, *, low: float | None = None, high: float 
   if not math.isfinite(value):
     raise ValueError(f"{label}={value} must be finite")
   below = low is not None and (value <= low if low_open else value < low)
-  if below or (high is not None and value > high):
+  above = high is not None and (value >= high if high_open else value > high)
+  if below or above:
     if high is None:
       must = f"{'>' if low_open else '>='} {low}"
     else:
-      must = f"in {'(' if low_open else '['}{low}, {high}]"
+      must = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
     raise ValueError(f"{label}={value} must be {must}{note}")
   return float(value)
 

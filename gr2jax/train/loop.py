@@ -311,7 +311,7 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
             flush=True)
   model_config, init_params = model_from_init(
     config.init, ctx.tokenizer, tcfg, config.decode.block_size if stage.diffusion else 0,
-    pivot_align=config.cft is not None and config.cft.pivot_align)
+    pivot_align=config.settings is not None and config.settings.converts_with_pivot())
   _check_stage_kind(stage, config, model_config)
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config

@@ -1,4 +1,5 @@
-"""The recipe's training stages as Stage values for the one loop (gr2jax/train/loop.py).
+"""The trainers of the training stages, keyed by their names in gr2jax/stage_registry.py, as
+Stage values for the one loop (gr2jax/train/loop.py).
 
   sft    GR2 SFT: decoupled lambda_r / lambda_o cross-entropy (train/sft.py)
   ar_rl  GR2 GRPO on AR rollouts (train/rl.py), from the SFT export
@@ -6,17 +7,21 @@
   opd    on-policy distillation from the frozen AR GR2 (train/opd.py), from the CFT export
   rl     trace-replay GRPO (train/rl.py), from the OPD export
 
-Each loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go
-to the device). The on-policy stages (ar_rl, opd, rl) decode with the model's own policy built
-from the run's decode spec (the view's `decode`, decoding/policy.py `make_policy`; AR RL and RL
-sample at their own `rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's)
-and share one prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
+A trainer is a loss builder and, for an on-policy stage, a prepare builder (`Trainer`); each
+reads the stage's typed settings as `ctx.config.settings`. Each loss is a train/step.py `Loss`:
+the function and the Batch fields it reads (only those go to the device). The on-policy stages
+(ar_rl, opd, rl) decode with the model's own policy built from the run's decode spec as the
+stage's settings change it (`Settings.rollout_spec`: AR RL and RL sample at their own
+`rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's; decoding/policy.py
+`make_policy`) and share one prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD
+the teacher.
 """
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
-from gr2jax import load
+from gr2jax import load, stage_registry
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import pivot
@@ -27,14 +32,11 @@ from gr2jax.train.step import Loss
 
 
 def _policy(ctx: Context) -> policy_lib.Policy:
-  """The trained model's policy: its decoder at the run's decode spec, responses of R tokens;
-  an RL stage's rollouts (and their log-probs) at its own rl.temperature, diffusion RL's at its
-  rl.rollout_tau."""
+  """The trained model's policy: its decoder at the run's decode spec as the stage's settings
+  change it (an RL stage's rollouts and their log-probs at its own temperature, diffusion RL's at
+  its rollout_tau), responses of R tokens."""
   shrink = ctx.config.replay_shrink  # None in an AR stage's view: its policy replays nothing
-  spec = ctx.config.decode
-  if ctx.config.rl is not None:
-    spec = dataclasses.replace(spec, temperature=ctx.config.rl.temperature,
-                               rollout_tau=ctx.config.rl.get("rollout_tau", spec.rollout_tau))
+  spec = ctx.config.settings.rollout_spec(ctx.config.decode)
   return policy_lib.make_policy(ctx.model_config, spec, ctx.response_len,
                                 1 if shrink is None else shrink)
 
@@ -52,12 +54,12 @@ def _sft_loss(ctx: Context) -> Loss:
 
 def _rl_loss(ctx: Context) -> Loss:
   policy = _policy(ctx)
-  return Loss(functools.partial(rl.rl_loss, policy=policy, eps_low=ctx.config.rl.eps_low,
-                                eps_high=ctx.config.rl.eps_high), rl.fields(policy))
+  return Loss(functools.partial(rl.rl_loss, policy=policy, eps_low=ctx.config.settings.eps_low,
+                                eps_high=ctx.config.settings.eps_high), rl.fields(policy))
 
 
 def _rl_prepare(ctx: Context):
-  c = ctx.config.rl
+  c = ctx.config.settings
   reward_fn = rl.answer_rewards(ctx.tokenizer, ctx.train.labels, ctx.model_config.eos_token_ids,
                                 alpha=c.alpha)
   return functools.partial(rollouts.prepare, policy=_policy(ctx), group_size=c.group_size,
@@ -65,7 +67,7 @@ def _rl_prepare(ctx: Context):
 
 
 def _cft_loss(ctx: Context) -> Loss:
-  c = ctx.config.cft
+  c = ctx.config.settings
   return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=c.eps,
                                 complementary=c.complementary, rate_power=c.rate_power,
                                 answer_pair=c.answer_pair),
@@ -87,9 +89,9 @@ def _fillers(ctx: Context) -> pivot.Fillers | None:
 
 
 def _opd_prepare(ctx: Context):
-  dtype = opd.teacher_dtype(ctx.config.opd.teacher_dtype)  # checked before loading
-  context = opd.check_context(ctx.config.opd.context)
-  teacher_config, teacher_params = load.load_model(ctx.config.opd.teacher)
+  dtype = opd.teacher_dtype(ctx.config.settings.teacher_dtype)  # checked before loading
+  context = opd.check_context(ctx.config.settings.context)
+  teacher_config, teacher_params = load.load_model(ctx.config.settings.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
                         mask_token_id=ctx.model_config.mask_token_id, dtype=dtype,
                         fillers=_fillers(ctx))
@@ -97,17 +99,32 @@ def _opd_prepare(ctx: Context):
 
   def prepare(params, batch, key):
     train, stats = rollouts.prepare(params, batch, key, policy=policy,
-                                    group_size=ctx.config.opd.group_size, teacher=teacher,
+                                    group_size=ctx.config.settings.group_size, teacher=teacher,
                                     **_chunks(ctx))
     return opd.student_context(train, context, policy), stats
 
   return prepare
 
 
-STAGES = {
-  "sft": Stage("sft", _sft_loss),
-  "ar_rl": Stage("ar_rl", _rl_loss, _rl_prepare),
-  "cft": Stage("cft", _cft_loss, diffusion=True),
-  "opd": Stage("opd", _opd_loss, _opd_prepare, diffusion=True),
-  "rl": Stage("rl", _rl_loss, _rl_prepare, diffusion=True),
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """How a stage trains: Context -> step.Loss, and Context -> prepare (rollouts) or None
+  (loop.Stage's make_loss / make_prepare)."""
+  make_loss: Callable
+  make_prepare: Callable | None = None
+
+
+TRAINERS = {  # the stages of gr2jax/stage_registry.py, by name
+  "sft": Trainer(_sft_loss),
+  "ar_rl": Trainer(_rl_loss, _rl_prepare),
+  "cft": Trainer(_cft_loss),
+  "opd": Trainer(_opd_loss, _opd_prepare),
+  "rl": Trainer(_rl_loss, _rl_prepare),
 }
+
+
+def stage(name: str) -> Stage:
+  """The loop's Stage of a training stage: its trainer, its kind from its declaration."""
+  trainer = TRAINERS[name]
+  return Stage(name, trainer.make_loss, trainer.make_prepare,
+               diffusion=stage_registry.spec(name).diffusion)

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax import recipe, recipes
+from gr2jax import recipe, recipes, stage_registry
 from gr2jax.decoding.policy import (
   ARPolicy,
   DiffusionPolicy,
@@ -38,7 +38,7 @@ def test_bad_fields_are_named(field, value):
 def test_every_stage_view_carries_the_recipes_decode_spec_whole():
   for variant in ("", "smoke"):
     r = recipe.from_config(recipes.config(variant, "table2"))
-    for name in recipe.TRAIN_STAGES:
+    for name in stage_registry.names():
       assert recipe.stage_config(r, name, "w").decode is r.decode
 
 

@@ -117,7 +117,7 @@ def test_broken_latest_checkpoint_is_moved_aside_and_the_run_saves_it_again(
   ckpt_dir = _copy_run(uninterrupted, workdir)
   _truncate_state(ckpt_dir, STEPS)
   config = toy_config(steps=STEPS, save_every=2)
-  loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   out = capsys.readouterr().out
   assert "step 8: its state does not restore" in out and "resuming from checkpoint step 6" in out
   assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
@@ -134,7 +134,7 @@ def test_no_readable_checkpoint_is_an_error_that_deletes_nothing(tmp_path, unint
   config = toy_config(steps=STEPS, save_every=2)
   with pytest.raises(run_checkpoints.UnreadableCheckpointsError,
                      match="no checkpoint restores .*step 8: its run record.*Nothing was deleted"):
-    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+    loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
   assert not os.path.exists(os.path.join(workdir, "sft", "export"))
 
@@ -161,7 +161,7 @@ def test_resume_refuses_a_changed_run(tmp_path, uninterrupted, tok, change, name
   config_txt = open(os.path.join(workdir, "sft", "logs", "config.txt")).read()
   config = _edit(toy_config(steps=STEPS, save_every=2), **change)
   with pytest.raises(run_checkpoints.RunChangedError, match=re.escape(named)) as e:
-    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+    loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   assert ".train.restart=True" in str(e.value)
   assert sorted(int(s) for s in os.listdir(ckpt_dir)) == [2, 4, 6, 8]
   assert open(os.path.join(workdir, "sft", "logs", "config.txt")).read() == config_txt
@@ -177,7 +177,7 @@ def test_resume_refuses_another_init(tmp_path, uninterrupted, tok):
   _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
   config = _other_init(uninterrupted)
   with pytest.raises(run_checkpoints.RunChangedError, match="init: 'preset:tiny' .* -> '/"):
-    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+    loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
 
 
 @pytest.mark.slow
@@ -186,7 +186,7 @@ def test_restart_moves_the_previous_run_aside(tmp_path, uninterrupted, tok, caps
   ckpt_dir = _copy_run(uninterrupted, workdir, ("checkpoints", "logs"))
   config = _other_init(uninterrupted)
   config.train.restart = True
-  loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   out = capsys.readouterr().out
   moved = [e for e in os.listdir(os.path.join(workdir, "sft")) if e.startswith("replaced-")]
   assert len(moved) == 1 and "moved the previous run's files to" in out
@@ -205,7 +205,7 @@ def test_a_config_identical_rerun_of_a_finished_run_does_nothing(tmp_path, unint
     os.path.join(workdir, "**"), recursive=True) if os.path.isfile(p)}
   before = files()
   config = toy_config(steps=STEPS, save_every=2)
-  result = loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  result = loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   assert "already finished at step 8 with this config" in capsys.readouterr().out
   assert result == json.load(open(os.path.join(workdir, "sft", "eval_final.json")))
   assert files() == before  # no checkpoint, export, log or evaluation file written
@@ -222,7 +222,7 @@ def test_a_second_run_of_the_stage_is_refused(tmp_path, tok):
     assert holder.stdout.readline().strip() == "locked"
     config = toy_config(steps=2)
     with pytest.raises(InUseError, match=f"in use by pid {holder.pid}"):
-      loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+      loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   finally:
     holder.kill()
     holder.wait()
@@ -239,7 +239,7 @@ def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok):
   config.optimizer.warmup_steps = 0
   with pytest.raises(FloatingPointError, match="non-finite params .* after step 1, not saved.*"
                                                "No checkpoint was saved"):
-    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+    loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   assert os.listdir(os.path.join(workdir, "sft", "checkpoints")) == []
   assert not os.path.exists(os.path.join(workdir, "sft", "export"))
 
@@ -252,7 +252,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_finite_checkpoint(tmp_path, t
   config.optimizer.warmup_steps = 0
   ctx = toy_context(config, tok, workdir)
   with pytest.raises(FloatingPointError, match="non-finite .* last finite checkpoint"):
-    loop.train(config, workdir, stages.STAGES["sft"], ctx)
+    loop.train(config, workdir, stages.stage("sft"), ctx)
   manager = run_checkpoints.make_manager(os.path.join(workdir, "sft", "checkpoints"), keep=5)
   kept = manager.all_steps()
   assert kept and not os.path.exists(os.path.join(workdir, "sft", "export"))
@@ -272,7 +272,7 @@ def test_bad_sizes_are_refused_before_anything_is_built(tmp_path, tok):
   for field, value in (("steps", 0), ("keep", 0), ("micro_batches", 0)):
     config = toy_config(**{field: value})
     with pytest.raises(ValueError, match=f"train.{field}={value}"):
-      loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+      loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
   assert not os.path.exists(os.path.join(workdir, "sft"))
 
 
@@ -290,7 +290,7 @@ def test_ar_stage_refuses_a_diffusion_init(tmp_path, uninterrupted, tok):
   config = dataclasses.replace(toy_config(steps=2), init=diffusion)
   with pytest.raises(ValueError, match=r"\[sft\] is an AR stage but init=.* is a block-diffusion "
                                        r"model \(block_size=4\)"):
-    loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+    loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
 
 
 def test_export_records_stage_kind_and_data_build(uninterrupted, tok):
@@ -322,7 +322,7 @@ def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
   config = toy_config("ar_rl", batch_size=2, prepare_chunk=3)
   mesh = mesh_lib.make_mesh(fsdp=2, devices=jax.devices()[:2])
   with pytest.raises(ValueError, match=r"train.prepare_chunk=3 is not a multiple .* \(2\)"):
-    loop.train(config, str(tmp_path), stages.STAGES["ar_rl"],
+    loop.train(config, str(tmp_path), stages.stage("ar_rl"),
                toy_context(config, tok, str(tmp_path), mesh))
 
 
@@ -332,10 +332,9 @@ def test_each_on_policy_stage_samples_at_its_temperature_and_tau(tmp_path, tok, 
   commits at its rl.rollout_tau, OPD at the spec's rollout_tau."""
   config = toy_config(stage)
   assert config.decode.temperature != 0.5 and config.decode.rollout_tau != 0.7
-  if config.rl is not None:
-    config.rl.temperature = 0.5
-  if stage == "rl":
-    config.rl.rollout_tau = 0.7
+  if stage != "opd":
+    config = dataclasses.replace(config, settings=dataclasses.replace(
+      config.settings, temperature=0.5, **(dict(rollout_tau=0.7) if stage == "rl" else {})))
   context = dataclasses.replace(toy_context(config, tok, str(tmp_path)),
                                 model_config=toy_policy.DIFFUSION)
   spec = stages._policy(context).spec
@@ -349,10 +348,11 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
   """Two GRPO steps with real rollouts from the toy SFT export: rewards, groups and the update."""
   workdir = str(tmp_path)
   config = toy_config("ar_rl", steps=2, batch_size=2, save_every=2)
-  config.rl.update(dict(group_size=4, eps_low=0.2, eps_high=0.28, alpha=0.2))
-  config = dataclasses.replace(config, init=os.path.join(uninterrupted, "sft", "export"))
+  config = dataclasses.replace(
+    config, init=os.path.join(uninterrupted, "sft", "export"), settings=dataclasses.replace(
+      config.settings, group_size=4, eps_low=0.2, eps_high=0.28, alpha=0.2))
   config.optimizer.learning_rate = 1e-4
-  result = loop.train(config, workdir, stages.STAGES["ar_rl"], toy_context(config, tok, workdir))
+  result = loop.train(config, workdir, stages.stage("ar_rl"), toy_context(config, tok, workdir))
   metrics = [json.loads(line) for line in
              open(os.path.join(workdir, "ar_rl", "logs", "metrics.jsonl"))]
   train_rows = [m for m in metrics if "train/reward" in m]
@@ -380,11 +380,11 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok,
       ("rl", os.path.join(workdir, "opd", "export"),
        dict(rl=dict(group_size=2, eps_low=0.2, eps_high=0.2, alpha=0.2)))):
     config = toy_config(stage, steps=2, batch_size=2 if stage != "cft" else 8, save_every=2)
-    for block, fields in extra.items():
-      getattr(config, block).update(fields)
-    config = dataclasses.replace(config, init=init, decode=dataclasses.replace(
+    (fields,) = extra.values()
+    config = dataclasses.replace(config, init=init, settings=dataclasses.replace(
+      config.settings, **fields), decode=dataclasses.replace(
       config.decode, block_size=4, max_steps_per_block=4))
-    results[stage] = loop.train(config, workdir, stages.STAGES[stage],
+    results[stage] = loop.train(config, workdir, stages.stage(stage),
                                 toy_context(config, tok, workdir))
     exported = exports.load_config(os.path.join(workdir, stage, "export"))
     assert exported.block_size == 4 and exported.mask_token_id is not None

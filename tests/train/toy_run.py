@@ -16,7 +16,7 @@ from tests.train.toy import toy_config, toy_context  # noqa: E402
 def main(workdir: str, tokenizer_dir: str, steps: int) -> None:
   config = toy_config(steps=steps, save_every=2)
   tok = tokenizer_lib.load_tokenizer(tokenizer_dir)
-  loop.train(config, workdir, stages.STAGES["sft"], toy_context(config, tok, workdir))
+  loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,189 @@
+"""gr2jax/stage_registry.py: one declaration per training stage, from which the chain, the views,
+the size checks, the recipes' loops and run.py's entries are derived.
+
+1. The recipes' digests and config paths are pinned: the values below were computed before the
+   registry replaced the hand-written tables, so existing workdirs and committed results keep
+   matching. Changing a recipe on purpose changes them: recompute with `_digests()` and say why
+   in the commit.
+2. A new stage is its declaration (stage_registry.STAGES), its settings class, its trainer
+   (train/stages.py TRAINERS) and its values per scale (recipes.py STAGE_VALUES): the toy stage
+   below touches exactly those four and nothing else (README "How to extend").
+"""
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from gr2jax import chain, config_checks, files, recipe, recipes, stage_registry
+from gr2jax import workdir as workdir_lib
+from gr2jax.train import stages as train_stages
+
+DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
+  "tiny": ("efae55e772f6b967", {
+    "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "548d363b13735d93",
+    "opd": "a7b1c6ae16ecb2ee", "rl": "5a47b528d2ba62f8"}),
+  "smoke": ("0192603d78585b2b", {
+    "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
+    "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
+  "qwen3_8b": ("d2edd301d8a35573", {
+    "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
+    "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
+}
+TRAIN = ("async_save", "batch_size", "eval_every", "keep", "limit", "micro_batches",
+         "prepare_chunk", "restart", "save_every", "seed", "steps")
+OPTIMIZER = ("b1", "b2", "clip_norm", "end_lr_factor", "eps", "learning_rate", "schedule",
+             "total_steps", "warmup_steps", "weight_decay")
+BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<block>.<field>
+  "sft": ("", ()),
+  "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "temperature")),
+  "cft": ("cft", ("answer_pair", "complementary", "eps", "pivot_align", "rate_power")),
+  "opd": ("opd", ("context", "group_size", "teacher_dtype")),
+  "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "temperature")),
+}
+
+
+def _flat(tree: dict, prefix: str = "") -> list[str]:
+  out = []
+  for key, value in tree.items():
+    out += _flat(value, f"{prefix}{key}.") if isinstance(value, dict) else [prefix + key]
+  return out
+
+
+def _digests(variant: str, workdir: str) -> tuple[str, dict]:
+  """(digest of the recipe's ConfigDict, its paths portable; chain.step_digests)."""
+  c = recipes.config(variant, "table2")
+  if variant.startswith("qwen3"):
+    c.hf_dir = os.path.join(workdir, "hf")
+  config = workdir_lib.portable(json.loads(json.dumps(c.to_dict(), default=str)), workdir)
+  return files.json_digest(config), chain.step_digests(recipe.from_config(c), workdir)
+
+
+@pytest.mark.parametrize("variant", list(DIGESTS))
+def test_recipe_digests_are_pinned(variant, tmp_path):
+  (tmp_path / "hf").mkdir()
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  assert _digests(variant, str(tmp_path)) == DIGESTS[variant]
+
+
+def test_stage_config_paths_are_pinned():
+  paths = {p for p in _flat(recipes.config("tiny", "table2").to_dict()) if p.startswith("stages.")}
+  want = set()
+  for stage, (block, fields) in BLOCKS.items():
+    want |= {f"stages.{stage}.train.{f}" for f in TRAIN}
+    want |= {f"stages.{stage}.optimizer.{f}" for f in OPTIMIZER}
+    want |= {f"stages.{stage}.{block}.{f}" for f in fields}
+  assert paths == want
+
+
+def test_every_stage_has_a_trainer_values_and_a_config_view():
+  names = stage_registry.names()
+  assert tuple(train_stages.TRAINERS) == names == tuple(recipes.STAGE_VALUES)
+  for name in names:
+    assert os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(__file__)),
+                                       "experiments", "configs", f"{name}.py"))
+    spec = stage_registry.spec(name)
+    assert spec.init is None or spec.init in names[:names.index(name)]
+    assert train_stages.stage(name).diffusion == spec.diffusion
+
+
+def test_settings_check_their_fields_at_construction():
+  with pytest.raises(ValueError, match=r"^group_size=1 must be >= 2"):
+    stage_registry.ARRLSettings(group_size=1, eps_low=0.2, eps_high=0.2, alpha=0.2,
+                                temperature=1.0)
+  with pytest.raises(ValueError, match=r"eps=1.0 must be in \[0.0, 1.0\)"):
+    stage_registry.CFTSettings(eps=1.0, complementary=True, rate_power=1.0, pivot_align=False,
+                               answer_pair=False)
+  with pytest.raises(TypeError, match="pivot_align must be a bool"):
+    stage_registry.CFTSettings(eps=0.1, complementary=True, rate_power=1.0, pivot_align=1,
+                               answer_pair=False)
+
+
+def test_rollout_settings_are_read_from_the_typed_block():
+  r = recipes.get("tiny")
+  decode = r.decode
+  rl = recipe.stage_config(r, "rl", "W").settings
+  assert rl.rollout_spec(decode) == dataclasses.replace(decode, temperature=rl.temperature,
+                                                        rollout_tau=rl.rollout_tau)
+  ar = recipe.stage_config(r, "ar_rl", "W").settings
+  assert ar.rollout_spec(decode).rollout_tau == decode.rollout_tau
+  assert recipe.stage_config(r, "opd", "W").settings.rollout_spec(decode) == decode
+
+
+# ---- a toy stage: the four places a new stage takes ------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ToySettings(stage_registry.Settings):
+  """The toy stage's own block: SFT's loss on `copies` rows per training row."""
+  copies: int = stage_registry.integer(1)
+
+
+def _toy() -> object:
+  return recipes._stage(3, 4, 3, 1e-3, 1, toy=dict(copies=2))
+
+
+def _toy_hf(s, lr_factor: float, divisor: int) -> None:
+  del divisor
+  s.optimizer.learning_rate = 1e-6 * lr_factor
+
+
+@pytest.fixture
+def toy_stage(monkeypatch):
+  """The toy stage added after SFT, through the registries only."""
+  entry = stage_registry.StageSpec("toy", init="sft", diffusion=False, block="toy",
+                                   settings=ToySettings, rows_field="copies")
+  registry = dict(stage_registry.STAGES)
+  ordered = {"sft": registry.pop("sft"), "toy": entry, **registry}
+  monkeypatch.setattr(stage_registry, "STAGES", ordered)  # 1. its declaration
+  monkeypatch.setitem(train_stages.TRAINERS, "toy",  # 2. its trainer
+                      train_stages.Trainer(train_stages._sft_loss))
+  monkeypatch.setitem(recipes.STAGE_VALUES, "toy",  # 3. its values per scale
+                      recipes.StageValues(_toy, _toy_hf, smoke_rows=1))
+  return entry  # 4. its settings class: ToySettings above
+
+
+def test_a_toy_stage_is_its_registry_entry_settings_trainer_and_values(toy_stage, tmp_path):
+  r = recipes.get("smoke")
+  assert recipe.chain(r) == ("sft", "toy", "ar_rl", "cft", "opd", "rl")
+  view = recipe.stage_config(r, "toy", str(tmp_path))
+  assert view.settings == ToySettings(copies=1)  # the smoke value
+  assert view.init == recipe.export(str(tmp_path), "sft") and view.replay_shrink is None
+  assert view.to_dict()["toy"] == {"copies": 1}
+  assert recipe.stage_config(recipes.get("qwen3_8b", hf_dir=_hf(tmp_path)), "toy",
+                             "W").settings == ToySettings(copies=2)
+  assert train_stages.stage("toy").make_loss is train_stages._sft_loss
+  assert list(chain.step_digests(r, str(tmp_path))) == list(recipe.chain(r))
+  c = recipes.config("", "table2")
+  c.stages.toy.toy.copies = 0
+  with pytest.raises(ValueError, match=r"stages.toy.toy.copies=0 must be >= 1"):
+    recipe.from_config(c)
+  c.stages.toy.toy.copies = 3  # 4 rows x 3 copies in 1 micro-batch, then in 5
+  recipe.from_config(c)
+  c.stages.toy.train.micro_batches = 5
+  with pytest.raises(ValueError, match=r"12 rows per step .*x copies=3"):
+    recipe.from_config(c)
+  config_checks.check_stage_config(view)
+
+
+def _hf(tmp_path) -> str:
+  (tmp_path / "hf").mkdir(exist_ok=True)
+  (tmp_path / "hf" / "config.json").write_text("{}")
+  return str(tmp_path / "hf")
+
+
+@pytest.mark.integration
+def test_the_toy_stage_trains_in_a_tiny_chain(toy_stage, tmp_path):
+  """The smoke recipe's data build, SFT and the toy stage, run by the chain."""
+  c = recipes.config("smoke", "table2")
+  c.data.users = 600
+  c.data.eval_subset_size = 48
+  c.eval.limit = 16
+  c.eval.batch_size = 8
+  for name in ("sft", "toy"):  # a multiple of the tests' 8 host devices
+    c.stages[name].train.batch_size = 8
+  r = recipe.from_config(c)
+  chain.run_chain(r, str(tmp_path), upto="toy")
+  meta = json.loads((tmp_path / "toy" / "export" / "gr2jax_metadata.json").read_text())
+  assert meta["stage"] == "toy" and meta["kind"] == "ar"
