@@ -49,14 +49,20 @@ sys.path.insert(0, os.path.join(REPO, "experiments"))  # plan.py
 from gr2jax import cli  # noqa: E402  (light: absl and the workdir lock only)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
-flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
-flags.DEFINE_enum("section", "all", ["all", "decode_kernel", "ar_decode", "diffusion", "train",
-                                     "exactness", "report"],
-                  "'all' runs every section as a subprocess, then the report.")
-flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
-                  "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
-                  "near the paper's frontier, 2.4x / 3.3x / 3.5x over AR).")
+
+
+def define_flags() -> None:
+  """The command line's flags (defined only when run as a script: the tests import this
+  module's sections)."""
+  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
+  flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
+  flags.DEFINE_enum("section", "all", ["all", "decode_kernel", "ar_decode", "diffusion", "train",
+                                       "exactness", "report"],
+                    "'all' runs every section as a subprocess, then the report.")
+  flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
+                    "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
+                    "near the paper's frontier, 2.4x / 3.3x / 3.5x over AR).")
+
 
 # Peak bf16 dense FLOP/s and HBM bytes/s by device_kind substring (first match wins).
 PEAKS = (("H200", 989e12, 4.8e12), ("H100 PCIe", 756e12, 2.0e12), ("H100", 989e12, 3.35e12),
@@ -554,4 +560,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(cli.one_line_refusals()(main))
