@@ -468,8 +468,9 @@ def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict
   from gr2jax.apps.serve import engine as engine_lib
 
   recipe = recipe_lib.from_config(FLAGS.config)
-  engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, model, "export"), FLAGS.workdir,
-                                  recipe_lib.data_config(recipe), recipe.decode)
+  engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, model, "export"),
+                                  workdir=FLAGS.workdir, data_config=recipe_lib.data_config(recipe),
+                                  decode=recipe.decode)
   base = Offline(engine.reranker, bodies[:FLAGS.requests])
   cache = os.path.join(scratch, f"jax_cache_{model}")
   cold = Server(model, cache, os.path.join(scratch, f"{model}_cold.log"))
@@ -630,7 +631,8 @@ def reference_rankings(bodies: list) -> dict:
 
   recipe = recipe_lib.from_config(FLAGS.config)
   engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, FLAGS.verifier, "export"),
-                                  FLAGS.workdir, recipe_lib.data_config(recipe), recipe.decode)
+                                  workdir=FLAGS.workdir, data_config=recipe_lib.data_config(recipe),
+                                  decode=recipe.decode)
   rows = rerank.rerank([json.dumps(b) for b in bodies], engine.reranker,
                        batch_size=max(FLAGS.config.serve.batch_buckets))
   return {row["id"]: row["ranking"] for row in rows}

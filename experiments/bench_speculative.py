@@ -11,10 +11,10 @@ come from the same data build (speculative.check_same_build). Sections (--sectio
   grid      every (K, tau_d) of --ks x --taus decodes the whole --split (test_1615: all 1,615
             users) greedily at the evaluation's batch size (--batch_size) with
             speculative.speculative_generate, next to `generate`'s greedy decode of the same
-            batches (evaluation.decode_batch: the AR GR2 row's decode). Exactness: rows identical
+            batches (the AR GR2 row's decode: its Reranker.answer). Exactness: rows identical
             token for token, the first divergences (emulate.first_divergence: token, logit
             margin), and R@1 / R@3 / N@3 / validity of both (evaluation.score on
-            prompt_io.response_texts), which must be equal. Acceptance, from the same decodes:
+            reranker.read_answers), which must be equal. Acceptance, from the same decodes:
             accepted drafted tokens per verify forward, tokens per verify forward and forwards
             (draft + verify, both prefills excluded) per token, over the whole response and by
             part: reasoning = the tokens up to and including `</think>`, answer = the rest. A
@@ -55,9 +55,12 @@ import targets  # noqa: E402
 
 from gr2jax import cli, load  # noqa: E402
 from gr2jax import recipe as recipe_lib  # noqa: E402
-from gr2jax.data import answer, prompts  # noqa: E402
+from gr2jax.data import prompts  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
+from gr2jax.decoding import policy as policy_lib  # noqa: E402
+from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
+from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
 from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate  # noqa: E402
@@ -191,8 +194,9 @@ def part_stats(out: dict, think_end: int) -> dict:
 
 
 def _score(tok, data, tokens, lengths) -> dict:
-  texts = prompt_io.response_texts(tok, tokens, lengths)
-  results = [answer.parse_answer(t, data.labels[i]) for i, t in enumerate(texts)]
+  """The ranking metrics and validity of decoded responses (reranker.read_answers, then
+  evaluation.score)."""
+  _, results = reranker_lib.read_answers(tok, tokens, lengths, data.labels[:len(tokens)])
   s = evaluation.score(results, data)
   return {k: s[k] for k in ("R@1", "R@3", "N@3", "valid_rate", "counts")}
 
@@ -207,12 +211,15 @@ def run_grid(drafter, verifier, data, tok, prompt_len, response_len) -> dict:
   """The grid section (module doc)."""
   pad = verifier.config.pad_token_id
   think_end = tok.convert_tokens_to_ids(prompts.THINK_END)
+  ar = reranker_lib.Reranker.of(policy_lib.make_policy(verifier.config, DecodeSpec(),
+                                                       response_len),
+                                verifier.params, tok, prompt_len)
   ar_tokens, ar_lengths, t0 = [], [], time.perf_counter()
-  for _, n, tokens, lengths in _batches(data, prompt_len, pad):
-    out = evaluation.decode_batch(verifier.params, verifier.config, tokens, lengths,
-                                  max_new_tokens=response_len, tau=1.0, max_steps_per_block=64)
-    ar_tokens.append(out["tokens"][:n])
-    ar_lengths.append(out["lengths"][:n])
+  for first in range(0, len(data), FLAGS.batch_size):
+    chunk = data.encoded[first:first + FLAGS.batch_size]
+    out = ar.answer(chunk, data.labels[first:first + len(chunk)], rows=FLAGS.batch_size).decoded
+    ar_tokens.append(out.tokens)
+    ar_lengths.append(out.lengths)
   ar_tokens, ar_lengths = np.concatenate(ar_tokens), np.concatenate(ar_lengths)
   ar = dict(seconds=time.perf_counter() - t0, **_score(tok, data, ar_tokens, ar_lengths))
   print(f"[grid] AR: R@1 {ar['R@1']:.4f} valid {ar['valid_rate']:.4f} ({ar['seconds']:.0f} s)",

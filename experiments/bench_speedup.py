@@ -74,10 +74,10 @@ import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --
 
 from gr2jax import cli, load  # noqa: E402
 from gr2jax.apps import tables  # noqa: E402
-from gr2jax.data import answer  # noqa: E402
 from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import prompt_io  # noqa: E402
+from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
 from gr2jax.diffusion import decode, emulate  # noqa: E402
 from gr2jax.diffusion import speculative as sp  # noqa: E402
 from gr2jax.model import generate as gen  # noqa: E402
@@ -153,9 +153,8 @@ def record_schedules() -> dict:
       res = decode.block_diffusion_generate(params, cfg, prompts, lengths, decode.BlockDecoding(
         threshold=tau, max_steps_per_block=64, max_new_tokens=response_len))
       n, forwards = np.asarray(res.lengths), np.asarray(res.nfe) - 1  # prefill excluded
-      texts = prompt_io.response_texts(tok, np.asarray(res.tokens), n)
-      valid = np.mean([answer.parse_answer(t, data.labels[i]).kind == "valid"
-                       for i, t in enumerate(texts)])
+      _, results = reranker_lib.read_answers(tok, np.asarray(res.tokens), n, data.labels)
+      valid = np.mean([r.kind == "valid" for r in results])
       entry = dict(tau=tau, block=b, valid_rate=float(valid),
                    tokens_per_forward=float(n.sum() / forwards.sum()),
                    nfe_per_token=float((forwards.sum() + len(n)) / n.sum()),

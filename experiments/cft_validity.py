@@ -35,6 +35,7 @@ from gr2jax.data import lengths as lengths_lib  # noqa: E402
 from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
 from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
+from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
 from gr2jax.diffusion import commit  # noqa: E402
 from gr2jax.model.config import ModelConfig  # noqa: E402
@@ -157,8 +158,9 @@ def main(argv):
     policy = policy_lib.make_policy(cfg, decode, response_len)
     jsonl = os.path.join(out_dir, f"decode_{FLAGS.split}_{spec.text.replace(':', '_')}.jsonl")
     start = time.perf_counter()
-    result = evaluation.evaluate(policy, params, data, tok, batch_size=256, prompt_len=prompt_len,
-                                 out_path=jsonl, desc=spec.text, given_reasoning=spec.given)
+    result = evaluation.evaluate(reranker_lib.Reranker.of(policy, params, tok, prompt_len), data,
+                                 batch_size=256, out_path=jsonl, desc=spec.text,
+                                 given_reasoning=spec.given)
     decoded = [json.loads(line) for line in open(jsonl)]
     before, valid = answer_offsets(tok, decoded)
     counts = collections.Counter(result["counts"])

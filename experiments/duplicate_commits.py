@@ -25,9 +25,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments import cft_validity  # noqa: E402
 from gr2jax import cli  # noqa: E402
-from gr2jax.data import answer  # noqa: E402
 from gr2jax.decoding import policy as policy_lib  # noqa: E402
 from gr2jax.decoding import prompt_io  # noqa: E402
+from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
 from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
 from gr2jax.diffusion import commit, decode  # noqa: E402
 
@@ -106,9 +106,10 @@ def main(argv):
     out = decode.block_diffusion_generate(params, config, prompts, lengths,
                                           policy.decoding(FLAGS.tau))
     tokens, steps, sizes = (np.asarray(x) for x in (out.tokens, out.commit_step, out.lengths))
-    texts = prompt_io.response_texts(tok, tokens[:len(chunk)], sizes[:len(chunk)])
-    for i, text in enumerate(texts):
-      kind = answer.parse_answer(text, data.labels[first + i]).kind
+    _, results = reranker_lib.read_answers(tok, tokens[:len(chunk)], sizes[:len(chunk)],
+                                           data.labels[first:first + len(chunk)])
+    for i, result in enumerate(results):
+      kind = result.kind
       counts[kind] += 1
       if kind == "duplicate":
         n = int(sizes[i])

@@ -11,7 +11,9 @@ The public API, importable from a notebook without loading JAX until first use:
                                                              max_steps_per_block=64,
                                                              max_new_tokens=N))
   policy = gr2jax.make_policy(config, recipe.decode, N)   # the model's own decoder at the spec
-  rows = gr2jax.rerank("requests.jsonl", "W/rl/export")   # re-ranking with a trained export
+  reranker = gr2jax.load_reranker("W/rl/export")   # THE inference object (or Reranker.of(...))
+  answers = reranker.answer(encoded, labels, rows=B)   # decode + texts + parsed answers
+  rows = gr2jax.rerank("requests.jsonl", reranker)   # re-ranking requests (or an export path)
 
 See WORKSPACE.md for the module map and contracts.
 """
@@ -57,6 +59,8 @@ _EXPORTS = {
     "Steering": "gr2jax.diffusion.decode",
     "DecodeSpec": "gr2jax.decoding.spec",
     "make_policy": "gr2jax.decoding.policy",
+    "Reranker": "gr2jax.decoding.reranker",
+    "load_reranker": "gr2jax.decoding.reranker",
     "load_model": "gr2jax.load",
     "recipes": "gr2jax.recipes",
     "rerank": "gr2jax.apps.rerank",

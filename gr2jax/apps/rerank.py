@@ -6,8 +6,9 @@
   rows = gr2jax.rerank("req.jsonl", "W/rl/export")                    # the same in Python
 
 Request and row formats: gr2jax/data/requests.py. Requests are decoded in batches by the
-model's own decoder (gr2jax/decoding/reranker.py); a bad request is an error row and never stops the
-batch. Output rows keep the input order, one per non-blank line.
+model's Reranker (gr2jax/decoding/reranker.py, Reranker.answer: the evaluation's and the server's
+path too); a bad request is an error row and never stops the batch. Output rows keep the input
+order, one per non-blank line.
 """
 
 import json
@@ -28,40 +29,39 @@ def _lines_of(requests) -> Iterable:
   return requests
 
 
-def rerank(requests, model, *, workdir: str | None = None, data_config=None, decode=None,
-           items: str = "", batch_size: int = 64, max_new_tokens: int = 0,
-           verify_with: str = "") -> list[dict]:
+def rerank(requests, model, *, batch_size: int = 64, **load) -> list[dict]:
   """Re-ranks requests with a trained model (gr2jax/data/requests.py for the formats).
 
     rows = gr2jax.rerank("requests.jsonl", "W/rl/export")
+    rows = gr2jax.rerank("requests.jsonl", "W/rl/export", verify_with="W/ar_rl/export")
 
   Args:
     requests: a JSONL path, or an iterable of JSONL lines / request dicts.
     model: a reranker.Reranker, or an export path (a stage's export records its data build and
       decode spec; reranker.load_reranker).
-    workdir: for an export without an inference bundle, the workdir of its data build
-      (reranker.load_reranker; a bundled export reads none).
-    data_config: the data build's config (default: the export's record).
-    decode: the DecodeSpec (default: the export's record).
-    items: a user-supplied items.jsonl ('' = the build's catalogue).
     batch_size: decode batch size.
-    max_new_tokens: response cap (0 = the build's longest training response).
-    verify_with: an AR export (e.g. "W/ar_rl/export") that verifies `model`'s drafts: the
-      lossless mode, whose answers are that AR model's own (reranker.load_reranker).
+    **load: for an export path, reranker.load_reranker's keyword arguments: workdir (of an
+      export without an inference bundle), data_config, decode (default: the export's record),
+      items (a user-supplied items.jsonl), max_new_tokens (0 = the build's R), verify_with (an
+      AR export verifying `model`'s drafts: the lossless mode, whose answers are that AR model's
+      own).
 
   Returns:
     One row per non-blank request line, in order: an answer or a named error.
 
   Raises:
-    TypeError: `requests` is a single request dict, or not a path or an iterable.
+    TypeError: `requests` is a single request dict, or not a path or an iterable; loading
+      arguments given with a Reranker (it is loaded already).
   """
   if isinstance(requests, dict) or not isinstance(requests, str | os.PathLike | Iterable):
     raise TypeError(f"rerank: requests must be a JSONL path or an iterable of JSONL lines / "
                     f"request dicts, got {type(requests).__name__} (wrap one request in a list)")
-  if not isinstance(model, reranker_lib.Reranker):
-    model = reranker_lib.load_reranker(
-      os.fspath(model), workdir=workdir, data_config=data_config, decode=decode, items=items,
-      max_new_tokens=max_new_tokens, verify_with=verify_with)
+  if isinstance(model, reranker_lib.Reranker):
+    if load:
+      raise TypeError(f"rerank: {', '.join(sorted(load))} load an export; the model given is a "
+                      "Reranker already (pass these to reranker.load_reranker)")
+  else:
+    model = reranker_lib.load_reranker(os.fspath(model), **load)
   return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size)
 
 

@@ -47,6 +47,7 @@ from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.data.evidence import KINDS
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.progress import progress
 from gr2jax.recipe import TablesView
 
@@ -154,9 +155,9 @@ def evaluate_at(name: str, model: Model, table: TablesView, inp: Inputs, workdir
   setting = _setting_name(model, policy.spec)
 
   def run(out_path):
-    return evaluation.evaluate(policy, model.params, inp.data, inp.tokenizer,
-                               batch_size=batch_size, prompt_len=inp.prompt_len,
-                               out_path=out_path, desc=f"{name} {setting}")
+    reranker = reranker_lib.Reranker.of(policy, model.params, inp.tokenizer, inp.prompt_len)
+    return evaluation.evaluate(reranker, inp.data, batch_size=batch_size, out_path=out_path,
+                               desc=f"{name} {setting}")
 
   return evaluation.evaluate_cached(evaluation.cache_dir(workdir), f"{name}_{setting}", key, run)
 

@@ -289,9 +289,9 @@ def make_rendering(build_catalog: Catalog, sids: np.ndarray, prompt: prompts.Pro
                    *(settings[name] for name in RENDERING_SETTINGS))
 
 
-def answer_row(request: Request, response: str, labels: tuple[str, ...]) -> dict:
-  """The output row of an answered request (invalid answers fall back to D's order)."""
-  result = answer.parse_answer(response, labels)
+def answer_row(request: Request, response: str, result: answer.AnswerResult) -> dict:
+  """The output row of an answered request: its response and the parsed answer (the reranker's
+  read_answers; an invalid answer's ranking is D's order)."""
   slots = [int(s) for s in result.ranking]
   return {"line": request.line, "id": request.id,
           "ranking": [request.candidate_ids[s] for s in slots], "ranking_slots": slots,

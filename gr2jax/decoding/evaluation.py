@@ -2,9 +2,10 @@
 evaluation cache.
 
 Used by `--config=eval.py` on any checkpoint, by every training stage for its periodic and final
-evaluation, by Table 2's rows and by Tables 3 / 4. A split is decoded by the model's policy
-(policy.py: AR greedy, or block diffusion at the spec's eval tau and step cap; the choice
-is the policy's). Each response is parsed by gr2jax.data.answer.parse_answer; anything but a
+evaluation, by Table 2's rows and by Tables 3 / 4. A split is answered batch by batch by the
+model's Reranker (reranker.py `Reranker.answer`, the offline tool's and the server's path too):
+its policy decodes (AR greedy, block diffusion at the spec's eval tau and step cap, or the
+lossless pair) and each response is parsed by gr2jax.data.answer.parse_answer; anything but a
 valid permutation falls back to D's order (counted per failure kind), and the target's rank in
 the resulting list gives R@1 / R@3 / N@3 (gr2jax.metrics).
 
@@ -28,6 +29,7 @@ from gr2jax import metrics as metrics_lib
 from gr2jax.data import answer
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import prompt_io
+from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.progress import progress
 
 
@@ -58,18 +60,16 @@ def score(results: list, data: prompt_io.SplitData) -> dict:
   return out
 
 
-def evaluate(policy: policy_lib.Policy, params: dict, data: prompt_io.SplitData, tokenizer, *,
-             batch_size: int, prompt_len: int, out_path: str | None = None,
-             desc: str = "eval", given_reasoning: bool = False) -> dict:
-  """Decodes, validates and scores a split; optionally writes per-example JSONL.
+def evaluate(reranker: reranker_lib.Reranker, data: prompt_io.SplitData, *, batch_size: int,
+             out_path: str | None = None, desc: str = "eval",
+             given_reasoning: bool = False) -> dict:
+  """Answers (Reranker.answer), validates and scores a split; optionally writes per-example JSONL.
 
   Args:
-    policy: the model's policy (make_policy: the model, its decode spec, the response cap R).
-    params: the model's params.
+    reranker: the model's Reranker (its policy: the model, its decode spec, the response cap R;
+      its params, tokenizer and static prompt width P; Reranker.of from in-memory parts).
     data: the split (prompt_io.load_split).
-    tokenizer: the data build's tokenizer.
     batch_size: decode batch size (the last batch is padded, its extra rows dropped).
-    prompt_len: P, the static prompt width.
     out_path: JSONL with one row per example (user, response text, ranking, validity, target
       rank), or None.
     desc: progress-bar label.
@@ -83,31 +83,24 @@ def evaluate(policy: policy_lib.Policy, params: dict, data: prompt_io.SplitData,
   """
   results, rows, lengths, nfes, steps = [], [], [], [], []
   decode_s, decoded_tokens = 0.0, 0
-  params = policy.decoding_params(params)  # once for every batch
   start = time.perf_counter()
   bar = progress(len(data), desc=desc)
   for first in range(0, len(data), batch_size):
     chunk = data.encoded[first:first + batch_size]
-    prompt_tokens, prompt_lengths = prompt_io.prompt_arrays(chunk, batch_size, prompt_len,
-                                                            policy.config.pad_token_id)
-    steer = prompt_io.steering(policy, tokenizer, chunk, batch_size, given_reasoning)
-    t0 = time.perf_counter()
-    out = policy.decode(params, prompt_tokens, prompt_lengths, steering=steer)
+    got = reranker.answer(chunk, data.labels[first:first + len(chunk)], rows=batch_size,
+                          given_reasoning=given_reasoning)
     if first > 0:
-      decode_s += time.perf_counter() - t0
-      decoded_tokens += int(out.lengths[:len(chunk)].sum())
-    texts = prompt_io.response_texts(tokenizer, out.tokens[:len(chunk)],
-                                     out.lengths[:len(chunk)])
-    for i, text in enumerate(texts):
+      decode_s += got.seconds
+      decoded_tokens += int(got.decoded.lengths.sum())
+    for i, (text, result) in enumerate(zip(got.texts, got.results, strict=True)):
       index = first + i
-      result = answer.parse_answer(text, data.labels[index])
       results.append(result)
       rows.append({"user": int(data.users[index]), "response": text, "kind": result.kind,
                    "ranking": result.ranking.tolist(),
                    "target_position": int(data.encoded[index].target_position)})
-    lengths += out.lengths[:len(chunk)].tolist()
-    nfes += out.nfe[:len(chunk)].tolist()
-    steps += out.denoise_steps[:len(chunk)].tolist()
+    lengths += got.decoded.lengths.tolist()
+    nfes += got.decoded.nfe.tolist()
+    steps += got.decoded.denoise_steps.tolist()
     bar.update(len(chunk))
   bar.close()
   out = score(results, data)
@@ -200,8 +193,8 @@ def evaluate_export(export, policy: policy_lib.Policy, data: prompt_io.SplitData
   def run(out_path):
     params = ({role: load.load_model(path)[1] for role, path in export.items()}
               if isinstance(export, dict) else load.load_model(export)[1])
-    return evaluate(policy, params, data, tokenizer, batch_size=batch_size,
-                    prompt_len=prompt_len, out_path=out_path, desc=name)
+    return evaluate(reranker_lib.Reranker.of(policy, params, tokenizer, prompt_len), data,
+                    batch_size=batch_size, out_path=out_path, desc=name)
 
   return evaluate_cached(cache_dir, name, key, run)
 

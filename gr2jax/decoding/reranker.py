@@ -1,27 +1,38 @@
-"""A trained re-ranker: the model's policy, the data build it was trained on, decoding requests.
+"""THE inference object: a trained re-ranker answering encoded examples and requests.
 
-`load_reranker(export)` loads an export and the data build and decode spec it records (the
-tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the export
-metadata written by gr2jax/train/loop.py): from the export alone when it carries its inference
-bundle (bundle.py, checked; every stage export does), else, for an export written before exports
-carried the bundle and only when the caller names the workdir, from its data build, built or
-reused there (the only path that imports the data pipeline); `rerank_lines` answers JSONL lines or
-request dicts in input order, each an answer row or a named error row (data/requests.py). Requests
-are decoded by the model's policy (policy.py: AR, or block diffusion at the spec's eval tau, with
-the answer constraint of the request's candidates when the spec is constrained) in batches of one
-static shape [batch, P]: P is the data build's prompt width, so the offline tool
-(gr2jax/apps/rerank.py) and the server (gr2jax/apps/serve/) decode a request identically.
+A `Reranker` (like gemma's `Sampler`) holds the model's params in the decoders' layout, its
+policy (policy.py: AR, block diffusion at the spec's eval tau, or the lossless draft-and-verify
+pair), the data build's tokenizer and request rendering, and the prompt width P, and answers a
+batch of encoded examples in one call, `Reranker.answer`: prompt arrays of one static shape
+[rows, P], steering (the answer constraint of the examples' candidates when the spec is
+constrained; a given reasoning), policy.decode, then `read_answers` (texts, then
+data/answer.parse_answer). The evaluation (evaluation.py), the offline tool (rerank_lines,
+gr2jax/apps/rerank.py), the server (gr2jax/apps/serve/engine.py), the tables and Table 2's rows
+all answer through it, so they answer a request identically.
+
+`load_reranker(export)` builds one from an export and the data build and decode spec it records
+(the tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the
+export metadata written by gr2jax/train/loop.py): from the export alone when it carries its
+inference bundle (bundle.py, checked; every stage export does), else, for an export written
+before exports carried the bundle and only when the caller names the workdir, from its data
+build, built or reused there (the only path that imports the data pipeline). `Reranker.of` builds
+one from in-memory parts (a policy, params, tokenizer and P; no rendering where only a TFDS
+split's encoded examples are answered). `rerank_lines` answers JSONL lines or request dicts in
+input order, each an answer row or a named error row (data/requests.py).
 """
 
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable
+import time
+from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import ml_collections
+import numpy as np
 
 from gr2jax import exports, load
-from gr2jax.data import batches
+from gr2jax.data import answer, batches
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -32,16 +43,57 @@ from gr2jax.diffusion import speculative
 from gr2jax.progress import progress
 
 
+class Answers(NamedTuple):
+  """A batch's answers, one per example (the batch's padding rows dropped).
+
+  Attributes:
+    decoded: the decode (policy.Decoded: tokens, lengths, forwards, denoising steps).
+    texts: the responses as text (special tokens kept).
+    results: the parsed answers (answer.AnswerResult; D's order where not valid).
+    seconds: wall time of the decode call alone (steering, texts and parsing excluded).
+  """
+
+  decoded: policy_lib.Decoded
+  texts: list[str]
+  results: list[answer.AnswerResult]
+  seconds: float
+
+
+def read_answers(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
+                 labels: Sequence[tuple[str, ...]]) -> tuple[list[str], list]:
+  """The one reading of decoded responses on the inference side: (texts, AnswerResults).
+
+  Reranker.answer reads its decodes with it; the benchmarks that decode with a decoder's own
+  traced loop (its commit steps, its draft statistics) read theirs with it too.
+
+  Args:
+    tokenizer: the data build's tokenizer.
+    tokens: [E, N] int32 responses.
+    lengths: [E] int32 tokens per response.
+    labels: [E] the candidates' answer labels of each example, in D's order.
+  """
+  texts = prompt_io.response_texts(tokenizer, tokens, lengths)
+  return texts, [answer.parse_answer(t, labels_i)
+                 for t, labels_i in zip(texts, labels, strict=True)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Reranker:
-  """Everything decoding a request needs: the model and the data build it was trained on.
+  """THE inference object: everything answering an encoded example or a request needs.
+
+  Built from an export (load_reranker: the offline tool, the server) or from in-memory parts
+  (Reranker.of: evaluation during training, the tables, Table 2's rows, the benchmarks);
+  `answer` decodes and reads one batch, and every decode-and-answer path goes through it
+  (evaluation.evaluate, decode_requests / rerank_lines, the server's engine).
 
   Attributes:
     params: the model's params in the decoders' layout (policy.decoding_params; {"drafter",
       "verifier"} in the lossless mode).
     policy: the model's policy (its config, the decode spec, the response cap R).
     tokenizer: the data build's tokenizer.
-    rendering: how the data build renders a request (data/requests.py).
+    rendering: how the data build renders a request (data/requests.py); None for a Reranker
+      that answers encoded examples only (a TFDS split: evaluation, the tables), which cannot
+      read requests (rerank_lines).
     prompt_len: P, the data build's static prompt width (a longer request prompt is rounded up
       to data/lengths.LENGTH_MULTIPLE instead).
   """
@@ -49,8 +101,49 @@ class Reranker:
   params: dict
   policy: policy_lib.Policy
   tokenizer: object
-  rendering: requests_lib.Rendering
+  rendering: requests_lib.Rendering | None
   prompt_len: int
+
+  @classmethod
+  def of(cls, policy: policy_lib.Policy, params: dict, tokenizer, prompt_len: int,
+         rendering: requests_lib.Rendering | None = None) -> "Reranker":
+    """A Reranker from in-memory parts: `params` in the export's layout (turned into the
+    decoders' once, policy.decoding_params); rendering as the attribute's."""
+    return cls(policy.decoding_params(params), policy, tokenizer, rendering, prompt_len)
+
+  def answer(self, encoded: Sequence[batches.EncodedExample],
+             labels: Sequence[tuple[str, ...]], *, rows: int, prompt_len: int = 0,
+             given_reasoning: bool = False, tokenizer_lock=None) -> Answers:
+    """Decodes encoded examples as one [rows, prompt_len] batch and reads their answers.
+
+    Rows past the list repeat its last prompt (prompt_io.prompt_arrays) and are dropped from the
+    answers; the batch is steered by the answer constraint of each example's candidates when the
+    decode spec is constrained, and by each example's own reasoning when given_reasoning
+    (prompt_io.steering); the responses are read by read_answers.
+
+    Args:
+      encoded: 1..rows batches.EncodedExample (their prompts and candidate label tokens).
+      labels: each example's candidate answer labels, in D's order (what the parser reads).
+      rows: the batch's static row count.
+      prompt_len: the static prompt width (0 = self.prompt_len).
+      given_reasoning: decode only the answer after each example's own reasoning tokens
+        (teacher forcing; block diffusion only; the examples must carry reasoning).
+      tokenizer_lock: held while the tokenizer is read (the server encodes on another thread);
+        None: no lock.
+    """
+    policy, n = self.policy, len(encoded)
+    lock = tokenizer_lock or contextlib.nullcontext()
+    tokens, lengths = prompt_io.prompt_arrays(encoded, rows, prompt_len or self.prompt_len,
+                                              policy.config.pad_token_id)
+    with lock:
+      steering = prompt_io.steering(policy, self.tokenizer, encoded, rows, given_reasoning)
+    start = time.perf_counter()
+    out = policy.decode(self.params, tokens, lengths, steering=steering)
+    seconds = time.perf_counter() - start
+    decoded = policy_lib.Decoded(*(x[:n] for x in out))
+    with lock:
+      texts, results = read_answers(self.tokenizer, decoded.tokens, decoded.lengths, labels)
+    return Answers(decoded, texts, results, seconds)
 
 
 def _recorded(export: str, field: str, given):
@@ -119,8 +212,8 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     raise ValueError("decode.constrained=True constrains a block-diffusion decoder's answers; "
                      + ("the lossless mode answers as its AR verifier" if verify_with else
                         f"{export} is an AR model") + ": pass decode.constrained=False")
-  return Reranker(policy.decoding_params(params), policy, inference.tokenizer,
-                  inference.rendering, inference.prompt_len)
+  return Reranker.of(policy, params, inference.tokenizer, inference.prompt_len,
+                     inference.rendering)
 
 
 def _from_data_build(export: str, data_config, workdir: str | None,
@@ -147,31 +240,10 @@ def _from_data_build(export: str, data_config, workdir: str | None,
                           exports.data_build_record(tokenizer, rendering.prompt, sids))
 
 
-def decode_batch(reranker: Reranker, encoded: list, rows: int, prompt_len: int,
-                 tokenizer_lock=None) -> policy_lib.Decoded:
-  """Decodes encoded requests as one [rows, prompt_len] batch (rows past the list repeat its
-  last prompt, prompt_io.prompt_arrays), under the answer constraint of each request's candidates
-  when the decode spec is constrained (prompt_io.steering, as every evaluation builds it).
-
-  Args:
-    reranker: the Reranker.
-    encoded: 1..rows batches.EncodedExample (their prompts and candidate label tokens).
-    rows: the batch's static row count.
-    prompt_len: the static prompt width.
-    tokenizer_lock: held while the tokenizer is read (the server encodes on another thread);
-      None: no lock.
-  """
-  policy = reranker.policy
-  tokens, lengths = prompt_io.prompt_arrays(encoded, rows, prompt_len, policy.config.pad_token_id)
-  with tokenizer_lock or contextlib.nullcontext():
-    steering = prompt_io.steering(policy, reranker.tokenizer, encoded, rows)
-  return policy.decode(reranker.params, tokens, lengths, steering=steering)
-
-
 def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *, batch_size: int,
                     desc: str = "rerank") -> list[dict]:
-  """Renders, decodes (batches of min(batch_size, len(requests)) rows, the last padded; one
-  static prompt width) and answers readable requests."""
+  """Renders, answers (Reranker.answer: batches of min(batch_size, len(requests)) rows, the last
+  padded; one static prompt width) and writes the rows of readable requests."""
   if not requests:
     return []
   rendered = requests_lib.render(requests, reranker.rendering)
@@ -182,13 +254,13 @@ def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *,
   rows = []
   bar = progress(len(requests), desc=desc, unit="request")
   for first in range(0, len(requests), batch_size):
-    chunk = encoded[first:first + batch_size]
-    out = decode_batch(reranker, chunk, rows_per_batch, prompt_len)
-    texts = prompt_io.response_texts(reranker.tokenizer, out.tokens[:len(chunk)],
-                                     out.lengths[:len(chunk)])
-    for i, text in enumerate(texts):
-      rows.append(requests_lib.answer_row(requests[first + i], text, rendered[first + i].labels))
-    bar.update(len(chunk))
+    chunk = slice(first, first + batch_size)
+    got = reranker.answer(encoded[chunk], [r.labels for r in rendered[chunk]],
+                          rows=rows_per_batch, prompt_len=prompt_len)
+    rows += [requests_lib.answer_row(request, text, result)
+             for request, text, result in zip(requests[chunk], got.texts, got.results,
+                                              strict=True)]
+    bar.update(len(got.texts))
   bar.close()
   return rows
 

@@ -37,6 +37,7 @@ from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import bundle, evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.diffusion import convert
 from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
@@ -185,8 +186,8 @@ def run_evaluation(ctx: Context, params, step: int, name: str, out_dir: str,
   jsonl = os.path.join(out_dir, f"eval_{name}.jsonl")
 
   def run(out_path):
-    return evaluation.evaluate(policy, params, ctx.eval, ctx.tokenizer,
-                               batch_size=cfg.eval.batch_size, prompt_len=ctx.prompt_len,
+    reranker = reranker_lib.Reranker.of(policy, params, ctx.tokenizer, ctx.prompt_len)
+    return evaluation.evaluate(reranker, ctx.eval, batch_size=cfg.eval.batch_size,
                                out_path=out_path, desc=f"eval {name}")
 
   if model_id and ctx.eval.source:  # hand-made splits (no source) are not cached

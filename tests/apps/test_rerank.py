@@ -13,8 +13,8 @@ import pytest
 
 import gr2jax
 from gr2jax.apps import rerank
+from gr2jax.data import answer, prompts
 from gr2jax.data import evidence as evidence_lib
-from gr2jax.data import prompts
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import reranker as reranker_lib
@@ -170,10 +170,11 @@ def test_answer_row_valid_answer_and_reasoning():
   labels = tuple(prompts.slot_token(s) for s in range(10))
   ranking = np.asarray([3, 1, 0, 2, 4, 5, 6, 7, 8, 9])
   text = prompts.think_block("<slot_3><brand_2>") + prompts.render_answer(ranking, labels)
-  row = requests_lib.answer_row(request, text, labels)
+  row = requests_lib.answer_row(request, text, answer.parse_answer(text, labels))
   assert row["kind"] == "valid" and not row["fallback"]
   assert row["ranking"][:2] == ["i3", "i1"] and row["reasoning"] == "<slot_3><brand_2>"
-  row = requests_lib.answer_row(request, "<think>\nhalf", labels)
+  row = requests_lib.answer_row(request, "<think>\nhalf",
+                                answer.parse_answer("<think>\nhalf", labels))
   assert row["fallback"] and row["ranking_slots"] == list(range(10))
   assert row["reasoning"] == "half"
 

@@ -2,6 +2,7 @@
 responses, and every table and figure produced from tiny random AR and diffusion models."""
 
 import dataclasses
+import functools
 import json
 import os
 
@@ -13,6 +14,7 @@ from gr2jax.apps import tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation
+from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.test_rerank import _model
@@ -213,15 +215,15 @@ def test_evaluation_decoder_options(toy):
   """evaluation.evaluate's diffusion options: commit order, given reasoning (teacher forcing)."""
   inp, models = toy
   model = models["diffusion"]
-  kw = dict(batch_size=8, prompt_len=inp.prompt_len)
+  reranker = functools.partial(reranker_lib.Reranker.of, params=model.params,
+                               tokenizer=inp.tokenizer, prompt_len=inp.prompt_len)
   ltr = make_policy(model.config, DecodeSpec(commit_order="left_to_right"), inp.response_len)
-  assert evaluation.evaluate(ltr, model.params, inp.data, inp.tokenizer, **kw)["num"] == len(USERS)
+  assert evaluation.evaluate(reranker(ltr), inp.data, batch_size=8)["num"] == len(USERS)
   policy = make_policy(model.config, DecodeSpec(), inp.response_len + 32)
   with pytest.raises(ValueError, match="given_reasoning needs a split whose examples carry"):
-    evaluation.evaluate(policy, model.params, inp.data, inp.tokenizer, given_reasoning=True, **kw)
+    evaluation.evaluate(reranker(policy), inp.data, batch_size=8, given_reasoning=True)
   train = toy_split(inp.tokenizer, range(8))
-  given = evaluation.evaluate(policy, model.params, train, inp.tokenizer, given_reasoning=True,
-                              **kw)
+  given = evaluation.evaluate(reranker(policy), train, batch_size=8, given_reasoning=True)
   assert given["num"] == 8
 
 

@@ -4,10 +4,11 @@ The server answers a request exactly as the offline tool (gr2jax/apps/rerank.py)
 the same library: gr2jax/data/requests.py parses and validates it and renders it into the data
 build's prompt with its exact evidence thresholds, gr2jax/decoding/reranker.py's Reranker holds
 the model's policy (its decoder at the export's decode spec: AR, block diffusion, constrained
-answers), and an invalid answer falls back to D's order (requests.answer_row).
+answers) and answers the batch (Reranker.answer: decode, texts, parsed answers), and an invalid
+answer falls back to D's order (requests.answer_row).
 
-Shapes are static: `rank` decodes a list of requests as one [bucket, prompt_len] batch, rows past
-the list repeating its last prompt (prompt_io.prompt_arrays, as the offline tool pads its last
+Shapes are static: `rank` answers a list of requests with Reranker.answer as one [bucket,
+prompt_len] batch, rows past the list repeating its last prompt (as the offline tool pads its last
 batch); a repeated row finishes when its source does, so padding never lengthens the decode loop.
 `warm(bucket, prompt_len)` runs that very program once, so serving never compiles.
 
@@ -29,7 +30,6 @@ from gr2jax.apps.serve import auto
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import policy as policy_lib
-from gr2jax.decoding import prompt_io
 from gr2jax.decoding import reranker as reranker_lib
 
 _counts = {"compiles": 0, "cache_hits": 0}
@@ -125,31 +125,22 @@ class Engine:
     self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
-  def load(cls, ckpt: str, workdir: str | None = None, data_config=None, decode=None, *,
-           items: str = "", max_new_tokens: int = 0, prompt_lengths: tuple[int, ...] = (),
-           name: str = "", verify_with: str = "", mode: str = "fixed",
-           draft_ks: tuple[int, ...] = (4, 8, 16)) -> "Engine":
+  def load(cls, ckpt: str, *, prompt_lengths: tuple[int, ...] = (), name: str = "",
+           mode: str = "fixed", draft_ks: tuple[int, ...] = (4, 8, 16), **load) -> "Engine":
     """The engine of an export and its data build (reranker.load_reranker: what the export
     records, unless given).
 
     Args:
       ckpt: the model export (AR or diffusion).
-      workdir: the workdir of the export's data build, read only by an export without an
-        inference bundle (reranker.load_reranker).
-      data_config: the data build's config (None = the export's record).
-      decode: the DecodeSpec (None = the export's record).
-      items: a user-supplied items.jsonl ('' = the build's catalogue).
-      max_new_tokens: response cap (0 = the build's R).
       prompt_lengths: compiled prompt widths (() = the build's P, data/lengths.py).
       name: the model's name in answers ('' = from the export's metadata).
-      verify_with: an AR export verifying ckpt's drafts (the lossless mode).
       mode, draft_ks: as the constructor's.
+      **load: reranker.load_reranker's keyword arguments: workdir (of an export without an
+        inference bundle), data_config, decode, items, max_new_tokens, verify_with (an AR
+        export verifying ckpt's drafts: the lossless mode).
     """
-    auto.check_mode(mode, verify_with)
-    reranker = reranker_lib.load_reranker(ckpt, workdir=workdir, data_config=data_config,
-                                          decode=decode, items=items,
-                                          max_new_tokens=max_new_tokens,
-                                          verify_with=verify_with)
+    auto.check_mode(mode, load.get("verify_with", ""))
+    reranker = reranker_lib.load_reranker(ckpt, **load)
     if not name:
       meta = exports.load_metadata(ckpt)
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
@@ -222,14 +213,10 @@ class Engine:
     """Decodes each bucket of the table with its cheapest decoder from now on."""
     self.costs, self.choice = table, auto.choose(table)
 
-  def _decode(self, encoded: list, bucket: int, prompt_len: int,
-              decoder: str) -> tuple[list[str], object]:
-    r = self.decoders[decoder]
-    out = reranker_lib.decode_batch(r, encoded, bucket, prompt_len, self._tokenizer_lock)
-    n = len(encoded)
-    with self._tokenizer_lock:
-      texts = prompt_io.response_texts(r.tokenizer, out.tokens[:n], out.lengths[:n])
-    return texts, out
+  def _answer(self, encoded: list, labels: list, bucket: int, prompt_len: int,
+              decoder: str) -> reranker_lib.Answers:
+    return self.decoders[decoder].answer(encoded, labels, rows=bucket, prompt_len=prompt_len,
+                                         tokenizer_lock=self._tokenizer_lock)
 
   def rank(self, batch: list[Prepared], bucket: int, prompt_len: int) -> list[dict]:
     """Decodes requests together as one [bucket, prompt_len] batch.
@@ -247,31 +234,33 @@ class Engine:
     if not 0 < len(batch) <= bucket:
       raise ValueError(f"rank: {len(batch)} requests for a batch of {bucket}")
     decoder = self.decoder(bucket)
-    texts, out = self._decode([p.encoded for p in batch], bucket, prompt_len, decoder)
+    got = self._answer([p.encoded for p in batch], [p.labels for p in batch], bucket,
+                       prompt_len, decoder)
     rows = []
-    for i, (p, text) in enumerate(zip(batch, texts, strict=True)):
-      row = requests_lib.answer_row(p.request, text, p.labels)
+    for i, (p, text, result) in enumerate(zip(batch, got.texts, got.results, strict=True)):
+      row = requests_lib.answer_row(p.request, text, result)
       rows.append({"ranking": row["ranking"], "reasoning": row["reasoning"],
                    "valid": row["kind"] == "valid", "fallback": row["fallback"],
-                   "response": text, "forwards": int(out.nfe[i]),
-                   "tokens": int(out.lengths[i]), "decoder": decoder})
+                   "response": text, "forwards": int(got.decoded.nfe[i]),
+                   "tokens": int(got.decoded.lengths[i]), "decoder": decoder})
     return rows
 
-  def _examples(self, n: int, prompt_len: int) -> list:
-    """n distinct example requests, encoded, each prompt cut to prompt_len."""
-    return [dataclasses.replace(e, prompt=e.prompt[:prompt_len])
-            for e in (self._render(self.example(i))[1] for i in range(n))]
+  def _examples(self, n: int, prompt_len: int) -> tuple[list, list]:
+    """n distinct example requests: (encoded, each prompt cut to prompt_len; their labels)."""
+    rendered = [self._render(self.example(i)) for i in range(n)]
+    return ([dataclasses.replace(e, prompt=e.prompt[:prompt_len]) for _, e, _ in rendered],
+            [labels for _, _, labels in rendered])
 
   def warm(self, bucket: int, prompt_len: int) -> None:
     """Compiles (or loads from the persistent cache) each decoder's [bucket, prompt_len]
     program."""
-    encoded = self._examples(1, prompt_len)
+    encoded, labels = self._examples(1, prompt_len)
     for decoder in self.decoders:
-      self._decode(encoded, bucket, prompt_len, decoder)
+      self._answer(encoded, labels, bucket, prompt_len, decoder)
 
   def time_decoders(self, bucket: int, prompt_len: int) -> dict[str, float]:
     """Seconds per [bucket, prompt_len] batch of each decoder (warm), on a warm-up batch of
     `bucket` distinct requests (auto.measure)."""
-    encoded = self._examples(bucket, prompt_len)
-    return auto.measure(lambda decoder: self._decode(encoded, bucket, prompt_len, decoder),
-                        self.decoders)
+    encoded, labels = self._examples(bucket, prompt_len)
+    return auto.measure(lambda decoder: self._answer(encoded, labels, bucket, prompt_len,
+                                                     decoder), self.decoders)

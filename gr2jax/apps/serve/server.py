@@ -497,8 +497,8 @@ def run(recipe, c, workdir: str) -> None:
     engine_lib.use_compilation_cache(os.path.abspath(cache))
   start = time.perf_counter()
   engine = engine_lib.Engine.load(
-    c.ckpt.format(workdir=workdir), workdir, recipe_lib.data_config(recipe), recipe.decode,
-    items=c.items_file, max_new_tokens=c.max_new_tokens,
+    c.ckpt.format(workdir=workdir), workdir=workdir, data_config=recipe_lib.data_config(recipe),
+    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens,
     prompt_lengths=tuple(c.prompt_lengths), name=c.model_name,
     verify_with=c.verify_with.format(workdir=workdir), mode=settings.mode,
     draft_ks=settings.draft_ks)

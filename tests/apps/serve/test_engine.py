@@ -1,6 +1,8 @@
 """The server's adapter (gr2jax/apps/serve/engine.py): errors name the field, histories are cut as
-the data build cuts them, and ranking in padded buckets gives exactly the offline tool's rows."""
+the data build cuts them, and ranking in padded buckets gives exactly the offline tool's rows and
+the evaluation's answers (all three through Reranker.answer)."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, toy_engine
@@ -83,6 +86,32 @@ def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
     assert (row["valid"], row["fallback"]) == (want["kind"] == "valid", want["fallback"])
     assert row["tokens"] >= 1 and row["forwards"] >= 1
   assert rows[3]["ranking"][0].startswith("B")  # ids come back as given
+
+
+@pytest.mark.parametrize("diffusion", [False, True])
+def test_evaluation_offline_tool_and_server_answer_identically(tok_dir, tmp_path, diffusion):
+  """The same requests answered three ways through the Reranker (evaluation.evaluate of their
+  encoded examples, the offline tool, the server's engine), in batches of 4 (the last padded):
+  identical responses, rankings and answer kinds."""
+  engine = toy_engine(tok_dir, diffusion)
+  requests = [_good(i) for i in range(6)]
+  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+                                      batch_size=4)
+  prepared = [engine.parse(r) for r in requests]
+  served = engine.rank(prepared[:4], 4, PROMPT_LEN) + engine.rank(prepared[4:], 4, PROMPT_LEN)
+  split = prompt_io.SplitData(encoded=[p.encoded for p in prepared], users=np.arange(6),
+                              labels=[p.labels for p in prepared],
+                              teacher_top1=np.full(6, -1, np.int32))
+  reranker = dataclasses.replace(engine.reranker, prompt_len=PROMPT_LEN)  # the offline width
+  result = evaluation.evaluate(reranker, split, batch_size=4, out_path=str(tmp_path / "e.jsonl"))
+  evaluated = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+  responses = [r["response"] for r in offline]
+  assert [r["response"] for r in evaluated] == responses == [r["response"] for r in served]
+  assert [r["ranking"] for r in evaluated] == [r["ranking_slots"] for r in offline]
+  assert [r["kind"] for r in evaluated] == [r["kind"] for r in offline]
+  assert [r["ranking"] for r in served] == [r["ranking"] for r in offline]
+  assert [r["valid"] for r in served] == [r["kind"] == "valid" for r in offline]
+  assert result["num"] == 6 and result["valid_rate"] == np.mean([r["valid"] for r in served])
 
 
 def test_constrained_engine_decodes_under_each_requests_answer_constraint(tok_dir):
