@@ -40,7 +40,7 @@ class Batch:
     target_position   [B] int32     the target's slot in D (host side: the reward reads it)
     example_index     [B] int32     the rows' split indices (BatchIterator; host side: the
                                     reward's labels), None from make_batch
-  Response (make_batch: the teacher trace; on-policy: the policy's sample, policy.py):
+  Response (make_batch: the teacher trace; on-policy: the rollout's sample, train/rollout.py):
     response_tokens   [B, M] int32  pad after response_lengths (make_batch) / after the stop
     response_lengths  [B] int32     tokens per row, the stop token included
     response_weights  [B, M] f32    each response token's loss weight: lambda_r / lambda_o on
@@ -48,7 +48,7 @@ class Batch:
                                     groups' rollouts; 0 on padding; OPD: None
     answer_starts     [B] int32     response index of each row's first answer token
                                     (make_batch; CFT's answer pair reads it)
-  Trace (a DiffusionPolicy's sample):
+  Trace (a DiffusionRollout's sample):
     trace_tokens      [B, M] int32  the decoder's committed canvas (the mask token where never
                                     committed)
     commit_step       [B, M] int32  each token's commit step (replay.py)

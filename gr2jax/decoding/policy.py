@@ -1,33 +1,23 @@
-"""THE policy: the one dispatch of every decode (evaluation, rerank, the tables, the server) and
-the one interface of the on-policy stages (AR RL, OPD, RL), at a recipe's decode spec (spec.py).
+"""THE policy: the one dispatch of every decode (evaluation, rerank, the tables, the server), at
+a recipe's decode spec (spec.py).
 
-A policy (the anchors: tunix `BaseRollout.generate` / `get_per_token_logps`, gemma `Sampler`)
-is the model with its own decoder at the spec, behind three methods:
+A policy (the anchors: gemma `Sampler`, tunix `generate/`) is the model with its own decoder at
+the spec, behind one method and the decoders' param layout:
 
   decode(params, prompt_tokens, prompt_lengths, *, steering) -> Decoded
       the evaluation decode: greedy, block diffusion at spec.eval_tau (constrained answers when
       spec.constrained and a steering constraint is given); numpy [B, ...] fields.
-  sample(params, prompt_tokens, prompt_lengths, key, *, chunk_rows, sharding) -> (rollouts, stats)
-      host side: on-policy samples at spec.temperature with their traces, in row chunks
-      (gr2jax/chunks.py), as numpy [B, ...] fields:
-        response_tokens [B, M] int32  the response, pad after the stop (what rewards parse)
-        response_lengths [B] int32    tokens per row, the stop token included (what losses weigh)
-      plus the policy's trace fields.
-  log_probs(params, batch, *, temperature=None, return_log_probs=False)
-      -> (logp [B, M] f32, log_probs [B, M, V] f32 | None)
-      traced (jit, grad): the log-probs of the batch's response tokens in the context the sampler
-      drew them in (commit.token_log_probs at `temperature`, default spec.temperature), and the
-      full distributions when asked.
+  decoding_params(params) -> params in the decoders' layout, converted once.
 
 Three implementations, chosen by the model (`make_policy`, the only place the choice is made):
-  ARPolicy         an AR model (no mask token): model.generate; log-probs from the causal scorer.
-  DiffusionPolicy  a block-diffusion model: block_diffusion_generate (rollouts at
-                   spec.rollout_tau, the step cap); trace fields trace_tokens, commit_step,
-                   commit_logprob [B, M] and replay_rounds = replay.Rounds(S), the replay's static
-                   round count; log-probs from the differentiable replay of the trace
-                   (gr2jax/diffusion/replay.py).
+  ARPolicy         an AR model (no mask token): model.generate.
+  DiffusionPolicy  a block-diffusion model: block_diffusion_generate (`decoding(tau,
+                   temperature)` gives its settings at any threshold).
   LosslessPolicy   a block-diffusion drafter verified by an AR model (`verifier_config`):
-                   diffusion/speculative.py, the verifier's greedy output; decode only.
+                   diffusion/speculative.py, the verifier's greedy output.
+
+The on-policy stages' sampling with traces and log-probs of given tokens are training's, built on
+these decoders (gr2jax/train/rollout.py); nothing here imports gr2jax.train.
 
 `causal_log_probs` is THE causal scorer: "the response given the prompt" in one forward over
 `[prompt (P slots, right-padded) | response]` (layout.two_stream_inputs with no noisy stream),
@@ -42,11 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax import chunks
-from gr2jax.data import batches
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import decode, layout, replay, speculative
+from gr2jax.diffusion import decode, layout, speculative
 from gr2jax.model import generate
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
@@ -115,7 +103,8 @@ def causal_layout(where: str, config: ModelConfig, prompt_tokens: jax.Array,
 
 
 class Policy(Protocol):
-  """The policy interface (module docstring); ARPolicy and DiffusionPolicy implement it."""
+  """The policy interface (module docstring); ARPolicy, DiffusionPolicy and LosslessPolicy
+  implement it."""
 
   config: ModelConfig
   spec: DecodeSpec
@@ -128,20 +117,15 @@ class Policy(Protocol):
   def decode(self, params: dict, prompt_tokens, prompt_lengths, *,
              steering: decode.Steering = decode.NO_STEERING) -> Decoded: ...
 
-  def sample(self, params: dict, prompt_tokens, prompt_lengths, key: jax.Array, *,
-             chunk_rows: int = 0, sharding=None) -> tuple[dict, dict]: ...
-
-  def log_probs(self, params: dict, batch: batches.Batch, *, temperature: float | None = None,
-                return_log_probs: bool = False) -> tuple[jax.Array, jax.Array | None]: ...
-
 
 @dataclasses.dataclass(frozen=True)
 class ARPolicy:
-  """An AR model sampled by model.generate at spec.temperature (no top-k / top-p).
+  """An AR model decoded by model.generate.
 
   Attributes:
     config: the AR model.
-    spec: the decode spec (only its temperature applies to AR decoding).
+    spec: the decode spec (none of its fields changes the greedy AR decode; train/rollout.py
+      samples at its temperature).
     max_new_tokens: M, the response cap.
   """
 
@@ -164,47 +148,21 @@ class ARPolicy:
     return Decoded(np.asarray(out.tokens), lengths, np.full(lengths.shape, int(out.nfe)),
                    lengths)
 
-  def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
-    """Rollouts {response_tokens, response_lengths} (module docstring) and no stats."""
-    sampling = generate.Sampling(temperature=self.spec.temperature)
-    params = self.decoding_params(params)  # once for every chunk
-
-    def rollouts(chunk, chunk_key):
-      out = generate.generate(params, self.config, chunk["prompt_tokens"],
-                              chunk["prompt_lengths"], max_new_tokens=self.max_new_tokens,
-                              key=chunk_key, sampling=sampling)
-      return {"response_tokens": out.tokens, "response_lengths": out.lengths}
-
-    out = chunks.map_row_chunks(
-      rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
-      sharding=sharding, key=key)
-    return {**out, "response_lengths": out["response_lengths"].astype(np.int32)}, {}
-
-  def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
-    """The causal scorer on the batch's prompts and responses."""
-    return causal_log_probs(
-      params, self.config, batch.prompt_tokens, batch.prompt_lengths, batch.response_tokens,
-      batch.response_lengths,
-      temperature=self.spec.temperature if temperature is None else temperature,
-      return_log_probs=return_log_probs)
-
 
 @dataclasses.dataclass(frozen=True)
 class DiffusionPolicy:
-  """A block-diffusion model sampled by its own decoder, scored by replaying the trace.
+  """A block-diffusion model decoded by block_diffusion_generate.
 
   Attributes:
     config: the diffusion model (a mask token; config.block_size is B).
-    spec: the decode spec: evaluations commit at spec.eval_tau, rollouts at spec.rollout_tau,
-      at most spec.max_steps_per_block steps per block, rollouts at spec.temperature.
+    spec: the decode spec: evaluations commit at spec.eval_tau (rollouts, train/rollout.py, at
+      spec.rollout_tau and spec.temperature), at most spec.max_steps_per_block steps per block.
     max_new_tokens: M, the response cap.
-    shrink: replay step shrinkage (replay.py; 1 = exact).
   """
 
   config: ModelConfig
   spec: DecodeSpec
   max_new_tokens: int
-  shrink: int = 1
 
   def __post_init__(self):
     if self.config.mask_token_id is None:
@@ -226,44 +184,6 @@ class DiffusionPolicy:
     return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), np.asarray(out.nfe),
                    np.asarray(out.denoise_steps))
 
-  @property
-  def max_rounds(self) -> int:
-    """The most replay rounds a trace of this decode setting can need (replay.rounds_needed)."""
-    return replay.rounds_needed(self.config.block_size, self.spec.max_steps_per_block,
-                                self.shrink)
-
-  def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
-    """Rollouts with their traces, checked to fit the replay (module docstring); stats
-    {'forwards_per_token'}: the decoder's forwards (prefill, denoising and commit) per token."""
-    params = self.decoding_params(params)  # once for every chunk
-
-    def rollouts(chunk, chunk_key):
-      out = decode.block_diffusion_generate(
-        params, self.config, chunk["prompt_tokens"], chunk["prompt_lengths"],
-        self.decoding(self.spec.rollout_tau, self.spec.temperature), key=chunk_key)
-      return {"trace_tokens": out.trace_tokens, "commit_step": out.commit_step,
-              "response_lengths": out.lengths, "response_tokens": out.tokens,
-              "commit_logprob": out.commit_logprob, "nfe": out.nfe}
-
-    out = chunks.map_row_chunks(
-      rollouts, {"prompt_tokens": prompt_tokens, "prompt_lengths": prompt_lengths}, chunk_rows,
-      sharding=sharding, key=key)
-    replay.check_rounds(out["commit_step"], self.max_rounds, self.shrink)
-    nfe = out.pop("nfe")
-    lengths = out["response_lengths"].astype(np.int32)
-    rounds = replay.Rounds(replay.round_bucket(out["commit_step"], self.max_rounds, self.shrink))
-    stats = {"forwards_per_token": float(nfe.sum() / max(lengths.sum(), 1))}
-    return {**out, "response_lengths": lengths, "replay_rounds": rounds}, stats
-
-  def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
-    """The replay of the batch's traces over batch.replay_rounds.count rounds."""
-    res = replay.replay(
-      params, self.config, batch.prompt_tokens, batch.prompt_lengths, batch.trace_tokens,
-      batch.commit_step, batch.response_lengths, num_rounds=batch.replay_rounds.count,
-      temperature=self.spec.temperature if temperature is None else temperature,
-      shrink=self.shrink, return_log_probs=return_log_probs)
-    return res.logp, res.log_probs
-
 
 @dataclasses.dataclass(frozen=True)
 class LosslessPolicy:
@@ -271,8 +191,8 @@ class LosslessPolicy:
   the verifier's own greedy output at the drafter's speed of acceptance (exact as
   decoding/exactness.py defines it: up to float near-ties, rare in fp32, common in bf16).
 
-  Its params are {"drafter": ..., "verifier": ...}. It decodes only (evaluation, rerank, the
-  server): it has no rollouts or log-probs of its own (its output is the verifier's).
+  Its params are {"drafter": ..., "verifier": ...}. It serves the evaluation, rerank and the
+  server; the on-policy stages sample the model's own policy (train/rollout.py), never this one.
 
   Attributes:
     config: the drafter (a mask token; config.block_size >= spec.draft_k).
@@ -303,13 +223,6 @@ class LosslessPolicy:
     forwards = np.asarray(out.verify_forwards) + np.asarray(out.draft_forwards)
     return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), forwards + 2, forwards)
 
-  def sample(self, *args, **kwargs):
-    raise NotImplementedError("LosslessPolicy decodes only: the on-policy stages sample with "
-                              "the model's own policy (make_policy without a verifier)")
-
-  def log_probs(self, *args, **kwargs):
-    raise NotImplementedError("LosslessPolicy decodes only (its output is the verifier's)")
-
 
 def response_width(response_len: int, config: ModelConfig) -> int:
   """The static response width R of `config`'s decoders and training rows: `response_len` for a
@@ -321,7 +234,7 @@ def response_width(response_len: int, config: ModelConfig) -> int:
 
 
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
-                shrink: int = 1, verifier_config: ModelConfig | None = None) -> Policy:
+                verifier_config: ModelConfig | None = None) -> Policy:
   """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
   with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting.
 
@@ -334,4 +247,4 @@ def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
   max_new_tokens = response_width(max_new_tokens, config)
   if config.mask_token_id is None:
     return ARPolicy(config, spec, max_new_tokens)
-  return DiffusionPolicy(config, spec, max_new_tokens, shrink)
+  return DiffusionPolicy(config, spec, max_new_tokens)

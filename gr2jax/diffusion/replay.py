@@ -36,8 +36,8 @@ R (P + R + B) scores per head, not the dense mask's ~2 N R (docs/results/benchma
 replay_attention.md). S = rounds_needed(...) is an upper bound; rounds no block reached cost
 their R tokens anyway.
 
-The rollouts themselves are sampled by decoding/policy.py's `DiffusionPolicy`, which checks them
-against the replay.
+The rollouts themselves are sampled by gr2jax/train/rollout.py's `DiffusionRollout`, which checks
+them against the replay.
 """
 
 import dataclasses

@@ -6,7 +6,7 @@ OPD.
 a forward KL over every committed response token t (|o| = the response length, stop token
 included; tokens the decoder committed after the stop are context, not terms).
 
-  - Trajectories: the student (a DiffusionPolicy, decoding/policy.py) samples G' rollouts per
+  - Trajectories: the student (a DiffusionRollout, train/rollout.py) samples G' rollouts per
     prompt with its real decoder (`block_diffusion_generate` at the decode spec's rollout tau
     and temperature > 0) in train/rollouts.py `prepare`, outside the jitted step.
   - Teacher: scores each trajectory ONCE with the one causal scorer over [prompt | o]
@@ -41,11 +41,12 @@ import ml_dtypes
 import numpy as np
 
 from gr2jax.data.batches import Batch
-from gr2jax.decoding.policy import DiffusionPolicy, causal_log_probs
+from gr2jax.decoding.policy import causal_log_probs
 from gr2jax.diffusion import pivot, replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
+from gr2jax.train.rollout import DiffusionRollout
 
 # config.opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V].
 TEACHER_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
@@ -93,7 +94,7 @@ def left_to_right_steps(commit_step: np.ndarray, block_size: int) -> np.ndarray:
   return np.where(denoised, index[None, :] - 1, steps).astype(np.int32)
 
 
-def student_context(batch: Batch, context: str, policy: DiffusionPolicy) -> Batch:
+def student_context(batch: Batch, context: str, policy: DiffusionRollout) -> Batch:
   """The prepared batch with the trace replayed in `context` (module docstring): unchanged for
   'commit_step'; 'left_clean' replaces commit_step by `left_to_right_steps` and the replay's
   round count by the bucket those steps need."""
@@ -122,7 +123,7 @@ def teacher_log_probs(
     teacher_config: an AR model (block_size 1).
     prompt_tokens: [B, P] right-padded prompts.
     prompt_lengths: [B].
-    response_tokens: [B, M] the trajectories (a DiffusionPolicy's response_tokens).
+    response_tokens: [B, M] the trajectories (a DiffusionRollout's response_tokens).
     response_lengths: [B].
     mask_token_id: the student's mask token, removed from the teacher's distribution.
 
@@ -196,23 +197,24 @@ def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: 
   return jnp.sum(p * (t - s), axis=-1)
 
 
-def fields(policy: DiffusionPolicy) -> tuple[str, ...]:
-  """The Batch fields opd_loss reads: the student's replay (rollouts.policy_fields) and
+def fields(policy: DiffusionRollout) -> tuple[str, ...]:
+  """The Batch fields opd_loss reads: the student's replay (its rollout's `fields`) and
   example_mask, trace_tokens, teacher_log_probs."""
-  return tuple(dict.fromkeys(rollouts.policy_fields(policy) + (
+  return tuple(dict.fromkeys(policy.fields + (
     "example_mask", "response_lengths", "trace_tokens", "teacher_log_probs")))
 
 
-def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionPolicy):
+def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionRollout):
   """The OPD loss on prepared trajectories (train-step contract; module docstring).
 
   Args:
     params: the student's params.
     batch: from rollouts.prepare with a teacher (`fields`): prompt_tokens [B, P],
-      prompt_lengths [B], example_mask [B], a DiffusionPolicy's rollout fields (trace_tokens,
+      prompt_lengths [B], example_mask [B], a DiffusionRollout's fields (trace_tokens,
       commit_step, response_lengths, replay_rounds), teacher_log_probs [B, M, V].
     key: unused (the trajectories are in the batch).
-    policy: the student (its replay gives its distributions in its own decoding contexts).
+    policy: the student's rollout (its replay gives its distributions in its own decoding
+      contexts).
 
   Returns:
     (loss_sum = sum_i (1/|o_i|) sum_t KL_it, weight = trajectories, aux sums

@@ -7,9 +7,9 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
   - Rollouts, rewards, advantages and pi_old: train/rollouts.py `prepare` with `answer_rewards`
     (GR2's R_rank + alpha R_fmt, gr2jax/train/rewards.py: an invalid, truncated or overflowing
     output gets -1 and stays in its group), G rollouts per prompt at the stage's
-    rl.temperature > 0 (the policy's spec.temperature, train/stages.py).
+    rl.temperature > 0 (the rollout's spec.temperature, train/stages.py).
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
-    from the SAME `policy.log_probs` (decoding/policy.py): for an AR policy the causal scorer over
+    from the SAME `policy.log_probs` (train/rollout.py): for an AR policy the causal scorer over
     [prompt | response], for a diffusion policy the differentiable replay of the trace
     (gr2jax/diffusion/replay.py), each token in the context the decoder committed it in.
     Log-probs are commit.token_log_probs at the sampling temperature: the distribution the
@@ -18,7 +18,7 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
     normalises by the total tokens of the kept groups). No KL term (the paper's objective has
     none).
   - Diffusion rollouts are never decoded with the answer constraint (gr2jax/diffusion/
-    constrain.py; DiffusionPolicy does not take one): the replay scores the unconstrained policy.
+    constrain.py; DiffusionRollout does not take one): the replay scores the unconstrained policy.
   - Optional replay step shrinkage (replay.py: `shrink` adjacent steps of a block merged into one
     round) is an approximation: fewer rounds, but a token's replayed context hides the tokens
     committed earlier in its merged round. pi_old uses the same shrink, so rho = 1 at theta_old
@@ -29,8 +29,8 @@ import jax
 import numpy as np
 
 from gr2jax.data.batches import Batch
-from gr2jax.decoding.policy import Policy
-from gr2jax.train import grpo, rewards, rollouts
+from gr2jax.train import grpo, rewards
+from gr2jax.train.rollout import Rollout
 from gr2jax.train.rollouts import RewardFn
 
 
@@ -60,13 +60,13 @@ def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
   return reward_fn
 
 
-def fields(policy: Policy) -> tuple[str, ...]:
-  """The Batch fields rl_loss reads: the policy's (rollouts.policy_fields), logp_old, advantages,
-  response_weights."""
-  return rollouts.policy_fields(policy) + ("logp_old", "advantages", "response_weights")
+def fields(policy: Rollout) -> tuple[str, ...]:
+  """The Batch fields rl_loss reads: the rollout's (its log_probs' `fields`), logp_old,
+  advantages, response_weights."""
+  return policy.fields + ("logp_old", "advantages", "response_weights")
 
 
-def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, eps_low: float,
+def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, eps_low: float,
             eps_high: float):
   """GRPO on prepared rollouts (train-step contract; module docstring).
 
@@ -75,7 +75,7 @@ def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, eps_l
     batch: from rollouts.prepare with a reward_fn (`fields`): the policy's fields, logp_old
       [B, M], advantages [B], response_weights [B, M] (1 on the kept rollouts' tokens).
     key: unused (the rollouts are in the batch).
-    policy: the policy that sampled them.
+    policy: the rollout that sampled them (train/rollout.py).
     eps_low: lower clip range.
     eps_high: upper clip range.
 

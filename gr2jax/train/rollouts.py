@@ -1,8 +1,9 @@
 """The one on-policy prepare of AR RL, OPD and diffusion RL (host side, before the jitted step).
 
   rows      the batch's Bp prompts, each repeated G times (rows i*G .. i*G + G - 1)
-  rollouts  policy.sample (decoding/policy.py): one on-policy sample per row, with its trace, in
-            calls of chunk_rows rows (gr2jax/chunks.py; chunk i samples with fold_in(key, i))
+  rollouts  policy.sample (a train/rollout.py Rollout): one on-policy sample per row, with its
+            trace, in calls of chunk_rows rows (gr2jax/chunks.py; chunk i samples with
+            fold_in(key, i))
   then the part a stage learns from:
   rewards   (RL) reward_fn -> group advantages (grpo.group_advantages: z-scores, zero-variance
             groups and padded prompts dropped) -> response_weights (1 on each kept rollout's
@@ -14,8 +15,8 @@
 
 The train batch is the same Batch (gr2jax/data/batches.py) with Bp * G rows: the rows' fields
 repeated (the teacher's response dropped), the policy's rollout fields, then rewards,
-advantages, response_weights and logp_old (RL) and / or teacher_log_probs (OPD).
-`policy_fields` names what a policy's log_probs reads of it.
+advantages, response_weights and logp_old (RL) and / or teacher_log_probs (OPD). A rollout's
+`fields` name what its log_probs reads of it.
 """
 
 from collections.abc import Callable
@@ -25,18 +26,9 @@ import numpy as np
 
 from gr2jax import chunks
 from gr2jax.data.batches import Batch
-from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy, Policy
 from gr2jax.train import grpo
+from gr2jax.train.rollout import SCORED_FIELDS, Rollout
 
-# The Batch fields of "the response given the prompt": what the causal scorer (an ARPolicy's
-# log_probs, the OPD teacher) reads.
-SCORED_FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths")
-# What each policy's log_probs reads of a Batch (decoding/policy.py).
-POLICY_FIELDS = {
-  ARPolicy: SCORED_FIELDS,
-  DiffusionPolicy: ("prompt_tokens", "prompt_lengths", "trace_tokens", "commit_step",
-                    "response_lengths", "replay_rounds"),
-}
 # The rollouts' Batch (response_tokens [B, M] pad after the stop, response_lengths [B], the
 # rows' example_index / target_position) -> (rewards [B] f32, stats {name: float}).
 RewardFn = Callable[[Batch], tuple[np.ndarray, dict]]
@@ -45,22 +37,14 @@ RewardFn = Callable[[Batch], tuple[np.ndarray, dict]]
 TeacherFn = Callable[[Batch], jax.Array]
 
 
-def policy_fields(policy: Policy) -> tuple[str, ...]:
-  """The Batch fields policy.log_probs reads (POLICY_FIELDS)."""
-  if type(policy) not in POLICY_FIELDS:
-    raise ValueError(f"policy_fields: no fields for {type(policy).__name__}; expected one of "
-                     f"{[t.__name__ for t in POLICY_FIELDS]}")
-  return POLICY_FIELDS[type(policy)]
-
-
-def _log_probs(policy: Policy, params: dict, batch: Batch) -> jax.Array:
+def _log_probs(policy: Rollout, params: dict, batch: Batch) -> jax.Array:
   return policy.log_probs(params, batch)[0]
 
 
 _old_log_probs = jax.jit(_log_probs, static_argnums=0)
 
 
-def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, group_size: int,
+def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, group_size: int,
             reward_fn: RewardFn | None = None, teacher: TeacherFn | None = None,
             chunk_rows: int = 0, sharding=None) -> tuple[Batch, dict]:
   """Rollouts -> the train batch of an on-policy stage (module docstring).
@@ -70,7 +54,7 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, group
     batch: a training batch of Bp prompts (inputs.make_batch: prompt_tokens, prompt_lengths,
       example_mask and what reward_fn reads); its row fields are repeated G times.
     key: the step's PRNG key.
-    policy: the policy (decoding/policy.py); rollouts need spec.temperature > 0.
+    policy: the trained policy's rollout (train/rollout.py); it needs spec.temperature > 0.
     group_size: G rollouts per prompt (paper: 8 for RL, 4 for OPD).
     reward_fn: RL: the rollouts' rewards (RewardFn).
     teacher: OPD: the teacher's distributions of a chunk (TeacherFn).
@@ -111,7 +95,7 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Policy, group
     # pi_old: policy.log_probs on what it reads (a static replay.Rounds goes whole to every
     # chunk).
     train = train.replace(logp_old=chunks.map_row_chunks(
-      lambda chunk, _: _old_log_probs(policy, params, chunk), train.select(policy_fields(policy)),
+      lambda chunk, _: _old_log_probs(policy, params, chunk), train.select(policy.fields),
       chunk_rows, sharding=sharding))
     stats.update(reward=float(rewards.mean()), **reward_stats, kept_groups=float(keep.mean()))
   return train, stats

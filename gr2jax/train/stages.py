@@ -10,11 +10,11 @@ Stage values for the one loop (gr2jax/train/loop.py).
 A trainer is a loss builder and, for an on-policy stage, a prepare builder (`Trainer`); each
 reads the stage's typed settings as `ctx.config.settings`. Each loss is a train/step.py `Loss`:
 the function and the Batch fields it reads (only those go to the device). The on-policy stages
-(ar_rl, opd, rl) decode with the model's own policy built from the run's decode spec as the
-stage's settings change it (`Settings.rollout_spec`: AR RL and RL sample at their own
-`rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's; decoding/policy.py
-`make_policy`) and share one prepare (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD
-the teacher.
+(ar_rl, opd, rl) sample and score with the rollout of the model's own policy built from the
+run's decode spec as the stage's settings change it (`Settings.rollout_spec`: AR RL and RL sample
+at their own `rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's;
+train/rollout.py `make_rollout`) and share one prepare (train/rollouts.py): AR RL and RL bind the
+GR2 reward, OPD the teacher.
 """
 
 import dataclasses
@@ -23,22 +23,22 @@ from collections.abc import Callable
 
 from gr2jax import load, stage_registry
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.decoding import policy as policy_lib
 from gr2jax.diffusion import pivot
 from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import rollout as rollout_lib
 from gr2jax.train.loop import Context, Stage
 from gr2jax.train.step import Loss
 
 
-def _policy(ctx: Context) -> policy_lib.Policy:
-  """The trained model's policy: its decoder at the run's decode spec as the stage's settings
-  change it (an RL stage's rollouts and their log-probs at its own temperature, diffusion RL's at
-  its rollout_tau), responses of R tokens."""
-  shrink = ctx.config.replay_shrink  # None in an AR stage's view: its policy replays nothing
+def _policy(ctx: Context) -> rollout_lib.Rollout:
+  """The trained model's rollout: its own decoder at the run's decode spec as the stage's
+  settings change it (an RL stage's rollouts and their log-probs at its own temperature,
+  diffusion RL's at its rollout_tau), responses of R tokens."""
+  shrink = ctx.config.replay_shrink  # None in an AR stage's view: its rollout replays nothing
   spec = ctx.config.settings.rollout_spec(ctx.config.decode)
-  return policy_lib.make_policy(ctx.model_config, spec, ctx.response_len,
-                                1 if shrink is None else shrink)
+  return rollout_lib.make_rollout(ctx.model_config, spec, ctx.response_len,
+                                  1 if shrink is None else shrink)
 
 
 def _chunks(ctx: Context) -> dict:

@@ -18,6 +18,7 @@ from gr2jax.diffusion import layout, pivot, replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rollouts
+from gr2jax.train.rollout import DiffusionRollout
 
 MASK = 63
 CONFIG = ModelConfig.tiny(
@@ -28,7 +29,7 @@ PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3], np.int32)
 BATCH = Batch(prompt_tokens=PROMPTS, prompt_lengths=LENGTHS, example_mask=np.ones(2, bool))
 SPEC = DecodeSpec(block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0)
-STUDENT = DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10)
+STUDENT = DiffusionRollout(DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10))
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +48,9 @@ def _prepare(params, key, teacher_params, policy=STUDENT, group_size=1, chunk_ro
 
 
 def test_kl_is_zero_when_the_student_is_the_teacher_with_block_size_one(params):
-  student = DiffusionPolicy(dataclasses.replace(CONFIG, block_size=1),
-                            dataclasses.replace(SPEC, block_size=1), max_new_tokens=10)
+  student = DiffusionRollout(DiffusionPolicy(dataclasses.replace(CONFIG, block_size=1),
+                                             dataclasses.replace(SPEC, block_size=1),
+                                             max_new_tokens=10))
   train, stats = _prepare(params, jax.random.key(2), params, policy=student)
   assert train.teacher_log_probs.shape == (2, 10, 64) and stats["response_len"] == 10
   assert train.replay_rounds == replay.Rounds(0)
@@ -75,7 +77,8 @@ def test_gradient_moves_a_toy_student_toward_the_teacher(params):
 
 
 def test_prepare_refuses_greedy_rollouts(params):
-  greedy = DiffusionPolicy(CONFIG, dataclasses.replace(SPEC, temperature=0.0), 10)
+  greedy = DiffusionRollout(DiffusionPolicy(CONFIG, dataclasses.replace(SPEC, temperature=0.0),
+                                            10))
   with pytest.raises(ValueError, match="temperature"):
     _prepare(params, jax.random.key(0), params, policy=greedy)
   with pytest.raises(ValueError, match="AR"):

@@ -21,6 +21,7 @@ from gr2jax.decoding.policy import ARPolicy
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import decode
 from gr2jax.train import opd, rl, rollouts, sft
+from gr2jax.train.rollout import ARRollout
 from tests.train.toy_policy import AR, AR_POLICY, BATCH, REWARDS, STUDENT, sft_batch
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "prepare_reference.npz")
@@ -109,7 +110,7 @@ def test_prepare_needs_a_target_and_sampled_rollouts(prepared):
   ar_params = prepared["params"][0]
   with pytest.raises(ValueError, match="reward_fn"):
     rollouts.prepare(ar_params, BATCH, jax.random.key(0), policy=AR_POLICY, group_size=2)
-  greedy = ARPolicy(AR, DecodeSpec(block_size=1, temperature=0.0), 10)
+  greedy = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1, temperature=0.0), 10))
   with pytest.raises(ValueError, match="temperature"):
     rollouts.prepare(ar_params, BATCH, jax.random.key(0), policy=greedy, group_size=2,
                      reward_fn=REWARDS)

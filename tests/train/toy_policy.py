@@ -21,6 +21,7 @@ from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rl, rollouts
+from gr2jax.train.rollout import ARRollout, DiffusionRollout
 
 STOP = (2, 3, 4, 5, 6, 7)
 AR = ModelConfig.tiny(vocab_size=64, num_layers=1, eos_token_ids=STOP, pad_token_id=0)
@@ -52,9 +53,9 @@ def toy_params():
     TEACHER, jax.random.key(1))
 
 
-AR_POLICY = ARPolicy(AR, DecodeSpec(block_size=1, temperature=1.0), max_new_tokens=10)
-STUDENT = DiffusionPolicy(DIFFUSION, DecodeSpec(block_size=4, rollout_tau=0.03,
-                                                max_steps_per_block=8, temperature=1.0), 10)
+AR_POLICY = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1, temperature=1.0), max_new_tokens=10))
+STUDENT = DiffusionRollout(DiffusionPolicy(DIFFUSION, DecodeSpec(
+  block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0), 10))
 REWARDS = rl.answer_rewards(AnswerTokenizer(), [LABELS, LABELS], STOP, alpha=0.2)
 
 
