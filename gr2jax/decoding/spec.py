@@ -32,12 +32,14 @@ class DecodeSpec:
       RL stages sample at their own rl.temperature); evaluations are greedy.
     constrained: evaluations decode the answer under the answer constraint
       (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
-    commit_order: the diffusion commit order ('confidence' = the paper's; commit.ORDERS).
+    commit_order: the diffusion commit order's recorded name ('confidence' = the paper's;
+      commit.ORDERS); `order` is its commit.CommitOrder, which the decoders take.
     draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
       AR model, LosslessPolicy; diffusion/speculative.py DraftSpec): tokens drafted per verify
       forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
       draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
-      acceptance (docs/results/lossless/), K = 16 with one-step drafts.
+      acceptance (docs/results/lossless/), K = 16 with one-step drafts; they are written once,
+      as DraftSpec's field defaults (the floor below), and read here.
   """
   block_size: int = 32
   eval_tau: float = 1.0
@@ -45,10 +47,10 @@ class DecodeSpec:
   max_steps_per_block: int = 64
   temperature: float = 1.0
   constrained: bool = False
-  commit_order: str = "confidence"
-  draft_k: int = 16
-  draft_tau: float = 0.0
-  draft_steps: int = 8
+  commit_order: str = commit.CONFIDENCE.name
+  draft_k: int = speculative.DraftSpec.k
+  draft_tau: float = speculative.DraftSpec.draft_tau
+  draft_steps: int = speculative.DraftSpec.draft_steps
 
   def __post_init__(self):
     for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
@@ -57,12 +59,17 @@ class DecodeSpec:
       validate.real("decode.", name, getattr(self, name), low=0, high=1, low_open=True)
     validate.real("decode.", "temperature", self.temperature, low=0)
     validate.boolean("decode.", "constrained", self.constrained)
-    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)
+    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)  # a name
     validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
                   note=" (0 = a one-step draft)")
 
   @property
+  def order(self) -> commit.CommitOrder:
+    """The commit order object of `commit_order` (checked when the spec was built)."""
+    return commit.BY_NAME[self.commit_order]
+
+  @property
   def draft(self) -> speculative.DraftSpec:
-    """The lossless mode's DraftSpec."""
+    """The lossless mode's DraftSpec (the one way a recipe's DraftSpec is built)."""
     return speculative.DraftSpec(k=self.draft_k, draft_tau=self.draft_tau,
-                                 draft_steps=self.draft_steps, commit_order=self.commit_order)
+                                 draft_steps=self.draft_steps, commit_order=self.order)

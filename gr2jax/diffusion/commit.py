@@ -22,7 +22,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gr2jax.model import generate
+from gr2jax.model import generate, validate
 
 
 class CommitResult(NamedTuple):
@@ -123,7 +123,132 @@ def commit_step(
   return select(tokens, logprob, canvas, masked, threshold)
 
 
-ORDERS = ("confidence", "left_to_right", "distinct")
+class CommitOrder:
+  """A commit order: which open positions of a denoising step commit first (`select`).
+
+  One small object per order (the registry `BY_NAME`), looked up once from its recorded name
+  where a decode's settings are checked (`lookup`); `select` calls its two methods and never
+  branches on a name. Instances are stateless singletons (hashable: a static jit argument).
+
+  Attributes:
+    name: the recorded value (DecodeSpec.commit_order, export metadata, recipes).
+    left_to_right: each step commits a leftmost run of open positions, decided on confidences
+      alone: a sampled draft's distribution then conditions only on the drafts before it
+      (speculative.py's lossless sampling).
+  """
+
+  name: str = ""
+  left_to_right: bool = False
+
+  def rank(self, tokens, conf, canvas, masked) -> tuple[jax.Array, jax.Array | None]:
+    """(rank [B, T] int: 0 commits first -- the order a count replay commits in; eligible
+    [B, T] bool or None: the open positions the threshold may commit, None = all)."""
+    raise NotImplementedError
+
+  def by_threshold(self, conf, tau, rank, eligible, masked) -> jax.Array:
+    """[B, T] bool committed by the threshold rule: conf [B, T] (-inf where closed), tau [B]."""
+    raise NotImplementedError
+
+  def __repr__(self):
+    return f"CommitOrder({self.name!r})"
+
+
+def _confidence_rank(conf: jax.Array) -> jax.Array:
+  """[B, T] int32 rank of each position by confidence [B, T] (0 = the most confident)."""
+  by_conf = jnp.argsort(-conf, axis=-1, stable=True)
+  return jnp.argsort(by_conf, axis=-1, stable=True)
+
+
+class Confidence(CommitOrder):
+  """'confidence', the paper's rule: every open position above tau plus the most confident one
+  (forced, so a step commits at least one)."""
+
+  name = "confidence"
+
+  def rank(self, tokens, conf, canvas, masked):
+    del tokens, canvas, masked
+    return _confidence_rank(conf), None
+
+  def by_threshold(self, conf, tau, rank, eligible, masked):
+    del rank
+    forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), conf.shape[1], dtype=bool)  # [B, T]
+    above = conf > tau[:, None]
+    if eligible is not None:
+      above = (above & eligible) | (tau[:, None] < 0)
+    return masked & (above | forced)
+
+
+class Distinct(Confidence):
+  """'distinct': 'confidence', except that an open position whose proposed token is not yet in
+  the block (at a closed position of the canvas) and is also proposed at a more confident open
+  position waits for a later step (where it sees that token committed): one step never writes a
+  token new to the block at two places. A token already in the block (a separator after its
+  first) commits under the paper's rule. Not the paper's rule, and not a constraint: a token may
+  still repeat across steps, and tau < 0 (the capped step) commits every position."""
+
+  name = "distinct"
+
+  def rank(self, tokens, conf, canvas, masked):
+    t = conf.shape[1]
+    rank = _confidence_rank(conf)
+    repeat = _new_repeats(tokens, canvas, masked, rank)  # [B, T]
+    # First occurrences in confidence order, then the repeats, then closed positions (the
+    # ranking a count replay commits in).
+    key = jnp.where(masked, jnp.where(repeat, rank + t, rank), rank + 2 * t)
+    return jnp.argsort(jnp.argsort(key, axis=-1, stable=True), axis=-1, stable=True), ~repeat
+
+
+class LeftToRight(CommitOrder):
+  """'left_to_right': the leftmost open position plus the run of open positions right after it
+  whose confidences are all above tau (AR order inside the block; tau = 1.0 writes the block
+  exactly left to right)."""
+
+  name = "left_to_right"
+  left_to_right = True
+
+  def rank(self, tokens, conf, canvas, masked):
+    del tokens, conf, canvas
+    return jnp.cumsum(masked, axis=-1) - 1, None  # [B, T] position among the open ones
+
+  def by_threshold(self, conf, tau, rank, eligible, masked):
+    del eligible
+    t = conf.shape[1]
+    fails = masked & (conf <= tau[:, None]) & (rank >= 1)
+    first_fail = jnp.min(jnp.where(fails, rank, t), axis=-1)  # [B] >= 1
+    return masked & (rank < first_fail[:, None])
+
+
+BY_NAME = {o.name: o for o in (Confidence(), LeftToRight(), Distinct())}
+ORDERS = tuple(BY_NAME)  # the recorded names
+CONFIDENCE = BY_NAME["confidence"]
+
+
+def lookup(where: str, name: str, order: "str | CommitOrder") -> CommitOrder:
+  """The commit order named `order` (a CommitOrder is returned as is): the one check of a name.
+
+  Raises:
+    ValueError: `{where}: {name}=... not in ORDERS` (validate.one_of).
+  """
+  if isinstance(order, CommitOrder):
+    return order
+  validate.one_of(where, name, order, ORDERS)
+  return BY_NAME[order]
+
+
+def capped_threshold(step: jax.Array, max_steps: jax.Array | int,
+                     threshold: jax.Array | float) -> tuple[jax.Array, jax.Array]:
+  """The threshold of a denoising step under a step cap (block decoding and drafting alike).
+
+  Args:
+    step: [B] int32 denoising steps done (in the block / the draft).
+    max_steps: [] or [B] int the step cap: the step with index max_steps - 1 commits all.
+    threshold: tau, [] or [B].
+
+  Returns:
+    (capped [B] bool, tau [B] f32: -1.0 (every open position) where capped, else threshold).
+  """
+  capped = step >= max_steps - 1
+  return capped, jnp.where(capped, -1.0, threshold)
 
 
 def select(
@@ -133,7 +258,7 @@ def select(
   masked: jax.Array,
   threshold: float | jax.Array,
   *,
-  order: str = "confidence",
+  order: "str | CommitOrder" = CONFIDENCE,
   count: jax.Array | None = None,
 ) -> CommitResult:
   """The threshold rule on given proposals (the decoder proposes only where it needs to).
@@ -144,50 +269,22 @@ def select(
     canvas: [B, T] int32 current tokens.
     masked: [B, T] bool, positions still open.
     threshold: tau, a scalar or [B].
-    order: which open positions commit first. 'confidence' (the paper's rule): every position
-      above tau plus the most confident one. 'left_to_right': the leftmost open position plus
-      the run of open positions right after it whose confidences are all above tau (AR order
-      inside the block; tau = 1.0 writes the block exactly left to right). 'distinct':
-      'confidence', except that an open position whose proposed token is not yet in the block
-      (at a closed position of `canvas`) and is also proposed at a more confident open position
-      waits for a later step (where it sees that token committed): one step never writes a token
-      new to the block at two places. A token already in the block (a separator after its
-      first) commits under the paper's rule. Not the paper's rule, and not a constraint: a token
-      may still repeat across steps, and tau < 0 (the capped step) commits every position.
+    order: which open positions commit first: a CommitOrder (Confidence, the paper's rule;
+      LeftToRight; Distinct) or its name (looked up).
     count: optional [B] int: commit exactly the first `count` open positions in `order` instead
       of the threshold rule (0 commits nothing; the replay of a recorded commit schedule).
 
   Returns:
     CommitResult.
   """
-  if order not in ORDERS:
-    raise ValueError(f"select: order={order!r} not in {ORDERS}")
+  order = lookup("select", "order", order)
   conf = jnp.where(masked, jnp.exp(logprob), -jnp.inf)  # [B, T]
   tau = jnp.broadcast_to(jnp.asarray(threshold, jnp.float32), conf.shape[:1])
-  t = conf.shape[1]
-  if order == "left_to_right":
-    rank = jnp.cumsum(masked, axis=-1) - 1  # [B, T] position among the open ones
-  else:
-    by_conf = jnp.argsort(-conf, axis=-1, stable=True)
-    rank = jnp.argsort(by_conf, axis=-1, stable=True)  # [B, T] 0 = the most confident
-  if order == "distinct":
-    repeat = _new_repeats(tokens, canvas, masked, rank)  # [B, T]
-    # First occurrences in confidence order, then the repeats, then closed positions (the
-    # ranking a count replay commits in).
-    key = jnp.where(masked, jnp.where(repeat, rank + t, rank), rank + 2 * t)
-    rank = jnp.argsort(jnp.argsort(key, axis=-1, stable=True), axis=-1, stable=True)
+  rank, eligible = order.rank(tokens, conf, canvas, masked)
   if count is not None:
     committed = masked & (rank < jnp.asarray(count, jnp.int32)[:, None])
-  elif order == "left_to_right":
-    fails = masked & (conf <= tau[:, None]) & (rank >= 1)
-    first_fail = jnp.min(jnp.where(fails, rank, t), axis=-1)  # [B] >= 1
-    committed = masked & (rank < first_fail[:, None])
   else:
-    forced = jax.nn.one_hot(jnp.argmax(conf, axis=-1), t, dtype=bool)  # [B, T]
-    above = conf > tau[:, None]
-    if order == "distinct":
-      above = (above & ~repeat) | (tau[:, None] < 0)
-    committed = masked & (above | forced)
+    committed = order.by_threshold(conf, tau, rank, eligible, masked)
   return CommitResult(
     canvas=jnp.where(committed, tokens, canvas),
     masked=masked & ~committed,

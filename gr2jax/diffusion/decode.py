@@ -49,9 +49,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from gr2jax.diffusion import commit, constrain
-from gr2jax.model import attention, masks, qwen3, validate
+from gr2jax.model import attention, decode_core, masks, qwen3, validate
 from gr2jax.model import params as params_lib
-from gr2jax.model.cache import KVCache, init_cache
+from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 
 SEED_STEP = -1
@@ -176,18 +176,12 @@ def _finished(canvas, masked, start, stop_ids, max_new):
   """(done [B], lengths [B]) of rows whose current block ends the response."""
   t = canvas.shape[1]
   idx = jnp.arange(t, dtype=jnp.int32)[None, :]
-  is_stop = jnp.isin(canvas, stop_ids) & ~masked  # [B, T]
-  first_stop = jnp.min(jnp.where(is_stop, idx, t), axis=-1)  # [B]
+  first_stop = decode_core.first_stop(canvas, ~masked, stop_ids)  # [B]
   open_before = jnp.any(masked & (idx < first_stop[:, None]), axis=-1)
   stopped = (first_stop < t) & ~open_before
   complete = ~jnp.any(masked, axis=-1) & (start + t >= max_new)
   lengths = jnp.where(stopped, start + first_stop + 1, jnp.minimum(start + t, max_new))
   return stopped | complete, lengths
-
-
-def _write_rows(buf, block, start):
-  """Writes block [B, T] into buf [B, R] at per-row offsets start [B]."""
-  return jax.vmap(lambda r, x, s: lax.dynamic_update_slice(r, x, (s,)))(buf, block, start)
 
 
 def _enter(s: _State, cache, block, start, step, stop_ids, max_new) -> _State:
@@ -200,9 +194,9 @@ def _enter(s: _State, cache, block, start, step, stop_ids, max_new) -> _State:
     cache=cache, canvas=canvas, masked=masked, step_rec=step_rec, logp_rec=logp_rec,
     start=start, step=step, done=s.done | finished,
     lengths=jnp.where(s.done, s.lengths, lengths),
-    out_tokens=_write_rows(s.out_tokens, canvas, start),
-    out_step=_write_rows(s.out_step, step_rec, start),
-    out_logp=_write_rows(s.out_logp, logp_rec, start),
+    out_tokens=decode_core.write_rows(s.out_tokens, canvas, start),
+    out_step=decode_core.write_rows(s.out_step, step_rec, start),
+    out_logp=decode_core.write_rows(s.out_logp, logp_rec, start),
   )
 
 
@@ -263,7 +257,7 @@ class _Static(NamedTuple):
   temperature: float
   cache_size: int
   head_buckets: int
-  commit_order: str
+  commit_order: commit.CommitOrder
 
 
 class _Traced(NamedTuple):
@@ -289,9 +283,8 @@ def prefill(params, config: ModelConfig, inputs: Inputs,
             static: _Static) -> tuple[jax.Array, KVCache]:
   """The decode's prompt prefill (traceable): (logits [B, V] f32, a cache of
   static.cache_size slots holding the prompts); params in the decoders' layout."""
-  cache = init_cache(config, inputs.prompt_tokens.shape[0], static.cache_size)
-  return qwen3.ragged_prefill(params, config, inputs.prompt_tokens, inputs.prompt_lengths, cache,
-                              read_cache=False)
+  return decode_core.prefill(params, config, inputs.prompt_tokens, inputs.prompt_lengths,
+                             static.cache_size)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "static"))
@@ -322,8 +315,7 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
   head_buckets, commit_order = static.head_buckets, static.commit_order
   b = prompt_lengths.shape[0]
   t = config.block_size
-  num_blocks = -(-max_new_tokens // t)
-  r = num_blocks * t
+  r = decode_core.padded_width(max_new_tokens, t)
   mask_id = config.mask_token_id
   bucket_sizes = _bucket_sizes(t, head_buckets)
 
@@ -379,8 +371,7 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
     # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
     shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
     shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
-    capped = s.step >= max_steps_per_block - 1
-    tau = jnp.where(capped, -1.0, threshold)
+    capped, tau = commit.capped_threshold(s.step, max_steps_per_block, threshold)
     res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=commit_order,
                         count=None if commits is None else commits(s.denoise_steps, capped))
     d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
@@ -424,7 +415,8 @@ class BlockDecoding:
     max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
     max_new_tokens: response length cap.
     temperature: 0 = greedy, else sampling with the decode's key.
-    commit_order: 'confidence' (the paper's rule), 'left_to_right' or 'distinct' (commit.select).
+    commit_order: a commit.CommitOrder or its name ('confidence', the paper's rule,
+      'left_to_right' or 'distinct'; commit.ORDERS), looked up once by check_inputs.
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
       at all B queries every step.
     cache_size: KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum).
@@ -435,7 +427,7 @@ class BlockDecoding:
   max_steps_per_block: int
   max_new_tokens: int
   temperature: float = 0.0
-  commit_order: str = "confidence"
+  commit_order: "str | commit.CommitOrder" = commit.CONFIDENCE.name
   head_buckets: int = 1
   cache_size: int | None = None
   stop_token_ids: tuple[int, ...] | None = None
@@ -525,18 +517,13 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   tau = validate.real(where, "threshold", decoding.threshold, low=0, high=1, low_open=True,
                       note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per "
                       "step)")
-  temperature = validate.real(where, "temperature", decoding.temperature, low=0,
-                              note=" (0 = greedy)")
   max_steps_per_block = validate.integer(where, "max_steps_per_block",
                                          decoding.max_steps_per_block, minimum=1)
   max_new_tokens = validate.integer(where, "max_new_tokens", decoding.max_new_tokens, minimum=1)
   head_buckets = validate.integer(where, "head_buckets", decoding.head_buckets, minimum=1)
-  validate.one_of(where, "commit_order", decoding.commit_order, commit.ORDERS)
+  order = commit.lookup(where, "commit_order", decoding.commit_order)
   b = prompt_tokens.shape[0]
-  if temperature > 0 and key is None:
-    raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
-  if key is not None:
-    validate.prng_key(where, "key", key)
+  temperature, key = decode_core.check_sampling(where, decoding.temperature, key)
   constraint = steering.constraint
   if constraint is not None and not isinstance(constraint, constrain.AnswerConstraint):
     raise TypeError(f"{where}: constraint must be a constrain.AnswerConstraint, got "
@@ -549,7 +536,8 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
                      "(stop_token_ids / config.eos_token_ids): it is never proposed, so no row "
                      "could stop")
   p = prompt_tokens.shape[1]
-  needed = p + -(-max_new_tokens // block_size) * block_size
+  r = decode_core.padded_width(max_new_tokens, block_size)
+  needed = p + r
   response_prefix = steering.response_prefix
   if response_prefix is not None:
     given, given_lengths = (jnp.asarray(x) for x in response_prefix)
@@ -561,7 +549,6 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
     if int(jnp.min(given_lengths)) < 0 or int(jnp.max(given_lengths)) > min(f, max_new_tokens):
       raise ValueError(f"{where}: response_prefix lengths must be in [0, min(F={f}, "
                        f"max_new_tokens={max_new_tokens})]")
-    r = -(-max_new_tokens // block_size) * block_size
     response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
                        given_lengths.astype(jnp.int32))
   cache_size = decoding.cache_size
@@ -572,11 +559,11 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   traced = _Traced(
     threshold=jnp.asarray(tau, jnp.float32),
     max_steps_per_block=jnp.asarray(max_steps_per_block, jnp.int32),
-    stop_ids=jnp.asarray(stop or (-1,), jnp.int32),
-    key=jax.random.key(0) if key is None else key,
+    stop_ids=decode_core.stop_id_array(stop),
+    key=key,
     constraint=constraint, prefix=response_prefix)
   static = _Static(max_new_tokens=max_new_tokens, temperature=temperature,
                    cache_size=cache_size, head_buckets=head_buckets,
-                   commit_order=decoding.commit_order)
+                   commit_order=order)
   return Inputs(prompt_tokens, prompt_lengths, traced), static
 

@@ -171,8 +171,8 @@ def _speculative_replay(params_d, params_v, prompt_tokens, prompt_lengths, stop_
                                      config_d=config_d, config_v=config_v, caches=caches)
   return speculative.decode_loop(
     params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
-    _Replayed(schedule, spec, config_v.mask_token_id), config_d=config_d, config_v=config_v,
-    spec=spec, max_new_tokens=max_new_tokens, temperature=0.0)[0]
+    _Replayed(schedule, spec, config_v.mask_token_id),
+    speculative.Settings(config_d, config_v, spec, max_new_tokens, 0.0))[0]
 
 
 def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model, prompt_tokens,
@@ -180,8 +180,8 @@ def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model,
   """Both prefills, as speculative_generate runs them: (verifier cache, verifier logits [B, V],
   drafter cache), for `speculative_replay(prefilled=)` (a timing of the decode alone).
   Arguments as speculative_generate's, checked as there."""
-  c = speculative.check_inputs("emulate.speculative_prefill", drafter, verifier, prompt_tokens,
-                               prompt_lengths, spec, max_new_tokens, 0.0, None)
+  c = speculative.check_inputs("emulate.speculative_prefill", drafter, verifier,
+                               (prompt_tokens, prompt_lengths), spec, max_new_tokens)
   return _prefills(params_lib.layer_list(c.drafter.params),
                    params_lib.layer_list(c.verifier.params), c.prompt_tokens, c.prompt_lengths,
                    config_d=c.drafter.config, config_v=c.verifier.config, caches=c.slots)
@@ -211,8 +211,8 @@ def speculative_replay(drafter: speculative.Model, verifier: speculative.Model,
     SpecOutput (its tokens are not a model's output).
   """
   where = "speculative_replay"
-  c = speculative.check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec,
-                               max_new_tokens, 0.0, None)
+  c = speculative.check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), spec,
+                               max_new_tokens)
   b = c.prompt_tokens.shape[0]
   schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
   validate.check_range(where, "schedule", schedule, -1, 2**30)

@@ -69,8 +69,8 @@ from jax import lax
 
 from gr2jax import exports
 from gr2jax.diffusion import commit, decode
-from gr2jax.model import generate, qwen3, validate
-from gr2jax.model.cache import KVCache, init_cache
+from gr2jax.model import decode_core, generate, qwen3, validate
+from gr2jax.model.cache import KVCache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
 
@@ -80,7 +80,11 @@ NO_STEP = 2**30  # token_step after a row's length
 
 @dataclasses.dataclass(frozen=True)
 class DraftSpec:
-  """How the drafter drafts (static under jit).
+  """How the drafter drafts (static under jit); a recipe's is `DecodeSpec.draft`.
+
+  The defaults are the recipe defaults: gr2jax/decoding/spec.py's DecodeSpec takes its draft_k,
+  draft_tau and draft_steps defaults from here (the one place they are written; this floor
+  cannot import that one), so `DraftSpec()` is `DecodeSpec().draft`.
 
   Attributes:
     k: K, tokens drafted per verify step, 1 <= K <= the drafter's block size.
@@ -88,21 +92,23 @@ class DraftSpec:
       the window from one forward).
     draft_steps: denoising-step budget of one draft (>= 1); the last allowed step commits the
       rest of the window.
-    commit_order: commit.ORDERS; with temperature > 0 only 'left_to_right' or a one-step draft
-      keep the output the verifier's (module docstring).
+    commit_order: a commit.CommitOrder or its name (looked up once, here: the field then holds
+      the object); with temperature > 0 only a left-to-right order or a one-step draft keep the
+      output the verifier's (module docstring).
   """
 
-  k: int = 8
-  draft_tau: float = 0.9
+  k: int = 16
+  draft_tau: float = 0.0
   draft_steps: int = 8
-  commit_order: str = "confidence"
+  commit_order: commit.CommitOrder = commit.CONFIDENCE
 
   def __post_init__(self):
     validate.integer("DraftSpec", "k", self.k, minimum=1)
     validate.real("DraftSpec", "draft_tau", self.draft_tau, low=0, high=1,
                   note=" (0 = a one-step draft)")
     validate.integer("DraftSpec", "draft_steps", self.draft_steps, minimum=1)
-    validate.one_of("DraftSpec", "commit_order", self.commit_order, commit.ORDERS)
+    object.__setattr__(self, "commit_order",
+                       commit.lookup("DraftSpec", "commit_order", self.commit_order))
 
   @property
   def one_step(self) -> bool:
@@ -270,11 +276,6 @@ class _State(NamedTuple):
   key: jax.Array
 
 
-def _rows_slice(buf: jax.Array, start: jax.Array, size: int) -> jax.Array:
-  """buf [B, R] -> [B, size], row b from start[b]."""
-  return jax.vmap(lambda r, s: lax.dynamic_slice(r, (s,), (size,)))(buf, start)
-
-
 def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array) -> jax.Array:
   """buf [B, N, C] with buf[b, step[b]] = value[b] ([B, C]) where write[b]."""
   rows = jnp.arange(buf.shape[0])
@@ -338,10 +339,10 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Ru
   committing = complete & (k_eff > 0)
   slots = jnp.arange(k, dtype=jnp.int32)[None, :]  # [1, W]
   in_window = slots < k_eff[:, None]
-  old_block = _rows_slice(s.out, s.d_start, t)  # [B, T], complete where committing
+  old_block = decode_core.read_rows(s.out, s.d_start, t)  # [B, T], complete where committing
   block_idx = jnp.arange(t, dtype=jnp.int32)[None, :]
-  prefix = jnp.where(start[:, None] + block_idx < s.n[:, None], _rows_slice(s.out, start, t),
-                     mask_id)  # [B, T] accepted tokens, then masks
+  prefix = jnp.where(start[:, None] + block_idx < s.n[:, None],
+                     decode_core.read_rows(s.out, start, t), mask_id)  # [B, T] accepted, masks
   cap = rules.draft_steps(s.step)
   rows = jnp.arange(b)[:, None]
   queries = jnp.clip(j[:, None] - 1 + slots, 0, t - 1)  # query i - 1 predicts window slot i
@@ -364,8 +365,7 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Ru
     window = jnp.where(seed, tokens[:, :1], d.window)
     open_ = d.open & ~seed
     # Denoising step: the rules' (the threshold at draft_tau); the capped step commits all.
-    capped = d.step >= cap - 1
-    tau = jnp.where(capped, -1.0, spec.draft_tau)
+    capped, tau = commit.capped_threshold(d.step, cap, spec.draft_tau)
     res = commit.select(tokens, token_logp if conf is None else conf, window,
                         open_ & drafting[:, None], tau, order=spec.commit_order,
                         count=rules.draft_count(capped))
@@ -394,11 +394,9 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Ru
 def prefills(params_d, params_v, prompt_tokens, prompt_lengths, *, config_d, config_v, caches):
   """Both prompt prefills (traceable; params in the decoders' layout): (verifier cache,
   verifier logits [B, V] f32, drafter cache), of caches = (verifier, drafter) slots."""
-  b = prompt_tokens.shape[0]
-  v_logits, v_cache = qwen3.ragged_prefill(params_v, config_v, prompt_tokens, prompt_lengths,
-                                           init_cache(config_v, b, caches[0]), read_cache=False)
-  _, d_cache = qwen3.ragged_prefill(params_d, config_d, prompt_tokens, prompt_lengths,
-                                    init_cache(config_d, b, caches[1]), read_cache=False)
+  v_logits, v_cache = decode_core.prefill(params_v, config_v, prompt_tokens, prompt_lengths,
+                                          caches[0])
+  _, d_cache = decode_core.prefill(params_d, config_d, prompt_tokens, prompt_lengths, caches[1])
   return v_cache, v_logits, d_cache
 
 
@@ -413,14 +411,23 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, *,
   """
   prefilled = prefills(params_d, params_v, prompt_tokens, prompt_lengths, config_d=config_d,
                        config_v=config_v, caches=caches)
+  settings = Settings(config_d, config_v, spec, max_new_tokens, temperature)
   return decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
-                     Rules(spec, temperature, config_v.mask_token_id), config_d=config_d,
-                     config_v=config_v, spec=spec, max_new_tokens=max_new_tokens,
-                     temperature=temperature)
+                     Rules(spec, temperature, config_v.mask_token_id), settings)
 
 
-def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, rules: Rules, *,
-                config_d, config_v, spec, max_new_tokens, temperature):
+class Settings(NamedTuple):
+  """The static settings of a draft-and-verify loop (hashable)."""
+
+  config_d: ModelConfig
+  config_v: ModelConfig
+  spec: DraftSpec
+  max_new_tokens: int
+  temperature: float
+
+
+def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, rules: Rules,
+                settings: Settings):
   """The decode after the prefills (traceable; module docstring): the verify while loop.
 
   Args:
@@ -430,14 +437,16 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
     key: PRNG key.
     prefilled: `prefills(...)` of the prompts.
     rules: how each verify step drafts and accepts (Rules: the decoder's).
-    config_d, config_v, spec, max_new_tokens, temperature: static, as `_decode`.
+    settings: the static settings (configs, spec, max_new_tokens, temperature).
 
   Returns:
     (SpecOutput, the verifier cache, the drafter cache).
   """
+  config_d, config_v, spec, max_new_tokens, temperature = settings
   b = prompt_lengths.shape[0]
   k, t, n_max = spec.k, config_d.block_size, max_new_tokens
-  r = -(-n_max // t) * t + t + k + 1  # response slots: every block window and verify write
+  # response slots: every block window and verify write
+  r = decode_core.padded_width(n_max, t) + t + k + 1
   key, first_key = jax.random.split(key)
   v_cache, v_logits, d_cache = prefilled
   mask_v = config_v.mask_token_id
@@ -467,16 +476,15 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
     slots = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
     committed = jnp.where(slots < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), bonus[:, None])
     kept = slots <= a[:, None]  # [B, K + 1]
-    is_stop = jnp.isin(committed, stop_ids) & kept
-    stop_at = jnp.min(jnp.where(is_stop, slots, k + 1), axis=-1)
+    stop_at = decode_core.first_stop(committed, kept, stop_ids)  # [B], K + 1 where none
     count = jnp.minimum(a + 1, stop_at + 1)  # tokens this step commits
     n = jnp.where(active, s.n + count, s.n)
     keep = active[:, None] & (slots < count[:, None])
-    window = _rows_slice(s.out, s.n, k + 1)
-    place = jax.vmap(lambda row, x, i: lax.dynamic_update_slice(row, x, (i,)))
+    window = decode_core.read_rows(s.out, s.n, k + 1)
+    place = decode_core.write_rows
     out = place(s.out, jnp.where(keep, committed, window), s.n)
-    token_step = place(s.token_step, jnp.where(keep, s.step[:, None],
-                                               _rows_slice(s.token_step, s.n, k + 1)), s.n)
+    old_steps = decode_core.read_rows(s.token_step, s.n, k + 1)
+    token_step = place(s.token_step, jnp.where(keep, s.step[:, None], old_steps), s.n)
     accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
     done = s.done | (stop_at <= a) | (n >= n_max) | rules.ended(s.step + 1)
     return s._replace(
@@ -506,7 +514,7 @@ def cache_slots(config_d: ModelConfig, prompt_len: int, max_new_tokens: int) -> 
   """(verifier, drafter) cache slots: P + N as `generate` (verify writes past it are dropped;
   every accepted token fits), P + whole drafter blocks as block_diffusion_generate."""
   b = config_d.block_size
-  return prompt_len + max_new_tokens, prompt_len + -(-max_new_tokens // b) * b
+  return prompt_len + max_new_tokens, prompt_len + decode_core.padded_width(max_new_tokens, b)
 
 
 def _as_model(where: str, name: str, model) -> Model:
@@ -563,31 +571,27 @@ class Checked(NamedTuple):
   slots: tuple[int, int]  # cache_slots
 
 
-def check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
-                 temperature, key) -> Checked:
-  """Checks every argument of speculative_generate before tracing (its Raises)."""
+def check_inputs(where, drafter, verifier, prompts, spec, max_new_tokens, temperature=0.0,
+                 key=None) -> Checked:
+  """Checks every argument of speculative_generate before tracing (its Raises); prompts =
+  (prompt_tokens, prompt_lengths)."""
+  prompt_tokens, prompt_lengths = prompts
   drafter = _as_model(where, "drafter", drafter)
   verifier = _as_model(where, "verifier", verifier)
   check_pair(where, drafter.config, verifier.config, spec)
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
   max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  temperature = validate.real(where, "temperature", temperature, low=0, note=" (0 = greedy)")
-  if temperature > 0:
-    if key is None:
-      raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
-    if spec.commit_order != "left_to_right" and not spec.one_step:
-      raise ValueError(
-        f"{where}: temperature={temperature} with commit_order={spec.commit_order!r} and "
-        f"{spec.draft_steps}"
-        " draft steps is not lossless (a later position commits first, so a draft's distribution"
-        " conditions on the drafts after it); use commit_order='left_to_right', draft_tau=0 or "
-        "draft_steps=1")
-  if key is not None:
-    validate.prng_key(where, "key", key)
-  stop = verifier.config.eos_token_ids
+  temperature, key = decode_core.check_sampling(where, temperature, key)
+  if temperature > 0 and not (spec.commit_order.left_to_right or spec.one_step):
+    raise ValueError(
+      f"{where}: temperature={temperature} with commit_order={spec.commit_order.name!r} and "
+      f"{spec.draft_steps}"
+      " draft steps is not lossless (a later position commits first, so a draft's distribution"
+      " conditions on the drafts after it); use commit_order='left_to_right', draft_tau=0 or "
+      "draft_steps=1")
   return Checked(drafter, verifier, prompt_tokens, prompt_lengths, max_new_tokens, temperature,
-                 jax.random.key(0) if key is None else key, jnp.asarray(stop or (-1,), jnp.int32),
+                 key, decode_core.stop_id_array(verifier.config.eos_token_ids),
                  cache_slots(drafter.config, prompt_tokens.shape[1], max_new_tokens))
 
 
@@ -595,8 +599,8 @@ def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max
               temperature, key):
   """Checks every argument (before tracing), then runs `_decode`: (SpecOutput, verifier cache,
   drafter cache)."""
-  c = check_inputs(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
-                   temperature, key)
+  c = check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), spec,
+                   max_new_tokens, temperature, key)
   return _decode(layer_list(c.drafter.params), layer_list(c.verifier.params), c.prompt_tokens,
                  c.prompt_lengths, c.stop_ids, c.key, config_d=c.drafter.config,
                  config_v=c.verifier.config, spec=spec, max_new_tokens=c.max_new_tokens,

@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gr2jax.model import validate
+from gr2jax.model import decode_core, validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import layer_list
-from gr2jax.model.qwen3 import forward, ragged_prefill
+from gr2jax.model.qwen3 import forward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +112,7 @@ def sample_logits(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnums=1, donate_argnames="cache")
-def _prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
-             cache: KVCache):
-  return ragged_prefill(params, config, tokens, lengths, cache, read_cache=False)
+_prefill = jax.jit(decode_core.prefill_into, static_argnums=1, donate_argnames="cache")
 
 
 def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.Array,
@@ -238,11 +235,7 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
   if cache_len < p + max_new_tokens - 1:
     raise ValueError(f"generate: cache_len={cache_len} < prompt {p} + max_new_tokens "
                      f"{max_new_tokens} - 1")
-  if key is None:
-    if sampling.temperature:
-      raise ValueError("generate: sampling with temperature > 0 needs an explicit PRNG key")
-    key = jax.random.key(0)
-  validate.prng_key(where, "key", key)
+  _, key = decode_core.check_sampling(where, sampling.temperature, key)
   eos = validate.token_ids(where, "config.eos_token_ids", config.eos_token_ids,
                            config.vocab_size)
   params = layer_list(params)
