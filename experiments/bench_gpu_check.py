@@ -9,11 +9,11 @@ limits sum to under 10 min), so one that fails or runs over leaves the others' n
              (gr2jax/model/decode_attention.py, which the decode sections below run) against the
              einsum reference over the same bf16 cache buffers, at the AR step's and the block
              step's shapes: max |difference| and the time of each (the Pallas interpreter on CPU).
-  ar_decode  experiments/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
+  ar_decode  experiments/studies/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
              utilisation, MBU = (weights + KV cache bytes read per step) / step time / peak HBM
              bandwidth of the device (target >= 70%).
-  diffusion  experiments/bench_diffusion.py --sections=e2e: block diffusion (B = 32) vs AR at
-             tau in {0.9, 0.6, 0.4} with --forced_tokens_per_step (random weights commit one
+  diffusion  experiments/studies/bench_diffusion.py --sections=e2e: block diffusion (B = 32) vs
+             AR at tau in {0.9, 0.6, 0.4} with --forced_tokens_per_step (random weights commit one
              token per step; the forced schedule emulates K tokens per step at each tau).
   train      this file --section=train: SFT and CFT train steps (experiments/plan.py's stage
              definitions, remat on, bf16 params, fp32 moments) on all local devices (fsdp), at
@@ -42,11 +42,9 @@ import time
 
 from absl import app, flags
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.join(REPO, "experiments"))  # plan.py
+from gr2jax import cli  # light: absl and the workdir lock only
 
-from gr2jax import cli  # noqa: E402  (light: absl and the workdir lock only)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = flags.FLAGS
 
@@ -147,8 +145,8 @@ def decode_kernel_section(out_dir: str) -> list[dict]:
   """The decode kernel vs the reference at the preset's step shapes (OUT/decode_kernel.json)."""
   import jax
   import jax.numpy as jnp
-  import limits
 
+  from experiments import limits
   from gr2jax.model import attention, decode_attention
   from gr2jax.model.config import ModelConfig
 
@@ -377,8 +375,8 @@ def _runner(stage, mesh, mode: str, optimizer):
 def train_section(out_dir: str) -> list[dict]:
   """SFT and CFT step MFU at growing micro-batches (module docstring); writes OUT/train.json."""
   import jax
-  import plan
 
+  from experiments import plan
   from gr2jax.train import mesh as mesh_lib
 
   devices = jax.local_devices()

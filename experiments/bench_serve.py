@@ -63,15 +63,12 @@ import time
 import numpy as np
 from absl import app, flags
 
+from experiments import run as run_main  # its --config and --workdir flags
+from experiments import serve_modes
+from gr2jax import cli, metrics
+from gr2jax.apps.serve import client
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import run as run_main  # noqa: E402  (experiments/run.py: its --config and --workdir flags)
-import serve_modes  # noqa: E402
-
-from gr2jax import cli, metrics  # noqa: E402
-from gr2jax.apps.serve import client  # noqa: E402
 
 MODES = ("ar", "lossless", "auto")  # --modes: the serving modes compared
 FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overrides; --workdir:

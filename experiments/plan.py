@@ -46,7 +46,6 @@ import json
 import math
 import os
 import re
-import sys
 import time
 from collections.abc import Callable
 
@@ -55,36 +54,32 @@ import jax.numpy as jnp
 import ml_collections
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gr2jax import chunks, cli  # noqa: E402
-from gr2jax import recipe as recipe_lib  # noqa: E402
-from gr2jax.data.batches import Batch  # noqa: E402
-from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy  # noqa: E402
-from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
-from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
-from gr2jax.diffusion import (  # noqa: E402
+from experiments import targets
+from gr2jax import chunks, cli
+from gr2jax import recipe as recipe_lib
+from gr2jax.data.batches import Batch
+from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import decode as diffusion_decode
+from gr2jax.diffusion import (
   layout,
   replay,
-  speculative,  # noqa: E402
+  speculative,
 )
 from gr2jax.model import (
-  attention,  # noqa: E402
-  qwen3,  # noqa: E402
+  attention,
+  qwen3,
 )
-from gr2jax.model import generate as generate_lib  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model import sharding as model_sharding  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
-from gr2jax.train import cft, opd, optim, rl, sft  # noqa: E402
-from gr2jax.train import mesh as mesh_lib  # noqa: E402
-from gr2jax.train import state as state_lib  # noqa: E402
-from gr2jax.train import step as step_lib  # noqa: E402
-from gr2jax.train.rollout import ARRollout, DiffusionRollout  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import targets  # noqa: E402
+from gr2jax.model import generate as generate_lib
+from gr2jax.model import params as params_lib
+from gr2jax.model import sharding as model_sharding
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
+from gr2jax.train import cft, opd, optim, rl, sft
+from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import state as state_lib
+from gr2jax.train import step as step_lib
+from gr2jax.train.rollout import ARRollout, DiffusionRollout
 
 H100_PEAK_FLOPS = targets.TARGETS["h100"].peak_flops  # bf16 dense, per device
 H100_HBM_BYTES_S = targets.TARGETS["h100"].hbm_bytes_s  # H100 SXM HBM3
@@ -208,15 +203,10 @@ class Shapes:
     return replay.rounds_needed(self.block_size, self.max_steps_per_block)
 
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-
-
 def recipe_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
   """Recipe `variant` as stage `name`'s config (experiments/configs/<name>.py), what a run of
   that stage reads."""
-  if CONFIG_DIR not in sys.path:
-    sys.path.insert(0, CONFIG_DIR)
-  return importlib.import_module(name).get_config(variant)
+  return importlib.import_module(f"experiments.configs.{name}").get_config(variant)
 
 
 def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:

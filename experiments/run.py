@@ -25,12 +25,10 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from gr2jax import stage_registry
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
-if REPO_ROOT not in sys.path:
-  sys.path.insert(0, REPO_ROOT)
-
-from gr2jax import stage_registry  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for every artefact of the run.")
 _MULTIHOST = flags.DEFINE_bool(

@@ -25,11 +25,9 @@ import sys
 
 from absl import app, flags
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-  sys.path.insert(0, REPO_ROOT)
+from gr2jax import cli, stage_registry
 
-from gr2jax import cli, stage_registry  # noqa: E402
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 FLAGS = flags.FLAGS
 

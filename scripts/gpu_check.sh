@@ -15,6 +15,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
+# The checkout's gr2jax and experiments packages for a $PYTHON without the editable install
+# (a GPU image's own Python with the pinned packages).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # Let XLA use most of the card (the default 75% would cap the train section's micro-batch).
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.95}"
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-1}"

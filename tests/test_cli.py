@@ -29,7 +29,7 @@ def _refusal(result: subprocess.CompletedProcess) -> str:
   (["--presets=huge"], "--presets=huge: ['huge'] is not a ModelConfig preset"),
 ])
 def test_bench_decode_flags_are_one_line_refusals(args, line):
-  assert _refusal(_run("experiments/bench_decode.py", *args)).startswith(line)
+  assert _refusal(_run("experiments/studies/bench_decode.py", *args)).startswith(line)
 
 
 def test_a_conversion_refusal_is_one_line_and_verbosity_shows_the_traceback(tmp_path):
@@ -47,13 +47,15 @@ def test_a_run_refusal_is_one_line(tmp_path):
 
 
 def test_every_command_line_main_refuses_in_one_line():
-  """Every absl main of experiments/ and weights_conversion/ runs under cli.one_line_refusals."""
+  """Every absl main of experiments/ (its studies/ too) and weights_conversion/ runs under
+  cli.one_line_refusals."""
   import glob
   import os
   import re
 
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  mains = [p for pattern in ("experiments/*.py", "weights_conversion/*.py")
+  patterns = ("experiments/*.py", "experiments/studies/*.py", "weights_conversion/*.py")
+  mains = [p for pattern in patterns
            for p in glob.glob(os.path.join(root, pattern)) if "app.run(" in open(p).read()]
   assert len(mains) >= 10
   bare = [os.path.relpath(p, root) for p in mains

@@ -1,6 +1,9 @@
 """The library's floors (WORKSPACE.md, Layout), read from the import statements of gr2jax/ with
 `ast` (function-local imports included): inference stands below training, and the applications,
-the reranker and the recipe import no training module, directly or through another module."""
+the reranker and the recipe import no training module, directly or through another module. Above
+the library: gr2jax/ imports nothing from experiments/, the tools of experiments/ import no study
+(experiments/studies/), and no file of experiments/ edits sys.path (the tools are a package of the
+editable install)."""
 
 import ast
 import glob
@@ -101,3 +104,44 @@ def test_no_import_circle():
   graph = _graph()
   for module in graph:
     assert module not in _reached(graph, module), f"{module} imports itself through others"
+
+
+def _imports(path: str) -> set[str]:
+  """The absolute module names `path` imports (`from P import x`: P and P.x)."""
+  names = set()
+  for node in ast.walk(ast.parse(open(path).read(), path)):
+    if isinstance(node, ast.Import):
+      names |= {a.name for a in node.names}
+    elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+      names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+  return names
+
+
+def _files(*parts: str) -> list[str]:
+  out = sorted(glob.glob(os.path.join(REPO, *parts), recursive=True))
+  assert out, f"no file matches {parts}"
+  return out
+
+
+def test_the_library_imports_nothing_from_experiments():
+  for path in _files("gr2jax", "**", "*.py"):
+    bad = sorted(n for n in _imports(path) if _under(n, ("experiments",)))
+    assert not bad, f"{os.path.relpath(path, REPO)} imports {bad}"
+
+
+def test_the_tools_import_no_study():
+  """experiments/*.py and its configs stand below experiments/studies/."""
+  paths = _files("experiments", "*.py") + _files("experiments", "configs", "*.py")
+  for path in paths:
+    bad = sorted(n for n in _imports(path) if _under(n, ("experiments.studies",)))
+    assert not bad, f"{os.path.relpath(path, REPO)} imports the studies {bad}"
+
+
+def test_no_file_of_experiments_edits_sys_path():
+  """The tools and the studies import one another as the package `experiments` (installed
+  editable), never by putting a directory on sys.path."""
+  for path in _files("experiments", "**", "*.py"):
+    for node in ast.walk(ast.parse(open(path).read(), path)):
+      if (isinstance(node, ast.Attribute) and node.attr == "path"
+          and isinstance(node.value, ast.Name) and node.value.id == "sys"):
+        raise AssertionError(f"{os.path.relpath(path, REPO)}:{node.lineno} uses sys.path")

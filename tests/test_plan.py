@@ -7,18 +7,13 @@ configs, the micro-batch fit, and the report.
 """
 
 import dataclasses
-import os
-import sys
 
 import jax.numpy as jnp
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-import plan  # noqa: E402
-
-from gr2jax.train import mesh as mesh_lib  # noqa: E402
-from tests import aot  # noqa: E402
+from experiments import plan
+from gr2jax.train import mesh as mesh_lib
+from tests import aot
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 

@@ -11,18 +11,12 @@ attention are `slow` (they would double the check's time). CI installs the compi
 unless CI=true, where they fail (tests/aot.py).
 """
 
-import os
-import sys
 
 import jax
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-import plan  # noqa: E402
-import targets  # noqa: E402
-
-from tests import aot  # noqa: E402
+from experiments import plan, targets
+from tests import aot
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 

@@ -285,7 +285,7 @@ def test_every_view_read_in_the_code_names_a_field(views):
     checked[result.path] = result.checked
   assert not stale, "reads of fields the views do not have:\n" + "\n".join(stale)
   for path in ("gr2jax/train/loop.py", "gr2jax/train/stages.py", "gr2jax/chain.py",
-               "gr2jax/apps/tables.py", "experiments/run.py", "experiments/bench_train.py"):
+               "gr2jax/apps/tables.py", "experiments/run.py", "experiments/studies/bench_train.py"):
     assert checked[path] > 0, f"no view read found in {path}: the checker lost track of it"
 
 

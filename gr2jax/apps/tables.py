@@ -270,53 +270,18 @@ def frontier_png(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-EMULATION_FILE = "speedup_emulation.json"  # in the results dir: experiments/bench_speedup.py's
-#                                            per-tau best-block speed-up of a big random model
-EMULATION_NOTE = ("; emulated_b1_speedup = batch-1 decode speed-up over AR of random weights of "
-                  "a bigger Qwen3 shape replaying this model's recorded commit schedule at that "
-                  "tau, best block size (experiments/bench_speedup.py, {run}, prompt "
-                  "{prompt_len}; an emulation of the trained model's schedule)")
-
-
-def with_emulation(rows: list[dict], results: str) -> tuple[list[dict], str]:
-  """Table 3's rows with the emulated speed-up column and its header note, when the results
-  dir holds bench_speedup's summary (EMULATION_FILE); else the rows unchanged and no note."""
-  path = os.path.join(results, EMULATION_FILE)
-  if not os.path.exists(path):
-    return rows, ""
-  summary = json.load(open(path))
-  by_tau = {float(t): v for t, v in summary["by_tau"].items()}
-  out = []
-  for row in rows:
-    best = by_tau.get(row["tau"]) if row["tau"] is not None else None
-    cell = "1.00x" if row["tau"] is None else (
-      f"{best['speedup']:.2f}x (B={best['block']})" if best else None)
-    out.append({**row, "emulated_b1_speedup": cell})
-  return out, EMULATION_NOTE.format(**summary)
-
-
-def write_table3(rows: list[dict], results: str, header: str) -> str:
-  """results/table3.{md,json} + the frontier PNG; the emulation column when its file exists."""
+def write_table3(rows: list[dict], results: str, header: str, note: str = "",
+                 extra_columns: tuple[str, ...] = ()) -> str:
+  """results/table3.{md,json} + the frontier PNG. `extra_columns` (keys of `rows`, after
+  TABLE3_COLUMNS) and `note` (appended to the header in the markdown only) let a benchmark add
+  its own column to a rendered table."""
   os.makedirs(results, exist_ok=True)
-  rows, note = with_emulation(rows, results)
-  columns = TABLE3_COLUMNS + (("emulated_b1_speedup",) if note else ())
-  md = header + note + "\n\n" + markdown(rows, columns)
+  md = header + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
   open(os.path.join(results, "table3.md"), "w").write(md)
   json.dump({"header": header, "rows": rows}, open(os.path.join(results, "table3.json"), "w"),
             indent=1, default=str)
   frontier_png(rows, os.path.join(results, "table3_frontier.png"))
   return md
-
-
-def add_emulated_speedup(results: str, summary: dict) -> str:
-  """Writes bench_speedup's summary (run, prompt_len, by_tau {tau: {speedup, block}}) into the
-  results dir and re-renders its Table 3 with the column."""
-  with open(os.path.join(results, EMULATION_FILE), "w") as f:
-    json.dump(summary, f, indent=1)
-  saved = json.load(open(os.path.join(results, "table3.json")))
-  header = saved.get("header") or open(os.path.join(results, "table3.md")).read().split(
-    "\n\n")[0].split("; emulated_b1_speedup")[0]
-  return write_table3(saved["rows"], results, header)
 
 
 def run_table3(table: TablesView, workdir: str) -> str:

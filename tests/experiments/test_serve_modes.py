@@ -2,13 +2,10 @@
 ratios to the fixed modes, paired within each round."""
 
 import collections
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import serve_modes  # noqa: E402
+from experiments import serve_modes
 
 
 def test_over_2n_rounds_each_mode_takes_each_place_and_follows_every_other_equally():

@@ -1,7 +1,7 @@
 r"""Decode steps against the machine's limits, measured in one run: bytes per second vs a copy.
 
-  python experiments/bench_memory.py                       # 0.6B shape, P 256 + 2200, fp32 + bf16
-  python experiments/bench_memory.py --preset=tiny --prompt_lens=64 --dtypes=float32   # seconds
+  python experiments/studies/bench_memory.py        # 0.6B shape, P 256 + 2200, fp32 + bf16
+  python experiments/studies/bench_memory.py --preset=tiny --prompt_lens=64 --dtypes=float32  # s
 
 At batch 1 a decode step streams every weight and the KV cache once, so its speed limit is the
 memory bandwidth. For each dtype, prompt length P and step it times, after a warm-up call:
@@ -33,25 +33,20 @@ Prints one JSON line per row and a table; --json_out writes the rows.
 
 import dataclasses
 import json
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import limits  # noqa: E402
-import plan  # noqa: E402  (also puts the repository on sys.path)
-
-from gr2jax import cli  # noqa: E402
-from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
-from gr2jax.model import generate as generate_lib  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model import qwen3  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
+from experiments import limits, plan
+from gr2jax import cli
+from gr2jax.diffusion import decode as diffusion_decode
+from gr2jax.model import generate as generate_lib
+from gr2jax.model import params as params_lib
+from gr2jax.model import qwen3
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "qwen3_0_6b", "ModelConfig preset.")

@@ -1,8 +1,8 @@
 r"""Block diffusion vs AR decoding: per-step costs, end-to-end tokens/s and NFE, speed-up sweeps.
 
-  python experiments/bench_diffusion.py --out_dir=bench_out              # CPU, tiny random model
-  python experiments/bench_diffusion.py --ckpt=CKPT --out_dir=...        # a trained diffusion ckpt
-  python experiments/bench_diffusion.py --preset=qwen3_8b --random_weights --param_dtype=bfloat16 \
+  python experiments/studies/bench_diffusion.py --out_dir=bench_out        # CPU, tiny random model
+  python experiments/studies/bench_diffusion.py --ckpt=CKPT --out_dir=...  # a trained diffusion
+  python experiments/studies/bench_diffusion.py --preset=qwen3_8b --param_dtype=bfloat16 \
       --sections=steps --out_dir=...                                     # GPU box: per-step costs
 
 Sections (--sections, comma-separated):
@@ -32,7 +32,6 @@ Outputs: OUT/bench_diffusion.json, OUT/bench_diffusion.md (tables) and PNG plots
 import dataclasses
 import json
 import os
-import sys
 import time
 
 import jax
@@ -40,20 +39,18 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gr2jax import cli, load  # noqa: E402
-from gr2jax.diffusion import decode  # noqa: E402
-from gr2jax.model import qwen3  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
-from gr2jax.model.params import init_params  # noqa: E402
+from gr2jax import cli, load
+from gr2jax.diffusion import decode
+from gr2jax.model import qwen3
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
+from gr2jax.model.params import init_params
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "bench_diffusion_out", "Where the JSON, table and plots go.")
 flags.DEFINE_string("ckpt", None, "A diffusion gr2jax checkpoint (default: random weights).")
-flags.DEFINE_bool("random_weights", False, "Random weights of --preset (implied without --ckpt).")
-flags.DEFINE_enum("preset", "tiny", ["tiny", "small", "qwen3_0_6b", "qwen3_8b"], "Model preset.")
+flags.DEFINE_enum("preset", "tiny", ["tiny", "small", "qwen3_0_6b", "qwen3_8b"],
+                  "Model preset (random weights; unused with --ckpt).")
 flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"], "Random weights: dtype.")
 flags.DEFINE_list("sections", ["steps", "e2e", "sweep"], "Which parts to run.")
 flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")

@@ -1,6 +1,6 @@
 r"""Answer validity of CFT models without a constrained decoder: decode-side causes.
 
-  python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export \
+  python experiments/studies/cft_validity.py --workdir=W --ckpt=W/cft/export \
       --specs=1.0:confidence:32,1.0:left_to_right:32,0.9:confidence:32 --out=OUT.json
 
 Each spec TAU:ORDER:B[:given] decodes --split (default the 1,615 users) with the checkpoint's
@@ -21,24 +21,21 @@ import collections
 import dataclasses
 import json
 import os
-import sys
 import time
 from typing import NamedTuple
 
 import numpy as np
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gr2jax import cli, load  # noqa: E402
-from gr2jax.data import lengths as lengths_lib  # noqa: E402
-from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
-from gr2jax.decoding import policy as policy_lib  # noqa: E402
-from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
-from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
-from gr2jax.diffusion import commit  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
+from gr2jax import cli, load
+from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import commit
+from gr2jax.model.config import ModelConfig
 
 FLAGS = flags.FLAGS
 

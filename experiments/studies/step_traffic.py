@@ -1,8 +1,8 @@
 r"""What a compiled decode step moves beyond its weights and KV cache, on the real compilers.
 
-  python experiments/step_traffic.py --targets=h100,tpu_v5p \
+  python experiments/studies/step_traffic.py --targets=h100,tpu_v5p \
       --out=docs/results/benchmarks/step_traffic.json          (~4 compiles, 10-20 min)
-  python experiments/step_traffic.py --preset=tiny --targets=cpu      (seconds)
+  python experiments/studies/step_traffic.py --preset=tiny --targets=cpu      (seconds)
 
 The AR step (one token after the cache) and the block-diffusion step (one block of B tokens) of
 Qwen3-8B (bf16, batch 1, the cache of the paper's 2,200-token prompt + 256 new tokens), compiled
@@ -28,19 +28,14 @@ import dataclasses
 import itertools
 import json
 import math
-import os
 import re
-import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plan  # noqa: E402  (also puts the repository on sys.path)
-import roofline  # noqa: E402
-import targets  # noqa: E402
-
-from gr2jax import cli  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
+from experiments import plan, targets
+from experiments.studies import roofline
+from gr2jax import cli
+from gr2jax.model.cache import init_cache
 
 FLAGS = flags.FLAGS
 

@@ -1,4 +1,4 @@
-"""experiments/batch_curve.py: the predicted curve's arithmetic (roofline times of compiled
+"""experiments/studies/batch_curve.py: the predicted curve's arithmetic (roofline times of compiled
 records, prefills, speed-ups, memory fit), the crossover finder and the table, on written
 records; the CPU section run end to end on the tiny shape (integration)."""
 
@@ -9,13 +9,12 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import batch_curve  # noqa: E402
-import plan  # noqa: E402
-import roofline  # noqa: E402
-import targets  # noqa: E402
+from experiments import plan, targets
+from experiments.studies import batch_curve, roofline
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+SCRIPT = os.path.join(REPO, "experiments", "studies", "batch_curve.py")
 H100 = targets.TARGETS["h100"]
 
 
@@ -100,7 +99,7 @@ def test_cpu_section_replays_every_mode_at_every_batch(tmp_path):
   """The tiny shape at batch 1 and 2, the lossless schedules (diffusion tau 0.9, K 8): one JSON
   curve per run with every mode at every batch, the table and the plot."""
   result = subprocess.run(
-    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=cpu",
+    [sys.executable, SCRIPT, "--sections=cpu",
      "--schedules=docs/results/lossless/schedules.json", "--runs=tiny/float32@32",
      "--cpu_batches=1,2", "--spec_ks=8", "--repeats=1", f"--out_dir={tmp_path}"],
     capture_output=True, text=True, cwd=REPO, timeout=600,
@@ -117,7 +116,7 @@ def test_cpu_section_replays_every_mode_at_every_batch(tmp_path):
 
 def test_a_bad_flag_is_one_line(tmp_path):
   result = subprocess.run(
-    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=gpu",
+    [sys.executable, SCRIPT, "--sections=gpu",
      f"--out_dir={tmp_path}"], capture_output=True, text=True, cwd=REPO, timeout=300,
     env={**os.environ, "JAX_PLATFORMS": "cpu"})
   assert result.returncode == 1 and "Traceback" not in result.stderr
@@ -138,7 +137,7 @@ def test_a_corrupt_json_file_is_named(tmp_path):
 def test_a_corrupt_batch_curve_json_is_one_line_naming_it(tmp_path):
   (tmp_path / "batch_curve.json").write_text('{"cpu": {')
   result = subprocess.run(
-    [sys.executable, os.path.join(REPO, "experiments", "batch_curve.py"), "--sections=cpu",
+    [sys.executable, SCRIPT, "--sections=cpu",
      "--schedules=docs/results/lossless/schedules.json", f"--out_dir={tmp_path}"],
     capture_output=True, text=True, cwd=REPO, timeout=300,
     env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -2,13 +2,15 @@ r"""Batch-1 speed-up of block diffusion over AR on big random models, replaying 
 Diffusion-GR2's commit schedule step for step (an emulation of the trained model's decode).
 
   # 1. record the trained tiny model's schedules (real prompts; writes --schedules)
-  python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
+  python experiments/studies/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
       --schedules=docs/results/benchmarks/speedup/schedules.json --runs=
   # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
-  python experiments/bench_speedup.py --schedules=docs/results/benchmarks/speedup/schedules.json \
+  python experiments/studies/bench_speedup.py \
+      --schedules=docs/results/benchmarks/speedup/schedules.json \
       --report_dir=docs/results/benchmarks/speedup --table3_results=results
   # draft-and-verify too: record with the AR verifier, replay as above
-  python experiments/bench_speedup.py --record_ckpt=W/rl/export --record_verifier=W/ar_rl/export \
+  python experiments/studies/bench_speedup.py --record_ckpt=W/rl/export \
+      --record_verifier=W/ar_rl/export \
       --record_workdir=W --schedules=docs/results/lossless/schedules.json --runs=
 
 Recording: the trained diffusion checkpoint decodes the first --record_users prompts of
@@ -46,19 +48,18 @@ fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cos
 (diffusion seconds per forward over AR's) and speed-up = diffusion tokens/s over AR's.
 
 The same run checks the AR path against transformers at batch 1 on the tiny preset
-(--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
+(--hf_check; experiments/studies/bench_decode.py's functions and flags: prompt 256, --new_tokens).
 --merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
 Every flag is checked first (a tau / B / K with no recorded schedule, --repeats < 1: one line
 naming the flag and the allowed values). Outputs (--report_dir, default a fresh directory):
 bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
 0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
-(DIR/table3.{md,json}) is re-rendered with it as a column (gr2jax/apps/tables.py).
+(DIR/table3.{md,json}) is re-rendered with it as a column (table3_emulation.py).
 """
 
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -67,24 +68,22 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import bench_decode  # noqa: E402  (its flags: --new_tokens, --torch_threads, --dtype)
-
-from gr2jax import cli, load  # noqa: E402
-from gr2jax.apps import tables  # noqa: E402
-from gr2jax.data import lengths as lengths_lib  # noqa: E402
-from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.decoding import prompt_io  # noqa: E402
-from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
-from gr2jax.diffusion import decode, emulate  # noqa: E402
-from gr2jax.diffusion import speculative as sp  # noqa: E402
-from gr2jax.model import generate as gen  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model import qwen3  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
+from experiments.studies import (
+  bench_decode,  # its flags: --new_tokens, --torch_threads, --dtype
+  table3_emulation,
+)
+from gr2jax import cli, load
+from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import prompt_io
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import speculative as sp
+from gr2jax.model import generate as gen
+from gr2jax.model import params as params_lib
+from gr2jax.model import qwen3
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import ModelConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json",
@@ -578,7 +577,7 @@ def main(argv):
     #             each: two of them and the replay's buffers were OOM-killed on 24 GB)
   if FLAGS.table3_results:
     best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
-    tables.add_emulated_speedup(FLAGS.table3_results, {
+    table3_emulation.add_emulated_speedup(FLAGS.table3_results, {
       "source": os.path.join(FLAGS.report_dir, "bench_speedup.json"), "run": FLAGS.table3_shape,
       "prompt_len": FLAGS.table3_prompt,
       "by_tau": {str(t): {"speedup": s, "block": b} for t, (s, b) in best.items()}})

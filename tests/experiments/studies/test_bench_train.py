@@ -1,6 +1,6 @@
-"""experiments/bench_train.py's stage path on a 1-layer, 64-token model: every stage's real loss
-runs in the one train step on synthetic rows, the token counts agree across stages, and the
-replay section times both forwards. The benchmark itself (`python experiments/bench_train.py
+"""experiments/studies/bench_train.py's stage path on a 1-layer, 64-token model: every stage's real
+loss runs in the one train step on synthetic rows, the token counts agree across stages, and the
+replay section times both forwards. The benchmark itself (`python experiments/studies/bench_train.py
 --stages=...`) is a script, not a test."""
 
 import math
@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments import bench_train
+from experiments.studies import bench_train
 from gr2jax.diffusion import replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import mesh as mesh_lib

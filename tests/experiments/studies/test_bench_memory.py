@@ -1,6 +1,6 @@
-"""experiments/bench_memory.py end to end on the tiny preset: one row per (dtype, prompt, step),
-the bytes of a step as its definition says (weights + the whole cache + f32 logits), ratios to a
-copy and matmuls timed in the same run. The benchmark itself (0.6B shape) is a script."""
+"""experiments/studies/bench_memory.py end to end on the tiny preset: one row per (dtype, prompt,
+step), the bytes of a step as its definition says (weights + the whole cache + f32 logits), ratios
+to a copy and matmuls timed in the same run. The benchmark itself (0.6B shape) is a script."""
 
 import json
 import os
@@ -14,12 +14,13 @@ from gr2jax.model.params import param_count
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 
 
 def test_rows_bytes_and_ratios(tmp_path):
   out = tmp_path / "rows.json"
-  subprocess.run([sys.executable, os.path.join(REPO, "experiments", "bench_memory.py"),
+  subprocess.run([sys.executable, os.path.join(REPO, "experiments", "studies", "bench_memory.py"),
                   "--preset=tiny", "--prompt_lens=16", "--dtypes=float32", "--repeats=1",
                   "--copy_mib=16", "--generate_tokens=32", "--generate_repeats=2",
                   f"--json_out={out}"], check=True, capture_output=True,

@@ -1,5 +1,6 @@
-"""experiments/bench_speedup.py --merge: several runs' reports as one table, best-block lines and
-plot, run as a script (no replay; the replay itself is timed on big models, a benchmark)."""
+"""experiments/studies/bench_speedup.py --merge: several runs' reports as one table, best-block
+lines and plot, run as a script (no replay; the replay itself is timed on big models, a
+benchmark)."""
 
 import json
 import os
@@ -10,8 +11,9 @@ import pytest
 
 pytestmark = pytest.mark.integration  # end to end: CI runs it after the default tests
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(REPO, "experiments", "bench_speedup.py")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+SCRIPT = os.path.join(REPO, "experiments", "studies", "bench_speedup.py")
 
 
 def _row(shape, params, method, block, tau, speedup, prompt_len=256):

@@ -1,5 +1,5 @@
-"""experiments/cft_validity.py: its --specs entries, parsed and checked before anything loads
-(the decodes themselves are a run, not a test)."""
+"""experiments/studies/cft_validity.py: its --specs entries, parsed and checked before anything
+loads (the decodes themselves are a run, not a test)."""
 
 import os
 import subprocess
@@ -8,9 +8,10 @@ import sys
 import pytest
 from absl import app
 
-from experiments import cft_validity
+from experiments.studies import cft_validity
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 FORM = "; expected TAU:ORDER:B or TAU:ORDER:B:given, e.g. 0.9:confidence:32"
 
 
@@ -41,7 +42,7 @@ def test_a_bad_spec_names_the_flag_the_entry_and_the_form(text, problem):
 def test_a_bad_spec_is_refused_before_the_model_and_split_load(tmp_path):
   """The checkpoint and workdir do not exist: the --specs line comes first, no traceback."""
   result = subprocess.run(
-    [sys.executable, os.path.join(REPO, "experiments", "cft_validity.py"),
+    [sys.executable, os.path.join(REPO, "experiments", "studies", "cft_validity.py"),
      f"--workdir={tmp_path / 'W'}", f"--ckpt={tmp_path / 'none'}", f"--out={tmp_path / 'o.json'}",
      "--specs=0.9:confidence:32,1.0:confidence"],
     capture_output=True, text=True, cwd=REPO, timeout=300,

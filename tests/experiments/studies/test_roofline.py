@@ -1,17 +1,12 @@
-"""experiments/roofline.py's prediction (pure arithmetic; the 8B compiles are the script's run)."""
+"""experiments/studies/roofline.py's prediction (pure arithmetic; the 8B compiles are the script's
+run)."""
 
-import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-import plan  # noqa: E402
-import roofline  # noqa: E402
-import targets  # noqa: E402
-
-from tests import aot  # noqa: E402
+from experiments import plan, targets
+from experiments.studies import roofline
+from tests import aot
 
 
 def test_forwards_per_token_drop_the_prefill():

@@ -1,5 +1,5 @@
-"""experiments/cft_scale.py: the rise fit, a point read from a chain workdir's files, the budgets
-and the plot. The chains themselves are runs, not tests."""
+"""experiments/studies/cft_scale.py: the rise fit, a point read from a chain workdir's files, the
+budgets and the plot. The chains themselves are runs, not tests."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from experiments import cft_scale
+from experiments.studies import cft_scale
 from gr2jax import exports
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig

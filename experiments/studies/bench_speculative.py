@@ -1,8 +1,8 @@
 r"""Lossless draft-and-verify on a trained pair: exactness, acceptance, batch-1 speed, the 8B
 roofline.
 
-  python experiments/bench_speculative.py --workdir=W --report_dir=docs/results/lossless
-  python experiments/bench_speculative.py --workdir=W --sections=speed --speed_users=16
+  python experiments/studies/bench_speculative.py --workdir=W --report_dir=docs/results/lossless
+  python experiments/studies/bench_speculative.py --workdir=W --sections=speed --speed_users=16
 
 W is a workdir of the Table 2 chain (read only): its data build (summary.json), the AR GR2 export
 W/ar_rl/export (the verifier) and the Diffusion-GR2 export W/rl/export (the drafter), which must
@@ -25,14 +25,15 @@ come from the same data build (speculative.check_same_build). Sections (--sectio
             step cap) and draft-and-verify at each --speed_specs K/tau_d; every call warm
             (compiled by one call first), the methods interleaved user by user, whole calls
             timed (prefill included): tokens/s, forwards per token, speed-up over AR.
-  roofline  Qwen3-8B bf16 on one H100, batch 1, prompt 2,200 + 256 (experiments/roofline.py's
-            shapes): the AR step, one drafter forward (a block of B after the cache, LM head at K
-            queries) and one verify forward (K + 1 causal queries) of each --ks compiled by XLA's
-            GPU compiler deviceless; bytes moved from memory_analysis (arguments + outputs not
-            aliased), time = max(bytes / HBM bandwidth, analytic FLOPs / peak). Predicted
-            speed-up for a 256-token response: AR = prefill + 256 t_AR; draft-and-verify = both
-            prefills + 256 (draft forwards per token x t_draft + verify forwards per token x
-            t_verify), forwards per token from this run's grid (or --grid_json).
+  roofline  Qwen3-8B bf16 on one H100, batch 1, prompt 2,200 + 256
+            (experiments/studies/roofline.py's shapes): the AR step, one drafter forward (a block of
+            B after the cache, LM head at K queries) and one verify forward (K + 1 causal queries)
+            of each --ks compiled by XLA's GPU compiler deviceless; bytes moved from memory_analysis
+            (arguments + outputs not aliased), time = max(bytes / HBM bandwidth, analytic FLOPs /
+            peak). Predicted speed-up for a 256-token response: AR = prefill + 256 t_AR;
+            draft-and-verify = both prefills + 256 (draft forwards per token x t_draft + verify
+            forwards per token x t_verify), forwards per token from this run's grid (or
+            --grid_json).
 
 Outputs (--report_dir, default a fresh directory): bench_speculative.json, bench_speculative.md,
 acceptance.png (tokens per verify forward and forwards per token vs K, per tau_d and part).
@@ -48,22 +49,19 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plan  # noqa: E402  (also puts the repository on sys.path)
-import roofline  # noqa: E402
-import targets  # noqa: E402
-
-from gr2jax import cli, load  # noqa: E402
-from gr2jax import recipe as recipe_lib  # noqa: E402
-from gr2jax.data import prompts  # noqa: E402
-from gr2jax.data import tokenizer as tokenizer_lib  # noqa: E402
-from gr2jax.decoding import evaluation, prompt_io  # noqa: E402
-from gr2jax.decoding import policy as policy_lib  # noqa: E402
-from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
-from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
-from gr2jax.diffusion import decode, emulate  # noqa: E402
-from gr2jax.diffusion import speculative as sp  # noqa: E402
-from gr2jax.model import generate  # noqa: E402
+from experiments import plan, targets
+from experiments.studies import roofline
+from gr2jax import cli, load
+from gr2jax import recipe as recipe_lib
+from gr2jax.data import prompts
+from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import evaluation, prompt_io
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import speculative as sp
+from gr2jax.model import generate
 
 FLAGS = flags.FLAGS
 SECTIONS = ("grid", "speed", "roofline")
@@ -455,7 +453,7 @@ def command_line() -> str:
   """This run's command with --workdir=W and the paths under it as W/...."""
   args = [a.replace(os.path.abspath(FLAGS.workdir), "W").replace(FLAGS.workdir.rstrip("/"), "W")
           for a in sys.argv[1:]]
-  return " ".join(["python", "experiments/bench_speculative.py"] + args)
+  return " ".join(["python", "experiments/studies/bench_speculative.py"] + args)
 
 
 def main(argv):

@@ -1,9 +1,9 @@
-"""experiments/duplicate_commits.py: which steps committed a repeated label (the decode itself is
-a run, not a test)."""
+"""experiments/studies/duplicate_commits.py: which steps committed a repeated label (the decode
+itself is a run, not a test)."""
 
 import numpy as np
 
-from experiments import duplicate_commits
+from experiments.studies import duplicate_commits
 
 LABELS = np.array([[7, 8], [7, 9], [6, 9]], np.int32)  # two-token labels sharing a first token
 

@@ -1,6 +1,6 @@
 r"""A roofline Table 3 at paper scale: Qwen3-8B decoding on one H100 at batch 1, predicted.
 
-  python experiments/roofline.py --out=docs/roofline_table3.json      (~2 H100 compiles)
+  python experiments/studies/roofline.py --out=docs/roofline_table3.json      (~2 H100 compiles)
 
 A prediction, not a measurement (scripts/gpu_check.sh measures on a lent GPU). The two decoders'
 steps are compiled for one H100 by XLA's GPU compiler without hardware (experiments/targets.py):
@@ -27,7 +27,6 @@ of the predicted roofline.
 import dataclasses
 import json
 import os
-import sys
 import time
 
 import jax
@@ -35,19 +34,16 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import plan  # noqa: E402  (also puts the repository on sys.path)
-import targets  # noqa: E402
-
-from gr2jax import cli  # noqa: E402
-from gr2jax.apps.tables import PAPER_TABLE3  # noqa: E402
-from gr2jax.diffusion import decode as diffusion_decode  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model import qwen3  # noqa: E402
-from gr2jax.model.cache import KVCache, init_cache  # noqa: E402
+from experiments import plan, targets
+from gr2jax import cli
+from gr2jax.apps.tables import PAPER_TABLE3
+from gr2jax.diffusion import decode as diffusion_decode
+from gr2jax.model import params as params_lib
+from gr2jax.model import qwen3
+from gr2jax.model.cache import KVCache, init_cache
 
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def define_flags() -> None:
@@ -151,7 +147,7 @@ def forwards_per_token(table3_rows: list[dict]) -> dict:
 
 def speculative_forwards_per_token(grid_rows: list[dict]) -> dict:
   """{(K, tau_d): {'draft': .., 'verify': ..} forwards per output token} of a draft-and-verify
-  grid (experiments/bench_speculative.py's, both prefills excluded)."""
+  grid (experiments/studies/bench_speculative.py's, both prefills excluded)."""
   return {(g["k"], g["tau"]): {part: g["parts"]["all"][f"{part}_forwards"]
                                / g["parts"]["all"]["tokens"] for part in ("draft", "verify")}
           for g in grid_rows}

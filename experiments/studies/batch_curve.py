@@ -3,9 +3,10 @@ for Qwen3-8B on the real compilers and measured on this CPU.
 
   # predicted: every forward compiled for one H100 and one TPU v5p chip (~112 compiles, 30 min;
   # the compiles are cached in --out_dir/compiled.json, so a rerun only redoes the arithmetic)
-  python experiments/batch_curve.py --sections=predicted --out_dir=docs/results/speed_under_load
+  python experiments/studies/batch_curve.py --sections=predicted \
+      --out_dir=docs/results/speed_under_load
   # measured on this CPU: the recorded schedules replayed at each batch on random weights
-  python experiments/batch_curve.py --sections=cpu \
+  python experiments/studies/batch_curve.py --sections=cpu \
       --schedules=docs/results/lossless/schedules.json --runs=tiny/float32@2200 \
       --cpu_batches=1,4,16,64 --spec_ks=8 --out_dir=docs/results/speed_under_load
 
@@ -13,7 +14,8 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            --targets: the AR step (one token after the cache), the block-diffusion step (a block
            of B = 32) and, per K of --spec_ks, the drafter's forward (a block of B, LM head at K
            queries) and the verifier's (K + 1 causal tokens), each compiled at every batch of
-           --batches (experiments/roofline.py's compile_step; the cache of every row donated).
+           --batches (experiments/studies/roofline.py's compile_step; the cache of every row
+           donated).
            A forward takes max(bytes / bandwidth, FLOPs / peak): bytes from the compiled
            program's memory_analysis (arguments + outputs not aliased: the weights and every
            row's cache read once), FLOPs analytic (the GPU compiler has no cost analysis).
@@ -45,16 +47,14 @@ import sys
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bench_speedup  # noqa: E402  (its flags: --runs, --schedules, --taus, --spec_ks, ...)
-import plan  # noqa: E402
-import roofline  # noqa: E402
-import targets  # noqa: E402
+from experiments import plan, targets
 
-from gr2jax import cli, files  # noqa: E402
+# its flags: --runs, --schedules, --taus, --spec_ks, ...
+from experiments.studies import bench_speedup, roofline
+from gr2jax import cli, files
 
 FLAGS = flags.FLAGS
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SECTIONS = ("predicted", "cpu")
 
 
@@ -406,7 +406,7 @@ def plot(result: dict, out_dir: str) -> None:
 
 
 def command_line() -> str:
-  return " ".join(["python", "experiments/batch_curve.py"] + sys.argv[1:])
+  return " ".join(["python", "experiments/studies/batch_curve.py"] + sys.argv[1:])
 
 
 def _ints(name: str) -> list[int]:

@@ -1,9 +1,9 @@
 r"""AR decode benchmark: gr2jax `generate` vs transformers `generate` on the same weights.
 
 CPU (the default; both sides fp32, torch limited to --torch_threads to match XLA's cores):
-  python experiments/bench_decode.py                     # tiny,small x batch 1,8 x prompt 256,1024
+  python experiments/studies/bench_decode.py     # tiny,small x batch 1,8 x prompt 256,1024
 GPU (random bf16 weights, no transformers run, model-bandwidth utilisation):
-  python experiments/bench_decode.py --presets=qwen3_8b --random_weights --hf=false \
+  python experiments/studies/bench_decode.py --presets=qwen3_8b --random_weights --hf=false \
       --dtype=bfloat16 --batch_sizes=1 --peak_bw_gbs=4800
 
 For each (preset, batch, prompt length) it times, after one warm-up call of the same shape:
@@ -25,7 +25,6 @@ the same process (experiments/limits.py), a ratio to this machine's limit.
 import dataclasses
 import json
 import os
-import sys
 import tempfile
 import time
 
@@ -34,16 +33,12 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import limits  # noqa: E402
-
-from gr2jax import cli, load  # noqa: E402
-from gr2jax.model import generate as gen  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model.cache import init_cache  # noqa: E402
-from gr2jax.model.config import PRESETS, ModelConfig  # noqa: E402
+from experiments import limits
+from gr2jax import cli, load
+from gr2jax.model import generate as gen
+from gr2jax.model import params as params_lib
+from gr2jax.model.cache import init_cache
+from gr2jax.model.config import PRESETS, ModelConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets (tiny, small, qwen3_0_6b, "

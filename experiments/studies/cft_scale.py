@@ -7,9 +7,10 @@ counts for every size (README of docs/results/benchmarks/cft_validity, "Validity
       --config.model.preset=PRESET --config.data.sids_file=results/sids_table2.npy \
       --config.stages.sft.train.steps=300 --config.stages.ar_rl.train.steps=1 \
       --config.stages.cft.train.steps=300
-  python experiments/cft_validity.py --workdir=W --ckpt=W/cft/export --specs=0.9:confidence:32 \
+  python experiments/studies/cft_validity.py --workdir=W --ckpt=W/cft/export \
+      --specs=0.9:confidence:32 \
       --out=W/tau09.json
-  python experiments/cft_scale.py --points=W1,W2,W3 \
+  python experiments/studies/cft_scale.py --points=W1,W2,W3 \
       --scale_dir=docs/results/benchmarks/cft_validity/scale
 
 A point reads (W is read only): W/cft/export's model config (parameter count, layers, width),
@@ -24,15 +25,12 @@ Writes scale.json (points + fits) and scale.png (valid rate vs parameters, one l
 import json
 import math
 import os
-import sys
 
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from gr2jax import cli, exports  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
+from gr2jax import cli, exports
+from gr2jax.model import params as params_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("points", None, "Chain workdirs W or W@TAU09_JSON (module docstring).")

@@ -1,6 +1,7 @@
 r"""Where a diffusion model's duplicate answers come from: one denoising step, or two.
 
-  python experiments/duplicate_commits.py --workdir=W --ckpt=W/rl/export --split=validation \
+  python experiments/studies/duplicate_commits.py --workdir=W --ckpt=W/rl/export \
+      --split=validation \
       --limit=2000 --tau=0.9 --order=confidence --out=OUT.json
 
 Decodes --split with the checkpoint's own decoder (greedy, commit threshold --tau, commit order
@@ -15,21 +16,17 @@ only (its summary.json paths). Prints the counts as JSON and a markdown table, w
 
 import collections
 import json
-import os
-import sys
 
 import numpy as np
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from experiments import cft_validity  # noqa: E402
-from gr2jax import cli  # noqa: E402
-from gr2jax.decoding import policy as policy_lib  # noqa: E402
-from gr2jax.decoding import prompt_io  # noqa: E402
-from gr2jax.decoding import reranker as reranker_lib  # noqa: E402
-from gr2jax.decoding.spec import DecodeSpec  # noqa: E402
-from gr2jax.diffusion import commit, decode  # noqa: E402
+from experiments.studies import cft_validity
+from gr2jax import cli
+from gr2jax.decoding import policy as policy_lib
+from gr2jax.decoding import prompt_io
+from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import commit, decode
 
 FLAGS = flags.FLAGS
 

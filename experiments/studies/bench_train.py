@@ -1,15 +1,15 @@
 r"""Train-step benchmark: tokens/s of every stage's train step, compile time, micro-batches, MFU.
 
 CPU, the stages side by side (tiny, fp32, the tiny default's shapes):
-  python experiments/bench_train.py --presets=tiny --stages=sft,cft,opd,rl --batch_size=16 \
+  python experiments/studies/bench_train.py --presets=tiny --stages=sft,cft,opd,rl --batch_size=16 \
       --micro_batches=2 --steps=3 --prompt_width=64 --prompt_tokens=57 --response_width=48 \
       --response_tokens=35 --replay_rounds=16 --replay_sweep=2,4,8,16,31 \
       --json_out=docs/results/benchmarks/bench_train_stages.json \
       --md_out=docs/results/benchmarks/bench_train_stages.md
 CPU, SFT micro-batch scaling (tiny + small):
-  python experiments/bench_train.py --json_out=docs/results/benchmarks/bench_train.json
+  python experiments/studies/bench_train.py --json_out=docs/results/benchmarks/bench_train.json
 GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
-  python experiments/bench_train.py --presets=qwen3_8b --dtype=bfloat16 --remat=full \
+  python experiments/studies/bench_train.py --presets=qwen3_8b --dtype=bfloat16 --remat=full \
       --batch_size=8 --prompt_width=1024 --response_width=1024 --micro_batches=1,2 --peak_tflops=989
 
 Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
@@ -49,7 +49,7 @@ temporary memory (XLA memory_analysis).
 Prints one JSON line per row and the tables; --json_out / --md_out write them.
 
 Replay attention, before / after (docs/results/benchmarks/replay_attention.md):
-  python experiments/bench_train.py --presets=tiny --stages=opd,rl --batch_size=16 \
+  python experiments/studies/bench_train.py --presets=tiny --stages=opd,rl --batch_size=16 \
       --micro_batches=2 --steps=3 --prompt_width=320 --prompt_tokens=290 --response_width=48 \
       --response_tokens=35 --replay_rounds=16 --replay_sweep=8,16,31 --attention=dense,per_block \
       --json_out=docs/results/benchmarks/replay_attention.json
@@ -67,22 +67,21 @@ import jax
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gr2jax import cli, recipe
+from gr2jax.data.batches import Batch
+from gr2jax.diffusion import decode, layout, replay
+from gr2jax.model import attention
+from gr2jax.model import params as params_lib
+from gr2jax.model.config import ModelConfig
+from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import opd, optim
+from gr2jax.train import state as state_lib
+from gr2jax.train import step as step_lib
+from gr2jax.train.loop import Context
+from gr2jax.train.stages import TRAINERS
 
-from gr2jax import cli, recipe  # noqa: E402
-from gr2jax.data.batches import Batch  # noqa: E402
-from gr2jax.diffusion import decode, layout, replay  # noqa: E402
-from gr2jax.model import attention  # noqa: E402
-from gr2jax.model import params as params_lib  # noqa: E402
-from gr2jax.model.config import ModelConfig  # noqa: E402
-from gr2jax.train import mesh as mesh_lib  # noqa: E402
-from gr2jax.train import opd, optim  # noqa: E402
-from gr2jax.train import state as state_lib  # noqa: E402
-from gr2jax.train import step as step_lib  # noqa: E402
-from gr2jax.train.loop import Context  # noqa: E402
-from gr2jax.train.stages import TRAINERS  # noqa: E402
-
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                          "configs")
 FLAGS = flags.FLAGS
 
 # The stages this benchmark times (AR RL's step is RL's with an AR policy).

@@ -1,14 +1,11 @@
-"""experiments/step_traffic.py: the HLO reading (shapes' bytes, large ops by kind, in-place updates
-not counted as extra) on a written module, and one tiny step compiled by the real H100 compiler."""
+"""experiments/studies/step_traffic.py: the HLO reading (shapes' bytes, large ops by kind, in-place
+updates not counted as extra) on a written module, and one tiny step compiled by the real H100
+compiler."""
 
-import os
-import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "experiments"))
-import plan  # noqa: E402
-import step_traffic  # noqa: E402
-
-from tests import aot  # noqa: E402
+from experiments import plan
+from experiments.studies import step_traffic
+from tests import aot
 
 # A written module: a concatenate, an in-place update (an output of the step), a cuBLAS gemm with
 # its workspace, one whose result is an output, a weight prefetched into TPU VMEM (S(1)) and an op
