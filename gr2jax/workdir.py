@@ -27,7 +27,7 @@ LOCK_FILE = ".lock"
 WORKDIR = "{workdir}"  # how a record writes a run's workdir (portable)
 CHECKOUT = "{checkout}"  # how a record writes the checkout gr2jax is imported from (portable)
 # the checkout: the directory holding gr2jax/ and the shipped data/amazon_beauty (recipes.DATA_DIR)
-CHECKOUT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHECKOUT_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 log = logging.getLogger(__name__)
 
