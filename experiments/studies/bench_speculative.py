@@ -50,7 +50,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import plan, targets
-from experiments.studies import roofline
+from experiments.studies import emulate, roofline
 from gr2jax import cli, load
 from gr2jax import recipe as recipe_lib
 from gr2jax.data import prompts
@@ -59,7 +59,7 @@ from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate
 

@@ -70,6 +70,7 @@ from absl import app, flags, logging
 
 from experiments.studies import (
   bench_decode,  # its flags: --new_tokens, --torch_threads, --dtype
+  emulate,
   table3_emulation,
 )
 from gr2jax import cli, load
@@ -77,7 +78,7 @@ from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import prompt_io
 from gr2jax.decoding import reranker as reranker_lib
-from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate as gen
 from gr2jax.model import params as params_lib

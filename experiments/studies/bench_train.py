@@ -328,7 +328,8 @@ def bench_replay(base: ModelConfig, shape: Rows, rounds: list[int], steps: int,
   params = params_lib.init_params(diff, jax.random.key(0))
 
   def replay_fn(params, prompts, prompt_lengths, trace, commit_step, lengths, *, num_rounds):
-    return replay.replay(params, diff, prompts, prompt_lengths, trace, commit_step, lengths,
+    return replay.replay(params, diff,
+                         replay.Trace(prompts, prompt_lengths, trace, commit_step, lengths),
                          num_rounds=num_rounds, temperature=1.0, return_log_probs=True)
 
   def causal_fn(params, prompts, prompt_lengths, trace, lengths):

@@ -304,7 +304,7 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
     cache: the prefilled cache (static.cache_size slots).
     commits: None (the decoder: the threshold rule), or a function (denoise_steps [B] int32,
       capped [B] bool) -> [B] int32 commits of each row's denoising step (commit.select's
-      `count`; gr2jax/diffusion/emulate.py replays a recorded schedule with it).
+      `count`; experiments/studies/emulate.py replays a recorded schedule with it).
 
   Returns:
     DiffusionOutput.

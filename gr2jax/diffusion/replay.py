@@ -41,7 +41,6 @@ them against the replay.
 """
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -49,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gr2jax.diffusion import layout
-from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP, DiffusionOutput
+from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
 
 
@@ -65,6 +64,24 @@ class ReplayOutput(NamedTuple):
 
   logp: jax.Array
   log_probs: jax.Array | None
+
+
+class Trace(NamedTuple):
+  """A block-diffusion decode of some prompts, as `replay` re-scores it.
+
+  Attributes:
+    prompt_tokens: [B, P] right-padded prompts given to the decoder.
+    prompt_lengths: [B].
+    trace_tokens: [B, M] DiffusionOutput.trace_tokens.
+    commit_step: [B, M] DiffusionOutput.commit_step.
+    lengths: [B] DiffusionOutput.lengths.
+  """
+
+  prompt_tokens: jax.Array
+  prompt_lengths: jax.Array
+  trace_tokens: jax.Array
+  commit_step: jax.Array
+  lengths: jax.Array
 
 
 @jax.tree_util.register_static
@@ -179,11 +196,7 @@ def replay_inputs(
 def replay(
   params: dict,
   config: ModelConfig,
-  prompt_tokens: jax.Array,
-  prompt_lengths: jax.Array,
-  trace_tokens: jax.Array,
-  commit_step: jax.Array,
-  lengths: jax.Array,
+  trace: Trace,
   *,
   num_rounds: int,
   temperature: float = 0.0,
@@ -199,11 +212,7 @@ def replay(
   Args:
     params: the param pytree.
     config: the model; config.block_size must be the decode block size.
-    prompt_tokens: [B, P] right-padded prompts given to the decoder.
-    prompt_lengths: [B].
-    trace_tokens: [B, M] DiffusionOutput.trace_tokens.
-    commit_step: [B, M] DiffusionOutput.commit_step.
-    lengths: [B] DiffusionOutput.lengths.
+    trace: the decode to re-score (Trace).
     num_rounds: S, static (rounds_needed).
     temperature: the decode temperature (commit.token_log_probs; 0 = greedy, scored at 1).
     shrink: steps merged per round (replay_rounds).
@@ -212,6 +221,7 @@ def replay(
   Returns:
     ReplayOutput.
   """
+  prompt_tokens, prompt_lengths, trace_tokens, commit_step, lengths = trace
   p = prompt_tokens.shape[1]
   m = trace_tokens.shape[1]
   rounds = replay_rounds(commit_step, shrink)  # [B, M]
@@ -230,57 +240,3 @@ def replay(
     temperature=temperature, return_log_probs=return_log_probs,
   )
   return ReplayOutput(logp=jnp.where(committed, logp, 0.0), log_probs=log_probs)
-
-
-@functools.partial(jax.jit, static_argnames=("config", "num_rounds", "temperature", "shrink"))
-def _replay_logp(params, config, prompt_tokens, prompt_lengths, output, *, num_rounds,
-                 temperature, shrink):
-  return replay(
-    params, config, prompt_tokens, prompt_lengths, output.trace_tokens, output.commit_step,
-    output.lengths, num_rounds=num_rounds, temperature=temperature, shrink=shrink,
-  ).logp
-
-
-def replay_log_probs(
-  params: dict,
-  config: ModelConfig,
-  prompt_tokens: jax.Array,
-  prompt_lengths: jax.Array,
-  output: DiffusionOutput,
-  *,
-  block_size: int | None = None,
-  temperature: float = 0.0,
-  shrink: int = 1,
-  num_rounds: int | None = None,
-) -> jax.Array:
-  """Host-side convenience: replays a decoder output with the fewest rounds it needs (jitted).
-
-  Args:
-    params: the param pytree.
-    config: the model; the block size is config.block_size.
-    prompt_tokens: [B, P] the prompts given to the decoder.
-    prompt_lengths: [B].
-    output: the decoder's DiffusionOutput (concrete).
-    block_size: optional; must equal config.block_size (a conflicting value is an error).
-    temperature: the decode temperature.
-    shrink: steps merged per round (1 = exact).
-    num_rounds: static round count; default the trace's largest round + 1.
-
-  Returns:
-    [B, M] f32 log-probs of `output.trace_tokens`, 0 where never committed; with shrink = 1 equal
-    to `output.commit_logprob` up to float error.
-  """
-  if block_size is not None and block_size != config.block_size:
-    raise ValueError(
-      f"replay_log_probs: block_size={block_size} conflicts with config.block_size="
-      f"{config.block_size} (the block size comes from the model config)"
-    )
-  if num_rounds is None:
-    rounds = np.asarray(replay_rounds(output.commit_step, shrink))
-    used = rounds[(rounds != SEED_STEP) & (rounds != NEVER_STEP)]
-    num_rounds = int(used.max()) + 1 if used.size else 0
-  check_rounds(output.commit_step, num_rounds, shrink)
-  return _replay_logp(
-    params, config, jnp.asarray(prompt_tokens, jnp.int32), jnp.asarray(prompt_lengths, jnp.int32),
-    output, num_rounds=num_rounds, temperature=float(temperature), shrink=shrink,
-  )

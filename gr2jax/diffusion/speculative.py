@@ -45,9 +45,9 @@ and denoising steps together, as in decode.py) until every row has its draft. Ro
 different lengths; a finished row is frozen (its caches, tokens and counts stop changing).
 The drafter's LM head runs at the K queries that predict the draft window only.
 
-Self-speculative variant (`self_verifier`): the drafter's own weights at block size 1 verify; the
-output is then exactly that model's own left-to-right decoding (block_diffusion_generate at
-B = 1), not another model's.
+Self-speculative variant: the drafter's own weights at block size 1 verify (Model(drafter.params,
+its config at block_size 1)); the output is then exactly that model's own left-to-right decoding
+(block_diffusion_generate at B = 1), not another model's.
 
 Floating point: the verify forward scores K + 1 queries where `generate` scores one, so their
 matmuls and softmax sums round differently (~1e-7 relative in fp32; far more in bf16, where AR at
@@ -154,12 +154,6 @@ class SpecOutput(NamedTuple):
   step_draft_forwards: jax.Array
   num_steps: jax.Array
   num_draft_forwards: jax.Array
-
-
-def self_verifier(drafter: Model) -> Model:
-  """The self-speculative verifier: the drafter's weights at block size 1 (its left-to-right
-  mode, decode.py at B = 1); lossless w.r.t. that mode, not w.r.t. another AR model."""
-  return Model(drafter.params, dataclasses.replace(drafter.config, block_size=1))
 
 
 # ---- the verify rules ----------------------------------------------------------------------
@@ -285,7 +279,7 @@ def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array
 class Rules:
   """How a verify step drafts and accepts: the decoder's own rules (module docstring).
 
-  `decode_loop` calls these inside its while loop (traced); gr2jax/diffusion/emulate.py replays
+  `decode_loop` calls these inside its while loop (traced); experiments/studies/emulate.py replays
   a recorded run with a subclass.
   """
 
@@ -545,7 +539,8 @@ def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, spec: DraftSpec) ->
                      f"vocab [0, {cd.vocab_size - 1}]")
   if cv.block_size != 1:
     raise ValueError(f"{where}: the verifier has block_size={cv.block_size}; it must be an AR "
-                     "model (block_size 1; self_verifier(drafter) for the self-speculative mode)")
+                     "model (block_size 1; the drafter's weights at block_size 1 for the "
+                     "self-speculative mode)")
   for field in ("vocab_size", "eos_token_ids", "pad_token_id"):
     if getattr(cd, field) != getattr(cv, field):
       raise ValueError(f"{where}: the drafter's config.{field}={getattr(cd, field)!r} differs "

@@ -166,9 +166,10 @@ class DiffusionRollout(_OfPolicy):
 
   def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
     """The replay of the batch's traces over batch.replay_rounds.count rounds."""
+    trace = replay.Trace(batch.prompt_tokens, batch.prompt_lengths, batch.trace_tokens,
+                         batch.commit_step, batch.response_lengths)
     res = replay.replay(
-      params, self.config, batch.prompt_tokens, batch.prompt_lengths, batch.trace_tokens,
-      batch.commit_step, batch.response_lengths, num_rounds=batch.replay_rounds.count,
+      params, self.config, trace, num_rounds=batch.replay_rounds.count,
       temperature=self.spec.temperature if temperature is None else temperature,
       shrink=self.shrink, return_log_probs=return_log_probs)
     return res.logp, res.log_probs

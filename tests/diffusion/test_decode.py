@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gr2jax.diffusion import decode, replay
+from gr2jax.diffusion import decode
 from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
@@ -137,7 +137,7 @@ def test_trace_replay_reproduces_log_probs(params, threshold):
   if threshold < 0.5:  # several tokens per step somewhere, so fewer forwards than tokens
     assert int(out.num_forwards) < 1 + MAX_NEW + MAX_NEW // 4
   config = dataclasses.replace(CONFIG, block_size=4)
-  lp = replay.replay_log_probs(params, config, PROMPTS, LENGTHS, out)
+  lp = helpers.replay_log_probs(params, config, PROMPTS, LENGTHS, out)
   np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
   assert (np.asarray(out.commit_logprob) < 0).all()
 
@@ -146,7 +146,7 @@ def test_trace_replay_reproduces_log_probs(params, threshold):
 def test_sampled_trace_replays(params):
   out = _decode(params, threshold=0.03, temperature=1.0, key=jax.random.key(7))
   config = dataclasses.replace(CONFIG, block_size=4)
-  lp = replay.replay_log_probs(params, config, PROMPTS, LENGTHS, out, temperature=1.0)
+  lp = helpers.replay_log_probs(params, config, PROMPTS, LENGTHS, out, temperature=1.0)
   np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
 
 

@@ -56,7 +56,7 @@ def test_replay_equals_recorded_log_probs(params, threshold, temperature):
   out = _stopped_mid_block(params, threshold, temperature)
   steps = np.asarray(out.commit_step)
   assert (steps[:, 0] == decode.SEED_STEP).all() and steps[steps >= 0].max() >= 1
-  lp = replay.replay_log_probs(
+  lp = helpers.replay_log_probs(
     params, CONFIG, PROMPTS, LENGTHS, out, temperature=temperature, num_rounds=ROUNDS
   )
   np.testing.assert_allclose(lp, out.commit_logprob, atol=2e-5)
@@ -70,7 +70,7 @@ def test_replay_is_differentiable(params):
 
   def total(p):
     res = replay.replay(
-      p, CONFIG, PROMPTS, LENGTHS, out.trace_tokens, out.commit_step, out.lengths,
+      p, CONFIG, helpers.trace(PROMPTS, LENGTHS, out),
       num_rounds=ROUNDS, return_log_probs=True,
     )
     return jnp.sum(res.logp), res
@@ -94,7 +94,7 @@ def test_replay_per_noisy_block_equals_the_dense_mask(params, monkeypatch):
   def run():  # traced afresh: picks up the attention path
     def total(p):
       res = replay.replay(
-        p, CONFIG, PROMPTS, LENGTHS, out.trace_tokens, out.commit_step, out.lengths,
+        p, CONFIG, helpers.trace(PROMPTS, LENGTHS, out),
         num_rounds=ROUNDS, temperature=1.0, return_log_probs=True,
       )
       return jnp.sum(res.logp), res
@@ -115,8 +115,8 @@ def test_replay_per_noisy_block_equals_the_dense_mask(params, monkeypatch):
 def test_shrink_merges_rounds(params):
   out = _decode(params, 0.9)
   steps = np.asarray(out.commit_step)
-  exact = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, num_rounds=ROUNDS)
-  merged = replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, shrink=2)
+  exact = helpers.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, num_rounds=ROUNDS)
+  merged = helpers.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, shrink=2)
   # Steps 0 and 1 share round 0: step-0 tokens and seeds keep their context, step-1 tokens lose
   # the view of step-0 tokens (the documented approximation).
   keep = steps <= 0
@@ -130,8 +130,8 @@ def test_shrink_merges_rounds(params):
 def test_block_size_conflict_is_an_error(params):
   out = _decode(params, 0.9)
   with pytest.raises(ValueError, match="block_size"):
-    replay.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=8)
+    helpers.replay_log_probs(params, CONFIG, PROMPTS, LENGTHS, out, block_size=8)
   with pytest.raises(ValueError, match="block_size"):
-    replay.replay_log_probs(
+    helpers.replay_log_probs(
       params, dataclasses.replace(CONFIG, block_size=2), PROMPTS, LENGTHS, out, block_size=4
     )

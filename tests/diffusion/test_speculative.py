@@ -19,14 +19,16 @@ import numpy as np
 import pytest
 import scipy.stats
 
+from experiments.studies import emulate
 from gr2jax import exports
 from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.diffusion import decode, emulate
+from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate, masks, qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
+from tests.diffusion import helpers
 from tests.train.toy import PROMPT, toy_tokenizer
 
 V = 256
@@ -230,7 +232,7 @@ def test_sampled_decode_is_distributed_as_the_verifier():
 @pytest.mark.slow
 def test_self_speculative_equals_the_drafters_block_size_one_decode(pair_a):
   drafter = pair_a[0]
-  verifier = sp.self_verifier(drafter)
+  verifier = helpers.self_verifier(drafter)
   out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC, max_new_tokens=MAX_NEW)
   ref = decode.block_diffusion_generate(verifier.params, verifier.config, PROMPTS, LENGTHS,
                                         decode.BlockDecoding(threshold=1.0, max_steps_per_block=1,

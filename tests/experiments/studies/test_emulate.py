@@ -1,4 +1,4 @@
-"""gr2jax/diffusion/emulate.py: recorded runs replayed through the decoders' own steps."""
+"""experiments/studies/emulate.py: recorded runs replayed through the decoders' own steps."""
 
 import dataclasses
 
@@ -6,7 +6,8 @@ import jax
 import numpy as np
 import pytest
 
-from gr2jax.diffusion import decode, emulate, speculative
+from experiments.studies import emulate
+from gr2jax.diffusion import decode, speculative
 from gr2jax.model import qwen3
 from gr2jax.model.cache import init_cache
 from gr2jax.model.params import init_params

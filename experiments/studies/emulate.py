@@ -2,7 +2,7 @@
 
 A benchmark times a bigger model than the one trained by running the trained model's recorded
 commit schedule on the bigger model's (random) weights, from a prefill done beforehand so that a
-timing covers the decode alone (experiments/bench_speedup.py). These emulations run the
+timing covers the decode alone (experiments/studies/bench_speedup.py). These emulations run the
 decoders' own steps (decode.decode_loop with a commit-count hook; speculative.decode_loop with
 replaying Rules), so they cost what a decode costs, but their tokens are not a model's output.
 The production decoders' jitted loops carry none of it. `first_divergence` is the benchmarks'
