@@ -145,3 +145,34 @@ def test_no_file_of_experiments_edits_sys_path():
       if (isinstance(node, ast.Attribute) and node.attr == "path"
           and isinstance(node.value, ast.Name) and node.value.id == "sys"):
         raise AssertionError(f"{os.path.relpath(path, REPO)}:{node.lineno} uses sys.path")
+
+
+MAX_PARAMETERS = 8
+NARROW = ("decoding", "diffusion", "apps", "model")  # the packages held to MAX_PARAMETERS
+
+
+def _parameter_count(fn: ast.FunctionDef, method: bool) -> int:
+  """Positional + keyword parameters, *args and **kwargs one each, self / cls not counted."""
+  a = fn.args
+  n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+  return n - (1 if method and (a.posonlyargs or a.args) else 0)
+
+
+def test_public_functions_take_at_most_eight_parameters():
+  """gr2jax/{decoding,diffusion,apps,model}/: a public function (module level, or a method of a
+  public class) takes at most MAX_PARAMETERS; more means related arguments belong in one typed
+  object (a spec, a NamedTuple)."""
+  bad = []
+  for package in NARROW:
+    for path in _files("gr2jax", package, "**", "*.py"):
+      tree = ast.parse(open(path).read(), path)
+      found = [(n, False) for n in tree.body if isinstance(n, ast.FunctionDef)]
+      for cls in tree.body:
+        if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+          found += [(n, not any(isinstance(d, ast.Name) and d.id == "staticmethod"
+                                for d in n.decorator_list))
+                    for n in cls.body if isinstance(n, ast.FunctionDef)]
+      bad += [f"{os.path.relpath(path, REPO)}:{fn.lineno} {fn.name} ({count})"
+              for fn, method in found if not fn.name.startswith("_")
+              and (count := _parameter_count(fn, method)) > MAX_PARAMETERS]
+  assert not bad, f"public functions with more than {MAX_PARAMETERS} parameters: {bad}"

@@ -136,8 +136,8 @@ def block_forward(
   positions = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]  # [B, T]
   mask = masks.decode_mask(cache.lengths, cache.max_len, positions, prompt_lengths, t)
   return qwen3.forward(
-    params, config, canvas, positions, mask, cache, update_cache=True, logits_at=logits_at,
-    mask_pattern=attention.block_pattern(t, cache.max_len),
+    params, config, canvas, positions, qwen3.Mask(mask, attention.block_pattern(t, cache.max_len)),
+    cache, update_cache=True, logits_at=logits_at,
   )
 
 

@@ -174,8 +174,8 @@ def logits(params: dict, config: ModelConfig, inputs: Layout, queries: jax.Array
     [B, M, V] f32 raw logits.
   """
   return qwen3.forward(
-    params, config, inputs.tokens, inputs.positions, inputs.mask, logits_at=queries,
-    mask_pattern=inputs.pattern,
+    params, config, inputs.tokens, inputs.positions, qwen3.Mask(inputs.mask, inputs.pattern),
+    logits_at=queries,
   )[0]
 
 

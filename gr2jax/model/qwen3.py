@@ -13,6 +13,7 @@ out-of-range writes are dropped, never clamped onto valid slots).
 """
 
 from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -188,11 +189,23 @@ def _check_cache(where: str, config: ModelConfig, cache, b: int, t: int,
                      f"{length_range[1]} overflows the cache of {cache.max_len} slots")
 
 
+class Mask(NamedTuple):
+  """A forward's attention mask with its static structure.
+
+  Attributes:
+    values: [B, T, S + T] bool over keys [cache slots | new tokens].
+    pattern: the static structure of `values` (values == attention.apply_pattern(pattern,
+      key_valid)); the kernels need it (attention.py), the reference ignores it.
+  """
+
+  values: jax.Array
+  pattern: attention.Pattern | None = None
+
+
 def forward(params: dict, config: ModelConfig, tokens: jax.Array,
-            positions: jax.Array | None = None, mask: jax.Array | None = None,
+            positions: jax.Array | None = None, mask: jax.Array | Mask | None = None,
             cache: KVCache | None = None, *, update_cache: bool = False,
-            logits_at: jax.Array | None = None, return_hidden: bool = False,
-            read_cache: bool = True, mask_pattern: attention.Pattern | None = None):
+            logits_at: jax.Array | None = None):
   """The Qwen3 forward pass (WORKSPACE.md "Forward").
 
   Args:
@@ -200,23 +213,18 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
     config: the model (static under jit).
     tokens: [B, T] int token ids.
     positions: [B, T] int positions; default arange(T), after `cache.lengths` when a cache is given.
-    mask: [B, T, S + T] bool over keys [cache slots | new tokens] (S = 0 without a cache); default
-      the valid cache slots plus causal over the new tokens in slot order
-      (attention.causal_pattern; causal by position for increasing positions). Cache slots >=
-      cache.lengths must be hidden (they hold stale keys, or with update_cache the new ones).
+    mask: [B, T, S + T] bool over keys [cache slots | new tokens] (S = 0 without a cache), or a
+      Mask (those values with their static pattern, which the kernels need); default the valid
+      cache slots plus causal over the new tokens in slot order (attention.causal_pattern;
+      causal by position for increasing positions). Cache slots >= cache.lengths must be hidden
+      (they hold stale keys, or with update_cache the new ones).
     cache: optional KVCache read by every layer.
     update_cache: write the T new K/V at slots `cache.lengths + arange(T)` and return the cache
       with `lengths + T`; otherwise the input cache is returned untouched.
     logits_at: optional [B, Kq] int32 query indices; the LM head runs only there.
-    read_cache: False skips attending to the cache slots (keys are the T new tokens only, the
-      mask is [B, T, T]): exact, and about half the work, when prefilling an empty cache.
-    return_hidden: also return the residual stream before the final norm, [L + 1, B, T, D]
-      (index 0 = embeddings, i = after layer i), for parity debugging.
-    mask_pattern: the static structure of a given `mask` (mask == attention.apply_pattern(
-      mask_pattern, key_valid)); the kernels need it (attention.py), the reference ignores it.
 
   Returns:
-    (logits f32 [B, T or Kq, V], cache), plus hidden [L + 1, B, T, D] when return_hidden.
+    (logits f32 [B, T or Kq, V], cache).
 
   Raises:
     TypeError / ValueError naming the argument (gr2jax.model.validate): a non-integer, wrongly
@@ -227,6 +235,28 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
       NaN logits, a negative id wraps around); `generate` and `block_diffusion_generate` check
       their inputs before tracing.
   """
+  return _forward(params, config, tokens, positions, mask, cache, update_cache=update_cache,
+                  logits_at=logits_at)
+
+
+def _forward(params: dict, config: ModelConfig, tokens: jax.Array,
+             positions: jax.Array | None = None, mask: jax.Array | Mask | None = None,
+             cache: KVCache | None = None, *, update_cache: bool = False,
+             logits_at: jax.Array | None = None, return_hidden: bool = False,
+             read_cache: bool = True):
+  """`forward` with two expert options (ragged_prefill's and the parity tests').
+
+  Args:
+    params, config, tokens, positions, mask, cache, update_cache, logits_at: as `forward`.
+    return_hidden: also return the residual stream before the final norm, [L + 1, B, T, D]
+      (index 0 = embeddings, i = after layer i), for parity debugging.
+    read_cache: False skips attending to the cache slots (keys are the T new tokens only, the
+      mask is [B, T, T]): exact, and about half the work, when prefilling an empty cache.
+
+  Returns:
+    `forward`'s (logits, cache), plus hidden [L + 1, B, T, D] when return_hidden.
+  """
+  mask, mask_pattern = mask if isinstance(mask, Mask) else (mask, None)
   tokens = _check_tokens("forward", params, config, tokens)
   b, t = tokens.shape
   s = 0 if cache is None or not read_cache else cache.max_len
@@ -327,6 +357,6 @@ def ragged_prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths
   validate.check_range("ragged_prefill", "lengths", lengths, 1, t + 1)
   _check_cache("ragged_prefill", config, cache, b, t, True)
   lengths = jnp.asarray(lengths, jnp.int32)
-  logits, new_cache = forward(params, config, tokens, cache=cache, update_cache=True,
-                              logits_at=(lengths - 1)[:, None], read_cache=read_cache)
+  logits, new_cache = _forward(params, config, tokens, cache=cache, update_cache=True,
+                               logits_at=(lengths - 1)[:, None], read_cache=read_cache)
   return logits[:, 0], new_cache.replace(lengths=cache.lengths + lengths)

@@ -125,7 +125,7 @@ def _valid_slots(cache, row: int, n: int) -> np.ndarray:
                    np.stack([np.asarray(x[rows, :n]) for x in cache.v])])
 
 
-_fresh = jax.jit(qwen3.forward, static_argnums=1, static_argnames=("update_cache", "read_cache"))
+_fresh = jax.jit(qwen3._forward, static_argnums=1, static_argnames=("update_cache", "read_cache"))
 
 
 def test_caches_after_rollback_equal_a_fresh_prefill(pair_a, run_a):

@@ -336,8 +336,8 @@ def test_a_noisy_block_sees_no_other_stream_and_no_later_clean_block(monkeypatch
   noisy = np.random.default_rng(1).random((B, streams, r)) < 0.5
   inputs = layout.two_stream_inputs(DIFFUSION, PROMPTS, PROMPT_LENGTHS, RESPONSES,
                                     RESPONSE_LENGTHS, noisy)
-  forward = jax.jit(lambda tokens: qwen3.forward(PARAMS, DIFFUSION, tokens, inputs.positions,
-                                                 inputs.mask, mask_pattern=inputs.pattern)[0])
+  forward = jax.jit(lambda tokens: qwen3.forward(
+    PARAMS, DIFFUSION, tokens, inputs.positions, qwen3.Mask(inputs.mask, inputs.pattern))[0])
   base = forward(inputs.tokens)
   noisy_slot = lambda k, j: p + (1 + k) * r + j  # stream k (0-based), response index j
 
