@@ -9,11 +9,12 @@ block-causal for block_size > 1, masks.make_attention_mask) and `mask_token_id`,
 metadata (gr2jax_metadata.json, its data build and recipe kept) says "kind": "diffusion". The
 mask token is looked up in the checkpoint's added_token_ids.json (written by convert_hf.py
 --add_tokens), then in the tokenizer it was trained with: --tokenizer_dir, its own
-tokenizer.json, or, for a stage export W/<stage>/export (which carries no tokenizer files), W's
-data build tokenizer, as the training stages convert (gr2jax/load.find_tokenizer, the vocabulary
-checked against the export's record); it must be an id < vocab_size and must not be one of the
-model's eos (stop) ids or its pad id (a mask token that is also a stop token could never end a
-row). Written atomically (a temp directory renamed into place): on any error nothing is left at OUT.
+tokenizer.json (a stage export carries its data build's), or, for an export without tokenizer
+files, W's data build tokenizer, as the training stages convert (gr2jax/load.find_tokenizer,
+the vocabulary checked against the export's record); it must be an id < vocab_size and must
+not be one of the model's eos (stop) ids or its pad id (a mask token that is also a stop token
+could never end a row). Written atomically (a temp directory renamed into place): on any error
+nothing is left at OUT.
 """
 
 import json
