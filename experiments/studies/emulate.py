@@ -3,10 +3,11 @@
 A benchmark times a bigger model than the one trained by running the trained model's recorded
 commit schedule on the bigger model's (random) weights, from a prefill done beforehand so that a
 timing covers the decode alone (experiments/studies/bench_speedup.py). These emulations run the
-decoders' own steps (decode.decode_loop with a commit-count hook; speculative.decode_loop with
-replaying Rules), so they cost what a decode costs, but their tokens are not a model's output.
-The production decoders' jitted loops carry none of it. `first_divergence` is the benchmarks'
-(and tests') check of where two decodes that should agree part.
+decoders' own steps (decode.loop_step with a recorded commit count, in a loop of their own;
+speculative.decode_loop with replaying Rules), so they cost what a decode costs, but their tokens
+are not a model's output. The production decoders' jitted loops carry none of it.
+`first_divergence` is the benchmarks' (and tests') check of where two decodes that should agree
+part.
 """
 
 import dataclasses
@@ -16,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.diffusion import decode, speculative
+from gr2jax.diffusion import commit, decode, speculative
 from gr2jax.model import params as params_lib
 from gr2jax.model import qwen3, validate
 from gr2jax.model.cache import KVCache
@@ -25,25 +26,33 @@ from gr2jax.model.config import ModelConfig
 # ---- block diffusion -----------------------------------------------------------------------
 
 
-def _schedule_commits(schedule: jax.Array, block_size: int):
-  """decode_loop's `commits` hook: row b's denoising step s commits schedule[b, s] tokens;
-  past the schedule's end, and at the capped step, every open position."""
-  def commits(denoise_steps, capped):
-    at = jnp.minimum(denoise_steps, schedule.shape[1] - 1)[:, None]
-    n = jnp.take_along_axis(schedule, at, axis=1)[:, 0]
-    return jnp.where(capped | (denoise_steps >= schedule.shape[1]), block_size, n)
-
-  return commits
+def _schedule_count(schedule: jax.Array, inputs: decode.Inputs, s: decode.LoopState,
+                    block_size: int) -> jax.Array:
+  """[B] int32 commits of each row's denoising step in state `s`: row b's denoising step i
+  commits schedule[b, i] tokens; past the schedule's end, and at the capped step, every open
+  position."""
+  capped, _ = commit.capped_threshold(s.step, inputs.traced.max_steps_per_block,
+                                      inputs.traced.threshold)
+  at = jnp.minimum(s.denoise_steps, schedule.shape[1] - 1)[:, None]
+  n = jnp.take_along_axis(schedule, at, axis=1)[:, 0]
+  return jnp.where(capped | (s.denoise_steps >= schedule.shape[1]), block_size, n)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "static"))
 def _replay(params, config, inputs, schedule, prefilled, *, static):
+  """decode.decode_loop with each step's commits taken from `schedule`."""
   if prefilled is None:
     logits, cache = decode.prefill(params, config, inputs, static)
   else:
     cache, logits = prefilled
-  return decode.decode_loop(params, config, inputs, static, logits, cache,
-                            commits=_schedule_commits(schedule, config.block_size))
+
+  def body(s):
+    count = _schedule_count(schedule, inputs, s, config.block_size)
+    return decode.loop_step(params, config, inputs, static, s, count)
+
+  s = decode.loop_start(config, inputs, static, logits, cache)
+  s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, s)
+  return decode.loop_output(config, static, s)
 
 
 def replay(params: dict, config: ModelConfig, prompt_tokens: jax.Array,

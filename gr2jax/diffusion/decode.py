@@ -86,7 +86,7 @@ class DiffusionOutput(NamedTuple):
   denoise_steps: jax.Array
 
 
-class _State(NamedTuple):
+class LoopState(NamedTuple):
   """The while_loop carry; T = block size, R = blocks * T response slots.
 
   The fields from `cache` on are the current block's, written by `_enter` alone (None only in
@@ -184,7 +184,7 @@ def _finished(canvas, masked, start, stop_ids, max_new):
   return stopped | complete, lengths
 
 
-def _enter(s: _State, cache, block, start, step, stop_ids, max_new) -> _State:
+def _enter(s: LoopState, cache, block, start, step, stop_ids, max_new) -> LoopState:
   """The state after a forward: `block` (canvas, masked, step_rec, logp_rec [B, T]) at `start`
   [B] with `step` [B] steps done is the current block, copied into the output records; rows it
   finishes are done, with their lengths (a done row keeps its length)."""
@@ -293,8 +293,9 @@ def _generate(params, config, inputs: Inputs, *, static: _Static) -> DiffusionOu
 
 
 def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, logits: jax.Array,
-                cache: KVCache, commits=None) -> DiffusionOutput:
-  """The decode after the prefill (traceable; module docstring): one while_loop.
+                cache: KVCache) -> DiffusionOutput:
+  """The decode after the prefill (traceable; module docstring): one while_loop of `loop_step`
+  from `loop_start`, read out by `loop_output`.
 
   Args:
     params: the decoders' layout (params.layer_list).
@@ -302,42 +303,54 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
     inputs, static: check_inputs(...).
     logits: [B, V] f32 the prefill's last logits (the first seed's).
     cache: the prefilled cache (static.cache_size slots).
-    commits: None (the decoder: the threshold rule), or a function (denoise_steps [B] int32,
-      capped [B] bool) -> [B] int32 commits of each row's denoising step (commit.select's
-      `count`; experiments/studies/emulate.py replays a recorded schedule with it).
 
   Returns:
     DiffusionOutput.
   """
-  prompt_lengths = inputs.prompt_lengths
-  threshold, max_steps_per_block, stop_ids, key, constraint, prefix = inputs.traced
-  max_new_tokens, temperature = static.max_new_tokens, static.temperature
-  head_buckets, commit_order = static.head_buckets, static.commit_order
-  b = prompt_lengths.shape[0]
-  t = config.block_size
-  r = decode_core.padded_width(max_new_tokens, t)
-  mask_id = config.mask_token_id
-  bucket_sizes = _bucket_sizes(t, head_buckets)
+  s = loop_start(config, inputs, static, logits, cache)
+  s = lax.while_loop(lambda s: ~jnp.all(s.done),
+                     lambda s: loop_step(params, config, inputs, static, s), s)
+  return loop_output(config, static, s)
 
-  def propose_fn(logits, query_idx, state_out, start, key):
-    """Proposals [B, Kq] for the queries; query i predicts response index start + i + 1. Under
-    the answer constraint the token is the constrained choice, its log-prob the model's own
-    (constrain.py: a forbidden preference defers the position)."""
+
+def _proposer(config: ModelConfig, inputs: Inputs, static: _Static):
+  """propose(logits, query_idx, out_tokens, start, key): proposals [B, Kq] for the queries;
+  query i predicts response index start + i + 1. Under the answer constraint the token is the
+  constrained choice, its log-prob the model's own (constrain.py: a forbidden preference defers
+  the position)."""
+  constraint, mask_id = inputs.traced.constraint, config.mask_token_id
+  temperature = static.temperature
+
+  def propose(logits, query_idx, state_out, start, key):
     if constraint is None:
       return commit.propose(logits, mask_id, temperature, key)
     return constrain.propose(constraint, logits, start[:, None] + query_idx + 1, state_out,
                              mask_id, temperature, key)
 
+  return propose
+
+
+def loop_start(config: ModelConfig, inputs: Inputs, static: _Static, logits: jax.Array,
+               cache: KVCache) -> LoopState:
+  """The loop's first state (traceable): block 0 seeded from the prefill's `logits` [B, V],
+  `cache` the prefilled cache; arguments as decode_loop's."""
+  prompt_lengths = inputs.prompt_lengths
+  _, _, stop_ids, key, _, prefix = inputs.traced
+  max_new_tokens = static.max_new_tokens
+  b = prompt_lengths.shape[0]
+  t = config.block_size
+  r = decode_core.padded_width(max_new_tokens, t)
+  mask_id = config.mask_token_id
   key, prefill_key = jax.random.split(key)
   start = jnp.zeros((b,), jnp.int32)
   empty_out = jnp.full((b, r), mask_id, jnp.int32)
-  seed, seed_logp = propose_fn(
+  seed, seed_logp = _proposer(config, inputs, static)(
     logits[:, None], jnp.full((b, 1), -1, jnp.int32), empty_out, start, prefill_key
   )
   block = _with_prefix(_new_block(
     seed[:, 0], seed_logp[:, 0], start, t, max_new_tokens, mask_id
   ), start, prefix)
-  blank = _State(
+  blank = LoopState(
     done=jnp.zeros((b,), bool),
     lengths=jnp.zeros((b,), jnp.int32),
     out_tokens=empty_out,
@@ -348,49 +361,73 @@ def decode_loop(params, config: ModelConfig, inputs: Inputs, static: _Static, lo
     num_forwards=jnp.ones((), jnp.int32),
     key=key,
   )
-  state = _enter(blank, cache, block, start, start, stop_ids, max_new_tokens)
+  return _enter(blank, cache, block, start, start, stop_ids, max_new_tokens)
 
-  def body(s: _State) -> _State:
-    key, step_key = jax.random.split(s.key)
-    active = ~s.done
-    committing = active & ~jnp.any(s.masked, axis=-1)  # [B]
-    denoising = active & ~committing
-    open_ = s.masked & denoising[:, None]
-    order, bucket = _query_plan(open_, committing, bucket_sizes)
-    q_tok, q_logp, written = _propose_at_queries(
-      params,
-      config,
-      s.cache,
-      s.canvas,
-      prompt_lengths,
-      order,
-      bucket,
-      bucket_sizes,
-      lambda lg, idx: propose_fn(lg, idx, s.out_tokens, s.start, step_key),
-    )
-    # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
-    shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
-    shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
-    capped, tau = commit.capped_threshold(s.step, max_steps_per_block, threshold)
-    res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=commit_order,
-                        count=None if commits is None else commits(s.denoise_steps, capped))
-    d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
-    d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
-    # Committing rows: the K/V are written, the last query seeds the next block.
-    new_start = s.start + t
-    n_canvas, n_masked, n_step_rec, n_logp_rec = _with_prefix(_new_block(
-      q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
-    ), new_start, prefix)
-    c = committing[:, None]
-    block = (jnp.where(c, n_canvas, res.canvas), jnp.where(c, n_masked, res.masked),
-             jnp.where(c, n_step_rec, d_step_rec), jnp.where(c, n_logp_rec, d_logp_rec))
-    counted = s._replace(nfe=s.nfe + active, denoise_steps=s.denoise_steps + denoising,
-                         num_forwards=s.num_forwards + 1, key=key)
-    return _enter(counted, written.replace(lengths=s.cache.lengths + t * committing), block,
-                  jnp.where(committing, new_start, s.start),
-                  jnp.where(committing, 0, s.step + denoising), stop_ids, max_new_tokens)
 
-  s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+def loop_step(params, config: ModelConfig, inputs: Inputs, static: _Static, s: LoopState,
+              count: jax.Array | None = None) -> LoopState:
+  """One iteration of the loop (traceable): one forward serving every row (module docstring).
+
+  Args:
+    params, config, inputs, static: as decode_loop's.
+    s: the state (loop_start's, or a loop_step's).
+    count: None (the decoder: the threshold rule), or [B] int32 the commits of each row's
+      denoising step (commit.select's `count`: a replay of a recorded schedule, e.g.
+      experiments/studies/emulate.py).
+
+  Returns:
+    The next LoopState.
+  """
+  prompt_lengths = inputs.prompt_lengths
+  threshold, max_steps_per_block, stop_ids, _, _, prefix = inputs.traced
+  max_new_tokens = static.max_new_tokens
+  t = config.block_size
+  mask_id = config.mask_token_id
+  bucket_sizes = _bucket_sizes(t, static.head_buckets)
+  propose_fn = _proposer(config, inputs, static)
+  key, step_key = jax.random.split(s.key)
+  active = ~s.done
+  committing = active & ~jnp.any(s.masked, axis=-1)  # [B]
+  denoising = active & ~committing
+  open_ = s.masked & denoising[:, None]
+  order, bucket = _query_plan(open_, committing, bucket_sizes)
+  q_tok, q_logp, written = _propose_at_queries(
+    params,
+    config,
+    s.cache,
+    s.canvas,
+    prompt_lengths,
+    order,
+    bucket,
+    bucket_sizes,
+    lambda lg, idx: propose_fn(lg, idx, s.out_tokens, s.start, step_key),
+  )
+  # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
+  shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
+  shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
+  _, tau = commit.capped_threshold(s.step, max_steps_per_block, threshold)
+  res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=static.commit_order,
+                      count=count)
+  d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
+  d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
+  # Committing rows: the K/V are written, the last query seeds the next block.
+  new_start = s.start + t
+  n_canvas, n_masked, n_step_rec, n_logp_rec = _with_prefix(_new_block(
+    q_tok[:, -1], q_logp[:, -1], new_start, t, max_new_tokens, mask_id
+  ), new_start, prefix)
+  c = committing[:, None]
+  block = (jnp.where(c, n_canvas, res.canvas), jnp.where(c, n_masked, res.masked),
+           jnp.where(c, n_step_rec, d_step_rec), jnp.where(c, n_logp_rec, d_logp_rec))
+  counted = s._replace(nfe=s.nfe + active, denoise_steps=s.denoise_steps + denoising,
+                       num_forwards=s.num_forwards + 1, key=key)
+  return _enter(counted, written.replace(lengths=s.cache.lengths + t * committing), block,
+                jnp.where(committing, new_start, s.start),
+                jnp.where(committing, 0, s.step + denoising), stop_ids, max_new_tokens)
+
+
+def loop_output(config: ModelConfig, static: _Static, s: LoopState) -> DiffusionOutput:
+  """The DiffusionOutput of the loop's last state (traceable)."""
+  max_new_tokens = static.max_new_tokens
   keep = jnp.arange(max_new_tokens)[None, :] < s.lengths[:, None]
   trace_tokens = s.out_tokens[:, :max_new_tokens]
   return DiffusionOutput(

@@ -1,6 +1,7 @@
 """experiments/studies/emulate.py: recorded runs replayed through the decoders' own steps."""
 
 import dataclasses
+import inspect
 
 import jax
 import numpy as np
@@ -43,6 +44,9 @@ def test_production_decoders_carry_no_emulation():
                                                                    "response_prefix"]
   for name in ("speculative_replay", "prefill", "schedule_from_output", "first_divergence"):
     assert not hasattr(speculative, name), name
+  # The production loop takes no commit hook: a replay runs decode.loop_step in a loop of its own.
+  assert list(inspect.signature(decode.decode_loop).parameters) == [
+    "params", "config", "inputs", "static", "logits", "cache"]
 
 
 def test_speculative_replay_checks_its_schedule_and_prefill():
