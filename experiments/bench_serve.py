@@ -462,13 +462,14 @@ def goal_round(server: Server, base: Offline, bodies: list, script: str) -> dict
 def bench_model(model: str, bodies: list, scratch: str, report_dir: str) -> dict:
   """Cold and warm start-up, the load levels, the goal rounds and the soak of one model."""
   from gr2jax import recipe as recipe_lib
-  from gr2jax.apps.serve import engine as engine_lib
+  from gr2jax.decoding import reranker as reranker_lib
 
   recipe = recipe_lib.from_config(FLAGS.config)
-  engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, model, "export"),
-                                  workdir=FLAGS.workdir, data_config=recipe_lib.data_config(recipe),
-                                  decode=recipe.decode)
-  base = Offline(engine.reranker, bodies[:FLAGS.requests])
+  reranker = reranker_lib.load_reranker(os.path.join(FLAGS.workdir, model, "export"),
+                                        workdir=FLAGS.workdir,
+                                        data_config=recipe_lib.data_config(recipe),
+                                        decode=recipe.decode)
+  base = Offline(reranker, bodies[:FLAGS.requests])
   cache = os.path.join(scratch, f"jax_cache_{model}")
   cold = Server(model, cache, os.path.join(scratch, f"{model}_cold.log"))
   startup = {"cold_s": cold.start_s, "cold": cold.health["startup"]}
@@ -624,13 +625,14 @@ def reference_rankings(bodies: list) -> dict:
   export."""
   from gr2jax import recipe as recipe_lib
   from gr2jax.apps import rerank
-  from gr2jax.apps.serve import engine as engine_lib
+  from gr2jax.decoding import reranker as reranker_lib
 
   recipe = recipe_lib.from_config(FLAGS.config)
-  engine = engine_lib.Engine.load(os.path.join(FLAGS.workdir, FLAGS.verifier, "export"),
-                                  workdir=FLAGS.workdir, data_config=recipe_lib.data_config(recipe),
-                                  decode=recipe.decode)
-  rows = rerank.rerank([json.dumps(b) for b in bodies], engine.reranker,
+  reranker = reranker_lib.load_reranker(os.path.join(FLAGS.workdir, FLAGS.verifier, "export"),
+                                        workdir=FLAGS.workdir,
+                                        data_config=recipe_lib.data_config(recipe),
+                                        decode=recipe.decode)
+  rows = rerank.rerank([json.dumps(b) for b in bodies], reranker,
                        batch_size=max(FLAGS.config.serve.batch_buckets))
   return {row["id"]: row["ranking"] for row in rows}
 

@@ -463,7 +463,8 @@ def _rerank_block() -> ml_collections.ConfigDict:
 
 
 def _serve_block() -> ml_collections.ConfigDict:
-  """`--config=serve.py`'s block: the re-ranking server (gr2jax/apps/serve/)."""
+  """`--config=serve.py`'s block: the re-ranking server (gr2jax/apps/serve/; spec.py types and
+  checks it as one ServeSpec)."""
   s = ml_collections.ConfigDict()
   s.ckpt = os.path.join("{workdir}", "rl", "export")  # the model export (AR or diffusion)
   s.host = "127.0.0.1"  # address to listen on (loopback; a replica behind a balancer: 0.0.0.0)

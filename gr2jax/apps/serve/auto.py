@@ -1,4 +1,9 @@
-"""serve.mode = 'auto': the fastest exact decoder of each batch bucket, from a cost table.
+"""The decoder choice of the server: `Fixed` (serve.mode='fixed') or `Auto` (serve.mode='auto':
+the fastest exact decoder of each batch bucket, from a cost table).
+
+`Fixed` serves every batch bucket with the model's own decoder. `Auto` is described below; the
+engine asks its value which decoder serves a bucket (`decoder`), and nothing compares the mode's
+name once the serve spec (spec.py) is built.
 
 With serve.verify_with set the server holds a block-diffusion drafter and its AR verifier once,
 and every one of these decoders writes the verifier's own greedy answers at the verifier's
@@ -23,28 +28,164 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import ClassVar
 
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.diffusion import speculative
+from gr2jax.model import validate
 
-MODES = ("fixed", "auto")
 TIMING_REPEATS = 3  # a decoder's cost is the fastest of this many timed warm-up batches
 
 CostTable = dict[int, dict[str, float]]  # bucket -> decoder -> seconds per batch
 
 
-def check_mode(mode: str, verify_with: str) -> None:
-  """Refuses 'auto' without a verifier, before any model loads.
+def refuse_without_verifier() -> None:
+  """'auto' needs a drafter and its AR verifier.
 
   Raises:
     ValueError: naming serve.mode and serve.verify_with.
   """
-  if mode == "auto" and not verify_with:
-    raise ValueError("serve.mode='auto' chooses among the exact decoders of a drafter and its AR "
-                     "verifier: set serve.verify_with (an AR export of the same data build, e.g. "
-                     "'{workdir}/ar_rl/export'), or serve.mode='fixed'")
+  raise ValueError("serve.mode='auto' chooses among the exact decoders of a drafter and its AR "
+                   "verifier: set serve.verify_with (an AR export of the same data build, e.g. "
+                   "'{workdir}/ar_rl/export'), or serve.mode='fixed'")
+
+
+def check_draft_ks(value) -> tuple[int, ...]:
+  """serve.draft_ks: ascending distinct ints >= 1, as a tuple (checked in either mode)."""
+  value = tuple(value) if isinstance(value, list | tuple) else value
+  if not isinstance(value, tuple):
+    raise validate.WrongKind(f"serve.draft_ks={value!r} must be a tuple of ints")
+  for i, k in enumerate(value):
+    validate.integer("serve.", f"draft_ks[{i}]", k, minimum=1)
+  if not value or list(value) != sorted(set(value)):
+    raise ValueError(f"serve.draft_ks={value!r} must be ascending distinct ints >= 1")
+  return tuple(int(k) for k in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fixed:
+  """serve.mode='fixed': the model's own decoder serves every bucket (with serve.verify_with:
+  draft-and-verify at decode.draft_k)."""
+
+  mode: ClassVar[str] = "fixed"
+
+  @classmethod
+  def of_block(cls, draft_ks: tuple[int, ...], cost_table: str) -> "Fixed":
+    """serve.mode='fixed' (draft_ks unused; a cost table is refused by name)."""
+    del draft_ks
+    if cost_table:
+      raise ValueError(f"serve.cost_table={cost_table!r} chooses serve.mode='auto''s "
+                       f"decoders; serve.mode={cls.mode!r} has one: pass cost_table=''")
+    return cls()
+
+  def check_verifier(self, verify_with: str) -> None:
+    """Any model decodes alone."""
+    del verify_with
+
+  def decoders(self, reranker: reranker_lib.Reranker) -> dict[str, reranker_lib.Reranker]:
+    """{its decoder's name: the reranker}."""
+    return {decoder_name(reranker.policy): reranker}
+
+  def decoder(self, bucket: int, decoders: Mapping) -> str:
+    """The one decoder there is, whatever the bucket."""
+    del bucket
+    return next(iter(decoders))
+
+  def chosen(self, buckets, decoders: Mapping) -> dict[int, str]:
+    """bucket -> the decoder that serves it."""
+    return {b: self.decoder(b, decoders) for b in buckets}
+
+  def read_costs(self, buckets, decoders) -> CostTable | None:
+    """No cost table: one decoder."""
+    del buckets, decoders
+
+  def settled(self, injected: CostTable | None, time_bucket: Callable[[int], dict],
+              buckets) -> "Fixed":
+    """Itself: nothing to time."""
+    del injected, time_bucket, buckets
+    return self
+
+  def with_costs(self, table: CostTable) -> "Fixed":
+    """Refused: one decoder, nothing to choose."""
+    raise ValueError(f"serve.mode='fixed' serves one decoder: no cost table ({table!r})")
+
+  def report(self) -> None:
+    """/healthz's "cost_table": none."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Auto:
+  """serve.mode='auto': per bucket the cheapest of the verifier alone and draft-and-verify at
+  each of draft_ks, from a cost table.
+
+  Attributes:
+    draft_ks: the K's of draft-and-verify it chooses among (serve.draft_ks).
+    cost_table: a JSON file of costs (serve.cost_table; '' = timed at warm-up).
+    costs: the cost table the choice comes from ({} until the warm-up settles it).
+  """
+
+  draft_ks: tuple[int, ...] = (4, 8, 16)
+  cost_table: str = ""
+  costs: Mapping[int, Mapping[str, float]] = dataclasses.field(default_factory=dict)
+
+  mode: ClassVar[str] = "auto"
+
+  @classmethod
+  def of_block(cls, draft_ks: tuple[int, ...], cost_table: str) -> "Auto":
+    """serve.mode='auto' with serve.draft_ks and serve.cost_table."""
+    return cls(draft_ks, cost_table)
+
+  def __post_init__(self):
+    object.__setattr__(self, "draft_ks", check_draft_ks(self.draft_ks))
+    if not isinstance(self.cost_table, str):
+      raise validate.WrongKind(f"serve.cost_table={self.cost_table!r} must be a path string")
+
+  def check_verifier(self, verify_with: str) -> None:
+    """Refuses 'auto' without a verifier, before any model loads."""
+    if not verify_with:
+      refuse_without_verifier()
+
+  def decoders(self, reranker: reranker_lib.Reranker) -> dict[str, reranker_lib.Reranker]:
+    """exact_decoders of the reranker at draft_ks."""
+    return exact_decoders(reranker, self.draft_ks)
+
+  def decoder(self, bucket: int, decoders: Mapping) -> str:
+    """The cheapest decoder of the bucket in the cost table."""
+    del decoders
+    choice = choose(self.costs)
+    if bucket not in choice:
+      raise ValueError(f"serve.mode='auto': no cost for batch bucket {bucket} (use_costs)")
+    return choice[bucket]
+
+  def chosen(self, buckets, decoders: Mapping) -> dict[int, str]:
+    """bucket -> the decoder that serves it, for the buckets the cost table has."""
+    choice = choose(self.costs)
+    return {b: choice[b] for b in buckets if b in choice}
+
+  def read_costs(self, buckets, decoders) -> CostTable | None:
+    """The cost_table file's costs (read_cost_table), or None where they are timed."""
+    return read_cost_table(self.cost_table, buckets, decoders) if self.cost_table else None
+
+  def with_costs(self, table: CostTable) -> "Auto":
+    """The same choice over `table`."""
+    return dataclasses.replace(self, costs=table)
+
+  def settled(self, injected: CostTable | None, time_bucket: Callable[[int], dict],
+              buckets) -> "Auto":
+    """Over the injected table, else each bucket timed by time_bucket(bucket)."""
+    return self.with_costs(injected or {b: time_bucket(b) for b in buckets})
+
+  def report(self) -> dict:
+    """/healthz's "cost_table": its source and seconds."""
+    return {"source": self.cost_table or "measured at warm-up",
+            "seconds": {str(b): c for b, c in self.costs.items()}}
+
+
+Decoding = Fixed | Auto
+FIXED = Fixed()  # the one fixed choice (the engine's default)
+DECODINGS = {"fixed": Fixed, "auto": Auto}  # serve.mode -> its type
 
 
 def decoder_name(policy) -> str:
@@ -71,7 +212,7 @@ def exact_decoders(reranker: reranker_lib.Reranker,
   """
   policy = reranker.policy
   if not isinstance(policy, policy_lib.LosslessPolicy):
-    check_mode("auto", verify_with="")  # a model that decodes alone: the same refusal
+    refuse_without_verifier()  # a model that decodes alone
   out = {"ar": dataclasses.replace(
     reranker, params=reranker.params["verifier"],
     policy=policy_lib.ARPolicy(policy.verifier_config, policy.spec, policy.max_new_tokens))}

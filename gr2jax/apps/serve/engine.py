@@ -12,9 +12,10 @@ prompt_len] batch, rows past the list repeating its last prompt (as the offline 
 batch); a repeated row finishes when its source does, so padding never lengthens the decode loop.
 `warm(bucket, prompt_len)` runs that very program once, so serving never compiles.
 
-serve.mode='auto' (auto.py): the engine holds its drafter and AR verifier once and decodes each
-bucket with the exact decoder a cost table chose for it (`use_costs`; `time_decoders` measures
-one bucket's); every row says which decoder wrote it.
+The engine holds the serve spec's decoder choice (auto.py: `decoding`, auto.Fixed or auto.Auto)
+and asks it which decoder serves each bucket. serve.mode='auto': the engine holds its drafter and
+AR verifier once and decodes each bucket with the exact decoder a cost table chose for it
+(`use_costs`; `time_decoders` measures one bucket's); every row says which decoder wrote it.
 """
 
 import dataclasses
@@ -27,6 +28,7 @@ import numpy as np
 
 from gr2jax import exports
 from gr2jax.apps.serve import auto
+from gr2jax.apps.serve import spec as spec_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import policy as policy_lib
@@ -106,47 +108,46 @@ class Engine:
     reranker: reranker.Reranker (the model's params and policy, tokenizer, rendering).
     prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE.
     name: the model's name in answers.
-    mode: 'fixed' (the reranker's own decoder) or 'auto' (auto.py; a lossless reranker).
-    draft_ks: the draft-and-verify K's 'auto' chooses among (besides the verifier alone).
+    decoding: the decoder choice (auto.py): auto.Fixed() (the reranker's own decoder) or
+      auto.Auto (a lossless reranker's exact decoders, chosen per bucket by a cost table).
   """
 
   def __init__(self, reranker: reranker_lib.Reranker, *, prompt_lengths: tuple[int, ...],
-               name: str, mode: str = "fixed", draft_ks: tuple[int, ...] = (4, 8, 16)):
+               name: str, decoding: auto.Decoding = auto.FIXED):
     if not prompt_lengths or any(p < 1 for p in prompt_lengths):
       raise ValueError(f"serve.prompt_lengths={prompt_lengths!r}: need prompt widths >= 1")
     self.reranker = reranker
     self.prompt_lengths = tuple(sorted(set(prompt_lengths)))
     self.name = name
-    self.mode = mode
-    self.decoders = (auto.exact_decoders(reranker, draft_ks) if mode == "auto"
-                     else {auto.decoder_name(reranker.policy): reranker})
-    self.costs: auto.CostTable = {}  # auto: the cost table the choice came from
-    self.choice: dict[int, str] = {}  # auto: bucket -> decoder (use_costs)
+    self.decoding = decoding  # Auto: its costs replaced once settled (use_costs, settle)
+    self.decoders = decoding.decoders(reranker)
     self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
-  def load(cls, ckpt: str, *, prompt_lengths: tuple[int, ...] = (), name: str = "",
-           mode: str = "fixed", draft_ks: tuple[int, ...] = (4, 8, 16), **load) -> "Engine":
-    """The engine of an export and its data build (reranker.load_reranker: what the export
-    records, unless given).
+  def load(cls, spec: spec_lib.ServeSpec, *, workdir: str, data_config=None,
+           decode=None) -> "Engine":
+    """The engine of the spec's export and its data build (reranker.load_reranker: what the
+    export records, unless given).
 
     Args:
-      ckpt: the model export (AR or diffusion).
-      prompt_lengths: compiled prompt widths (() = the build's P, data/lengths.py).
-      name: the model's name in answers ('' = from the export's metadata).
-      mode, draft_ks: as the constructor's.
-      **load: reranker.load_reranker's keyword arguments: workdir (of an export without an
-        inference bundle), data_config, decode, items, max_new_tokens, verify_with (an AR
-        export verifying ckpt's drafts: the lossless mode).
+      spec: the serve spec: its ckpt (the model export, AR or diffusion), prompt_lengths (() =
+        the build's P, data/lengths.py), model_name ('' = from the export's metadata),
+        items_file, max_new_tokens, verify_with (an AR export verifying ckpt's drafts: the
+        lossless mode) and decoding; '{workdir}' in its paths filled in with workdir.
+      workdir: the workdir of the data build (of an export without an inference bundle).
+      data_config, decode: reranker.load_reranker's (the recipe's data build and decode spec).
     """
-    auto.check_mode(mode, load.get("verify_with", ""))
-    reranker = reranker_lib.load_reranker(ckpt, **load)
+    ckpt = spec.ckpt.format(workdir=workdir)
+    reranker = reranker_lib.load_reranker(
+      ckpt, workdir=workdir, data_config=data_config, decode=decode, items=spec.items_file,
+      max_new_tokens=spec.max_new_tokens, verify_with=spec.verify_with.format(workdir=workdir))
+    name = spec.model_name
     if not name:
       meta = exports.load_metadata(ckpt)
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
               else os.path.basename(os.path.normpath(ckpt)))
-    return cls(reranker, prompt_lengths=prompt_lengths or (reranker.prompt_len,), name=name,
-               mode=mode, draft_ks=draft_ks)
+    return cls(reranker, prompt_lengths=spec.prompt_lengths or (reranker.prompt_len,),
+               name=name, decoding=spec.decoding)
 
   @property
   def kind(self) -> str:
@@ -202,16 +203,20 @@ class Engine:
             "candidates": items[:r.num_candidates]}
 
   def decoder(self, bucket: int) -> str:
-    """The decoder of a bucket: the one there is (fixed), else the cost table's choice."""
-    if self.mode == "fixed":
-      return next(iter(self.decoders))
-    if bucket not in self.choice:
-      raise ValueError(f"serve.mode='auto': no cost for batch bucket {bucket} (use_costs)")
-    return self.choice[bucket]
+    """The decoder of a bucket, as the decoder choice says (the one there is, or the cost
+    table's cheapest)."""
+    return self.decoding.decoder(bucket, self.decoders)
 
   def use_costs(self, table: auto.CostTable) -> None:
-    """Decodes each bucket of the table with its cheapest decoder from now on."""
-    self.costs, self.choice = table, auto.choose(table)
+    """Decodes each bucket of the table with its cheapest decoder from now on (auto.Auto)."""
+    self.decoding = self.decoding.with_costs(table)
+
+  def settle(self, injected: auto.CostTable | None, buckets: tuple[int, ...]) -> None:
+    """After the warm-up: the decoder choice settled over the injected cost table, else each
+    bucket's decoders timed at the first prompt width (the build's P by default); nothing to do
+    for a fixed decoder."""
+    self.decoding = self.decoding.settled(
+      injected, lambda b: self.time_decoders(b, self.prompt_lengths[0]), buckets)
 
   def _answer(self, encoded: list, labels: list, bucket: int, prompt_len: int,
               decoder: str) -> reranker_lib.Answers:

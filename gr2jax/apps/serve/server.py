@@ -37,8 +37,6 @@ graceful shutdown, then the worker drains).
 
 import asyncio
 import contextlib
-import dataclasses
-import functools
 import itertools
 import json
 import logging
@@ -53,10 +51,10 @@ from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
 from starlette import exceptions as starlette_exceptions
 
-from gr2jax.apps.serve import auto, batching
+from gr2jax.apps.serve import batching
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve import metrics as metrics_lib
-from gr2jax.model import validate
+from gr2jax.apps.serve import spec as spec_lib
 
 
 def _item_id(value):
@@ -74,71 +72,6 @@ def _item_id(value):
 
 
 _ItemId = Annotated[int | str, pydantic.PlainValidator(_item_id, json_schema_input_type=int | str)]
-
-
-@dataclasses.dataclass(frozen=True)
-class Settings:
-  """The `serve` block's serving fields (gr2jax/recipes.py documents each)."""
-
-  host: str
-  port: int
-  batch_buckets: tuple[int, ...]
-  window_ms: float
-  queue_bound: int
-  timeout_s: float
-  retry_after_s: int
-  max_body_bytes: int
-  drain_timeout_s: float
-  keep_alive_s: float
-  mode: str
-  draft_ks: tuple[int, ...]
-  cost_table: str
-
-  @classmethod
-  def from_config(cls, c) -> "Settings":
-    """The settings of a `serve` config block, checked.
-
-    Raises:
-      ValueError: naming the field (serve.<name>) and what it must be.
-    """
-    values = {f.name: c[f.name] for f in dataclasses.fields(cls)}
-    values["batch_buckets"] = tuple(values["batch_buckets"])
-    values["draft_ks"] = tuple(values["draft_ks"])
-    for name, check in _RULES.items():
-      check("serve.", name, values[name])
-    if values["cost_table"] and values["mode"] != "auto":
-      raise ValueError(f"serve.cost_table={values['cost_table']!r} chooses serve.mode='auto''s "
-                       f"decoders; serve.mode={values['mode']!r} has one: pass cost_table=''")
-    return cls(**values)
-
-
-def _host(where: str, name: str, value) -> None:
-  if not isinstance(value, str) or value == "":
-    raise ValueError(f"{where}{name}={value!r} must be a host name or address")
-
-
-def _buckets(where: str, name: str, value: tuple) -> None:
-  """Ascending distinct ints >= 1."""
-  for i, b in enumerate(value):
-    validate.integer(where, f"{name}[{i}]", b, minimum=1)
-  if not value or list(value) != sorted(set(value)):
-    raise ValueError(f"{where}{name}={value!r} must be ascending distinct ints >= 1")
-
-
-_RULES = {  # Settings field: its check, called as check("serve.", field, value)
-  "host": _host,
-  "port": functools.partial(validate.integer, minimum=0, maximum=65535),  # 0 = a free port
-  "batch_buckets": _buckets,
-  "window_ms": functools.partial(validate.real, low=0),
-  "queue_bound": functools.partial(validate.integer, minimum=1),
-  "timeout_s": functools.partial(validate.real, low=0, low_open=True),
-  "retry_after_s": functools.partial(validate.integer, minimum=1),
-  "max_body_bytes": functools.partial(validate.integer, minimum=1),
-  "drain_timeout_s": functools.partial(validate.real, low=0, low_open=True),
-  "keep_alive_s": functools.partial(validate.real, low=0, low_open=True),
-  "mode": functools.partial(validate.one_of, choices=auto.MODES),
-  "draft_ks": _buckets,  # ascending distinct ints >= 1, as the buckets
-}
 
 
 class RerankRequest(pydantic.BaseModel):
@@ -239,13 +172,13 @@ class _BodyLimit:
     await send({"type": "http.response.body", "body": body.encode()})
 
 
-def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
+def make_app(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *, load_s: float = 0.0,
              on_warm_failure=lambda: None) -> fastapi.FastAPI:
   """The FastAPI application of an engine.
 
   Args:
     engine: the model (gr2jax/apps/serve/engine.py).
-    settings: the serving settings.
+    settings: the serve spec (its serving fields; the engine holds the decoder choice).
     load_s: seconds the engine took to load (reported by /healthz).
     on_warm_failure: called on the worker when the warm-up raises (run() stops uvicorn).
   """
@@ -258,8 +191,7 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
                              window_s=settings.window_ms / 1e3, queue_bound=settings.queue_bound,
                              on_batch=metrics.on_batch)
   ids = itertools.count()
-  injected = (auto.read_cost_table(settings.cost_table, batcher.buckets, engine.decoders)
-              if settings.cost_table else None)
+  injected = engine.decoding.read_costs(batcher.buckets, engine.decoders)  # auto's file
 
   def warm():
     start, compiles, hits = (time.perf_counter(), engine_lib.compile_count(),
@@ -268,9 +200,7 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       for length in engine.prompt_lengths:
         for bucket in batcher.buckets:
           engine.warm(bucket, length)
-      if engine.mode == "auto":  # timed at the first prompt width (the build's P by default)
-        engine.use_costs(injected or {b: engine.time_decoders(b, engine.prompt_lengths[0])
-                                      for b in batcher.buckets})
+      engine.settle(injected, batcher.buckets)
     except BaseException:
       on_warm_failure()
       raise
@@ -408,12 +338,11 @@ def make_app(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0
       status = "ready" if batcher.ready.is_set() else "warming_up"
     body = {"status": status, "model": engine.name, "kind": engine.kind,
             "batch_buckets": list(batcher.buckets), "prompt_lengths": list(engine.prompt_lengths),
-            "queue_depth": batcher.depth, "startup": state["startup"], "mode": engine.mode,
-            "decoders": {str(b): engine.decoder(b) for b in batcher.buckets
-                         if engine.mode == "fixed" or b in engine.choice},
-            "cost_table": {"source": settings.cost_table or "measured at warm-up",
-                           "seconds": {str(b): c for b, c in engine.costs.items()}}
-            if engine.mode == "auto" else None}
+            "queue_depth": batcher.depth, "startup": state["startup"],
+            "mode": engine.decoding.mode,
+            "decoders": {str(b): d for b, d in
+                         engine.decoding.chosen(batcher.buckets, engine.decoders).items()},
+            "cost_table": engine.decoding.report()}
     return responses.JSONResponse(body, status_code=200 if status == "ready" else 503)
 
   @app.api_route("/metrics", methods=["GET", "HEAD"])
@@ -444,7 +373,7 @@ def bind(host: str, port: int) -> socket.socket:
   return sock
 
 
-def make_server(engine: engine_lib.Engine, settings: Settings, *,
+def make_server(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *,
                 load_s: float = 0.0) -> uvicorn.Server:
   """The uvicorn server of an engine (graceful shutdown within settings.drain_timeout_s)."""
   holder = {}
@@ -457,7 +386,7 @@ def make_server(engine: engine_lib.Engine, settings: Settings, *,
   return holder["server"]
 
 
-def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
+def serve(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *, load_s: float = 0.0,
           sock: socket.socket | None = None) -> None:
   """Serves until SIGTERM / SIGINT (then drains), on `sock` (default: bind(settings' host and
   port)).
@@ -469,7 +398,8 @@ def serve(engine: engine_lib.Engine, settings: Settings, *, load_s: float = 0.0,
   sock = sock or bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]
   programs = len(settings.batch_buckets) * len(engine.prompt_lengths) * len(engine.decoders)
-  print(f"serving {engine.name} ({engine.kind}, mode {engine.mode}) on http://{host}:{port} "
+  print(f"serving {engine.name} ({engine.kind}, mode {engine.decoding.mode}) on "
+        f"http://{host}:{port} "
         f"(warming up {programs} programs)", flush=True)
   server.run(sockets=[sock])
   error = server.config.app.state.batcher.warm_error
@@ -489,17 +419,12 @@ def run(recipe, c, workdir: str) -> None:
 
   from gr2jax import recipe as recipe_lib
 
-  settings = Settings.from_config(c)
-  auto.check_mode(settings.mode, c.verify_with)  # before the port and the model
-  sock = bind(settings.host, settings.port)  # a busy port stops here, before the model loads
-  cache = c.compilation_cache.format(workdir=workdir)
+  spec = spec_lib.ServeSpec.from_config(c)  # every field checked, before the port and the model
+  sock = bind(spec.host, spec.port)  # a busy port stops here, before the model loads
+  cache = spec.compilation_cache.format(workdir=workdir)
   if cache:
     engine_lib.use_compilation_cache(os.path.abspath(cache))
   start = time.perf_counter()
-  engine = engine_lib.Engine.load(
-    c.ckpt.format(workdir=workdir), workdir=workdir, data_config=recipe_lib.data_config(recipe),
-    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens,
-    prompt_lengths=tuple(c.prompt_lengths), name=c.model_name,
-    verify_with=c.verify_with.format(workdir=workdir), mode=settings.mode,
-    draft_ks=settings.draft_ks)
-  serve(engine, settings, load_s=time.perf_counter() - start, sock=sock)
+  engine = engine_lib.Engine.load(spec, workdir=workdir, data_config=recipe_lib.data_config(recipe),
+                                  decode=recipe.decode)
+  serve(engine, spec, load_s=time.perf_counter() - start, sock=sock)

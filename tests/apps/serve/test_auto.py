@@ -90,13 +90,13 @@ def test_auto_without_a_verifier_is_refused_by_name_before_anything_loads(tmp_pa
     server.run(None, block, str(tmp_path))
   assert not list(tmp_path.iterdir())  # nothing loaded, no compilation cache made
   with pytest.raises(ValueError, match=r"^serve\.mode='auto' .*set serve\.verify_with"):
-    engine_lib.Engine.load(str(tmp_path / "no_export"), mode="auto")
+    settings(mode="auto")
   with pytest.raises(ValueError, match=r"^serve\.mode='auto' .*set serve\.verify_with"):
     engine_lib.Engine(toy_engine(tok_dir).reranker, prompt_lengths=(PROMPT_LEN,), name="toy",
-                      mode="auto")
+                      decoding=auto.Auto())
 
 
-def _lossless_engine(tok_dir, draft_ks=DRAFT_KS) -> engine_lib.Engine:
+def _lossless_engine(tok_dir, decoding: auto.Auto | None = None) -> engine_lib.Engine:
   """The toy AR model (toy_engine's) verifying a toy block-diffusion drafter, in mode 'auto'."""
   tok = tokenizer_lib.load_tokenizer(tok_dir)
   ar = _reranker(tok)
@@ -105,8 +105,8 @@ def _lossless_engine(tok_dir, draft_ks=DRAFT_KS) -> engine_lib.Engine:
                        verifier_config=ar.policy.config)
   lossless = dataclasses.replace(ar, params={"drafter": drafter, "verifier": ar.params},
                                  policy=policy)
-  return engine_lib.Engine(lossless, prompt_lengths=(PROMPT_LEN,), name="toy", mode="auto",
-                           draft_ks=draft_ks)
+  return engine_lib.Engine(lossless, prompt_lengths=(PROMPT_LEN,), name="toy",
+                           decoding=decoding or auto.Auto(DRAFT_KS))
 
 
 def test_every_exact_decoder_of_a_pivot_aligned_drafter_is_the_verifiers_decode_at_its_cap():
@@ -124,7 +124,7 @@ def test_every_exact_decoder_of_a_pivot_aligned_drafter_is_the_verifiers_decode_
 
 def test_a_k_the_drafter_cannot_draft_is_refused_by_name(tok_dir):
   with pytest.raises(ValueError, match=r"^serve\.draft_ks=\(4, 16\): spec\.k=16 exceeds"):
-    _lossless_engine(tok_dir, (4, 16))
+    _lossless_engine(tok_dir, auto.Auto((4, 16)))
 
 
 @pytest.mark.integration
@@ -156,8 +156,9 @@ def test_server_reports_the_table_and_the_choice_and_counts_batches_by_decoder(t
   """An injected table: bucket 1 drafts (K = 2), bucket 4 decodes AR; /healthz reports both,
   answers are the AR model's, /metrics counts each decoder's batches."""
   table = {"1": {"ar": 2.0, "lossless_k2": 1.0, "lossless_k8": 3.0}, "4": {"ar": 1.0}}
-  s = ThreadServer(_lossless_engine(tok_dir), settings(
-    batch_buckets=(1, 4), mode="auto", draft_ks=DRAFT_KS, cost_table=_table_file(tmp_path, table)))
+  spec = settings(batch_buckets=(1, 4), mode="auto", draft_ks=DRAFT_KS, verify_with="verifier",
+                  cost_table=_table_file(tmp_path, table))
+  s = ThreadServer(_lossless_engine(tok_dir, spec.decoding), spec)
   ar = toy_engine(tok_dir)
   try:
     health = s.health

@@ -12,18 +12,19 @@ import threading
 from gr2jax import recipes
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve import server
+from gr2jax.apps.serve import spec as spec_lib
 from gr2jax.apps.serve.client import wait_ready
 from gr2jax.data import tokenizer as tokenizer_lib
 
 PROMPT_LEN = 96
 
 
-def settings(**overrides) -> server.Settings:
+def settings(**overrides) -> spec_lib.ServeSpec:
   """The serve block's defaults on a free loopback port, with overrides."""
   block = recipes.config("", "serve").serve
   block.update(dict(port=0, batch_buckets=(4,), window_ms=2.0, queue_bound=64, timeout_s=20.0))
   block.update(overrides)
-  return server.Settings.from_config(block)
+  return spec_lib.ServeSpec.from_config(block)
 
 
 def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
@@ -52,7 +53,7 @@ class Gated:
 class ThreadServer:
   """The application on a free loopback port, served by uvicorn in a thread."""
 
-  def __init__(self, engine: engine_lib.Engine, s: server.Settings):
+  def __init__(self, engine: engine_lib.Engine, s: spec_lib.ServeSpec):
     self.server = server.make_server(engine, s)
     self.app = self.server.config.app
     sock = server.bind("127.0.0.1", 0)
@@ -68,7 +69,7 @@ class ThreadServer:
 
 
 def main():
-  """Serves the toy model until SIGTERM: --tok=DIR --settings=JSON of Settings overrides
+  """Serves the toy model until SIGTERM: --tok=DIR --settings=JSON of serve block overrides
   --hold_s=S (each decode waits S seconds first)."""
   parser = argparse.ArgumentParser()
   parser.add_argument("--tok", required=True)
