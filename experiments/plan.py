@@ -55,7 +55,7 @@ import ml_collections
 from absl import app, flags
 
 from experiments import targets
-from gr2jax import chunks, cli
+from gr2jax import chunks, cli, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy
@@ -77,6 +77,7 @@ from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import cft, opd, optim, rl, sft
 from gr2jax.train import mesh as mesh_lib
+from gr2jax.train import stages as train_stages_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
 from gr2jax.train.rollout import ARRollout, DiffusionRollout
@@ -89,8 +90,11 @@ DEVICES_8B = 8
 _FLAG = "--xla_force_host_platform_device_count"
 
 FLAGS = flags.FLAGS
-PROGRAMS = ("sft", "ar_rl", "cft", "opd", "rl", "ar_decode", "diffusion_decode",
-            "speculative_decode")  # plan order
+# The training stages (gr2jax/stage_registry.py, chain order), then the decoders: plan order.
+STAGES = stage_registry.names()
+# The stages that sample their rows (a trainer with a prepare, gr2jax/train/stages.py).
+ON_POLICY = tuple(n for n in STAGES if train_stages_lib.TRAINERS[n].make_prepare is not None)
+PROGRAMS = (*STAGES, "ar_decode", "diffusion_decode", "speculative_decode")
 
 
 def define_flags() -> None:
@@ -156,8 +160,9 @@ class Shapes:
     prompt_len, response_len: P and R (paper: prompts ~2,200 tokens, responses ~256).
     block_size: diffusion B (paper: 32).
     max_steps_per_block: the decoder's cap (paper: 64); sets the replay's round count.
-    sft_rows, cft_rows: sequences per step.
-    ar_rl_prompts, opd_prompts, rl_prompts: prompts per step; each has *_group rollouts.
+    batch_size: {stage: training rows per step (sequences, or prompts of an on-policy stage)}.
+    group: {stage: rows of a step per training row (the registry's rows field: the group size
+      of an on-policy stage; 1 otherwise)}.
     steps: optimiser steps per stage.
     teacher_dtype: OPD's cached teacher log-probs (config opd.teacher_dtype).
     prepare_chunk: {stage: rows per rollout / prepare-forward call} (config train.prepare_chunk;
@@ -174,14 +179,8 @@ class Shapes:
   response_len: int
   block_size: int
   max_steps_per_block: int
-  sft_rows: int
-  cft_rows: int
-  ar_rl_prompts: int
-  ar_rl_group: int
-  opd_prompts: int
-  opd_group: int
-  rl_prompts: int
-  rl_group: int
+  batch_size: dict
+  group: dict
   steps: dict
   clip: dict
   teacher_dtype: str = "float32"
@@ -193,10 +192,9 @@ class Shapes:
     return dataclasses.replace(self.model, block_size=self.block_size,
                                mask_token_id=self.model.vocab_size - 1)
 
-  def rollouts(self, stage: str) -> int:
-    """Trajectories per step of 'ar_rl', 'opd' or 'rl' (prompts x group)."""
-    return {"ar_rl": self.ar_rl_prompts * self.ar_rl_group,
-            "opd": self.opd_prompts * self.opd_group, "rl": self.rl_prompts * self.rl_group}[stage]
+  def rows(self, stage: str) -> int:
+    """Sequences per step of `stage` (an on-policy stage's trajectories: prompts x group)."""
+    return self.batch_size[stage] * self.group[stage]
 
   @property
   def rounds(self) -> int:
@@ -223,20 +221,19 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
   written for 8 devices on one device (prepare chunks / 8, micro-batches x 8)."""
   c = recipe_config("table2", variant)
   st = c.stages
-  train = {name: st[name].train for name in ("sft", "ar_rl", "cft", "opd", "rl")}
+  train = {name: st[name].train for name in STAGES}
   settings = recipe_lib.from_config(c).settings
   return Shapes(
     model=model, prompt_len=2200, response_len=256, block_size=c.decode.block_size,
-    max_steps_per_block=c.decode.max_steps_per_block, sft_rows=train["sft"].batch_size,
-    cft_rows=train["cft"].batch_size, ar_rl_prompts=train["ar_rl"].batch_size,
-    ar_rl_group=st.ar_rl.rl.group_size, opd_prompts=train["opd"].batch_size,
-    opd_group=st.opd.opd.group_size, rl_prompts=train["rl"].batch_size,
-    rl_group=st.rl.rl.group_size, steps={name: t.steps for name, t in train.items()},
+    max_steps_per_block=c.decode.max_steps_per_block,
+    batch_size={name: t.batch_size for name, t in train.items()},
+    group={name: stage_registry.spec(name).rows_per_prompt(settings[name]) for name in STAGES},
+    steps={name: t.steps for name, t in train.items()},
     teacher_dtype=st.opd.opd.teacher_dtype, xla_flags=tuple(c.xla_flags),
-    prepare_chunk={name: train[name].prepare_chunk // per_device_of
-                   for name in ("ar_rl", "opd", "rl")},
+    prepare_chunk={name: train[name].prepare_chunk // per_device_of for name in ON_POLICY},
     micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()},
-    clip={name: (settings[name].eps_low, settings[name].eps_high) for name in ("ar_rl", "rl")})
+    clip={name: (settings[name].eps_low, settings[name].eps_high) for name in STAGES
+          if hasattr(settings[name], "eps_low")})
 
 
 def _presets() -> dict:
@@ -252,9 +249,9 @@ def _presets() -> dict:
     # A compile-test shape (not a recipe): every program of the plan in seconds on CPU.
     "tiny": dataclasses.replace(
       _from_recipe("", ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train)),
-      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8, sft_rows=16,
-      cft_rows=16, ar_rl_prompts=2, ar_rl_group=8, opd_prompts=4, opd_group=4, rl_prompts=2,
-      rl_group=8, steps=dict(sft=10, cft=10, ar_rl=10, opd=10, rl=10)),
+      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
+      batch_size=dict(sft=16, ar_rl=2, cft=16, opd=4, rl=2),
+      group=dict(sft=1, ar_rl=8, cft=1, opd=4, rl=8), steps=dict.fromkeys(STAGES, 10)),
   }
 
 
@@ -342,33 +339,24 @@ class TrainStage:
 
 
 def train_stages(s: Shapes) -> dict[str, TrainStage]:
-  """SFT, AR RL, CFT, OPD and diffusion RL at the shapes of `s`."""
+  """Every training stage of gr2jax/stage_registry.py at the shapes of `s`: its model and kind,
+  rows, rollout and prepare from its declaration; its loss as plan builds it (`losses`)."""
   p, r = s.prompt_len, s.response_len
   i32, f32 = jnp.int32, jnp.float32
   ar, diff = s.model, s.diffusion()
   teacher_dtype = opd.teacher_dtype(s.teacher_dtype)
   rp = layout.padded_width(r, s.block_size)
 
-  def prompt_fields(n):
-    return {"prompt_tokens": ((n, p), i32), "prompt_lengths": ((n,), i32)}
-
-  def trace_fields(n):
-    return {**prompt_fields(n), "trace_tokens": ((n, r), i32), "commit_step": ((n, r), i32),
-            "response_lengths": ((n,), i32)}
-
-  # The Batch fields each stage's loss reads (what the loop places: step.Loss.fields).
-  sft_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
-                         "response_lengths": ((n,), i32), "response_weights": ((n, r), f32)}
-  ar_rl_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
-                           "response_lengths": ((n,), i32), "advantages": ((n,), f32),
-                           "response_weights": ((n, r), f32), "logp_old": ((n, r), f32)}
-  cft_batch = lambda n: {**prompt_fields(n), "response_tokens": ((n, r), i32),
-                         "response_lengths": ((n,), i32), "response_weights": ((n, r), f32),
-                         "example_mask": ((n,), f32)}
-  opd_batch = lambda n: {**trace_fields(n), "example_mask": ((n,), f32),
-                         "teacher_log_probs": ((n, r, diff.vocab_size), teacher_dtype)}
-  rl_batch = lambda n: {**trace_fields(n), "logp_old": ((n, r), f32), "advantages": ((n,), f32),
-                        "response_weights": ((n, r), f32)}
+  # Each Batch field's (shape, dtype) at n rows; a stage's batch holds the fields its loss reads
+  # (what the loop places: step.Loss.fields, declared by the loss's module).
+  field_specs = {
+    "prompt_tokens": lambda n: ((n, p), i32), "prompt_lengths": lambda n: ((n,), i32),
+    "response_tokens": lambda n: ((n, r), i32), "response_lengths": lambda n: ((n,), i32),
+    "response_weights": lambda n: ((n, r), f32), "example_mask": lambda n: ((n,), f32),
+    "advantages": lambda n: ((n,), f32), "logp_old": lambda n: ((n, r), f32),
+    "trace_tokens": lambda n: ((n, r), i32), "commit_step": lambda n: ((n, r), i32),
+    "teacher_log_probs": lambda n: ((n, r, diff.vocab_size), teacher_dtype),
+  }
 
   # The rollouts of the RL / OPD losses; the replayed batches replay s.rounds rounds.
   spec = DecodeSpec(block_size=s.block_size, max_steps_per_block=s.max_steps_per_block)
@@ -377,33 +365,43 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
   rounds = replay.Rounds(s.rounds)
   replayed = lambda loss: lambda params, batch, key: loss(
     params, batch.replace(replay_rounds=rounds), key)
+  grpo = lambda name, policy: functools.partial(rl.rl_loss, policy=policy,
+                                                eps_low=s.clip[name][0], eps_high=s.clip[name][1])
+  # Each stage's loss and the fields it reads, as its trainer builds them (train/stages.py) at
+  # the module defaults of the loss's own settings.
+  losses = {
+    "sft": (functools.partial(sft.sft_loss, config=ar), sft.FIELDS),
+    "ar_rl": (grpo("ar_rl", ar_policy), rl.fields(ar_policy)),
+    "cft": (functools.partial(cft.cft_loss, config=diff), cft.FIELDS),
+    "opd": (replayed(functools.partial(opd.opd_loss, policy=student)), opd.fields(student)),
+    "rl": (replayed(grpo("rl", student)), rl.fields(student)),
+  }
   # [prompt | response], causal; the LM head at the R response queries (sft.py, the AR policy).
   ar_scored = Work(p + r, causal_pairs(p + r), (p + r) ** 2, r)
   n_cft = p + 3 * rp
   cft_work = Work(n_cft, layout_pairs(diff, p, r, 2), n_cft ** 2, r)
   n_replay = p + (1 + s.rounds) * rp
   replay_work = Work(n_replay, layout_pairs(diff, p, r, s.rounds), n_replay ** 2, r)
-  return {
-    "sft": TrainStage("sft", ar, s.sft_rows, functools.partial(sft.sft_loss, config=ar),
-                      sft_batch, ar_scored),
-    "ar_rl": TrainStage(
-      "ar_rl", ar, s.rollouts("ar_rl"),
-      functools.partial(rl.rl_loss, policy=ar_policy, eps_low=s.clip["ar_rl"][0],
-                        eps_high=s.clip["ar_rl"][1]),
-      ar_rl_batch, ar_scored, prepare=((ar, ar_scored),), rollout=(ar, 1)),
-    "cft": TrainStage("cft", diff, s.cft_rows, functools.partial(cft.cft_loss, config=diff),
-                      cft_batch, cft_work),
-    "opd": TrainStage(
-      "opd", diff, s.rollouts("opd"),
-      replayed(functools.partial(opd.opd_loss, policy=student)), opd_batch,
-      replay_work, prepare=((ar, ar_scored),), rollout=(diff, s.block_size)),
-    "rl": TrainStage(
-      "rl", diff, s.rollouts("rl"),
-      replayed(functools.partial(rl.rl_loss, policy=student, eps_low=s.clip["rl"][0],
-                                 eps_high=s.clip["rl"][1])),
-      rl_batch, replay_work, prepare=((diff, replay_work),),
-      rollout=(diff, s.block_size)),
-  }
+
+  def model(name):
+    """(config, work) of a stage's model: AR scores [prompt | response]; a diffusion stage
+    replays its rollouts, or (off-policy) trains the two-stream CFT layout."""
+    if not stage_registry.spec(name).diffusion:
+      return ar, ar_scored
+    return diff, replay_work if name in ON_POLICY else cft_work
+
+  def stage(name):
+    declared, (config, work) = stage_registry.spec(name), model(name)
+    loss, fields = losses[name]  # `replayed` gives the replay's rounds (static), not the batch
+    batch = lambda n: {f: field_specs[f](n) for f in fields if f != "replay_rounds"}
+    if name not in ON_POLICY:
+      return TrainStage(name, config, s.rows(name), loss, batch, work)
+    # Sampled by its own decoder; its prepare scores the rollouts with its teacher, else itself.
+    return TrainStage(name, config, s.rows(name), loss, batch, work,
+                      prepare=(model(declared.teacher or name),),
+                      rollout=(config, s.block_size if declared.diffusion else 1))
+
+  return {name: stage(name) for name in STAGES}
 
 
 def _optimizer():
@@ -616,9 +614,11 @@ def verify_flops(names=None) -> list[dict]:
   base = dict(vocab_size=8192, hidden_size=512, num_layers=1, num_heads=8, num_kv_heads=2,
               head_dim=64, intermediate_size=1536, attention_chunk_bytes=1 << 40,
               param_dtype="float32", compute_dtype="float32")
+  # Two rows per step: two sequences, or one prompt's group of two.
+  group = {n: 2 if stage_registry.spec(n).rows_field else 1 for n in STAGES}
   small = Shapes(model=ModelConfig(**base), prompt_len=96, response_len=32, block_size=8,
-                 max_steps_per_block=8, sft_rows=2, cft_rows=2, ar_rl_prompts=1, ar_rl_group=2,
-                 opd_prompts=1, opd_group=2, rl_prompts=1, rl_group=2, steps={},
+                 max_steps_per_block=8, batch_size={n: 2 // g for n, g in group.items()},
+                 group=group, steps={},
                  clip=PRESETS["tiny"].clip)  # the tiny recipe's GRPO clip (FLOPs ignore it)
   rows = []
   for name, stage in train_stages(small).items():
@@ -725,14 +725,16 @@ def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int, settings:
 
 
 # The train stages whose rollouts each decoder samples (none: one row per batch shard).
-DECODER_STAGES = {"ar_decode": ("ar_rl",), "diffusion_decode": ("opd", "rl"),
-                  "speculative_decode": ()}
+DECODER_STAGES = {
+  "ar_decode": tuple(n for n in ON_POLICY if not stage_registry.spec(n).diffusion),
+  "diffusion_decode": tuple(n for n in ON_POLICY if stage_registry.spec(n).diffusion),
+  "speculative_decode": ()}
 
 
 def rollout_rows(s: Shapes, stage: str) -> int:
   """Rows one rollout call of an AR RL / OPD / RL step decodes: its trajectories, in calls of the
   stage config's train.prepare_chunk (gr2jax/chunks.py)."""
-  return chunks.chunk_size(s.rollouts(stage), s.prepare_chunk.get(stage, 0))
+  return chunks.chunk_size(s.rows(stage), s.prepare_chunk.get(stage, 0))
 
 
 def plan_decoder(kind: str, s: Shapes, mesh, fsdp: int, tp: int, settings: Settings,

@@ -48,7 +48,7 @@ def test_work_counts_the_layouts():
   assert stages["opd"].work.tokens == p + (1 + s.rounds) * r  # every replay round packed
   # A noisy block sees the prompt, earlier clean blocks and its own block: fewer pairs than dense.
   assert stages["cft"].work.pairs < stages["cft"].work.dense_pairs
-  assert stages["rl"].rows == s.rl_prompts * s.rl_group
+  assert stages["rl"].rows == s.batch_size["rl"] * s.group["rl"]
 
 
 def test_fit_micro_rows_uses_the_memory_line():
@@ -72,7 +72,7 @@ def test_micro_points_start_at_the_stage_configs_micro_batch():
   assert plan.micro_points(stages["cft"], s, 8, 2) == [16, 8]  # no setting: all rows, then half
   assert plan.micro_points(stages["opd"], s, 8, 1) == [8]  # 4 rows raised to the 8 batch shards
   big, small = plan.PRESETS["qwen3_8b"], plan.PRESETS["qwen3_0_6b"]
-  opd = dataclasses.replace(stages["opd"], rows=big.rollouts("opd"))  # the 8B step's rows
+  opd = dataclasses.replace(stages["opd"], rows=big.rows("opd"))  # the 8B step's rows
   assert plan.micro_points(opd, big, 8, 1) == [16]  # 512 / 32
   assert plan.micro_points(opd, small, 1, 1) == [2]  # one chip, the 8B configs' per-device rows
   assert plan.rollout_rows(small, "rl") == plan.rollout_rows(big, "rl") // plan.DEVICES_8B
@@ -111,8 +111,8 @@ def test_presets_take_teacher_dtype_and_rollout_calls_from_the_stage_configs():
   assert big.teacher_dtype == plan.stage_config("opd", "qwen3_8b").opd.teacher_dtype == "bfloat16"
   for stage in ("ar_rl", "opd", "rl"):
     chunk = plan.stage_config(stage, "qwen3_8b").train.prepare_chunk
-    assert 0 < chunk < big.rollouts(stage) and plan.rollout_rows(big, stage) == chunk
-    assert plan.rollout_rows(tiny, stage) == tiny.rollouts(stage)  # tiny configs: all at once
+    assert 0 < chunk < big.rows(stage) and plan.rollout_rows(big, stage) == chunk
+    assert plan.rollout_rows(tiny, stage) == tiny.rows(stage)  # tiny configs: all at once
   assert plan.train_stages(tiny)["opd"].batch(2)["teacher_log_probs"][1] == jnp.float32
   half = dataclasses.replace(tiny, teacher_dtype="bfloat16")
   assert plan.train_stages(half)["opd"].batch(2)["teacher_log_probs"][1] == jnp.bfloat16
