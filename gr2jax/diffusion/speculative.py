@@ -55,8 +55,8 @@ batch 1 and at batch 16 differ too). A greedy choice between two logits closer t
 fall either way, so "the verifier's greedy output" means exact as gr2jax/decoding/exactness.py
 defines it: every committed token is the verifier's teacher-forced arg-max at that batch, or a
 near-tie within exactness.TOLERANCE of the position's logit scale. tests/diffusion/
-test_speculative.py and experiments/bench_speculative.py report where a decode leaves `generate`'s
-(first divergent token, logit margin); the GPU check measures the bf16 flip rate.
+test_speculative.py and experiments/studies/bench_speculative.py report where a decode leaves
+`generate`'s (first divergent token, logit margin); the GPU check measures the bf16 flip rate.
 """
 
 import dataclasses
