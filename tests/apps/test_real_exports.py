@@ -80,8 +80,9 @@ def test_lossless_through_the_python_api_writes_the_ar_answers(workdir, requests
 def test_lossless_server_answers_as_the_ar_export(workdir, ar_rows):
   from tests.apps.serve.toy_server import ThreadServer, settings
 
-  engine = engine_lib.Engine.load(os.path.join(workdir, "rl", "export"),
-                                  verify_with=os.path.join(workdir, "ar_rl", "export"))
+  engine = engine_lib.Engine.load(
+    settings(ckpt=os.path.join(workdir, "rl", "export"),
+             verify_with=os.path.join(workdir, "ar_rl", "export")), workdir=workdir)
   assert engine.kind == "lossless"
   server = ThreadServer(engine, settings(batch_buckets=(1,)))
   try:

@@ -232,7 +232,7 @@ def test_a_copied_export_serves_alone_and_ranks_as_its_workdir(tmp_path_factory,
   assert _rows(gr2jax.rerank(REQUESTS, str(alone), batch_size=1)) == _rows(expected)
   from tests.apps.serve.toy_server import ThreadServer, settings
 
-  engine = engine_lib.Engine.load(str(alone))
+  engine = engine_lib.Engine.load(settings(ckpt=str(alone)), workdir=str(alone.parent))
   assert isinstance(engine.reranker, reranker_lib.Reranker)
   server = ThreadServer(engine, settings(batch_buckets=(1,)))
   try:
