@@ -9,10 +9,10 @@ limits sum to under 10 min), so one that fails or runs over leaves the others' n
              (gr2jax/model/decode_attention.py, which the decode sections below run) against the
              einsum reference over the same bf16 cache buffers, at the AR step's and the block
              step's shapes: max |difference| and the time of each (the Pallas interpreter on CPU).
-  ar_decode  experiments/studies/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
+  ar_decode  experiments/bench_decode.py: AR decode tokens/s at batch 1 and model-bandwidth
              utilisation, MBU = (weights + KV cache bytes read per step) / step time / peak HBM
              bandwidth of the device (target >= 70%).
-  diffusion  experiments/studies/bench_diffusion.py --sections=e2e: block diffusion (B = 32) vs
+  diffusion  experiments/bench_diffusion.py --sections=e2e: block diffusion (B = 32) vs
              AR at tau in {0.9, 0.6, 0.4} with --forced_tokens_per_step (random weights commit one
              token per step; the forced schedule emulates K tokens per step at each tau).
   train      this file --section=train: SFT and CFT train steps (experiments/plan.py's stage
@@ -104,7 +104,7 @@ def _commands(out_dir: str) -> dict[str, list[str]]:
                   f"--new_tokens={p['new_tokens']}",
                   f"--json_out={os.path.join(out_dir, 'ar_decode.json')}"],
     "diffusion": [py, os.path.join(REPO, "experiments", "bench_diffusion.py"),
-                  f"--preset={FLAGS.preset}", "--random_weights", "--param_dtype=bfloat16",
+                  f"--preset={FLAGS.preset}", "--param_dtype=bfloat16",
                   "--sections=e2e", "--batch_sizes=1",
                   "--thresholds=" + ",".join(x.split(":")[0] for x in
                                              FLAGS.forced_tokens_per_step),

@@ -29,7 +29,7 @@ def _refusal(result: subprocess.CompletedProcess) -> str:
   (["--presets=huge"], "--presets=huge: ['huge'] is not a ModelConfig preset"),
 ])
 def test_bench_decode_flags_are_one_line_refusals(args, line):
-  assert _refusal(_run("experiments/studies/bench_decode.py", *args)).startswith(line)
+  assert _refusal(_run("experiments/bench_decode.py", *args)).startswith(line)
 
 
 def test_a_conversion_refusal_is_one_line_and_verbosity_shows_the_traceback(tmp_path):

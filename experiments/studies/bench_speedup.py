@@ -48,7 +48,7 @@ fastest round of each is kept. Reported: tokens/s, forwards, the per-forward cos
 (diffusion seconds per forward over AR's) and speed-up = diffusion tokens/s over AR's.
 
 The same run checks the AR path against transformers at batch 1 on the tiny preset
-(--hf_check; experiments/studies/bench_decode.py's functions and flags: prompt 256, --new_tokens).
+(--hf_check; experiments/bench_decode.py's functions and flags: prompt 256, --new_tokens).
 --merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
 Every flag is checked first (a tau / B / K with no recorded schedule, --repeats < 1: one line
 naming the flag and the allowed values). Outputs (--report_dir, default a fresh directory):
@@ -68,11 +68,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from experiments.studies import (
-  bench_decode,  # its flags: --new_tokens, --torch_threads, --dtype
-  emulate,
-  table3_emulation,
-)
+from experiments import bench_decode  # its flags: --new_tokens, --torch_threads, --dtype
+from experiments.studies import emulate, table3_emulation
 from gr2jax import cli, load
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib

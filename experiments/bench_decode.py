@@ -1,9 +1,9 @@
 r"""AR decode benchmark: gr2jax `generate` vs transformers `generate` on the same weights.
 
 CPU (the default; both sides fp32, torch limited to --torch_threads to match XLA's cores):
-  python experiments/studies/bench_decode.py     # tiny,small x batch 1,8 x prompt 256,1024
+  python experiments/bench_decode.py     # tiny,small x batch 1,8 x prompt 256,1024
 GPU (random bf16 weights, no transformers run, model-bandwidth utilisation):
-  python experiments/studies/bench_decode.py --presets=qwen3_8b --random_weights --hf=false \
+  python experiments/bench_decode.py --presets=qwen3_8b --random_weights --hf=false \
       --dtype=bfloat16 --batch_sizes=1 --peak_bw_gbs=4800
 
 For each (preset, batch, prompt length) it times, after one warm-up call of the same shape:

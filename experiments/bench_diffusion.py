@@ -1,8 +1,8 @@
 r"""Block diffusion vs AR decoding: per-step costs, end-to-end tokens/s and NFE, speed-up sweeps.
 
-  python experiments/studies/bench_diffusion.py --out_dir=bench_out        # CPU, tiny random model
-  python experiments/studies/bench_diffusion.py --ckpt=CKPT --out_dir=...  # a trained diffusion
-  python experiments/studies/bench_diffusion.py --preset=qwen3_8b --param_dtype=bfloat16 \
+  python experiments/bench_diffusion.py --out_dir=bench_out        # CPU, tiny random model
+  python experiments/bench_diffusion.py --ckpt=CKPT --out_dir=...  # a trained diffusion
+  python experiments/bench_diffusion.py --preset=qwen3_8b --param_dtype=bfloat16 \
       --sections=steps --out_dir=...                                     # GPU box: per-step costs
 
 Sections (--sections, comma-separated):
