@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_check.sh                                  # qwen3_8b, random bf16 weights
 #   bash scripts/gpu_check.sh --out_dir=runs/gpu_check_h100    # choose where the results go
-#   bash scripts/gpu_check.sh --preset=tiny --out_dir=/tmp/gc  # CPU smoke run (tests/test_gpu_check.py)
+#   bash scripts/gpu_check.sh --preset=tiny --out_dir=runs/gc  # CPU smoke run (tests/test_gpu_check.py)
 #
 # Measures AR decode tokens/s + model-bandwidth utilisation at batch 1, block diffusion vs AR at
 # tau 0.9 / 0.6 / 0.4 with a forced K-tokens-per-step schedule, SFT / CFT train-step MFU at the

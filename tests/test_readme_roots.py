@@ -5,7 +5,7 @@ checkout's own entries: a user's `workdir/` from the README's first command, a `
 import os
 import subprocess
 
-from tests.test_readme_commands import _checkout_entries, _root
+from tests.test_readme_commands import REPO, _checkout_entries, _root
 
 
 def _checkout_with_user_files(path) -> str:
@@ -32,3 +32,18 @@ def test_root_takes_in_only_the_checkouts_own_entries(tmp_path):
   assert os.readlink(os.path.join(root, "workdir")) == smoke
   assert not os.path.islink(os.path.join(root, "models"))  # the test's own, not the user's
   assert os.listdir(os.path.join(repo, "models")) == []
+
+
+def _two_commands(text: str) -> list[str]:
+  """The command lines (comments and blank lines dropped) of the README's "## Two commands"
+  bash block."""
+  block = text.split("## Two commands", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+  return [line for line in block.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def test_ci_runs_the_readmes_two_commands_in_order():
+  readme = _two_commands(open(os.path.join(REPO, "README.md")).read())
+  ci = [line for line in open(os.path.join(REPO, ".ci", "run")).read().splitlines()
+        if line.startswith("bash ")]
+  assert len(readme) == 2 and readme[1] == "bash scripts/test.sh"
+  assert ci == readme

@@ -17,6 +17,7 @@ Logits here are already shifted: `logits[:, i]` is the distribution of `canvas[:
 decoder takes it from the forward's position i - 1).
 """
 
+import abc
 from typing import NamedTuple
 
 import jax
@@ -123,7 +124,7 @@ def commit_step(
   return select(tokens, logprob, canvas, masked, threshold)
 
 
-class CommitOrder:
+class CommitOrder(abc.ABC):
   """A commit order: which open positions of a denoising step commit first (`select`).
 
   One small object per order (the registry `BY_NAME`), looked up once from its recorded name
@@ -140,14 +141,14 @@ class CommitOrder:
   name: str = ""
   left_to_right: bool = False
 
+  @abc.abstractmethod
   def rank(self, tokens, conf, canvas, masked) -> tuple[jax.Array, jax.Array | None]:
     """(rank [B, T] int: 0 commits first -- the order a count replay commits in; eligible
     [B, T] bool or None: the open positions the threshold may commit, None = all)."""
-    raise NotImplementedError
 
+  @abc.abstractmethod
   def by_threshold(self, conf, tau, rank, eligible, masked) -> jax.Array:
     """[B, T] bool committed by the threshold rule: conf [B, T] (-inf where closed), tau [B]."""
-    raise NotImplementedError
 
   def __repr__(self):
     return f"CommitOrder({self.name!r})"
