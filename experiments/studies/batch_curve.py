@@ -2,7 +2,8 @@ r"""Speed under load: AR, block diffusion and draft-and-verify against the batch
 for Qwen3-8B on the real compilers and measured on this CPU.
 
   # predicted: every forward compiled for one H100 and one TPU v5p chip (~112 compiles, 30 min;
-  # the compiles are cached in --out_dir/compiled.json, so a rerun only redoes the arithmetic)
+  # the compiles are cached in --out_dir/compiled.json, so a rerun only redoes the arithmetic);
+  # also re-renders results/table3.{md,json} with the predicted H100 batch-1 speed-up columns
   python experiments/studies/batch_curve.py --sections=predicted \
       --out_dir=docs/results/speed_under_load
   # measured on this CPU: the recorded schedules replayed at each batch on random weights
@@ -16,17 +17,26 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            queries) and the verifier's (K + 1 causal tokens), each compiled at every batch of
            --batches (experiments/studies/roofline.py's compile_step; the cache of every row
            donated).
-           A forward takes max(bytes / bandwidth, FLOPs / peak): bytes from the compiled
+           A forward takes max(bytes / bandwidth, FLOPs / (peak x f)): bytes from the compiled
            program's memory_analysis (arguments + outputs not aliased: the weights and every
-           row's cache read once), FLOPs analytic (the GPU compiler has no cost analysis).
-           Forwards per output token are the trained tiny models': AR and block diffusion at each
-           tau of --taus from --table3 (results/table3.json), draft-and-verify (draft and verify
-           forwards at tau_d of --spec_taus) from --grid_json (bench_speculative.py's grid over the
-           1,615 test users). Per mode and batch N (roofline.decode_seconds): seconds per request
-           = the prefills of N rows (two for draft-and-verify: drafter and verifier) + R x
-           forwards per token x step time; tokens/s per replica = N R / seconds per request;
-           speed-up = AR's seconds per request / the mode's at the same N. Resident memory: the
-           mode's compiled forwards' totals summed (draft-and-verify: both models and caches).
+           row's cache read once), FLOPs analytic (the GPU compiler has no cost analysis). Every
+           curve is priced twice: at f = 1 (peak) and at the target's peak_fraction
+           (experiments/targets.py: 0.7, an assumption with its source there); the bandwidth is
+           full in both. Forwards per output token are the trained tiny models' recorded
+           schedules: AR GR2's and Diffusion-GR2's at every tau of --table3 (the chosen model's
+           Table 3; --taus narrows them), draft-and-verify's drafter and verifier forwards at
+           tau_d of --spec_taus from --grid_json (bench_speculative.py's grid over the 1,615 test
+           users: Table 3's lossless rows record the two models' forwards summed, not apart). Per
+           mode and batch N (roofline.decode_seconds): seconds per request = the prefills of N
+           rows (two for draft-and-verify: drafter and verifier) + R x forwards per token x step
+           time; tokens/s per replica = N R / seconds per request; speed-up = AR's seconds per
+           request / the mode's at the same N. Resident memory: the mode's compiled forwards'
+           totals summed (draft-and-verify: both models and caches).
+           With --table3_columns, --table3's table3.{md,json} (beside it) are re-rendered with
+           pred_h100_b1_speedup and pred_h100_b1_speedup_<f>: each row's predicted speed-up over
+           AR GR2 at batch 1 on the H100 at peak and at f (its own forwards per token; a lossless
+           row's drafter / verifier forwards from --grid_json at its K and tau_d); every other
+           field of table3.json is kept.
 cpu        The same modes on this CPU: bench_speedup.replay of the recorded schedules
            (--schedules; every row of a batch replays the representative user's schedule, so the
            rows step together) on random weights of each --runs shape, at each batch of
@@ -34,6 +44,7 @@ cpu        The same modes on this CPU: bench_speedup.replay of the recorded sche
            each of --repeats rounds (fastest kept), so every ratio comes from one process.
            Each run's curve is kept with its command: a later command adds or replaces runs.
 
+--nocompile uses compiled.json's records only: a forward it does not hold is an error naming it.
 The crossover of a mode is the first batch at which it stops beating AR (speed-up < 1), with the
 batch interpolated on log2 N between the last batch that wins and that one. Outputs (--out_dir):
 batch_curve.json (both sections, each with its command), batch_curve.md, batch_curve.png
@@ -52,6 +63,7 @@ from experiments import plan, targets
 # its flags: --runs, --schedules, --taus, --spec_ks, ...
 from experiments.studies import bench_speedup, roofline
 from gr2jax import cli, files
+from gr2jax.apps import tables
 
 FLAGS = flags.FLAGS
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -66,12 +78,19 @@ def define_flags() -> None:
                     "Batch sizes of the prediction.")
   flags.DEFINE_list("cpu_batches", ["1", "4", "16", "64"], "Batch sizes measured on this CPU.")
   flags.DEFINE_string("table3", os.path.join(REPO, "results", "table3.json"),
-                      "The tiny Table 3: AR and block-diffusion forwards per token.")
+                      "The chosen model's Table 3: AR's and the diffusion model's forwards per "
+                      "token at every tau (all of them unless --taus names some).")
+  flags.DEFINE_bool("table3_columns", True, "Re-render --table3's table3.{md,json} with the "
+                    "predicted H100 batch-1 speed-up columns (needs h100 in --targets and batch "
+                    "1 in --batches).")
+  flags.DEFINE_bool("compile", True, "Compile a forward compiled.json does not hold (False: "
+                    "refuse, naming it).")
   flags.DEFINE_string("grid_json", os.path.join(REPO, "docs", "results", "lossless",
                                                 "bench_speculative.json"),
                       "bench_speculative.py's report: draft-and-verify forwards per token.")
   flags.DEFINE_string("out_dir", None, "Where the outputs go (required).")
-  # The prediction's modes by default: tau 0.9, K 4 / 8 / 16 with one-step drafts.
+  # The modes: --taus 0.9 for the cpu section (the predicted one takes every tau of --table3
+  # unless --taus is given), K 4 / 8 / 16 with one-step drafts.
   FLAGS.set_default("taus", ["0.9"])
   FLAGS.set_default("spec_ks", ["4", "8", "16"])
   FLAGS.set_default("spec_taus", ["0"])
@@ -142,30 +161,34 @@ def step_list(ks: list[int]) -> list[tuple[str, str, int | None]]:
     (f"{kind}_k{k}", kind, k) for k in ks for kind in ("draft", "verify")]
 
 
-def bound(step: dict, target: targets.Target) -> str:
-  """'memory' or 'compute': the larger term of roofline.step_seconds."""
-  memory = step["bytes"] / target.hbm_bytes_s >= step["flops"] / target.peak_flops
+def bound(step: dict, target: targets.Target, fraction: float = 1.0) -> str:
+  """'memory' or 'compute': the larger term of roofline.step_seconds at `fraction` of peak."""
+  memory = step["bytes"] / target.hbm_bytes_s >= step["flops"] / (target.peak_flops * fraction)
   return "memory" if memory else "compute"
 
 
-def curve(steps: dict, modes: dict, s: plan.Shapes, target: targets.Target) -> list[dict]:
-  """The predicted rows of one target.
+def curve(steps: dict, modes: dict, s: plan.Shapes, target: targets.Target,
+          fraction: float = 1.0) -> list[dict]:
+  """The predicted rows of one target, every compute-bound forward (and prefill) at `fraction`
+  of its peak FLOP/s.
 
   Args:
     steps: {batch: {step name: compiled record (bytes, flops, memory)}}.
     modes: predicted_modes.
     s: the shapes (prompt and response lengths, the model).
     target: bandwidth, peak FLOP/s and the card's memory.
+    fraction: the fraction of peak FLOP/s reached (1: peak).
 
   Returns:
     One row per (batch, mode): step_ms {step: ms}, bound {step: 'memory' | 'compute'},
-    per_token_ms, request_s, tok_s, steady_tok_s, speedup over AR, resident_gb, fits.
+    per_token_ms, request_s, tok_s, steady_tok_s, speedup over AR, resident_gb, fits,
+    peak_fraction.
   """
   card = min(target.cards.values())
   rows = []
   for batch in sorted(steps):
-    t = {name: roofline.step_seconds(x, target) for name, x in steps[batch].items()}
-    prefill = roofline.prefill_seconds(s, target, batch)
+    t = {name: roofline.step_seconds(x, target, fraction) for name, x in steps[batch].items()}
+    prefill = roofline.prefill_seconds(s, target, batch, fraction)
     ar_request = None
     for mode, m in modes.items():
       per_token, request = roofline.decode_seconds(m["forwards"], t, m["prefills"], prefill,
@@ -175,13 +198,91 @@ def curve(steps: dict, modes: dict, s: plan.Shapes, target: targets.Target) -> l
       resident = sum(x["memory"]["total"] for x in used)
       rows.append({
         "mode": mode, "batch": batch, "step_ms": {n: 1e3 * t[n] for n in m["forwards"]},
-        "bound": {n: bound(steps[batch][n], target) for n in m["forwards"]},
+        "bound": {n: bound(steps[batch][n], target, fraction) for n in m["forwards"]},
         "forwards_per_token": m["forwards"], "prefill_s": m["prefills"] * prefill,
         "per_token_ms": 1e3 * per_token, "request_s": request,
         "tok_s": batch * s.response_len / request, "steady_tok_s": batch / per_token,
         "speedup": ar_request / request, "resident_gb": resident / 1e9,
-        "fits": resident <= card})
+        "fits": resident <= card, "peak_fraction": fraction})
   return rows
+
+
+# ---- Table 3's predicted columns (pure) -----------------------------------------------------
+
+
+def table3_column(target: targets.Target, fraction: float) -> str:
+  """'pred_h100_b1_speedup' (at peak), 'pred_h100_b1_speedup_0.7' (at a fraction of it)."""
+  return f"pred_{target.name}_b1_speedup" + ("" if fraction == 1 else f"_{fraction:g}")
+
+
+def table3_speedups(rows: list[dict], steps: dict, spec_fpt: dict, s: plan.Shapes,
+                    target: targets.Target, fraction: float = 1.0) -> list[float | None]:
+  """Each Table 3 row's predicted batch-1 speed-up over AR GR2 on `target`.
+
+  Args:
+    rows: Table 3's rows (gr2jax/apps/tables.py: AR GR2, Diffusion-GR2 at each tau, the
+      lossless rows 'Draft + verify (lossless), K=k tau_d=t').
+    steps: {step name: compiled record} at batch 1 ('ar', 'block', 'draft_kK', 'verify_kK').
+    spec_fpt: roofline.speculative_forwards_per_token of the grid (the lossless rows' drafter /
+      verifier split, which Table 3 does not record).
+    s, target, fraction: the shapes, the target and the fraction of its peak FLOP/s.
+
+  Returns:
+    One speed-up per row: AR 1.0; a diffusion row its own forwards per token x the block step; a
+    lossless row the grid's draft and verify forwards at its (K, tau_d) and two prefills; None
+    for a lossless row whose (K, tau_d) the grid or `steps` lack, and any other row.
+  """
+  fpt = roofline.forwards_per_token(rows)
+  t = {name: roofline.step_seconds(x, target, fraction) for name, x in steps.items()}
+  prefill = roofline.prefill_seconds(s, target, 1, fraction)
+
+  def request(forwards, prefills):
+    return roofline.decode_seconds(forwards, t, prefills, prefill, s.response_len)[1]
+
+  ar = request({"ar": fpt[None]}, 1)
+  out = []
+  for row in rows:
+    draft = roofline.lossless_draft(row)
+    if row["row"] == roofline.AR_ROW:
+      out.append(1.0)
+    elif row["row"] == roofline.DIFFUSION_ROW:
+      out.append(ar / request({"block": fpt[row["tau"]]}, 1))
+    elif draft in spec_fpt and {f"draft_k{draft[0]}", f"verify_k{draft[0]}"} <= set(t):
+      f, k = spec_fpt[draft], draft[0]
+      out.append(ar / request({f"draft_k{k}": f["draft"], f"verify_k{k}": f["verify"]}, 2))
+    else:
+      out.append(None)
+  return out
+
+
+def table3_with_predictions(rows: list[dict], steps: dict, spec_fpt: dict, s: plan.Shapes,
+                            target: targets.Target) -> tuple[list[dict], tuple[str, str]]:
+  """Table 3's rows with the two predicted columns (table3_column at peak and at the target's
+  peak_fraction, table3_speedups) and the columns' names."""
+  columns = tuple(table3_column(target, f) for f in (1.0, target.peak_fraction))
+  cells = [table3_speedups(rows, steps, spec_fpt, s, target, f)
+           for f in (1.0, target.peak_fraction)]
+  return ([{**row, **dict(zip(columns, values, strict=True))}
+           for row, *values in zip(rows, *cells, strict=True)], columns)
+
+
+def rerender_table3(path: str, saved: dict, rows: list[dict], columns: tuple[str, ...],
+                    note: str) -> str:
+  """Re-renders the Table 3 whose table3.json is `path` (its directory's table3.{md,json} and
+  frontier PNG, gr2jax/apps/tables.py's write_table3) with `rows` and the `columns` added, its
+  header and every other top-level field of `saved` (the file as read) kept.
+
+  Raises:
+    ValueError: a field of `saved` the written table3.json does not keep.
+  """
+  kept = {k: v for k, v in saved.items() if k not in ("rows", "header")}
+  md = tables.write_table3(rows, os.path.dirname(os.path.abspath(path)), saved["header"],
+                           note=note, extra_columns=columns, **kept)
+  written = read_json(path, "the Table 3 just written")
+  lost = [k for k in saved if k != "rows" and written.get(k) != saved[k]]
+  if lost:
+    raise ValueError(f"{path}: re-rendering Table 3 did not keep {', '.join(lost)}")
+  return md
 
 
 def crossover(points: list[tuple[int, float]]) -> dict:
@@ -227,13 +328,14 @@ def crossover_text(c: dict) -> str:
   return f"batch ~{c['batch']:.0f} (wins at {c['last_win']}, loses at {c['first_loss']})"
 
 
-def markdown_table(rows: list[dict], seconds: str) -> list[str]:
+def markdown_table(rows: list[dict], seconds: str, crossover_line: bool = True) -> list[str]:
   """One curve as a table: a line per batch, per mode tokens/s, speed-up over AR and seconds
   (the `seconds` header), rows that do not fit the card marked.
 
   Args:
     rows: one curve's rows (mode, batch, tok_s, speedup, request_s, optional fits).
     seconds: what request_s is ('s / request' or 's / batch decode').
+    crossover_line: end with a line naming each mode's crossover.
   """
   modes = list(dict.fromkeys(r["mode"] for r in rows))
   by = {(r["mode"], r["batch"]): r for r in rows}
@@ -249,6 +351,8 @@ def markdown_table(rows: list[dict], seconds: str) -> list[str]:
       mark = "" if r.get("fits", True) else " (does not fit)"
       cells.append(f"{r['tok_s']:,.0f}, {r['speedup']:.2f}x, {r['request_s']:.2f}{mark}")
     lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+  if not crossover_line:
+    return lines
   lines += ["", "Crossover (first batch where the mode stops beating AR): " + "; ".join(
     f"{m}: {crossover_text(c)}" for m, c in crossovers(rows).items()) + "."]
   return lines
@@ -257,21 +361,32 @@ def markdown_table(rows: list[dict], seconds: str) -> list[str]:
 # ---- predicted ------------------------------------------------------------------------------
 
 
-def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_path: str) -> dict:
+def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_path: str,
+                   compile_missing: bool = True) -> dict:
   """{target: {batch: {step name: record}}}, compiled where --out_dir/compiled.json does not
-  hold the record yet (saved after every compile, so an interrupted run keeps its compiles)."""
+  hold the record yet (saved after every compile, so an interrupted run keeps its compiles).
+
+  Raises:
+    ValueError: not `compile_missing` and a record is missing (named, with the reason when the
+      cache was made by other compilers or shapes).
+  """
   s = plan.PRESETS["qwen3_8b"]
   header = {"versions": plan.versions(), "prompt_len": s.prompt_len,
             "response_len": s.response_len, "block_size": s.block_size}
   cache = (read_json(cache_path, "the compiles of earlier runs: delete it to compile again")
            if os.path.exists(cache_path) else {})
+  stale = cache and cache.get("header") != header
   if cache.get("header") != header:  # other compilers or shapes: nothing reusable
-    cache = {"header": header, "steps": {}}
+    old, cache = cache.get("header"), {"header": header, "steps": {}}
   out = {}
   for name in names:
     for batch in batches:
       for step, kind, k in step_list(ks):
         key = f"{name}/{step}/{batch}"
+        if key not in cache["steps"] and not compile_missing:
+          why = (f" (its header {old} is not this run's {header}: other compilers or shapes)"
+                 if stale else "")
+          raise ValueError(f"--nocompile: {cache_path} holds no compiled {key}{why}")
         if key not in cache["steps"]:
           _, record = roofline.compile_step(kind, s, name, batch, k)
           cache["steps"][key] = {k2: v for k2, v in record.items() if k2 != "options"}
@@ -282,27 +397,62 @@ def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_pa
   return out
 
 
+def table3_lossless(rows: list[dict], spec_fpt: dict) -> list[dict]:
+  """Table 3's lossless rows: their (K, tau_d), their own draft + verify forwards per token
+  (both prefills removed; Table 3 records the sum only) and the grid's split at that (K, tau_d)
+  (None where the grid has none)."""
+  out = []
+  for row in rows:
+    draft = roofline.lossless_draft(row)
+    if draft:
+      out.append({"row": row["row"], "k": draft[0], "tau_d": draft[1],
+                  "forwards_per_token": (row["mean_nfe"] - 2) / row["mean_response_len"],
+                  "grid": spec_fpt.get(draft)})
+  return out
+
+
 def run_predicted(batches: list[int], ks: list[int]) -> dict:
-  """The predicted section (module doc)."""
-  fpt = roofline.forwards_per_token(read_json(FLAGS.table3, "the file of --table3")["rows"])
+  """The predicted section (module doc), and Table 3's columns (--table3_columns)."""
+  saved = read_json(FLAGS.table3, "the file of --table3")
+  fpt = roofline.forwards_per_token(saved["rows"])
   spec_fpt = roofline.speculative_forwards_per_token(
     read_json(FLAGS.grid_json, "the file of --grid_json")["grid"]["rows"])
-  taus = [float(t) for t in FLAGS.taus]
+  taus = ([float(t) for t in FLAGS.taus] if FLAGS["taus"].present
+          else sorted((t for t in fpt if t is not None), reverse=True))
   s = plan.PRESETS["qwen3_8b"]
   modes = predicted_modes(fpt, spec_fpt, taus, ks, [float(t) for t in FLAGS.spec_taus],
                           s.block_size)
   steps = compiled_steps(FLAGS.targets, batches, ks, os.path.join(FLAGS.out_dir,
-                                                                  "compiled.json"))
+                                                                  "compiled.json"),
+                         FLAGS.compile)
   out = {"command": command_line(), "model": "qwen3_8b bf16", "prompt_len": s.prompt_len,
          "response_len": s.response_len, "block_size": s.block_size,
-         "versions": plan.versions(), "table3": os.path.relpath(FLAGS.table3, REPO),
-         "grid_json": os.path.relpath(FLAGS.grid_json, REPO), "modes": modes, "targets": {}}
+         "versions": plan.versions(), "table3": shown_path(FLAGS.table3),
+         "grid_json": shown_path(FLAGS.grid_json), "modes": modes,
+         "table3_lossless": table3_lossless(saved["rows"], spec_fpt), "targets": {}}
   for name in FLAGS.targets:
     target = targets.get_target(name)
-    rows = curve(steps[name], modes, s, target)
+    curves = []
+    for fraction in (1.0, target.peak_fraction):
+      rows = curve(steps[name], modes, s, target, fraction)
+      curves.append({"peak_fraction": fraction, "rows": rows, "crossovers": crossovers(rows)})
     out["targets"][name] = {"hbm_bytes_s": target.hbm_bytes_s, "peak_flops": target.peak_flops,
-                            "card_gb": min(target.cards.values()) / 1e9, "rows": rows,
-                            "crossovers": crossovers(rows)}
+                            "peak_fraction": target.peak_fraction,
+                            "card_gb": min(target.cards.values()) / 1e9, "curves": curves}
+  if FLAGS.table3_columns:
+    target = targets.get_target("h100")
+    rows, columns = table3_with_predictions(saved["rows"], steps["h100"][1], spec_fpt, s,
+                                            target)
+    note = (f"; {columns[0]} / {columns[1]} = predicted batch-1 speed-up over AR GR2 of "
+            f"Qwen3-8B bf16 on one H100 with this row's forwards per token (lossless rows: the "
+            f"drafter / verifier forwards of {out['grid_json']} at its K and tau_d), each "
+            f"forward max(compiled bytes / bandwidth, FLOPs / peak) at 100% / "
+            f"{target.peak_fraction:.0%} of bf16 peak (an assumed fraction: "
+            f"experiments/targets.py): `{out['command']}`")
+    print(rerender_table3(FLAGS.table3, saved, rows, columns, note), flush=True)
+    out["table3_columns"] = {"columns": list(columns), "rows": {
+      r["row"] + ("" if r["tau"] is None else f" tau {r['tau']:g}"): [r[c] for c in columns]
+      for r in rows}}
   return out
 
 
@@ -326,7 +476,7 @@ def run_cpu(batches: list[int], runs: dict, save) -> None:
   schedules = read_json(FLAGS.schedules, "the file of --schedules")
   chosen = [bench_speedup.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
   head = {"command": command_line(), "device": str(jax.devices()[0].device_kind),
-          "schedules": os.path.relpath(FLAGS.schedules, REPO), "repeats": FLAGS.repeats}
+          "schedules": shown_path(FLAGS.schedules), "repeats": FLAGS.repeats}
   for run, prompt_lens, entries, spec_entries in chosen:
     config, params = bench_speedup.random_model(*run.split("/"))
     for p in prompt_lens:
@@ -342,30 +492,59 @@ def run_cpu(batches: list[int], runs: dict, save) -> None:
 # ---- report ---------------------------------------------------------------------------------
 
 
-def markdown(result: dict) -> str:
-  lines = ["# Speed under load: tokens/s against the batch size", ""]
-  pred = result.get("predicted")
-  if pred:
-    lines += [f"Predicted, {pred['model']}, prompt {pred['prompt_len']:,} + "
-              f"{pred['response_len']} new tokens per row, one chip; forwards per token from "
-              f"the trained tiny models ({pred['table3']}, {pred['grid_json']}). Command: "
-              f"`{pred['command']}`", ""]
-    for name, t in pred["targets"].items():
-      lines += [f"## {name} ({t['hbm_bytes_s'] / 1e12:.2f} TB/s, {t['peak_flops'] / 1e12:.0f} "
-                f"TFLOP/s, {t['card_gb']:.0f} GB)", ""]
-      lines += markdown_table(t["rows"], "s / request") + [""]
-      steps = list(dict.fromkeys(n for r in t["rows"] for n in r["step_ms"]))
-      lines += ["| batch | " + " | ".join(f"{n} ms" for n in steps) + " |",
-                "|---|" + "---|" * len(steps)]
-      for batch in sorted({r["batch"] for r in t["rows"]}):
+def fraction_text(fraction: float) -> str:
+  """'peak' / '0.7 of peak'."""
+  return "peak" if fraction == 1 else f"{fraction:g} of peak"
+
+
+def predicted_markdown(pred: dict) -> list[str]:
+  """The predicted section: per target a table per fraction of peak, the crossovers at each and
+  the step times at each."""
+  lines = [f"Predicted, {pred['model']}, prompt {pred['prompt_len']:,} + "
+           f"{pred['response_len']} new tokens per row, one chip; forwards per token from the "
+           f"trained tiny models (AR and block diffusion: {pred['table3']}; draft-and-verify's "
+           f"drafter and verifier: {pred['grid_json']}). Command: `{pred['command']}`", ""]
+  for r in pred.get("table3_lossless", []):
+    grid = r["grid"]
+    split = (f"the grid's {grid['draft']:.3f} + {grid['verify']:.3f}" if grid
+             else "not in the grid")
+    lines.append(f"- Table 3's {r['row']}: draft + verify forwards per token "
+                 f"{r['forwards_per_token']:.3f} (their sum only), {split}.")
+  lines += [""] if pred.get("table3_lossless") else []
+  for name, t in pred["targets"].items():
+    lines += [f"## {name} ({t['hbm_bytes_s'] / 1e12:.2f} TB/s, {t['peak_flops'] / 1e12:.0f} "
+              f"TFLOP/s bf16, {t['card_gb']:.0f} GB)", ""]
+    for c in t["curves"]:
+      lines += [f"### Compute-bound forwards at {fraction_text(c['peak_fraction'])} "
+                f"({c['peak_fraction'] * t['peak_flops'] / 1e12:.0f} TFLOP/s)", ""]
+      lines += markdown_table(c["rows"], "s / request", crossover_line=False) + [""]
+    fractions = [fraction_text(c["peak_fraction"]) for c in t["curves"]]
+    lines += [f"Crossover batch at {' / '.join(fractions)}: " + "; ".join(
+      f"{mode}: " + " / ".join(crossover_text(c["crossovers"][mode]) for c in t["curves"])
+      for mode in t["curves"][0]["crossovers"]) + ".", ""]
+    steps = list(dict.fromkeys(n for r in t["curves"][0]["rows"] for n in r["step_ms"]))
+    lines += [f"Step times, ms at {' / '.join(fractions)}:", "",
+              "| batch | " + " | ".join(f"{n} ms" for n in steps) + " |",
+              "|---|" + "---|" * len(steps)]
+    for batch in sorted({r["batch"] for r in t["curves"][0]["rows"]}):
+      cells = {n: [] for n in steps}
+      for c in t["curves"]:
         ms, bound = {}, {}
-        for r in t["rows"]:
+        for r in c["rows"]:
           if r["batch"] == batch:
             ms.update(r["step_ms"])
             bound.update(r["bound"])
-        lines.append(f"| {batch} | " + " | ".join(
-          f"{ms[n]:.2f} ({bound[n][0]})" for n in steps) + " |")
-      lines += ["", "(m) memory-bound, (c) compute-bound.", ""]
+        for n in steps:
+          cells[n].append(f"{ms[n]:.2f} ({bound[n][0]})")
+      lines.append(f"| {batch} | " + " | ".join(" / ".join(cells[n]) for n in steps) + " |")
+    lines += ["", "(m) memory-bound, (c) compute-bound.", ""]
+  return lines
+
+
+def markdown(result: dict) -> str:
+  lines = ["# Speed under load: tokens/s against the batch size", ""]
+  if result.get("predicted"):
+    lines += predicted_markdown(result["predicted"])
   for run, r in result.get("cpu", {}).items():
     lines += [f"## {run}, measured on {r['device']}", "",
               f"Random weights, schedules {r['schedules']}, fastest of {r['repeats']} "
@@ -375,34 +554,44 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, out_dir: str) -> None:
-  """batch_curve.png (predicted: tokens/s and speed-up vs batch, a row per target) and
-  cpu_curve.png (the same per CPU run)."""
+  """batch_curve.png (predicted: tokens/s and speed-up vs batch, a row per target; solid at
+  peak, dashed at the target's fraction of it) and cpu_curve.png (the same per CPU run)."""
   import matplotlib
 
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  panels = {"batch_curve.png": result.get("predicted", {}).get("targets", {}),
-            "cpu_curve.png": result.get("cpu", {})}
+  predicted = result.get("predicted", {}).get("targets", {})
+  panels = {"batch_curve.png": {name: t["curves"] for name, t in predicted.items()},
+            "cpu_curve.png": {run: [c] for run, c in result.get("cpu", {}).items()}}
   for filename, curves in panels.items():
     if not curves:
       continue
     fig, axes = plt.subplots(len(curves), 2, figsize=(10, 3.4 * len(curves)), squeeze=False)
-    for (title, c), (left, right) in zip(curves.items(), axes, strict=True):
-      for mode in dict.fromkeys(r["mode"] for r in c["rows"]):
-        rows = sorted((r for r in c["rows"] if r["mode"] == mode), key=lambda r: r["batch"])
-        batch = [r["batch"] for r in rows]
-        left.plot(batch, [r["tok_s"] for r in rows], "o-", label=mode)
-        right.plot(batch, [r["speedup"] for r in rows], "o-", label=mode)
+    for (title, pricings), (left, right) in zip(curves.items(), axes, strict=True):
+      for c, style in zip(pricings, ("o-", "x--"), strict=False):
+        at = "" if c.get("peak_fraction", 1) == 1 else f", {c['peak_fraction']:g} of peak"
+        for i, mode in enumerate(dict.fromkeys(r["mode"] for r in c["rows"])):
+          rows = sorted((r for r in c["rows"] if r["mode"] == mode), key=lambda r: r["batch"])
+          batch = [r["batch"] for r in rows]
+          color = f"C{i}"
+          left.plot(batch, [r["tok_s"] for r in rows], style, color=color, label=mode + at)
+          right.plot(batch, [r["speedup"] for r in rows], style, color=color, label=mode + at)
       left.set(xscale="log", yscale="log", xlabel="batch", ylabel="tokens/s per replica",
                title=title)
       right.set(xscale="log", xlabel="batch", ylabel="speed-up over AR", title=title)
       right.axhline(1.0, color="gray", lw=0.5)
       for ax in (left, right):
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=5, ncol=2)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, filename), dpi=120)
     plt.close(fig)
+
+
+def shown_path(path: str) -> str:
+  """`path` relative to the checkout when inside it, else as given."""
+  rel = os.path.relpath(os.path.abspath(path), REPO)
+  return path if rel.startswith("..") else rel
 
 
 def command_line() -> str:
@@ -424,9 +613,14 @@ def main(argv):
     raise app.UsageError(f"--sections: {unknown or 'empty'} not in {SECTIONS}")
   if not FLAGS.out_dir:
     raise app.UsageError("--out_dir is required")
-  for name in FLAGS.targets:
-    targets.get_target(name)
   batches, cpu_batches, ks = _ints("batches"), _ints("cpu_batches"), _ints("spec_ks")
+  for name in FLAGS.targets if "predicted" in FLAGS.sections else ():
+    if targets.get_target(name).peak_fraction is None:
+      raise app.UsageError(f"--targets: {name} states no peak_fraction (experiments/targets.py)")
+  if ("predicted" in FLAGS.sections and FLAGS.table3_columns
+      and ("h100" not in FLAGS.targets or 1 not in batches)):
+    raise app.UsageError("--table3_columns needs h100 in --targets and 1 in --batches (or "
+                         "--notable3_columns)")
   for path in (FLAGS.table3, FLAGS.grid_json) if "predicted" in FLAGS.sections else ():
     if not os.path.isfile(path):
       raise app.UsageError(f"{path} does not exist (--table3 / --grid_json)")

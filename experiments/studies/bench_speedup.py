@@ -4,10 +4,10 @@ Diffusion-GR2's commit schedule step for step (an emulation of the trained model
   # 1. record the trained tiny model's schedules (real prompts; writes --schedules)
   python experiments/studies/bench_speedup.py --record_ckpt=W/rl/export --record_workdir=W \
       --schedules=docs/results/benchmarks/speedup/schedules.json --runs=
-  # 2. replay them on random weights of Qwen3 shapes (writes --report_dir; Table 3's column)
+  # 2. replay them on random weights of Qwen3 shapes (writes --report_dir)
   python experiments/studies/bench_speedup.py \
       --schedules=docs/results/benchmarks/speedup/schedules.json \
-      --report_dir=docs/results/benchmarks/speedup --table3_results=results
+      --report_dir=docs/results/benchmarks/speedup
   # draft-and-verify too: record with the AR verifier, replay as above
   python experiments/studies/bench_speedup.py --record_ckpt=W/rl/export \
       --record_verifier=W/ar_rl/export \
@@ -52,9 +52,7 @@ The same run checks the AR path against transformers at batch 1 on the tiny pres
 --merge=DIR1,DIR2,... replays nothing and writes the outputs of several runs' reports as one.
 Every flag is checked first (a tau / B / K with no recorded schedule, --repeats < 1: one line
 naming the flag and the allowed values). Outputs (--report_dir, default a fresh directory):
-bench_speedup.{json,md}, speedup_vs_size.png; with --table3_results=DIR the
-0.6B shape's best-block speed-up per tau is written to DIR/speedup_emulation.json and Table 3
-(DIR/table3.{md,json}) is re-rendered with it as a column (table3_emulation.py).
+bench_speedup.{json,md}, speedup_vs_size.png.
 """
 
 import dataclasses
@@ -69,7 +67,7 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import bench_decode  # its flags: --new_tokens, --torch_threads, --dtype
-from experiments.studies import emulate, table3_emulation
+from experiments.studies import emulate
 from gr2jax import cli, load
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -108,9 +106,6 @@ flags.DEFINE_list("spec_ks", ["4", "8", "16", "32"], "Draft-and-verify K recorde
 flags.DEFINE_list("spec_taus", ["0", "0.6", "0.9"], "Draft-and-verify tau_d recorded / "
                   "replayed (0 = one-step drafts).")
 flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
-flags.DEFINE_string("table3_results", None, "Results dir whose Table 3 gets the column.")
-flags.DEFINE_string("table3_shape", "qwen3_0_6b/float32", "The run whose speed-up Table 3 shows.")
-flags.DEFINE_integer("table3_prompt", 256, "The prompt length of Table 3's column.")
 flags.DEFINE_list("merge", [], "Replay nothing: merge these report dirs' bench_speedup.json "
                   "(one schedules file, no configuration twice) into --report_dir's table, "
                   "best-block lines and plot (each row keeps its source dir).")
@@ -573,12 +568,6 @@ def main(argv):
       write_report(result)  # after every run: a partial report survives an interruption
     del params  # else the next run's random weights are made beside these (1.7B fp32: 6.9 GB
     #             each: two of them and the replay's buffers were OOM-killed on 24 GB)
-  if FLAGS.table3_results:
-    best = best_speedups(result["rows"], FLAGS.table3_shape, FLAGS.table3_prompt)
-    table3_emulation.add_emulated_speedup(FLAGS.table3_results, {
-      "source": os.path.join(FLAGS.report_dir, "bench_speedup.json"), "run": FLAGS.table3_shape,
-      "prompt_len": FLAGS.table3_prompt,
-      "by_tau": {str(t): {"speedup": s, "block": b} for t, (s, b) in best.items()}})
 
 
 if __name__ == "__main__":

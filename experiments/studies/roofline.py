@@ -27,6 +27,7 @@ of the predicted roofline.
 import dataclasses
 import json
 import os
+import re
 import time
 
 import jax
@@ -140,9 +141,21 @@ def compile_step(kind: str, s: plan.Shapes, target_name: str, batch: int = 1,
                          s.block_size if at is None else k)
 
 
+AR_ROW, DIFFUSION_ROW = "AR GR2", "Diffusion-GR2"  # gr2jax/apps/tables.py's Table 3 labels
+_LOSSLESS_ROW = re.compile(r"K=(\d+) tau_d=([0-9.]+)$")  # 'Draft + verify (lossless), K=8 tau_d=0'
+
+
 def forwards_per_token(table3_rows: list[dict]) -> dict:
-  """{tau or None (AR): decode forwards per output token} of the tiny model, prefill removed."""
-  return {r["tau"]: (r["mean_nfe"] - 1) / r["mean_response_len"] for r in table3_rows}
+  """{tau or None (AR): decode forwards per output token} of Table 3's AR GR2 and Diffusion-GR2
+  rows (the lossless rows, whose tau is None too, are not read), the prefill removed."""
+  return {r["tau"]: (r["mean_nfe"] - 1) / r["mean_response_len"] for r in table3_rows
+          if r["row"] in (AR_ROW, DIFFUSION_ROW)}
+
+
+def lossless_draft(row: dict) -> tuple[int, float] | None:
+  """(K, tau_d) of a Table 3 lossless row, read from its label; None for any other row."""
+  m = _LOSSLESS_ROW.search(row["row"])
+  return (int(m.group(1)), float(m.group(2))) if m else None
 
 
 def speculative_forwards_per_token(grid_rows: list[dict]) -> dict:
@@ -153,9 +166,10 @@ def speculative_forwards_per_token(grid_rows: list[dict]) -> dict:
           for g in grid_rows}
 
 
-def step_seconds(step: dict, target: targets.Target) -> float:
-  """A compiled forward's time at the roofline: max(bytes / bandwidth, FLOPs / peak)."""
-  return max(step["bytes"] / target.hbm_bytes_s, step["flops"] / target.peak_flops)
+def step_seconds(step: dict, target: targets.Target, fraction: float = 1.0) -> float:
+  """A compiled forward's time at the roofline: max(bytes / bandwidth, FLOPs / (peak x
+  `fraction`)), the full bandwidth whatever the fraction of peak FLOP/s."""
+  return max(step["bytes"] / target.hbm_bytes_s, step["flops"] / (target.peak_flops * fraction))
 
 
 def prefill_flops(s: plan.Shapes) -> float:
@@ -163,11 +177,13 @@ def prefill_flops(s: plan.Shapes) -> float:
   return plan.forward_flops(s.model, s.prompt_len, plan.causal_pairs(s.prompt_len), 1)
 
 
-def prefill_seconds(s: plan.Shapes, target: targets.Target, batch: int = 1) -> float:
+def prefill_seconds(s: plan.Shapes, target: targets.Target, batch: int = 1,
+                    fraction: float = 1.0) -> float:
   """The prompt's prefill of `batch` rows at the roofline: the weights (bf16) read once, every
-  row's analytic FLOPs."""
+  row's analytic FLOPs at `fraction` of peak."""
   weights = params_lib.param_count(s.model) * 2
-  return max(weights / target.hbm_bytes_s, batch * prefill_flops(s) / target.peak_flops)
+  return max(weights / target.hbm_bytes_s,
+             batch * prefill_flops(s) / (target.peak_flops * fraction))
 
 
 def decode_seconds(forwards: dict, step_s: dict, prefills: int, prefill_s: float,

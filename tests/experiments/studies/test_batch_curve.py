@@ -2,6 +2,7 @@
 records, prefills, speed-ups, memory fit), the crossover finder and the table, on written
 records; the CPU section run end to end on the tiny shape (integration)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 
 from experiments import plan, targets
 from experiments.studies import batch_curve, roofline
+from gr2jax.apps import tables
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -50,6 +52,124 @@ def test_curve_times_each_mode_at_the_roofline_of_its_forwards():
   # Both models resident: 100 GB does not fit an 80 GB H100; one model's 20 GB does.
   assert rows[("draft-and-verify K 8", 64)]["resident_gb"] == pytest.approx(100)
   assert not rows[("draft-and-verify K 8", 64)]["fits"] and rows[("AR", 64)]["fits"]
+
+
+def _curve_fixture():
+  # Batch 1: every forward memory-bound (10 ms); batch 64: the block and the draft
+  # compute-bound at peak, the verify memory-bound at peak (19.9 ms of FLOPs < 20 ms of bytes)
+  # and compute-bound at 0.7 of it (28.5 ms).
+  steps = {1: {"ar": _step(33.5, 1), "block": _step(33.5, 1), "draft_k8": _step(33.5, 1),
+               "verify_k8": _step(33.5, 1)},
+           64: {"ar": _step(67, 1), "block": _step(67, 98.9), "draft_k8": _step(67, 98.9),
+                "verify_k8": _step(67, 19.7)}}
+  modes = batch_curve.predicted_modes({None: 1.0, 0.9: 0.5, 0.6: 0.25},
+                                      {(8, 0.0): {"draft": 0.25, "verify": 0.25}},
+                                      [0.9, 0.6], [8], [0.0], 32)
+  return steps, modes
+
+
+def test_a_fraction_of_peak_never_gives_more_tokens_per_s():
+  s = plan.PRESETS["qwen3_8b"]
+  steps, modes = _curve_fixture()
+  peak = {(r["mode"], r["batch"]): r for r in batch_curve.curve(steps, modes, s, H100)}
+  low = {(r["mode"], r["batch"]): r for r in batch_curve.curve(steps, modes, s, H100, 0.7)}
+  assert peak.keys() == low.keys()
+  for key, r in low.items():
+    assert r["tok_s"] <= peak[key]["tok_s"] and r["peak_fraction"] == 0.7
+    # every step memory-bound: the same step times (the prefill, compute-bound, is slower)
+    if all(b == "memory" for b in r["bound"].values()):
+      assert r["step_ms"] == peak[key]["step_ms"]
+  # a compute-bound step is priced at flops / (peak x fraction)
+  block = low[("diffusion tau 0.9 B 32", 64)]
+  assert block["bound"] == {"block": "compute"}
+  assert block["step_ms"]["block"] == pytest.approx(1e3 * 98.9e12 / (989e12 * 0.7))
+  # the ridge moves: the verify turns compute-bound at 0.7 of peak
+  dv, dv_peak = low[("draft-and-verify K 8", 64)], peak[("draft-and-verify K 8", 64)]
+  assert dv_peak["bound"]["verify_k8"] == "memory" and dv["bound"]["verify_k8"] == "compute"
+  assert dv["step_ms"]["verify_k8"] == pytest.approx(1e3 * 19.7e12 / (989e12 * 0.7))
+
+
+def test_all_memory_bound_steps_and_prefill_give_the_same_curve_at_any_fraction():
+  s = plan.PRESETS["qwen3_8b"]
+  steps, modes = _curve_fixture()
+  steps = {1: steps[1]}
+  # a target whose prefill is memory-bound too: a bandwidth so low the weights dominate
+  slow = dataclasses.replace(H100, hbm_bytes_s=1e11)
+  peak = batch_curve.curve(steps, modes, s, slow)
+  low = batch_curve.curve(steps, modes, s, slow, 0.7)
+  assert [r["tok_s"] for r in low] == [r["tok_s"] for r in peak]
+  assert [r["speedup"] for r in low] == [r["speedup"] for r in peak]
+
+
+def _table3(tmp_path, extra=None):
+  """A Table 3 (table3.json in tmp_path): AR, tau 0.9, lossless K 8 and K 32."""
+  rows = [{"row": label, "tau": tau, "R@1": 0.4, "tokens_per_s": 10.0, "mean_nfe": nfe,
+           "mean_response_len": 34.0}
+          for label, tau, nfe in (("AR GR2", None, 35.0), ("Diffusion-GR2", 0.9, 14.6),
+                                  ("Draft + verify (lossless), K=8 tau_d=0", None, 22.0),
+                                  ("Draft + verify (lossless), K=32 tau_d=0", None, 20.0))]
+  saved = {"header": "Table 3 header", "rows": rows, **(extra or {})}
+  (tmp_path / "table3.json").write_text(json.dumps(saved))
+  return saved
+
+
+def test_table3_speedups_price_each_row_with_its_own_forwards(tmp_path):
+  s = plan.PRESETS["qwen3_8b"]
+  steps, _ = _curve_fixture()
+  rows = _table3(tmp_path)["rows"]
+  spec = {(8, 0.0): {"draft": 0.25, "verify": 0.2}}
+  at = batch_curve.table3_speedups(rows, steps[1], spec, s, H100, 0.7)
+  t, prefill = 0.01, roofline.prefill_seconds(s, H100, 1, 0.7)  # every step 10 ms
+  ar = prefill + s.response_len * (34 / 34) * t
+  assert at[0] == 1.0
+  assert at[1] == pytest.approx(ar / (prefill + s.response_len * (13.6 / 34) * t))
+  assert at[2] == pytest.approx(ar / (2 * prefill + s.response_len * 0.45 * t))
+  assert at[3] is None  # K 32: no grid entry, no compiled step
+
+
+def test_table3_rerender_adds_the_two_columns_and_keeps_the_header(tmp_path):
+  s = plan.PRESETS["qwen3_8b"]
+  steps, _ = _curve_fixture()
+  saved = _table3(tmp_path)
+  spec = {(8, 0.0): {"draft": 0.25, "verify": 0.2}}
+  rows, columns = batch_curve.table3_with_predictions(saved["rows"], steps[1], spec, s, H100)
+  assert columns == ("pred_h100_b1_speedup", "pred_h100_b1_speedup_0.7")
+  md = batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, rows, columns,
+                                   "; pred = predicted")
+  assert md.startswith("Table 3 header; pred = predicted\n\n")
+  assert md.splitlines()[2].endswith("| pred_h100_b1_speedup | pred_h100_b1_speedup_0.7 |")
+  assert md.splitlines()[4].endswith("| 1.0000 | 1.0000 |")
+  assert md.splitlines()[7].endswith("| n/a | n/a |")
+  written = json.load(open(tmp_path / "table3.json"))
+  assert written["header"] == "Table 3 header"
+  assert [r["R@1"] for r in written["rows"]] == [0.4] * 4  # the other fields kept
+  peak, low = (written["rows"][1][c] for c in columns)
+  assert 1 < low <= peak  # tau 0.9 wins at batch 1, less at 0.7 of peak (slower prefill)
+  # again from what it wrote: the same table
+  again = json.load(open(tmp_path / "table3.json"))
+  rows, _ = batch_curve.table3_with_predictions(again["rows"], steps[1], spec, s, H100)
+  assert batch_curve.rerender_table3(str(tmp_path / "table3.json"), again, rows, columns,
+                                     "; pred = predicted") == md
+
+
+def test_table3_rerender_passes_every_other_top_level_field(tmp_path, monkeypatch):
+  saved = _table3(tmp_path, {"provenance": {"workdir": "W", "commit": "abc"}})
+  got = {}
+
+  def write_table3(rows, results, header, note="", extra_columns=(), **kept):
+    got.update(kept, results=results, columns=extra_columns)
+    json.dump({"header": header, "rows": rows, **kept}, open(f"{results}/table3.json", "w"))
+    return header + note
+
+  monkeypatch.setattr(tables, "write_table3", write_table3)
+  batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, saved["rows"], ("c",), "")
+  assert got == {"provenance": saved["provenance"], "results": str(tmp_path),
+                 "columns": ("c",)}
+  # a writer that drops a field is caught
+  monkeypatch.setattr(tables, "write_table3", lambda rows, results, header, **_: json.dump(
+    {"header": header, "rows": rows}, open(f"{results}/table3.json", "w")))
+  with pytest.raises(ValueError, match="did not keep provenance"):
+    batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, saved["rows"], ("c",), "")
 
 
 def test_a_mode_without_forwards_per_token_is_named():

@@ -10,9 +10,31 @@ from tests import aot
 
 
 def test_forwards_per_token_drop_the_prefill():
-  rows = [{"tau": None, "mean_nfe": 11.0, "mean_response_len": 10.0},
-          {"tau": 0.9, "mean_nfe": 5.0, "mean_response_len": 10.0}]
+  rows = [{"row": "AR GR2", "tau": None, "mean_nfe": 11.0, "mean_response_len": 10.0},
+          {"row": "Diffusion-GR2", "tau": 0.9, "mean_nfe": 5.0, "mean_response_len": 10.0},
+          # a lossless row has tau None too: not AR's
+          {"row": "Draft + verify (lossless), K=8 tau_d=0", "tau": None, "mean_nfe": 8.0,
+           "mean_response_len": 10.0}]
   assert roofline.forwards_per_token(rows) == {None: 1.0, 0.9: 0.4}
+
+
+@pytest.mark.parametrize("label, expected", [
+  ("Draft + verify (lossless), K=16 tau_d=0", (16, 0.0)),
+  ("Draft + verify (lossless), K=8 tau_d=0.9", (8, 0.9)),
+  ("AR GR2", None), ("Diffusion-GR2", None)])
+def test_lossless_draft_reads_k_and_tau_d_from_the_label(label, expected):
+  assert roofline.lossless_draft({"row": label}) == expected
+
+
+def test_a_fraction_of_peak_slows_compute_bound_steps_only():
+  h100 = targets.TARGETS["h100"]
+  memory = {"bytes": 3.35e10, "flops": 1e9}
+  compute = {"bytes": 3.35e10, "flops": 1e15}
+  assert roofline.step_seconds(memory, h100, 0.7) == roofline.step_seconds(memory, h100)
+  assert roofline.step_seconds(compute, h100, 0.7) == pytest.approx(1e15 / (989e12 * 0.7))
+  s = plan.PRESETS["qwen3_8b"]
+  assert roofline.prefill_seconds(s, h100, 1, 0.7) == pytest.approx(
+    roofline.prefill_seconds(s, h100) / 0.7)
 
 
 def test_prediction_is_the_roofline_of_the_compiled_bytes():
