@@ -11,9 +11,11 @@ constrained-decoding ablation of the last, and the lossless mode (the last draft
 verifies: AR GR2's own output, so its numbers). Each model row is evaluated by the one evaluation
 (decoding/evaluation.py) on every split of `table.splits` (the diffusion rows on
 `table.diffusion_splits`), through the workdir's evaluation cache (a stage's final evaluation of
-the same split is reused). Writes <results>/table2.{md,csv,json} with the paper's numbers
-alongside and the step timings (experiments/run.py then runs the recipe's `table.then` tables,
-gr2jax/apps/tables.py).
+the same split is reused). Every row but AR GR2's carries its paired difference to AR GR2 on
+the same split and users, R@1 and N@3 with a 95% interval (`paired_bootstrap`). Writes
+<results>/table2.{md,csv,json} with the paper's numbers alongside, the step timings and the stamp
+(apps/report.py: the recipe digest, the commit); experiments/run.py then runs the recipe's
+`table.then` tables (gr2jax/apps/tables.py).
 """
 
 import csv
@@ -21,13 +23,16 @@ import dataclasses
 import json
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
 
 from gr2jax import chain, exports, files
+from gr2jax import metrics as metrics_lib
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
+from gr2jax.apps import report
 from gr2jax.data import build_rendering, pipeline, tfds_builder
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
@@ -76,10 +81,22 @@ def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
   return export, policy_lib.make_policy(config, spec, response_len)
 
 
+class PerUser(NamedTuple):
+  """A row's per-user outcome on its split, in the split's order.
+
+  Attributes:
+    users: [n] user ids.
+    ranks: [n] 1-based rank of each user's target in the row's ranking (metrics.target_ranks).
+  """
+  users: np.ndarray
+  ranks: np.ndarray
+
+
 def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> list[dict]:
   """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
   those of table.diffusion_splits; each through the workdir's evaluation cache (a stage's final
-  evaluation of the same split is reused)."""
+  evaluation of the same split is reused), with its 'per_user' PerUser read from the
+  evaluation's per-user rows (its JSONL: 'user', 'target_rank')."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   p, r = lengths_lib.static_lengths(summary)
   rows = []
@@ -89,11 +106,13 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
       if name in DIFFUSION_ROWS and split not in recipe.table.diffusion_splits:
         continue
       export, policy = row_policy(recipe, workdir, name, tok, r)
-      result, _ = evaluation.evaluate_export(
+      result, per_user = evaluation.evaluate_export(
         export, policy, data, tok, batch_size=recipe.eval.batch_size, prompt_len=p,
         cache_dir=evaluation.cache_dir(workdir), name=f"{name}_{split}")
       print(evaluation.format_result(f"[table2] {label} / {split}", result), flush=True)
-      rows.append({"row": name, "label": label, "split": split, **result})
+      rows.append({"row": name, "label": label, "split": split, **result,
+                   "per_user": PerUser(np.asarray([r["user"] for r in per_user]),
+                                       np.asarray([r["target_rank"] for r in per_user]))})
   return rows
 
 
@@ -101,10 +120,10 @@ _SUMMARY_SPLITS = {"test_1615": "test_subset", "test": "test", "validation": "va
 REFERENCE_ROWS = (("floor", "Pre-rank floor"), ("teacher", "Rule teacher"))
 
 
-def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]:
-  """{'floor' | 'teacher': R@1 / R@3 / N@3} on the first `limit` users of `split`: D's order and
-  the rule teacher's ranking (data/teacher.py, the build's weights on the evidence levels of
-  each user's kept history, as data/examples.py scores them)."""
+def _reference_ranks(summary: dict, split: str, limit: int) -> dict[str, PerUser]:
+  """{'floor' | 'teacher': PerUser} of the first `limit` users of `split`: the target's rank in
+  D's order and in the rule teacher's ranking (data/teacher.py, the build's weights on the
+  evidence levels of each user's kept history, as data/examples.py scores them)."""
   source = tfds_builder.data_source(summary["paths"]["tfds"], split)
   records = [source[i] for i in range(limit)]
   catalog, sids = build_rendering.build_sids(summary)
@@ -114,63 +133,152 @@ def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]
     [r["history"] for r in records], candidates, requests_lib.Catalogue.make(catalog, sids),
     cfg["max_history"], cfg["evidence_decay"], cfg["evidence_window"])
   targets = np.asarray([int(r["target_position"]) for r in records])
+  users = np.asarray([int(r["user"]) for r in records])
   weights = teacher_lib.TeacherWeights(**summary["examples"]["teacher_weights"])
   floor = np.tile(np.arange(candidates.shape[1]), (limit, 1))
-  return {"floor": teacher_lib.ranking_metrics(floor, targets),
-          "teacher": teacher_lib.ranking_metrics(teacher_lib.rankings(levels, weights), targets)}
+  return {name: PerUser(users, metrics_lib.target_ranks(ranking, targets))
+          for name, ranking in (("floor", floor),
+                                ("teacher", teacher_lib.rankings(levels, weights)))}
+
+
+def _metrics(ranks: np.ndarray) -> dict[str, float]:
+  """R@1, R@3, N@3 of [n] target ranks (as teacher_lib.ranking_metrics)."""
+  return metrics_lib.ranking_metrics(ranks, ks=(1, 3))
+
+
+def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]:
+  """{'floor' | 'teacher': R@1 / R@3 / N@3} recomputed on the first `limit` users of `split`
+  (tests/test_chain.py checks the data build's own numbers of a whole split against them)."""
+  return {name: _metrics(p.ranks) for name, p in _reference_ranks(summary, split, limit).items()}
 
 
 def reference_rows(summary: dict, splits, limit: int = 0) -> list[dict]:
   """Floor and rule teacher on the users the model rows are evaluated on: the first `limit` of
   each split (0 = all: the data build's own numbers), each row with its number of users `num`
-  (the evaluation's name for it)."""
+  (the evaluation's name for it) and its 'per_user' PerUser."""
   out = []
   for split in splits:
     size = summary["splits"][split]
     n = min(limit, size) if limit else size
-    metrics = ({k: summary["examples"][k][_SUMMARY_SPLITS[split]] for k, _ in REFERENCE_ROWS}
-               if n == size else _reference_metrics(summary, split, n))
+    per_user = _reference_ranks(summary, split, n)
     for name, label in REFERENCE_ROWS:
-      m = metrics[name]
+      m = (summary["examples"][name][_SUMMARY_SPLITS[split]] if n == size
+           else _metrics(per_user[name].ranks))
       out.append({"row": name, "label": label, "split": split, "num": n, "R@1": m["R@1"],
-                  "R@3": m["R@3"], "N@3": m["N@3"], "valid_rate": 1.0})
+                  "R@3": m["R@3"], "N@3": m["N@3"], "valid_rate": 1.0,
+                  "per_user": per_user[name]})
   return out
 
 
-COLUMNS = ("num", "R@1", "R@1_se", "R@3", "N@3", "valid_rate", "duplicate", "omitted", "out_of_set",
-           "truncated", "malformed_json", "top1_is_D_first", "top1_is_teacher", "nfe_per_token",
-           "paper_nfe_per_token", "tokens_per_s")
+BASELINE = "ar_gr2"  # the row every other row is compared with, user by user
+VERSUS = f"vs_{BASELINE}"  # a row's field holding that comparison
+RESAMPLES, SEED = 10_000, 0
+METHOD = f"paired bootstrap, {RESAMPLES} resamples of users, percentile"
+PER_USER = {"R@1": lambda ranks: metrics_lib.recall_at_k(ranks, 1),  # [n] ranks -> [n] values
+            "N@3": lambda ranks: metrics_lib.ndcg_at_k(ranks, 3)}
 
 
-def _cell(row, col):
-  value = row.get(col, row.get("counts", {}).get(col))
-  if value is None:
+def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, resamples: int = RESAMPLES,
+                     seed: int = SEED, level: float = 0.95) -> tuple[float, float, float]:
+  """The mean paired difference mean(a - b) and its paired-bootstrap percentile interval.
+
+  Paired bootstrap over users (Efron & Tibshirani 1993, ch. 13, the percentile interval): each of
+  `resamples` resamples draws n users with replacement, the same users for both systems, and
+  takes the mean of their differences; the interval is the (1 - level) / 2 and (1 + level) / 2
+  percentiles of those means. A resample's mean depends only on how often each distinct
+  difference is drawn, so the draws are multinomial counts over the distinct values of a - b:
+  the same distribution as drawing user indices, in O(resamples x distinct values) memory.
+
+  Args:
+    a, b: [n] per-user values of two systems (e.g. R@1 in {0, 1}), the same users in the same
+      order, n >= 1.
+    resamples: bootstrap resamples.
+    seed: the generator's seed (fixed: the same arrays give the same interval).
+    level: the interval's coverage.
+
+  Returns:
+    (mean(a - b), lo, hi).
+  """
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  if a.ndim != 1 or a.shape != b.shape or not a.size:
+    raise ValueError(f"paired_bootstrap needs two [n] arrays, n >= 1; got {a.shape} and "
+                     f"{b.shape}")
+  diff = a - b  # [n]
+  values, counts = np.unique(diff, return_counts=True)  # [K], [K]
+  draws = np.random.default_rng(seed).multinomial(diff.size, counts / diff.size,
+                                                  size=resamples)  # [resamples, K]
+  means = draws @ values / diff.size  # [resamples]
+  lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
+  return float(diff.mean()), float(lo), float(hi)
+
+
+def versus(row: PerUser, base: PerUser) -> dict:
+  """{'R@1' | 'N@3': [row - base, lo, hi] (paired_bootstrap), 'method': METHOD}.
+
+  Raises:
+    ValueError: the two rows are not on the same users in the same order.
+  """
+  if not np.array_equal(row.users, base.users):
+    raise ValueError(f"paired rows must be on the same users: {len(row.users)} and "
+                     f"{len(base.users)} users, not in the same order")
+  out = {name: list(paired_bootstrap(f(row.ranks), f(base.ranks)))
+         for name, f in PER_USER.items()}
+  return {**out, "method": METHOD}
+
+
+def with_versus(rows: list[dict]) -> list[dict]:
+  """The rows without their 'per_user', each but the BASELINE's with VERSUS: `versus` the
+  BASELINE row of its split (a split without one: none)."""
+  base = {r["split"]: r["per_user"] for r in rows if r["row"] == BASELINE}
+  out = []
+  for row in rows:
+    kept = {k: v for k, v in row.items() if k != "per_user"}
+    if row["row"] != BASELINE and row["split"] in base:
+      kept[VERSUS] = versus(row["per_user"], base[row["split"]])
+    out.append(kept)
+  return out
+
+
+COLUMNS = ("num", "R@1", "R@1_se", "R@3", "N@3", "valid_rate", *report.INVALID_KINDS,
+           "top1_is_D_first", "top1_is_teacher", "nfe_per_token", "paper_nfe_per_token",
+           "tokens_per_s")
+VERSUS_COLUMNS = {f"d{name} [95% CI]": name for name in PER_USER}  # header -> metric of VERSUS
+
+
+def _versus_cell(row: dict, metric: str) -> str:
+  """'+d [+lo, +hi]' of the row's VERSUS difference in `metric`; '' for a row without one."""
+  if VERSUS not in row:
     return ""
-  return f"{value:.4f}" if isinstance(value, float) else str(value)
+  diff, lo, hi = row[VERSUS][metric]
+  return f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
 
 
 def _timing(name: str, timing: dict) -> str:
   return f"{name} {timing['seconds']:.0f} ({timing['how']})"
 
 
-def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir: str) -> str:
+def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir: str, *,
+                 stamp: dict | None = None) -> str:
   """results/table2.{md,csv,json}; returns the markdown.
 
   Args:
-    rows: every row ('num' = the users it is computed on).
+    rows: every row ('num' = the users it is computed on; VERSUS: with_versus's comparison).
     timings: {name: {'seconds', 'how'}} (run_chain's, plus 'total' of this run).
     provenance: {name: value}.
     results_dir: where the files go.
+    stamp: report.stamp's {'recipe_digest', 'commit'}: the JSON's top-level fields and the
+      markdown's last line (None: neither).
   """
   os.makedirs(results_dir, exist_ok=True)
   order = ["floor", "teacher"] + [r[0] for r in ROWS]
   rows = sorted(rows, key=lambda r: (r["split"] != "test_1615", order.index(r["row"])))
-  header = ["split", "row", *COLUMNS, "paper R@1 / R@3 / N@3"]
+  header = ["split", "row", *COLUMNS, *VERSUS_COLUMNS, "paper R@1 / R@3 / N@3"]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
   table_rows = []
   for row in rows:
     paper = PAPER.get(row["row"])
-    cells = [row["split"], row["label"], *(_cell(row, c) for c in COLUMNS),
+    cells = [row["split"], row["label"], *(report.cell(row, c, "") for c in COLUMNS),
+             *(_versus_cell(row, m) for m in VERSUS_COLUMNS.values()),
              " / ".join(f"{x:.4f}" for x in paper) if paper else ""]
     table_rows.append(cells)
     lines.append("| " + " | ".join(cells) + " |")
@@ -178,6 +286,8 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
   lines.append("Stage wall time (s; reused = the seconds of the run that made it): "
                + ", ".join(_timing(k, v) for k, v in timings.items()))
   lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in provenance.items()))
+  if stamp is not None:
+    lines.append(report.stamp_line(stamp))
   md = "\n".join(lines) + "\n"
   with open(os.path.join(results_dir, "table2.md"), "w") as f:
     f.write(md)
@@ -186,8 +296,8 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
     w.writerow(header)
     w.writerows(table_rows)
   with open(os.path.join(results_dir, "table2.json"), "w") as f:
-    json.dump({"rows": rows, "timings": timings, "provenance": provenance, "paper": PAPER}, f,
-              indent=1, default=str)
+    json.dump({**(stamp or {}), "rows": rows, "timings": timings, "provenance": provenance,
+               "paper": PAPER}, f, indent=1, default=str)
   return md
 
 
@@ -218,11 +328,11 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   start = time.perf_counter()
   timings = chain.run_chain(recipe, workdir)  # the teacher first: its traces are the build's input
   summary = pipeline.run(recipe_lib.data_config(recipe), workdir)
-  rows = (reference_rows(summary, recipe.table.splits, recipe.eval.limit)
-          + evaluate_rows(recipe, workdir, summary))
+  rows = with_versus(reference_rows(summary, recipe.table.splits, recipe.eval.limit)
+                     + evaluate_rows(recipe, workdir, summary))
   timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
   results_dir = recipe.table.results_dir.format(workdir=workdir)
   md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)},
-                    results_dir)
+                    results_dir, stamp=report.stamp(report.recipe_digest(recipe, workdir)))
   print(md, flush=True)
   return md

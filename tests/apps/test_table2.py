@@ -1,8 +1,11 @@
-"""gr2jax/apps/table2.py: the report's files (the rows themselves are evaluated end to end in
-tests/test_chain.py, on the HF-layout run)."""
+"""gr2jax/apps/table2.py: the report's files and the paired intervals against AR GR2 (the rows
+themselves are evaluated end to end in tests/test_chain.py, on the HF-layout run)."""
 
 import csv
 import json
+
+import numpy as np
+import pytest
 
 from gr2jax.apps import table2
 
@@ -34,3 +37,75 @@ def test_every_row_has_a_paper_entry_and_the_lossless_verifier_is_a_row_stage():
   assert set(table2.PAPER) == {"floor", "teacher", *names}
   assert set(table2.DIFFUSION_ROWS) < set(names)
   assert table2.LOSSLESS_VERIFIER in {stage for _, _, stage in table2.ROWS}
+
+
+def test_paired_bootstrap_of_identical_arrays_is_zero():
+  a = np.random.default_rng(1).integers(0, 2, 50).astype(float)
+  assert table2.paired_bootstrap(a, a) == (0.0, 0.0, 0.0)
+
+
+def test_paired_bootstrap_covers_a_known_shift_and_narrows_with_n():
+  rng = np.random.default_rng(2)
+  widths = []
+  for n in (200, 20_000):
+    b = rng.normal(size=n)
+    a = b + 0.3 + rng.normal(scale=0.5, size=n)  # paired: the same users' values, shifted
+    diff, lo, hi = table2.paired_bootstrap(a, b)
+    assert lo < 0.3 < hi and lo <= diff <= hi
+    widths.append(hi - lo)
+  assert widths[1] < widths[0] / 5  # ~ 1 / sqrt(n)
+  assert table2.paired_bootstrap(a, b) == table2.paired_bootstrap(a, b)  # the seed is fixed
+
+
+def test_paired_bootstrap_counts_are_the_resampling_of_users():
+  """The multinomial draws over distinct differences give the interval of drawing user indices."""
+  rng = np.random.default_rng(3)
+  a, b = rng.integers(0, 2, 300).astype(float), rng.integers(0, 2, 300).astype(float)
+  means = (a - b)[rng.integers(0, 300, size=(10_000, 300))].mean(axis=1)
+  _, lo, hi = table2.paired_bootstrap(a, b)
+  assert np.percentile(means, [2.5, 97.5]) == pytest.approx([lo, hi], abs=0.01)
+  with pytest.raises(ValueError, match="two \\[n\\] arrays"):
+    table2.paired_bootstrap(a, b[:10])
+
+
+def _per_user(ranks, users=None):
+  ranks = np.asarray(ranks)
+  return table2.PerUser(np.arange(len(ranks)) if users is None else np.asarray(users), ranks)
+
+
+def test_every_row_but_ar_gr2_gets_its_paired_difference_on_the_same_users():
+  rows = [{"row": "ar_gr2", "split": "test_1615", "per_user": _per_user([1, 2, 1, 4])},
+          {"row": "floor", "split": "test_1615", "per_user": _per_user([1, 1, 1, 1])},
+          {"row": "floor", "split": "test", "per_user": _per_user([1, 1])}]
+  out = table2.with_versus(rows)
+  assert all("per_user" not in r for r in out)
+  assert table2.VERSUS not in out[0] and table2.VERSUS not in out[2]  # no AR GR2 row on 'test'
+  versus = out[1][table2.VERSUS]
+  assert versus["method"] == "paired bootstrap, 10000 resamples of users, percentile"
+  assert versus["R@1"][0] == pytest.approx(0.5)  # AR GR2 has the target first for 2 of 4
+  assert versus["N@3"][0] == pytest.approx((1 - 1 / np.log2(3)) / 4 + 1 / 4)
+  rows[1]["per_user"] = _per_user([1, 1, 1, 1], users=[3, 2, 1, 0])
+  with pytest.raises(ValueError, match="same users"):
+    table2.with_versus(rows)
+
+
+def test_write_tables_renders_the_paired_columns_and_the_stamp(tmp_path):
+  rows = table2.with_versus(
+    [{"row": "ar_gr2", "label": "AR GR2 (SFT + RL)", "split": "test_1615", "num": 3,
+      "R@1": 2 / 3, "per_user": _per_user([1, 1, 2])},
+     {"row": "rl", "label": "+ CFT + OPD -> RL", "split": "test_1615", "num": 3, "R@1": 1 / 3,
+      "per_user": _per_user([1, 3, 2])}])
+  stamp = {"recipe_digest": "066aafb788d55543", "commit": "0" * 40}
+  md = table2.write_tables(rows, {}, {"recipe": "tiny"}, str(tmp_path), stamp=stamp)
+  lines = md.splitlines()
+  assert lines[0].endswith("| dR@1 [95% CI] | dN@3 [95% CI] | paper R@1 / R@3 / N@3 |")
+  assert lines[2].split(" | ")[-3:-1] == ["", ""]  # AR GR2 itself
+  r1, n3 = lines[3].split(" | ")[-3:-1]
+  assert r1.startswith("-0.3333 [") and n3.startswith("-0.") and lines[-1] == (
+    "recipe_digest 066aafb788d55543, commit " + "0" * 40)
+  with open(tmp_path / "table2.csv", newline="") as f:
+    assert list(csv.reader(f))[2][-3] == r1
+  saved = json.loads((tmp_path / "table2.json").read_text())
+  assert {k: saved[k] for k in stamp} == stamp
+  diff, lo, hi = saved["rows"][1]["vs_ar_gr2"]["R@1"]
+  assert diff == pytest.approx(-1 / 3) and lo <= diff <= hi
