@@ -26,6 +26,9 @@ data build of W (the same `data` config as table2.py; reused from W's cache).
   share of reasonings with citations whose every citation is true of the user's history (the
   cited candidate shares the cited attribute with a history item: its evidence bucket for that
   kind is > 0, the written value / bucket is the candidate's own).
+Every results file carries the stamp of apps/report.py (the recipe digest, read from the chain's
+record of the workdir's final step, and the commit): at the top of its JSON and, for the tables,
+on the last line of the markdown.
 Evaluations are cached under W/tables/ by model digest, split, tau and the eval settings, so
 Table 3's tau = 1.0 rows and Table 4 share one decode. So are the timings (Table 3's batch-1
 decodes, Figure 6): a rerun on a finished table reuses them, and says so, unless
@@ -41,6 +44,7 @@ import time
 import numpy as np
 
 from gr2jax import files, load
+from gr2jax.apps import report
 from gr2jax.data import answer, build_rendering, pipeline, prompts, tfds_builder
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -164,8 +168,9 @@ def evaluate_at(name: str, model: Model, table: TablesView, inp: Inputs, workdir
 
 # ------------------------------------------------------------------------------------ Table 3
 
-TABLE3_COLUMNS = ("R@1", "R@1_se", "valid_rate", "nfe_per_token", "paper_nfe_per_token",
-                  "tokens_per_s", "speedup", "b1_tokens_per_s", "b1_speedup", "paper")
+TABLE3_COLUMNS = ("R@1", "R@1_se", "valid_rate", *report.INVALID_KINDS, "nfe_per_token",
+                  "paper_nfe_per_token", "tokens_per_s", "speedup", "b1_tokens_per_s",
+                  "b1_speedup", "paper")
 PAPER_TABLE3 = {  # Diffusion-GR2's frontier (Qwen3-8B, one H100): R@1, tok/s, speed-up (§2)
   None: (0.2960, 71, 1.0), 0.9: (0.2950, 172, 2.4), 0.6: (0.2942, 234, 3.3),
   0.4: (0.2936, 246, 3.5),
@@ -231,17 +236,18 @@ def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> l
   return rows
 
 
-def _cell(value) -> str:
-  if value is None:
-    return "n/a"
-  return f"{value:.4f}" if isinstance(value, float) else str(value)
-
-
 def markdown(rows: list[dict], columns, first=("row", "tau")) -> str:
+  """A markdown table of `first` + `columns` (report.cell: an answer-kind count from the row's
+  'counts', 'n/a' where the row has no value)."""
   header = [*first, *columns]
   lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-  lines += ["| " + " | ".join(_cell(row.get(c)) for c in header) + " |" for row in rows]
+  lines += ["| " + " | ".join(report.cell(row, c, "n/a") for c in header) + " |" for row in rows]
   return "\n".join(lines) + "\n"
+
+
+def _footer(stamp: dict | None) -> str:
+  """The markdown's stamp line (report.stamp_line), '' without a stamp."""
+  return "" if stamp is None else "\n" + report.stamp_line(stamp) + "\n"
 
 
 def frontier_png(rows: list[dict], path: str) -> None:
@@ -271,15 +277,18 @@ def frontier_png(rows: list[dict], path: str) -> None:
 
 
 def write_table3(rows: list[dict], results: str, header: str, note: str = "",
-                 extra_columns: tuple[str, ...] = ()) -> str:
+                 extra_columns: tuple[str, ...] = (), *, stamp: dict | None = None) -> str:
   """results/table3.{md,json} + the frontier PNG. `extra_columns` (keys of `rows`, after
   TABLE3_COLUMNS) and `note` (appended to the header in the markdown only) let a benchmark add
-  its own column to a rendered table."""
+  its own column to a rendered table. `stamp` (report.stamp; a re-render passes the saved
+  file's through: report.stamp_of) is written at the JSON's top and as the markdown's last
+  line (None: neither)."""
   os.makedirs(results, exist_ok=True)
-  md = header + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
+  md = (header + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
+        + _footer(stamp))
   open(os.path.join(results, "table3.md"), "w").write(md)
-  json.dump({"header": header, "rows": rows}, open(os.path.join(results, "table3.json"), "w"),
-            indent=1, default=str)
+  json.dump({**(stamp or {}), "header": header, "rows": rows},
+            open(os.path.join(results, "table3.json"), "w"), indent=1, default=str)
   frontier_png(rows, os.path.join(results, "table3_frontier.png"))
   return md
 
@@ -291,7 +300,8 @@ def run_table3(table: TablesView, workdir: str) -> str:
             f"(batched decode of batch {table.eval.batch_size}, after the compiling batch); "
             f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
             "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)")
-  md = write_table3(rows, table.results_dir.format(workdir=workdir), header)
+  md = write_table3(rows, table.results_dir.format(workdir=workdir), header,
+                    stamp=report.stamp(report.recorded_digest(table, workdir)))
   print(md, flush=True)
   return md
 
@@ -435,7 +445,8 @@ def run_fig6(table: TablesView, workdir: str) -> dict:
   data = timings_cached(path, lambda: fig6(models, inp, table), table.remeasure)
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
-  json.dump(data, open(os.path.join(results, "fig6.json"), "w"), indent=1)
+  stamp = report.stamp(report.recorded_digest(table, workdir))
+  json.dump({**stamp, **data}, open(os.path.join(results, "fig6.json"), "w"), indent=1)
   fig6_png(data, os.path.join(results, "fig6.png"))
   print(json.dumps(data["overall"]), flush=True)
   return data
@@ -588,12 +599,13 @@ def run_table4(table: TablesView, workdir: str) -> str:
                                 for i in range(min(len(inp.data), len(source)))]))
   results = table.results_dir.format(workdir=workdir)
   os.makedirs(results, exist_ok=True)
+  stamp = report.stamp(report.recorded_digest(table, workdir))
   md = (f"Table 4, the checkable part, on {table.split} (n={len(inp.data)}; diffusion "
         f"tau={table.decode.eval_tau:g}). identifier_correct: every label in the reasoning is in D "
         "(slots) or H u D (SIDs) and no line cites a history item as the candidate; "
         "grounded: the cited attribute is the candidate's and a history item shares it.\n\n"
-        + markdown(rows, TABLE4_COLUMNS, first=("row", "num")))
+        + markdown(rows, TABLE4_COLUMNS, first=("row", "num")) + _footer(stamp))
   open(os.path.join(results, "table4.md"), "w").write(md)
-  json.dump({"rows": rows}, open(os.path.join(results, "table4.json"), "w"), indent=1)
+  json.dump({**stamp, "rows": rows}, open(os.path.join(results, "table4.json"), "w"), indent=1)
   print(md, flush=True)
   return md

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gr2jax import recipe, recipes
-from gr2jax.apps import tables
+from gr2jax.apps import report, tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation
@@ -222,3 +222,25 @@ def test_a_finished_tables_timings_are_reused_unless_remeasured(tmp_path, capsys
   assert len(calls) == 1 and f"reusing the timings in {path}" in capsys.readouterr().out
   assert tables.timings_cached(path, measure, remeasure=True) == {"b1_tokens_per_s": 20.0}
   assert json.load(open(path)) == {"b1_tokens_per_s": 20.0}
+
+
+def test_table3_shows_the_invalid_kinds_and_a_rerender_keeps_the_stamp(tmp_path):
+  """Table 3's columns carry each invalid-answer count (from the rows' 'counts', as Table 2's);
+  a re-render with an extra column passes the saved stamp through (report.stamp_of)."""
+  counts = {"valid": 6, "malformed_json": 0, "duplicate": 1, "omitted": 0, "out_of_set": 0,
+            "truncated": 1}
+  rows = [{"row": "AR GR2", "tau": None, "R@1": 0.5, "tokens_per_s": 10.0, "counts": counts}]
+  stamp = {"recipe_digest": "066aafb788d55543", "commit": "0" * 40}
+  md = tables.write_table3(rows, str(tmp_path), "Table 3 header", stamp=stamp)
+  header, _, cells = md.splitlines()[2:5]
+  columns = [c.strip() for c in header.strip("|").split("|")]
+  values = dict(zip(columns, [c.strip() for c in cells.strip("|").split("|")], strict=True))
+  assert [values[k] for k in ("duplicate", "truncated", "malformed_json")] == ["1", "1", "0"]
+  assert md.splitlines()[-1] == report.stamp_line(stamp)
+  saved = json.load(open(tmp_path / "table3.json"))
+  rows = [{**r, "extra": "x"} for r in saved["rows"]]
+  md = tables.write_table3(rows, str(tmp_path), saved["header"], "; extra = x",
+                           ("extra",), stamp=report.stamp_of(saved))
+  assert md.startswith("Table 3 header; extra = x\n\n") and md.splitlines()[-1].startswith(
+    "recipe_digest 066aafb788d55543")
+  assert report.stamp_of(json.load(open(tmp_path / "table3.json"))) == stamp
