@@ -99,13 +99,14 @@ def stamp(digest: str) -> dict:
 
 
 def stamp_of(record: dict) -> dict:
-  """The stamp fields a saved results JSON holds (a re-render passes them through)."""
-  return {k: record[k] for k in STAMP_FIELDS if k in record}
+  """The stamp fields `record` holds, None values left out: of a saved results JSON (what a
+  re-render passes through) or of a writer's keywords."""
+  return {k: record[k] for k in STAMP_FIELDS if record.get(k) is not None}
 
 
 def stamp_line(fields: dict) -> str:
-  """The stamp as a markdown line."""
-  return ", ".join(f"{k} {fields[k]}" for k in STAMP_FIELDS)
+  """The stamp fields of `fields` as a markdown line ('' with none)."""
+  return ", ".join(f"{k} {fields[k]}" for k in STAMP_FIELDS if k in fields)
 
 
 def check_results(results_dir: str) -> list[str]:

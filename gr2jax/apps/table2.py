@@ -258,7 +258,7 @@ def _timing(name: str, timing: dict) -> str:
 
 
 def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir: str, *,
-                 stamp: dict | None = None) -> str:
+                 recipe_digest: str | None = None, commit: str | None = None) -> str:
   """results/table2.{md,csv,json}; returns the markdown.
 
   Args:
@@ -266,9 +266,10 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
     timings: {name: {'seconds', 'how'}} (run_chain's, plus 'total' of this run).
     provenance: {name: value}.
     results_dir: where the files go.
-    stamp: report.stamp's {'recipe_digest', 'commit'}: the JSON's top-level fields and the
-      markdown's last line (None: neither).
+    recipe_digest, commit: the stamp (report.stamp): the JSON's top-level fields and the
+      markdown's last line (None: left out).
   """
+  stamp = report.stamp_of({"recipe_digest": recipe_digest, "commit": commit})
   os.makedirs(results_dir, exist_ok=True)
   order = ["floor", "teacher"] + [r[0] for r in ROWS]
   rows = sorted(rows, key=lambda r: (r["split"] != "test_1615", order.index(r["row"])))
@@ -286,7 +287,7 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
   lines.append("Stage wall time (s; reused = the seconds of the run that made it): "
                + ", ".join(_timing(k, v) for k, v in timings.items()))
   lines.append("Provenance: " + ", ".join(f"{k} {v}" for k, v in provenance.items()))
-  if stamp is not None:
+  if stamp:
     lines.append(report.stamp_line(stamp))
   md = "\n".join(lines) + "\n"
   with open(os.path.join(results_dir, "table2.md"), "w") as f:
@@ -296,7 +297,7 @@ def write_tables(rows: list[dict], timings: dict, provenance: dict, results_dir:
     w.writerow(header)
     w.writerows(table_rows)
   with open(os.path.join(results_dir, "table2.json"), "w") as f:
-    json.dump({**(stamp or {}), "rows": rows, "timings": timings, "provenance": provenance,
+    json.dump({**stamp, "rows": rows, "timings": timings, "provenance": provenance,
                "paper": PAPER}, f, indent=1, default=str)
   return md
 
@@ -333,6 +334,6 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
   results_dir = recipe.table.results_dir.format(workdir=workdir)
   md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)},
-                    results_dir, stamp=report.stamp(report.recipe_digest(recipe, workdir)))
+                    results_dir, **report.stamp(report.recipe_digest(recipe, workdir)))
   print(md, flush=True)
   return md

@@ -245,9 +245,9 @@ def markdown(rows: list[dict], columns, first=("row", "tau")) -> str:
   return "\n".join(lines) + "\n"
 
 
-def _footer(stamp: dict | None) -> str:
+def _footer(stamp: dict) -> str:
   """The markdown's stamp line (report.stamp_line), '' without a stamp."""
-  return "" if stamp is None else "\n" + report.stamp_line(stamp) + "\n"
+  return "\n" + report.stamp_line(stamp) + "\n" if stamp else ""
 
 
 def frontier_png(rows: list[dict], path: str) -> None:
@@ -277,17 +277,19 @@ def frontier_png(rows: list[dict], path: str) -> None:
 
 
 def write_table3(rows: list[dict], results: str, header: str, note: str = "",
-                 extra_columns: tuple[str, ...] = (), *, stamp: dict | None = None) -> str:
+                 extra_columns: tuple[str, ...] = (), *, recipe_digest: str | None = None,
+                 commit: str | None = None) -> str:
   """results/table3.{md,json} + the frontier PNG. `extra_columns` (keys of `rows`, after
   TABLE3_COLUMNS) and `note` (appended to the header in the markdown only) let a benchmark add
-  its own column to a rendered table. `stamp` (report.stamp; a re-render passes the saved
-  file's through: report.stamp_of) is written at the JSON's top and as the markdown's last
-  line (None: neither)."""
+  its own column to a rendered table. `recipe_digest` and `commit` (report.stamp, named as the
+  JSON's top-level fields: a re-render passes the saved file's through, **report.stamp_of) are
+  written at the JSON's top and as the markdown's last line (None: left out)."""
+  stamp = report.stamp_of({"recipe_digest": recipe_digest, "commit": commit})
   os.makedirs(results, exist_ok=True)
   md = (header + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
         + _footer(stamp))
   open(os.path.join(results, "table3.md"), "w").write(md)
-  json.dump({**(stamp or {}), "header": header, "rows": rows},
+  json.dump({**stamp, "header": header, "rows": rows},
             open(os.path.join(results, "table3.json"), "w"), indent=1, default=str)
   frontier_png(rows, os.path.join(results, "table3_frontier.png"))
   return md
@@ -301,7 +303,7 @@ def run_table3(table: TablesView, workdir: str) -> str:
             f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
             "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)")
   md = write_table3(rows, table.results_dir.format(workdir=workdir), header,
-                    stamp=report.stamp(report.recorded_digest(table, workdir)))
+                    **report.stamp(report.recorded_digest(table, workdir)))
   print(md, flush=True)
   return md
 

@@ -111,6 +111,7 @@ def test_stamp_passes_through_a_rerender():
   saved = {"recipe_digest": "d", "commit": CLEAN, "header": "h", "rows": []}
   assert report.stamp_of(saved) == {"recipe_digest": "d", "commit": CLEAN}
   assert report.stamp_line(report.stamp_of(saved)) == f"recipe_digest d, commit {CLEAN}"
+  assert report.stamp_of({"recipe_digest": None, "commit": CLEAN}) == {"commit": CLEAN}
   assert set(report.stamp("d")) == set(report.STAMP_FIELDS)
 
 

@@ -96,7 +96,7 @@ def test_write_tables_renders_the_paired_columns_and_the_stamp(tmp_path):
      {"row": "rl", "label": "+ CFT + OPD -> RL", "split": "test_1615", "num": 3, "R@1": 1 / 3,
       "per_user": _per_user([1, 3, 2])}])
   stamp = {"recipe_digest": "066aafb788d55543", "commit": "0" * 40}
-  md = table2.write_tables(rows, {}, {"recipe": "tiny"}, str(tmp_path), stamp=stamp)
+  md = table2.write_tables(rows, {}, {"recipe": "tiny"}, str(tmp_path), **stamp)
   lines = md.splitlines()
   assert lines[0].endswith("| dR@1 [95% CI] | dN@3 [95% CI] | paper R@1 / R@3 / N@3 |")
   assert lines[2].split(" | ")[-3:-1] == ["", ""]  # AR GR2 itself

@@ -231,7 +231,7 @@ def test_table3_shows_the_invalid_kinds_and_a_rerender_keeps_the_stamp(tmp_path)
             "truncated": 1}
   rows = [{"row": "AR GR2", "tau": None, "R@1": 0.5, "tokens_per_s": 10.0, "counts": counts}]
   stamp = {"recipe_digest": "066aafb788d55543", "commit": "0" * 40}
-  md = tables.write_table3(rows, str(tmp_path), "Table 3 header", stamp=stamp)
+  md = tables.write_table3(rows, str(tmp_path), "Table 3 header", **stamp)
   header, _, cells = md.splitlines()[2:5]
   columns = [c.strip() for c in header.strip("|").split("|")]
   values = dict(zip(columns, [c.strip() for c in cells.strip("|").split("|")], strict=True))
@@ -240,7 +240,7 @@ def test_table3_shows_the_invalid_kinds_and_a_rerender_keeps_the_stamp(tmp_path)
   saved = json.load(open(tmp_path / "table3.json"))
   rows = [{**r, "extra": "x"} for r in saved["rows"]]
   md = tables.write_table3(rows, str(tmp_path), saved["header"], "; extra = x",
-                           ("extra",), stamp=report.stamp_of(saved))
+                           ("extra",), **report.stamp_of(saved))
   assert md.startswith("Table 3 header; extra = x\n\n") and md.splitlines()[-1].startswith(
     "recipe_digest 066aafb788d55543")
   assert report.stamp_of(json.load(open(tmp_path / "table3.json"))) == stamp
