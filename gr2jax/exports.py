@@ -51,6 +51,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gr2jax import workdir
+from gr2jax.model import config as config_lib
 from gr2jax.model.config import ModelConfig
 
 CONFIG_FILE = "gr2jax_config.json"
@@ -75,13 +76,21 @@ def config_to_dict(config: ModelConfig) -> dict[str, Any]:
 
 
 def config_from_dict(d: Mapping[str, Any], source: str = "config") -> ModelConfig:
-  """Inverse of `config_to_dict`; unknown or missing fields are an error naming `source`."""
+  """Inverse of `config_to_dict`; unknown fields and missing ones without a default are an error
+  naming `source`. A retired field (model/config.py RETIRED_FIELDS, which older exports record) is
+  read at its retired value and refused at any other."""
   if not isinstance(d, Mapping):
     raise CheckpointError(f"{source}: not a gr2jax config (a JSON object), got "
                           f"{type(d).__name__}")
   d = dict(d)
   if d.pop("format", None) != _FORMAT:
     raise CheckpointError(f"{source}: not a gr2jax config (missing \"format\": \"{_FORMAT}\")")
+  try:
+    config_lib.check_retired_fields(d, source)
+  except ValueError as e:
+    raise CheckpointError(str(e)) from None
+  for field in config_lib.RETIRED_FIELDS:
+    d.pop(field, None)
   names = {f.name for f in dataclasses.fields(ModelConfig)}
   unknown = sorted(set(d) - names)
   if unknown:

@@ -211,13 +211,9 @@ def _cft() -> ml_collections.ConfigDict:
   return _stage(2875, 16, 100, 4e-3, 30, cft=dict(
     eps=1e-3,  # per-block masking rate t ~ U(eps, 1)
     complementary=True,  # also train the inverted mask (every token supervised per pair)
-    rate_power=2.0,  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
-    #                  masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
-    #                  docs/results/benchmarks/cft_validity/README.md (h))
-    pivot_align=False,  # the converted model fills the reasoning's last block with newlines so
-    #                     the answer starts a block (gr2jax/diffusion/pivot.py)
-    answer_pair=False))  # a second complementary mask draw over the answer only, reasoning
-  #                        clean (train/cft.py; ranking-aware masking after DiffuRank)
+    rate_power=2.0))  # masking-rate density ~ t^(p-1) (1 = U(eps, 1); 2 favours heavily
+    #                   masked blocks: valid .696 -> .765 at tau 1.0 from one AR RL export,
+    #                   docs/results/benchmarks/cft_validity/README.md (h))
 
 
 def _cft_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:

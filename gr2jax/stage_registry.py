@@ -65,10 +65,6 @@ class Settings:
     """The decode spec of this stage's rollouts (and their log-probs): the run's, by default."""
     return spec
 
-  def converts_with_pivot(self) -> bool:
-    """Whether the AR init is converted pivot-aligned (diffusion/pivot.py): no, by default."""
-    return False
-
 
 @dataclasses.dataclass(frozen=True)
 class ARRLSettings(Settings):
@@ -99,11 +95,6 @@ class CFTSettings(Settings):
   eps: float = real(low=0.0, high=1.0, high_open=True)
   complementary: bool = flag()
   rate_power: float = real()
-  pivot_align: bool = flag()
-  answer_pair: bool = flag()
-
-  def converts_with_pivot(self) -> bool:
-    return self.pivot_align
 
 
 @dataclasses.dataclass(frozen=True)

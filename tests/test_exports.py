@@ -47,6 +47,27 @@ def test_config_dict_round_trip():
     exports.config_from_dict(CONFIG.to_hf_dict())
 
 
+def test_an_export_recording_a_retired_field_loads_at_its_old_value_only(tmp_path, saved):
+  """Exports written while ModelConfig had pivot_filler_id record it (null except in a
+  pivot-aligned model): such an export loads as before; a pivot-aligned one is refused in one
+  line naming the field."""
+  path = str(tmp_path / "older")
+  shutil.copytree(saved, path)
+  file = os.path.join(path, exports.CONFIG_FILE)
+  d = json.load(open(file))
+  assert "pivot_filler_id" not in d
+  for value in (None, 9):
+    with open(file, "w") as f:
+      json.dump({**d, "pivot_filler_id": value}, f)
+    if value is None:
+      assert load.load_model(path)[0] == CONFIG
+      continue
+    with pytest.raises(exports.CheckpointError) as e:
+      load.load_model(path)
+    assert str(e.value) == (f"{file}: pivot_filler_id=9: a model with pivot-aligned blocks, which "
+                            "were retired; only a model without them loads")
+
+
 def test_save_restore_round_trip(saved, params):
   config, restored = load.load_model(saved)
   assert config == CONFIG

@@ -4,7 +4,8 @@ the size checks, the recipes' loops and run.py's entries are derived.
 1. The recipes' digests and config paths are pinned: the values below were computed before the
    registry replaced the hand-written tables, so existing workdirs and committed results keep
    matching. Changing a recipe on purpose changes them: recompute with `_digests()` and say why
-   in the commit.
+   in the commit. Retiring a field at its default (cft.pivot_align, cft.answer_pair: listed in
+   run_checkpoints.ADDED_AT_DEFAULT) changes the ConfigDict's digest and no step digest.
 2. A new stage is its declaration (stage_registry.STAGES), its settings class, its trainer
    (train/stages.py TRAINERS) and its values per scale (recipes.py STAGE_VALUES): the toy stage
    below touches exactly those four and nothing else (README "How to extend").
@@ -21,13 +22,13 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("efae55e772f6b967", {
+  "tiny": ("796563192f3e6e1f", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "548d363b13735d93",
     "opd": "a7b1c6ae16ecb2ee", "rl": "5a47b528d2ba62f8"}),
-  "smoke": ("0192603d78585b2b", {
+  "smoke": ("b4f549cbe19d7ba8", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("d2edd301d8a35573", {
+  "qwen3_8b": ("4b7740b13d7843fb", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
@@ -38,7 +39,7 @@ OPTIMIZER = ("b1", "b2", "clip_norm", "end_lr_factor", "eps", "learning_rate", "
 BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<block>.<field>
   "sft": ("", ()),
   "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "temperature")),
-  "cft": ("cft", ("answer_pair", "complementary", "eps", "pivot_align", "rate_power")),
+  "cft": ("cft", ("complementary", "eps", "rate_power")),
   "opd": ("opd", ("context", "group_size", "teacher_dtype")),
   "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "temperature")),
 }
@@ -93,11 +94,9 @@ def test_settings_check_their_fields_at_construction():
     stage_registry.ARRLSettings(group_size=1, eps_low=0.2, eps_high=0.2, alpha=0.2,
                                 temperature=1.0)
   with pytest.raises(ValueError, match=r"eps=1.0 must be in \[0.0, 1.0\)"):
-    stage_registry.CFTSettings(eps=1.0, complementary=True, rate_power=1.0, pivot_align=False,
-                               answer_pair=False)
-  with pytest.raises(TypeError, match="pivot_align must be a bool"):
-    stage_registry.CFTSettings(eps=0.1, complementary=True, rate_power=1.0, pivot_align=1,
-                               answer_pair=False)
+    stage_registry.CFTSettings(eps=1.0, complementary=True, rate_power=1.0)
+  with pytest.raises(TypeError, match="complementary must be a bool"):
+    stage_registry.CFTSettings(eps=0.1, complementary=1, rate_power=1.0)
 
 
 def test_rollout_settings_are_read_from_the_typed_block():

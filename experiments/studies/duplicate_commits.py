@@ -79,7 +79,7 @@ def repeat_kind(tokens: np.ndarray, steps: np.ndarray, labels: np.ndarray, start
 
 def answer_start(tok, tokens: np.ndarray) -> int:
   """The response index of the token that completes the answer JSON's opening (len(tokens) when
-  there is none): read off the decoded prefixes, so fillers and merges cannot shift it."""
+  there is none): read off the decoded prefixes, so token merges cannot shift it."""
   for p in range(len(tokens)):
     if cft_validity.ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
       return p

@@ -46,8 +46,6 @@ class Batch:
     response_weights  [B, M] f32    each response token's loss weight: lambda_r / lambda_o on
                                     reasoning / answer (SFT, CFT); RL: 1 on the tokens of kept
                                     groups' rollouts; 0 on padding; OPD: None
-    answer_starts     [B] int32     response index of each row's first answer token
-                                    (make_batch; CFT's answer pair reads it)
   Trace (a DiffusionRollout's sample):
     trace_tokens      [B, M] int32  the decoder's committed canvas (the mask token where never
                                     committed)
@@ -70,7 +68,6 @@ class Batch:
   response_tokens: Array | None = None
   response_lengths: Array | None = None
   response_weights: Array | None = None
-  answer_starts: Array | None = None
   trace_tokens: Array | None = None
   commit_step: Array | None = None
   commit_logprob: np.ndarray | None = None

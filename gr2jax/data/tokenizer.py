@@ -140,22 +140,3 @@ def mask_token_id(tokenizer) -> int:
     raise ValueError(f"the tokenizer has no {prompts.MASK_TOKEN} token to convert to diffusion")
   return int(mask_id)
 
-
-def filler_token_id(tokenizer) -> int:
-  """The id of the newline token, the filler of pivot-aligned responses (diffusion/pivot.py).
-
-  Raises:
-    ValueError: the tokenizer writes a newline as more than one token.
-  """
-  ids = tokenizer("\n", add_special_tokens=False)["input_ids"]
-  if len(ids) != 1:
-    raise ValueError(f"the tokenizer writes a newline as {len(ids)} tokens {ids}: pivot alignment "
-                     "needs it as one token (its filler)")
-  return int(ids[0])
-
-
-def think_end(tokenizer) -> tuple[int, int]:
-  """(the `</think>` id, the number of tokens of the blank line after it) as every reasoning
-  block ends (prompts.think_block); pivot-aligned fillers follow them (diffusion/pivot.py)."""
-  ids = tokenizer(prompts.THINK_END + "\n\n", add_special_tokens=False)["input_ids"]
-  return int(ids[0]), len(ids) - 1

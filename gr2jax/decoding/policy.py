@@ -32,7 +32,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gr2jax.data import lengths as lengths_lib
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import decode, layout, speculative
 from gr2jax.model import generate
@@ -198,8 +197,7 @@ class LosslessPolicy:
     config: the drafter (a mask token; config.block_size >= spec.draft_k).
     verifier_config: the AR verifier (the drafter's vocab, eos and pad ids).
     spec: the decode spec (spec.draft: K, draft tau, draft steps; its commit order).
-    max_new_tokens: M, the verifier's own response cap (never widened for a pivot-aligned
-      drafter's fillers: the output is the verifier's decode at M).
+    max_new_tokens: M, the response cap.
   """
 
   config: ModelConfig
@@ -224,27 +222,12 @@ class LosslessPolicy:
     return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), forwards + 2, forwards)
 
 
-def response_width(response_len: int, config: ModelConfig) -> int:
-  """The static response width R of `config`'s decoders and training rows: `response_len` for a
-  model without fillers; room for B - 1 more tokens (rounded up as every static width) for a
-  pivot-aligned one (gr2jax/diffusion/pivot.py)."""
-  if config.pivot_filler_id is None:
-    return response_len
-  return lengths_lib.round_up(response_len + config.block_size - 1)
-
-
 def make_policy(config: ModelConfig, spec: DecodeSpec, max_new_tokens: int,
                 verifier_config: ModelConfig | None = None) -> Policy:
   """The model's own decoder: ARPolicy for an AR model (no mask token), else DiffusionPolicy;
-  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting.
-
-  The cap is the width of the model whose tokens are the output: a pivot-aligned `config` decoding
-  alone gets room for its fillers (`response_width`); the lossless mode writes its verifier's
-  tokens, so it stops at the verifier's own cap `max_new_tokens` whatever the drafter (a wider cap
-  would let the verifier write past where its own decode stops)."""
+  with `verifier_config` (an AR model) the lossless LosslessPolicy, `config` drafting."""
   if verifier_config is not None:
     return LosslessPolicy(config, verifier_config, spec, max_new_tokens)
-  max_new_tokens = response_width(max_new_tokens, config)
   if config.mask_token_id is None:
     return ARPolicy(config, spec, max_new_tokens)
   return DiffusionPolicy(config, spec, max_new_tokens)

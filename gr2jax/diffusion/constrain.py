@@ -18,8 +18,8 @@ Inside the span label tokens are restricted, and a label is required where the J
     opener) where the JSON opens one, after a committed *label opener* (a token that opens a
     string inside the array: `":["`, `","`; `label_openers`), and where the model's own top
     token is a label token, while an unused candidate is left. Forbidding a used label alone
-    lets the runner-up be any other token (a pivot-aligned model's is its newline filler:
-    `"\n\n"`, malformed JSON, or an evidence token: out of set).
+    lets the runner-up be any other token (a newline: `"\n\n"`, malformed JSON, or an evidence
+    token: out of set).
 
 The decoder (decode.py) chooses the token from the constrained logits but commits by the
 model's own confidence in it (its unconstrained probability, `propose`): a position

@@ -1,7 +1,6 @@
 """AR -> block-diffusion conversion of a model config (Diffusion-GR2 §2: weights copied 1:1).
 
-Only the config changes: the block size B, the mask token and, for a pivot-aligned model
-(diffusion/pivot.py), its filler token. The tensors are the AR model's.
+Only the config changes: the block size B and the mask token. The tensors are the AR model's.
 """
 
 import dataclasses
@@ -9,8 +8,7 @@ import dataclasses
 from gr2jax.model.config import ModelConfig
 
 
-def to_diffusion(config: ModelConfig, block_size: int, mask_token_id: int,
-                 pivot_filler_id: int | None = None) -> ModelConfig:
+def to_diffusion(config: ModelConfig, block_size: int, mask_token_id: int) -> ModelConfig:
   """The diffusion config of an AR model.
 
   Args:
@@ -18,11 +16,9 @@ def to_diffusion(config: ModelConfig, block_size: int, mask_token_id: int,
     block_size: B >= 1 (1 = AR decoding).
     mask_token_id: the <|mask|> id; it must be in the vocabulary and be neither a stop token
       (the decoder never proposes the mask token, so no row could stop) nor the pad token.
-    pivot_filler_id: the filler of a pivot-aligned model, or None; in the vocabulary and none
-      of the mask, stop and pad tokens.
 
   Returns:
-    The config with block_size, mask_token_id and pivot_filler_id set.
+    The config with block_size and mask_token_id set.
   """
   if block_size < 1:
     raise ValueError(f"to_diffusion: block_size={block_size} must be >= 1")
@@ -34,10 +30,4 @@ def to_diffusion(config: ModelConfig, block_size: int, mask_token_id: int,
     if mask_token_id in ids:
       raise ValueError(f"to_diffusion: mask_token_id={mask_token_id} is {role}: no row could "
                        "stop (eos) or padding would read as masks (pad)")
-  if pivot_filler_id is not None:
-    special = {mask_token_id, config.pad_token_id, *config.eos_token_ids}
-    if not 0 <= pivot_filler_id < config.vocab_size or pivot_filler_id in special:
-      raise ValueError(f"to_diffusion: pivot_filler_id={pivot_filler_id} must be a vocabulary id "
-                       "other than the mask, stop and pad tokens")
-  return dataclasses.replace(config, block_size=block_size, mask_token_id=mask_token_id,
-                             pivot_filler_id=pivot_filler_id)
+  return dataclasses.replace(config, block_size=block_size, mask_token_id=mask_token_id)

@@ -37,9 +37,6 @@ class ModelConfig:
     compute_dtype: dtype of activations and the KV cache; norms, softmax and logits are fp32.
     block_size: block-diffusion block size B (1 = autoregressive); used by gr2jax.diffusion.
     mask_token_id: the diffusion <|mask|> token id, or None for an AR model.
-    pivot_filler_id: the filler token of a pivot-aligned diffusion model (gr2jax/diffusion/
-      pivot.py: its responses fill the reasoning's last block with it, so the answer starts a
-      block), or None.
     bos_token_id: beginning-of-sequence id, or None (Qwen3 prompts start with a chat template).
     eos_token_ids: ids that end a generated sequence (any of them stops decoding).
     pad_token_id: id written after a sequence stops and used to right-pad prompts; from_hf_dict
@@ -70,7 +67,6 @@ class ModelConfig:
   compute_dtype: str = "float32"
   block_size: int = 1
   mask_token_id: int | None = None
-  pivot_filler_id: int | None = None
   bos_token_id: int | None = None
   eos_token_ids: tuple[int, ...] = ()
   pad_token_id: int = 0
@@ -194,7 +190,6 @@ class ModelConfig:
         tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
         max_position_embeddings=d.get("max_position_embeddings", 40960),
         block_size=d.get("block_size", 1), mask_token_id=d.get("mask_token_id"),
-        pivot_filler_id=d.get("pivot_filler_id"),
         bos_token_id=d.get("bos_token_id"), eos_token_ids=eos_ids,
         pad_token_id=pad if pad is not None else (eos_ids[0] if eos_ids else 0))
     return cls(**{**fields, **overrides})
@@ -237,8 +232,6 @@ class ModelConfig:
     }
     if self.block_size != 1 or self.mask_token_id is not None:
       d.update(block_size=self.block_size, mask_token_id=self.mask_token_id)
-    if self.pivot_filler_id is not None:
-      d.update(pivot_filler_id=self.pivot_filler_id)
     return d
 
 
@@ -281,6 +274,32 @@ def _check_supported(d: dict[str, Any]) -> None:
     raise ValueError(f"HF config: hidden_act={d['hidden_act']!r} is not supported (only 'silu')")
   if d.get("attention_dropout"):
     raise ValueError(f"HF config: attention_dropout={d['attention_dropout']!r} is not supported")
+  check_retired_fields(d, "HF config")
+
+
+# Fields a ModelConfig once had: {field: (the value every config without the feature held, the
+# feature)}. Files written then record them (an export's gr2jax_config.json holds every field);
+# one at that value reads as a config without it, another value is refused
+# (check_retired_fields). Cache keys computed then hashed them at that value, so
+# decoding/evaluation.cache_key adds them back (`retired_defaults`).
+RETIRED_FIELDS = {
+  # CFT's `pivot_align`, retired after losing its ablation (docs/results/onpolicy_ablation.md)
+  "pivot_filler_id": (None, "pivot-aligned blocks"),
+}
+
+
+def retired_defaults() -> dict[str, Any]:
+  """{field: its value in every config without the feature} of RETIRED_FIELDS."""
+  return {field: value for field, (value, _) in RETIRED_FIELDS.items()}
+
+
+def check_retired_fields(d: dict[str, Any], source: str) -> None:
+  """Raises ValueError naming the first RETIRED_FIELDS field that `d` holds at another value
+  than its retired one: a model of a feature this code no longer has."""
+  for field, (value, feature) in RETIRED_FIELDS.items():
+    if d.get(field, value) != value:
+      raise ValueError(f"{source}: {field}={d[field]!r}: a model with {feature}, which were "
+                       "retired; only a model without them loads")
 
 
 # The preset constructors of ModelConfig (ModelConfig.preset).

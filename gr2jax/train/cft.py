@@ -15,12 +15,6 @@ weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v
     ONE sequence of the shared layout (gr2jax/diffusion/layout.py, K = 2): every response token
     is supervised exactly once per pair. Fast-dLLM v2 puts the copy on the batch axis instead,
     which recomputes the prompt and the clean response.
-  - The answer pair (`answer_pair`, off by default): a second complementary draw that masks only
-    the answer (response index >= the row's `answer_starts`), the reasoning left clean, with its
-    own per-block rates; its two streams follow the first draw's (K = 4) and every answer token
-    is supervised once more, in the context the decoder builds once the reasoning is committed.
-    Ranking-aware masking after DiffuRank (which masks only the ranking's document ids): every
-    invalid answer left after CFT is a mistake inside the ranking.
   - Response slots after the response (padding up to the bucket and to a multiple of B) hold
     the mask token in every noisy stream and carry no loss (Fast-dLLM v2's "+pad" mask padding;
     the decoder's last block also holds masks after the stop token).
@@ -37,8 +31,7 @@ Normalisation (our choice; the paper is silent): the plain weighted mean over su
 tokens, loss = sum_j w_j * nll_j / sum_j w_j with w_j = lambda_r on reasoning, lambda_o on answer
 tokens (`Batch.response_weights`), no 1/t weighting (Fast-dLLM v2; SDAR / BD3-LM use 1/t). With
 complementary masks every real response token is supervised once, so the weight is exactly SFT's
-sum_j w_j and the loss is on SFT's scale (the answer pair adds each answer token's weight once
-more: the answer counts twice in the mean). With B = 1 every token is a seed read from the causal
+sum_j w_j and the loss is on SFT's scale. With B = 1 every token is a seed read from the causal
 clean stream: CFT is then exactly the SFT loss (tested).
 """
 
@@ -53,7 +46,6 @@ EPS = 1e-3
 # The Batch fields cft_loss reads.
 FIELDS = ("prompt_tokens", "prompt_lengths", "response_tokens", "response_lengths",
           "response_weights", "example_mask")
-ANSWER_PAIR_FIELDS = FIELDS + ("answer_starts",)  # with answer_pair
 
 
 def sample_noisy(
@@ -65,7 +57,6 @@ def sample_noisy(
   eps: float = EPS,
   complementary: bool = True,
   rate_power: float = 1.0,
-  answer_starts: jax.Array | None = None,
 ) -> jax.Array:
   """Samples CFT's noisy streams: per-block rate t ~ U(eps, 1), seeds never masked.
 
@@ -78,12 +69,9 @@ def sample_noisy(
     complementary: add the inverted copy (every real non-seed position masked in exactly one
       of the two streams).
     rate_power: p of the rate distribution t = eps + (1 - eps) u^(1/p) (1 = U(eps, 1)).
-    answer_starts: [B] int response index of each row's first answer token: adds a second draw
-      over the answer only (the answer pair, module docstring), its streams after the first
-      draw's; None = one draw.
 
   Returns:
-    [B, K, M] bool, True = mask token; K = draws x (2 with complementary, else 1); K = 0 when
+    [B, K, M] bool, True = mask token; K = 2 with complementary, else 1; K = 0 when
     block_size == 1 (every token is a seed: nothing can be masked).
   """
   b = response_lengths.shape[0]
@@ -92,28 +80,18 @@ def sample_noisy(
   if rate_power <= 0:
     raise ValueError(f"sample_noisy: rate_power={rate_power} must be > 0")
   r = layout.padded_width(width, block_size)
-  j = jnp.arange(r, dtype=jnp.int32)[None, :]
-  real = j < jnp.asarray(response_lengths, jnp.int32)[:, None]
-  maskable = [real & (j % block_size != 0)]
-  if answer_starts is not None:
-    maskable.append(maskable[0] & (j >= jnp.asarray(answer_starts, jnp.int32)[:, None]))
-  streams = []
-  for d, where in enumerate(maskable):  # draw 0 reads `key` itself (one draw: unchanged masks)
-    drawn = _draw(jax.random.fold_in(key, d) if d else key, b, r, block_size, eps, rate_power)
-    streams += [where & drawn] + ([where & ~drawn] if complementary else [])
-  return jnp.stack([s | ~real for s in streams], axis=1)[:, :, :width]
-
-
-def _draw(key: jax.Array, b: int, r: int, block_size: int, eps: float,
-          rate_power: float) -> jax.Array:
-  """[B, R] bool: each slot drawn with its block's rate t = eps + (1 - eps) u^(1/p)."""
   key_t, key_u = jax.random.split(key)
   if rate_power == 1:
     rate = jax.random.uniform(key_t, (b, r // block_size), minval=eps, maxval=1.0)
   else:
     u = jax.random.uniform(key_t, (b, r // block_size))
     rate = eps + (1.0 - eps) * u ** (1.0 / rate_power)
-  return jax.random.uniform(key_u, (b, r)) < jnp.repeat(rate, block_size, axis=1)
+  drawn = jax.random.uniform(key_u, (b, r)) < jnp.repeat(rate, block_size, axis=1)  # [B, R]
+  j = jnp.arange(r, dtype=jnp.int32)[None, :]
+  real = j < jnp.asarray(response_lengths, jnp.int32)[:, None]
+  maskable = real & (j % block_size != 0)
+  streams = [maskable & drawn] + ([maskable & ~drawn] if complementary else [])
+  return jnp.stack([s | ~real for s in streams], axis=1)[:, :, :width]
 
 
 def cft_inputs(config: ModelConfig, batch: Batch, noisy: jax.Array) -> layout.Layout:
@@ -134,52 +112,40 @@ def cft_inputs(config: ModelConfig, batch: Batch, noisy: jax.Array) -> layout.La
   )
 
 
-def cft_targets(config: ModelConfig, batch: Batch, noisy: jax.Array, draws: int = 1):
-  """Where each response token is read, per mask draw, and whether it is supervised there.
+def cft_targets(config: ModelConfig, batch: Batch, noisy: jax.Array):
+  """Where each response token is read and whether it is supervised.
 
-  The K streams are `draws` consecutive groups of K / draws (sample_noisy). In the first draw a
-  seed is read from the clean stream and any other token from the draw's first stream that masks
-  it; in a later draw (the answer pair) only tokens that the draw masks are read. A token masked
-  in none of a draw's streams, or after the response, is not supervised there.
+  A seed is read from the clean stream; any other token from the first noisy stream that masks
+  it; a token masked in no stream, or after the response, is not supervised.
 
   Args:
     config: the model.
     batch: the training batch (see cft_inputs).
     noisy: [B, K, M] bool.
-    draws: the mask draws among the K streams (1, or 2 with the answer pair).
 
   Returns:
-    (queries [B, draws * M] int32 layout query indices, supervised [B, draws * M] bool,
-     seed [1, draws * M] bool), draw-major.
+    (queries [B, M] int32 layout query indices, supervised [B, M] bool, seed [1, M] bool).
   """
   prompt_lengths = jnp.asarray(batch.prompt_lengths, jnp.int32)
   p = batch.prompt_tokens.shape[1]
   m = batch.response_tokens.shape[1]
-  r = layout.padded_width(m, config.block_size)
   j = jnp.arange(m, dtype=jnp.int32)[None, :]
   seed = j % config.block_size == 0
   real = j < jnp.asarray(batch.response_lengths, jnp.int32)[:, None]
-  per_draw = noisy.shape[1] // draws
-  queries, supervised, seeds = [], [], []
-  for d in range(draws):
-    group = noisy[:, d * per_draw:(d + 1) * per_draw]
-    if per_draw:
-      masked = jnp.any(group, axis=1) & ~seed  # [B, M]
-      first = d * per_draw + jnp.argmax(group, axis=1).astype(jnp.int32)
-    else:
-      masked = jnp.zeros_like(real)
-      first = jnp.zeros(real.shape, jnp.int32)
-    read_seed = seed if d == 0 else jnp.zeros_like(seed)
-    stream = jnp.where(read_seed, layout.CLEAN_STREAM, first)
-    queries.append(layout.prediction_queries(stream, prompt_lengths, p, r))
-    supervised.append((read_seed | masked) & real)
-    seeds.append(read_seed)
-  return (jnp.concatenate(queries, axis=1), jnp.concatenate(supervised, axis=1),
-          jnp.concatenate(seeds, axis=1))
+  if noisy.shape[1]:
+    masked = jnp.any(noisy, axis=1) & ~seed  # [B, M]
+    first = jnp.argmax(noisy, axis=1).astype(jnp.int32)
+  else:
+    masked = jnp.zeros_like(real)
+    first = jnp.zeros(real.shape, jnp.int32)
+  stream = jnp.where(seed, layout.CLEAN_STREAM, first)
+  queries = layout.prediction_queries(
+    stream, prompt_lengths, p, layout.padded_width(m, config.block_size)
+  )
+  return queries, (seed | masked) & real, seed
 
 
-def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig,
-                        draws: int = 1):
+def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig):
   """CFT loss under given noisy streams (module docstring), as (sum, weight, aux sums).
 
   Args:
@@ -188,7 +154,6 @@ def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config:
       [B], response_weights [B, M] f32 (lambda_r / lambda_o, 0 on padding), example_mask [B].
     noisy: [B, K, M] bool.
     config: the model.
-    draws: the mask draws among the K streams (cft_targets).
 
   Returns:
     (loss_sum = sum_j w_j nll_j over supervised tokens, weight = sum_j w_j over them,
@@ -196,11 +161,11 @@ def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config:
      is read, and sum_j w_j [arg-max == token]).
   """
   inputs = cft_inputs(config, batch, noisy)
-  queries, supervised, seed = cft_targets(config, batch, noisy, draws)
-  targets = jnp.tile(jnp.asarray(batch.response_tokens, jnp.int32), (1, draws))  # [B, draws M]
+  queries, supervised, seed = cft_targets(config, batch, noisy)
+  targets = jnp.asarray(batch.response_tokens, jnp.int32)
   logp, full = layout.score(params, config, inputs, queries, targets, return_log_probs=True)
-  w = jnp.tile(jnp.asarray(batch.response_weights, jnp.float32), (1, draws))
-  w = w * supervised * jnp.asarray(batch.example_mask, jnp.float32)[:, None]  # [B, draws M]
+  w = jnp.asarray(batch.response_weights, jnp.float32)
+  w = w * supervised * jnp.asarray(batch.example_mask, jnp.float32)[:, None]  # [B, M]
   nll = -logp * w
   correct = jnp.argmax(full, axis=-1) == targets
   aux = {
@@ -220,7 +185,6 @@ def cft_loss(
   eps: float = EPS,
   complementary: bool = True,
   rate_power: float = 1.0,
-  answer_pair: bool = False,
 ):
   """The CFT loss of a training batch (train-step contract: bind config with functools.partial).
 
@@ -232,16 +196,13 @@ def cft_loss(
     eps: lower bound of the per-block masking rate.
     complementary: train the inverted copy too.
     rate_power: the masking-rate distribution (sample_noisy; 1 = uniform).
-    answer_pair: add the answer-only draw (module docstring; reads batch.answer_starts).
 
   Returns:
     (loss_sum f32[], weight f32[], aux dict of f32[] sums); loss = loss_sum / weight.
   """
-  draws = 2 if answer_pair and config.block_size > 1 else 1
   noisy = sample_noisy(
     key, jnp.asarray(batch.response_lengths, jnp.int32),
     width=batch.response_tokens.shape[1], block_size=config.block_size, eps=eps,
     complementary=complementary, rate_power=rate_power,
-    answer_starts=batch.answer_starts if draws == 2 else None,
   )
-  return cft_loss_from_noisy(params, batch, noisy, config=config, draws=draws)
+  return cft_loss_from_noisy(params, batch, noisy, config=config)

@@ -11,20 +11,16 @@ checkpoint, so a resumed run sees the same next batch.
 GR2's decoupled SFT loss (GR2, arXiv 2602.07774: L = -lambda_r sum_i log P(r_i | P, r_<i) -
 lambda_o sum_j log P(o_j | P, r, o_<j)) weights reasoning tokens by lambda_r and answer tokens
 by lambda_o: `response_weights[b, j]` is the weight of predicting response token j (0 on padding).
-A pivot-aligned model's rows (`filler_id` set; gr2jax/diffusion/pivot.py) fill the reasoning's last
-block with the filler, weighted as reasoning, so the answer starts a block.
 """
 
 import numpy as np
 
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.prompt_io import SplitData, prompt_arrays
-from gr2jax.diffusion import pivot
 
 
 def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len: int,
-               pad_id: int, lambda_r: float, lambda_o: float, block_size: int = 1,
-               filler_id: int | None = None) -> Batch:
+               pad_id: int, lambda_r: float, lambda_o: float) -> Batch:
   """The one training-batch builder: up to `batch_size` encoded examples as a Batch's rows.
 
   Args:
@@ -36,8 +32,6 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
     pad_id: the padding token id.
     lambda_r: loss weight of reasoning tokens.
     lambda_o: loss weight of answer tokens.
-    block_size, filler_id: with a filler, the answer of each row starts at a multiple of
-      block_size (pivot.aligned_response); None = reasoning then answer.
 
   Returns:
     A Batch with the row and response fields set (example_index None; the on-policy fields
@@ -49,27 +43,20 @@ def make_batch(examples: list, *, batch_size: int, prompt_len: int, response_len
   response = np.full((batch_size, response_len), pad_id, np.int32)
   weights = np.zeros((batch_size, response_len), np.float32)
   response_lengths = np.zeros((batch_size,), np.int32)
-  answer_starts = np.zeros((batch_size,), np.int32)
   target_position = np.zeros((batch_size,), np.int32)
   for b, ex in enumerate(examples):
-    if filler_id is None:
-      tokens, r = np.concatenate([ex.reasoning, ex.answer]), len(ex.reasoning)
-    else:
-      tokens, r = pivot.aligned_response(ex.reasoning, ex.answer, block_size, filler_id)
-    n = len(tokens)
+    r, n = len(ex.reasoning), len(ex.reasoning) + len(ex.answer)
     if n > response_len:
       raise ValueError(f"response of {n} tokens exceeds response_len={response_len}")
-    response[b, :n] = tokens
+    response[b, :n] = np.concatenate([ex.reasoning, ex.answer])
     weights[b, :r] = lambda_r
     weights[b, r:n] = lambda_o
     response_lengths[b] = n
-    answer_starts[b] = r
     target_position[b] = ex.target_position
   return Batch(prompt_tokens=prompt_tokens, prompt_lengths=prompt_lengths,
                example_mask=np.arange(batch_size) < len(examples),
                target_position=target_position, response_tokens=response,
-               response_lengths=response_lengths, response_weights=weights,
-               answer_starts=answer_starts)
+               response_lengths=response_lengths, response_weights=weights)
 
 
 class BatchIterator:

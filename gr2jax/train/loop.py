@@ -103,24 +103,17 @@ class Stage:
   diffusion: bool = False
 
 
-def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0,
-                    pivot_align: bool = False) -> tuple[ModelConfig, dict]:
+def model_from_init(init: str, tokenizer, stage_cfg, block_size: int = 0
+                    ) -> tuple[ModelConfig, dict]:
   """`preset:NAME` (fresh params sized to the tokenizer) or a checkpoint / HF directory; with
   block_size > 0 an AR model is converted to block diffusion (diffusion/convert.py, mask token
-  <|mask|> of the tokenizer; the weights are unchanged), pivot-aligned with the tokenizer's
-  filler if `pivot_align` (diffusion/pivot.py)."""
+  <|mask|> of the tokenizer; the weights are unchanged)."""
   config, params = _load_init(init, tokenizer, stage_cfg)
   if block_size and config.mask_token_id is None:
-    filler = tokenizer_lib.filler_token_id(tokenizer) if pivot_align else None
-    config = convert.to_diffusion(config, block_size, tokenizer_lib.mask_token_id(tokenizer),
-                                  filler)
+    config = convert.to_diffusion(config, block_size, tokenizer_lib.mask_token_id(tokenizer))
   elif block_size and config.block_size != block_size:
     raise ValueError(f"init={init!r} is a diffusion model with block_size={config.block_size}, "
                      f"the config asks for {block_size}")
-  elif pivot_align and config.pivot_filler_id is None:
-    raise ValueError(f"cft.pivot_align is set but init={init!r} is a diffusion model without "
-                     "pivot-aligned blocks: pivot alignment is chosen when CFT converts an AR "
-                     "model")
   return config, params
 
 
@@ -311,8 +304,7 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
       print(f"[{stage.name}] train.restart: moved the previous run's files to {moved}",
             flush=True)
   model_config, init_params = model_from_init(
-    config.init, ctx.tokenizer, tcfg, config.decode.block_size if stage.diffusion else 0,
-    pivot_align=config.settings is not None and config.settings.converts_with_pivot())
+    config.init, ctx.tokenizer, tcfg, config.decode.block_size if stage.diffusion else 0)
   _check_stage_kind(stage, config, model_config)
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
@@ -330,10 +322,8 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
                                      async_save=tcfg.async_save)
   iterator = inputs.BatchIterator(
     ctx.train, batch_size=tcfg.batch_size, seed=tcfg.seed, prompt_len=ctx.prompt_len,
-    response_len=policy_lib.response_width(ctx.response_len, model_config),
-    pad_id=model_config.pad_token_id, lambda_r=config.data.lambda_r,
-    lambda_o=config.data.lambda_o, block_size=model_config.block_size,
-    filler_id=model_config.pivot_filler_id)
+    response_len=ctx.response_len, pad_id=model_config.pad_token_id,
+    lambda_r=config.data.lambda_r, lambda_o=config.data.lambda_o)
   restored = run_checkpoints.restore_latest(manager, abstract, record)
   if restored is None:
     params = jax.tree.map(lambda x, sh: jax.device_put(x.astype(sh.dtype), sh.sharding),

@@ -12,9 +12,6 @@ included; tokens the decoder committed after the stop are context, not terms).
   - Teacher: scores each trajectory ONCE with the one causal scorer over [prompt | o]
     (`teacher_log_probs`, the `teacher` part of `prepare`); its full distributions at the
     committed positions are cached in the batch ([B, M, V]; `teacher_dtype` may halve them).
-    A pivot-aligned student's fillers (gr2jax/diffusion/pivot.py) are taken out of what the
-    teacher reads, so it scores each token after the exact AR context; at a filler the target
-    is the filler itself (it is fixed by the reasoning's length).
   - Student context ctx_t (`context`, config opd.context), read by replaying the trajectory
     (gr2jax/diffusion/replay.py); a block's seed is read where the decoder proposed it (the
     previous block's commit forward, or the prefill) in both:
@@ -42,7 +39,7 @@ import numpy as np
 
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.policy import causal_log_probs
-from gr2jax.diffusion import pivot, replay
+from gr2jax.diffusion import replay
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
@@ -142,17 +139,10 @@ def teacher_log_probs(
 _teacher_log_probs = jax.jit(
   teacher_log_probs, static_argnames=("teacher_config", "mask_token_id")
 )
-_with_fillers = jax.jit(pivot.with_fillers, static_argnames=("filler_id",))
-
-
-def _like(host: np.ndarray, placed):
-  """`host` placed as `placed` is (a chunk's batch sharding), or as it is."""
-  sharding = getattr(placed, "sharding", None)
-  return host if sharding is None else jax.device_put(host, sharding)
 
 
 def teacher(teacher_params: dict, teacher_config: ModelConfig, *, mask_token_id: int,
-            dtype=np.float32, fillers: pivot.Fillers | None = None) -> rollouts.TeacherFn:
+            dtype=np.float32) -> rollouts.TeacherFn:
   """OPD's part of rollouts.prepare: a chunk's teacher distributions, stored in `dtype`.
 
   Args:
@@ -161,20 +151,11 @@ def teacher(teacher_params: dict, teacher_config: ModelConfig, *, mask_token_id:
     mask_token_id: the student's mask token.
     dtype: storage dtype of the cached distributions (`teacher_dtype(name)`: float32, or
       bfloat16 to halve the [B, M, V] cache).
-    fillers: a pivot-aligned student's (module docstring), or None.
   """
   def fn(chunk: Batch):
-    tokens, lengths = chunk.response_tokens, chunk.response_lengths
-    if fillers is not None:
-      host_tokens, host_lengths = np.asarray(tokens), np.asarray(lengths)
-      compact, compact_lengths, source = pivot.without_fillers(
-        host_tokens, host_lengths, fillers.mask(host_tokens, host_lengths))
-      tokens, lengths = _like(compact, tokens), _like(compact_lengths, lengths)
     logp = _teacher_log_probs(
       teacher_params, teacher_config, chunk.prompt_tokens, chunk.prompt_lengths,
-      tokens, lengths, mask_token_id=mask_token_id)
-    if fillers is not None:
-      logp = _with_fillers(logp, _like(source, tokens), fillers.filler_id)
+      chunk.response_tokens, chunk.response_lengths, mask_token_id=mask_token_id)
     return logp.astype(dtype)  # on the device: only the stored bytes come back
 
   return fn

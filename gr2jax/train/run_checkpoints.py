@@ -51,9 +51,13 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 # Fields added to the recipe after runs were recorded without them, each at the value that does
 # what those runs did: a record holding one at that value is the same record as one without it
 # (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
-# still resume and are reused. Any other value is a change like any other.
+# still resume and are reused. Any other value is a change like any other. Retired fields, which
+# the recipe no longer has, are listed the same way: cft.pivot_align and cft.answer_pair were
+# retired after losing their ablations, so a record written while they existed, both at False,
+# is the same record as one written now; one with either at True is a change (a run this code
+# cannot redo).
 ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
-                    "cft.pivot_align": False, "cft.answer_pair": False,
+                    "cft.pivot_align": False, "cft.answer_pair": False,  # both retired
                     "rl.temperature": 1.0, "rl.rollout_tau": 0.9}
 
 

@@ -22,8 +22,6 @@ import functools
 from collections.abc import Callable
 
 from gr2jax import load, stage_registry
-from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.diffusion import pivot
 from gr2jax.train import cft, opd, rl, rollouts, sft
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import rollout as rollout_lib
@@ -69,9 +67,8 @@ def _rl_prepare(ctx: Context):
 def _cft_loss(ctx: Context) -> Loss:
   c = ctx.config.settings
   return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=c.eps,
-                                complementary=c.complementary, rate_power=c.rate_power,
-                                answer_pair=c.answer_pair),
-              cft.ANSWER_PAIR_FIELDS if c.answer_pair else cft.FIELDS)
+                                complementary=c.complementary, rate_power=c.rate_power),
+              cft.FIELDS)
 
 
 def _opd_loss(ctx: Context) -> Loss:
@@ -79,22 +76,12 @@ def _opd_loss(ctx: Context) -> Loss:
   return Loss(functools.partial(opd.opd_loss, policy=policy), opd.fields(policy))
 
 
-def _fillers(ctx: Context) -> pivot.Fillers | None:
-  """Where a pivot-aligned model's fillers are (gr2jax/diffusion/pivot.py), else None."""
-  config = ctx.model_config
-  if config.pivot_filler_id is None:
-    return None
-  return pivot.Fillers(config.block_size, config.pivot_filler_id,
-                       *tokenizer_lib.think_end(ctx.tokenizer))
-
-
 def _opd_prepare(ctx: Context):
   dtype = opd.teacher_dtype(ctx.config.settings.teacher_dtype)  # checked before loading
   context = opd.check_context(ctx.config.settings.context)
   teacher_config, teacher_params = load.load_model(ctx.config.settings.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
-                        mask_token_id=ctx.model_config.mask_token_id, dtype=dtype,
-                        fillers=_fillers(ctx))
+                        mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)
   policy = _policy(ctx)
 
   def prepare(params, batch, key):

@@ -8,6 +8,8 @@ import pytest
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion import convert
+from gr2jax.model.config import ModelConfig
 from tests.train.toy_policy import AR, DIFFUSION
 
 
@@ -34,6 +36,17 @@ def test_the_key_covers_model_spec_data_and_shapes():
   with pytest.raises(ValueError, match="no source"):
     evaluation.cache_key("m", policy, dataclasses.replace(_data(), source=""), batch_size=8,
                          prompt_len=64)
+
+
+def test_keys_cached_before_a_config_field_was_retired_still_match():
+  """The keys of two evaluations computed while ModelConfig had pivot_filler_id (None here): a
+  retired field counts at its old value, so those cached results are found again. A change to
+  what decides an evaluation changes these on purpose."""
+  ar = ModelConfig.tiny(vocab_size=64, eos_token_ids=(1,), pad_token_id=2)
+  keys = [evaluation.cache_key("m", make_policy(c, DecodeSpec(block_size=4), 16), _data(),
+                               batch_size=8, prompt_len=64)
+          for c in (ar, convert.to_diffusion(ar, 4, 3))]
+  assert keys == ["d7a2cac302b99a0c", "8809540f494dde93"]
 
 
 def test_a_result_is_computed_once_and_found_under_any_name(tmp_path):

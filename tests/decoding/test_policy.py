@@ -1,19 +1,11 @@
 """DecodeSpec, the policies' construction and their decode, and the one causal scorer."""
 
-import dataclasses
-
 import jax
 import numpy as np
 import pytest
 
 from gr2jax import recipe, recipes, stage_registry
-from gr2jax.decoding.policy import (
-  ARPolicy,
-  DiffusionPolicy,
-  causal_log_probs,
-  make_policy,
-  response_width,
-)
+from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy, causal_log_probs, make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model import generate
 from gr2jax.model.params import init_params
@@ -77,20 +69,20 @@ def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepa
     causal_log_probs(params, DIFFUSION, prompts, lengths, out.tokens, out.lengths)
 
 
-# A pivot-aligned drafter with the AR verifier's own weights (its drafts are often accepted, up
-# to the cap) and four prompts whose AR answers at R = CAP stop early (row 3) or are cut at the cap
-# (rows 0-2: the verifier would write on past it).
-PIVOTED = dataclasses.replace(DIFFUSION, pivot_filler_id=9)
+# A drafter with the AR verifier's own weights (its drafts are often accepted, up to the cap) and
+# four prompts whose AR answers at R = CAP stop early (row 3) or are cut at the cap (rows 0-2: the
+# verifier would write on past it).
 CAP = 10
 PROMPTS = np.array([[10, 11, 12, 13, 14, 0], [20, 21, 22, 0, 0, 0], [30, 31, 32, 33, 0, 0],
                     [40, 41, 0, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3, 4, 2], np.int32)
 
 
-def pivoted_lossless_pair():
-  """(the lossless policy of PIVOTED verified by AR at CAP, its params {"drafter", "verifier"})."""
+def lossless_pair():
+  """(the lossless policy of DIFFUSION verified by AR at CAP, its params {"drafter",
+  "verifier"})."""
   verifier = init_params(AR, jax.random.key(1))
-  policy = make_policy(PIVOTED, DecodeSpec(block_size=4, draft_k=4), CAP, verifier_config=AR)
+  policy = make_policy(DIFFUSION, DecodeSpec(block_size=4, draft_k=4), CAP, verifier_config=AR)
   return policy, policy.decoding_params({"drafter": verifier, "verifier": verifier})
 
 
@@ -107,15 +99,8 @@ def assert_ar_greedy_at_cap(policy, params, verifier_params):
   assert stopped.any() and (~stopped & (ref_lengths == CAP)).any()
 
 
-def test_a_pivot_aligned_model_gets_room_for_its_fillers():
-  """Without a filler the width is the caller's; with one, B - 1 more tokens (rounded up)."""
-  spec = DecodeSpec(block_size=4)
-  assert make_policy(DIFFUSION, spec, CAP).max_new_tokens == CAP
-  assert make_policy(PIVOTED, spec, CAP).max_new_tokens == response_width(CAP, PIVOTED) >= 13
-
-
-def test_lossless_with_a_pivot_aligned_drafter_is_the_verifiers_decode_at_its_own_cap():
-  """The lossless mode writes its verifier's tokens, so the drafter's filler room does not widen
-  it: AR's greedy tokens and lengths at R, an answer AR cuts at R cut there too."""
-  policy, params = pivoted_lossless_pair()
+def test_lossless_is_the_verifiers_decode_at_its_own_cap():
+  """The lossless mode writes its verifier's tokens: AR's greedy tokens and lengths at R, an
+  answer AR cuts at R cut there too."""
+  policy, params = lossless_pair()
   assert_ar_greedy_at_cap(policy, params, params["verifier"])

@@ -60,7 +60,7 @@ def test_a_label_is_required_where_the_model_wants_one_and_commits_by_its_own_co
   response = jnp.asarray([[START, 11, MASK, MASK]])
   targets = jnp.asarray([[2, 3]])
   logits = np.zeros((1, 2, V), np.float32)
-  logits[0, 0, [11, 5, 12]] = [6.0, 3.0, 1.0]  # wants used 11; runner-up 5 (a filler) over 12
+  logits[0, 0, [11, 5, 12]] = [6.0, 3.0, 1.0]  # wants used 11; runner-up 5 (a newline) over 12
   logits[0, 1, [5, 11]] = [6.0, 3.0]  # wants 5: not a label position
   out = np.asarray(constrain.apply(c, jnp.asarray(logits), targets, response))
   assert sorted(np.flatnonzero(np.isfinite(out[0, 0])).tolist()) == [10, 12]

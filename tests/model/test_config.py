@@ -74,6 +74,7 @@ def test_diffusion_fields_round_trip():
     ("hidden_act", "gelu"),
     ("model_type", "qwen3_moe"),
     ("attention_dropout", 0.1),
+    ("pivot_filler_id", 9),  # a retired feature (pivot-aligned blocks)
 ])
 def test_unsupported_field_is_named(field, value):
   with pytest.raises(ValueError, match=field):

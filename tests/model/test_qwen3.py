@@ -123,10 +123,9 @@ def test_jit_and_bf16():
   assert cache.k[0].dtype == jnp.bfloat16
 
 
-# Fields consumed outside the forward: by init_cache / generate / gr2jax.diffusion / the tokenizer
-# (pivot_filler_id: tests/diffusion/test_pivot.py).
-DECODE_FIELDS = {"max_position_embeddings", "block_size", "mask_token_id", "pivot_filler_id",
-                 "bos_token_id", "eos_token_ids", "pad_token_id"}
+# Fields consumed outside the forward: by init_cache / generate / gr2jax.diffusion / the tokenizer.
+DECODE_FIELDS = {"max_position_embeddings", "block_size", "mask_token_id", "bos_token_id",
+                 "eos_token_ids", "pad_token_id"}
 # Training hooks that must NOT change the values: tested exact in
 # test_remat_and_chunk_budget_do_not_change_loss_or_grads and (attention_impl)
 # tests/model/test_attention.py.

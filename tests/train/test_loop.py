@@ -20,7 +20,6 @@ import orbax.checkpoint as ocp
 import pytest
 
 from gr2jax import exports, load
-from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.train import loop, optim, run_checkpoints, stages
 from gr2jax.train import state as state_lib
 from gr2jax.workdir import InUseError
@@ -363,18 +362,14 @@ def test_ar_rl_stage_runs_from_the_sft_export(tmp_path, uninterrupted, tok):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pivot_align", [False, True])
-def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok, pivot_align):
+def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok):
   """CFT (converted to B=4) -> OPD (AR teacher) -> RL, each a couple of real steps through the
-  one loop, each ending with the one evaluation (diffusion decoding); pivot-aligned (and CFT
-  with its answer pair), every export records the tokenizer's filler and OPD's teacher reads
-  the rollouts without it."""
+  one loop, each ending with the one evaluation (diffusion decoding)."""
   workdir = str(tmp_path)
   ar_export = os.path.join(uninterrupted, "sft", "export")
   results = {}
   for stage, init, extra in (
-      ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True, rate_power=1.0,
-                                       pivot_align=pivot_align, answer_pair=pivot_align))),
+      ("cft", ar_export, dict(cft=dict(eps=1e-3, complementary=True, rate_power=1.0))),
       ("opd", os.path.join(workdir, "cft", "export"),
        dict(opd=dict(teacher=ar_export, group_size=2, teacher_dtype="bfloat16"))),
       ("rl", os.path.join(workdir, "opd", "export"),
@@ -388,7 +383,5 @@ def test_diffusion_stages_chain_from_the_ar_export(tmp_path, uninterrupted, tok,
                                 toy_context(config, tok, workdir))
     exported = exports.load_config(os.path.join(workdir, stage, "export"))
     assert exported.block_size == 4 and exported.mask_token_id is not None
-    assert exported.pivot_filler_id == (tokenizer_lib.filler_token_id(tok) if pivot_align
-                                        else None)
   for stage, result in results.items():
     assert result["num"] == 8 and result["mean_nfe"] > 0, stage

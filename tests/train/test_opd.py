@@ -14,7 +14,7 @@ import pytest
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.policy import DiffusionPolicy
 from gr2jax.decoding.spec import DecodeSpec
-from gr2jax.diffusion import layout, pivot, replay
+from gr2jax.diffusion import layout, replay
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from gr2jax.train import opd, rollouts
@@ -146,21 +146,3 @@ def test_left_clean_context_reads_each_token_with_its_left_context_clean(params)
       np.testing.assert_allclose(logp[row, t], want[0, 0], atol=2e-5)
       checked += 1
   assert checked >= 10
-
-
-def test_teacher_reads_a_pivot_aligned_rollout_without_its_fillers(params):
-  """The teacher's distributions over an aligned rollout equal its distributions over the same
-  rollout without fillers, position for position; at a filler it is certain of the filler."""
-  teacher_params = init_params(TEACHER, jax.random.key(1))
-  fillers = pivot.Fillers(block_size=4, filler_id=7, think_end_id=9, tail_len=1)
-  plain = np.array([[3, 9, 7, 20, 21, 22, 23, 24, 25, 26]], np.int32)  # </think> at 1, tail 7
-  aligned = np.array([[3, 9, 7, 7, 20, 21, 22, 23, 24, 25]], np.int32)  # one filler at 3
-  batch = Batch(prompt_tokens=PROMPTS[:1], prompt_lengths=LENGTHS[:1],
-                example_mask=np.ones(1, bool), response_tokens=aligned,
-                response_lengths=np.array([10], np.int32))
-  got = np.asarray(opd.teacher(teacher_params, TEACHER, mask_token_id=MASK, fillers=fillers)(batch))
-  ref = np.asarray(opd.teacher(teacher_params, TEACHER, mask_token_id=MASK)(
-    batch.replace(response_tokens=plain)))
-  np.testing.assert_allclose(got[0, [0, 1, 2]], ref[0, [0, 1, 2]], atol=1e-5)
-  np.testing.assert_allclose(got[0, 4:], ref[0, 3:9], atol=1e-5)
-  assert got[0, 3, 7] == 0 and got[0, 3].max() == 0 and np.sort(got[0, 3])[-2] < -1e29

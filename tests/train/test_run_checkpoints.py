@@ -243,3 +243,20 @@ def test_a_field_added_at_its_default_is_the_record_without_it():
     ("opd.context", "<absent>", "left_clean"), ("rl.temperature", "<absent>", 0.5)]
   assert run_checkpoints.without_added_defaults(
     {"data": {"drop_unusable_users": False, "seed": 1}}, "") == {"data": {"seed": 1}}
+
+
+def test_a_record_holding_the_retired_cft_fields_off_is_this_runs_record():
+  """Every CFT record written while cft.pivot_align and cft.answer_pair existed holds them off:
+  it resumes and keeps its digest under today's recipe, which has neither; either on is a
+  change."""
+  from gr2jax import recipe, recipes
+
+  new = _record(recipe.stage_config(recipes.get("tiny"), "cft", "W"))
+  assert not {"pivot_align", "answer_pair"} & set(new["config"]["cft"])
+  old = json.loads(json.dumps(new))
+  old["config"]["cft"].update(pivot_align=False, answer_pair=False)
+  assert run_checkpoints.changed_fields(old, new) == []
+  assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
+  run_checkpoints.check_resume(old, new, 2, "W/cft/checkpoints")
+  old["config"]["cft"]["pivot_align"] = True
+  assert run_checkpoints.changed_fields(old, new) == [("cft.pivot_align", True, "<absent>")]

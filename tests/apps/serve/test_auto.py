@@ -20,7 +20,7 @@ from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good, _model, _reranker
-from tests.decoding.test_policy import PROMPTS, assert_ar_greedy_at_cap, pivoted_lossless_pair
+from tests.decoding.test_policy import PROMPTS, assert_ar_greedy_at_cap, lossless_pair
 
 DRAFT_KS = (2, 8)  # the toy drafter's block is 8
 DECODERS = ("ar", "lossless_k2", "lossless_k8")
@@ -109,11 +109,11 @@ def _lossless_engine(tok_dir, decoding: auto.Auto | None = None) -> engine_lib.E
                            decoding=decoding or auto.Auto(DRAFT_KS))
 
 
-def test_every_exact_decoder_of_a_pivot_aligned_drafter_is_the_verifiers_decode_at_its_cap():
+def test_every_exact_decoder_is_the_verifiers_decode_at_its_cap():
   """'auto' builds the verifier-alone decoder from the lossless policy: both decoders keep the
-  verifier's own cap R (not the pivot-aligned drafter's widened one) and write AR's greedy tokens
-  and lengths at R (tests/decoding/test_policy.py's prompts: an answer stopped, one cut at R)."""
-  policy, params = pivoted_lossless_pair()
+  verifier's own cap R and write AR's greedy tokens and lengths at R
+  (tests/decoding/test_policy.py's prompts: an answer stopped, one cut at R)."""
+  policy, params = lossless_pair()
   lossless = reranker_lib.Reranker(params, policy, tokenizer=None, rendering=None,
                                    prompt_len=PROMPTS.shape[1])
   decoders = auto.exact_decoders(lossless, (policy.spec.draft_k,))
