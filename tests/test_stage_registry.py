@@ -22,13 +22,13 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("796563192f3e6e1f", {
-    "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "548d363b13735d93",
-    "opd": "a7b1c6ae16ecb2ee", "rl": "5a47b528d2ba62f8"}),
-  "smoke": ("b4f549cbe19d7ba8", {
+  "tiny": ("0bda17a951cd10d1", {
+    "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
+    "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
+  "smoke": ("10f6f636a908deed", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("4b7740b13d7843fb", {
+  "qwen3_8b": ("b280845c7402b3b7", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
