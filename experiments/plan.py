@@ -360,20 +360,20 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
 
   # The rollouts of the RL / OPD losses; the replayed batches replay s.rounds rounds.
   spec = DecodeSpec(block_size=s.block_size, max_steps_per_block=s.max_steps_per_block)
-  ar_policy = ARRollout(ARPolicy(ar, dataclasses.replace(spec, block_size=1), r))
+  ar_rollout = ARRollout(ARPolicy(ar, dataclasses.replace(spec, block_size=1), r))
   student = DiffusionRollout(DiffusionPolicy(diff, spec, r))
   rounds = replay.Rounds(s.rounds)
   replayed = lambda loss: lambda params, batch, key: loss(
     params, batch.replace(replay_rounds=rounds), key)
-  grpo = lambda name, policy: functools.partial(rl.rl_loss, policy=policy,
+  grpo = lambda name, rollout: functools.partial(rl.rl_loss, rollout=rollout,
                                                 eps_low=s.clip[name][0], eps_high=s.clip[name][1])
   # Each stage's loss and the fields it reads, as its trainer builds them (train/stages.py) at
   # the module defaults of the loss's own settings.
   losses = {
     "sft": (functools.partial(sft.sft_loss, config=ar), sft.FIELDS),
-    "ar_rl": (grpo("ar_rl", ar_policy), rl.fields(ar_policy)),
+    "ar_rl": (grpo("ar_rl", ar_rollout), rl.fields(ar_rollout)),
     "cft": (functools.partial(cft.cft_loss, config=diff), cft.FIELDS),
-    "opd": (replayed(functools.partial(opd.opd_loss, policy=student)), opd.fields(student)),
+    "opd": (replayed(functools.partial(opd.opd_loss, rollout=student)), opd.fields(student)),
     "rl": (replayed(grpo("rl", student)), rl.fields(student)),
   }
   # [prompt | response], causal; the LM head at the R response queries (sft.py, the AR policy).

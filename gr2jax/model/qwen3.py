@@ -239,12 +239,25 @@ def forward(params: dict, config: ModelConfig, tokens: jax.Array,
                   logits_at=logits_at)
 
 
+def hidden_states(params: dict, config: ModelConfig, tokens: jax.Array
+                  ) -> tuple[jax.Array, jax.Array]:
+  """`forward` over `tokens` (causal, no cache) with its residual stream, what the HF parity
+  tests compare layer by layer.
+
+  Returns:
+    (logits f32 [B, T, V], hidden [L + 1, B, T, D]: before the final norm, index 0 = the
+    embeddings, i = after layer i).
+  """
+  logits, _, hidden = _forward(params, config, tokens, return_hidden=True)
+  return logits, hidden
+
+
 def _forward(params: dict, config: ModelConfig, tokens: jax.Array,
              positions: jax.Array | None = None, mask: jax.Array | Mask | None = None,
              cache: KVCache | None = None, *, update_cache: bool = False,
              logits_at: jax.Array | None = None, return_hidden: bool = False,
              read_cache: bool = True):
-  """`forward` with two expert options (ragged_prefill's and the parity tests').
+  """`forward` with two expert options (ragged_prefill's and hidden_states').
 
   Args:
     params, config, tokens, positions, mask, cache, update_cache, logits_at: as `forward`.

@@ -91,14 +91,14 @@ def left_to_right_steps(commit_step: np.ndarray, block_size: int) -> np.ndarray:
   return np.where(denoised, index[None, :] - 1, steps).astype(np.int32)
 
 
-def student_context(batch: Batch, context: str, policy: DiffusionRollout) -> Batch:
+def student_context(batch: Batch, context: str, rollout: DiffusionRollout) -> Batch:
   """The prepared batch with the trace replayed in `context` (module docstring): unchanged for
   'commit_step'; 'left_clean' replaces commit_step by `left_to_right_steps` and the replay's
   round count by the bucket those steps need."""
   if check_context(context) == "commit_step":
     return batch
-  steps = left_to_right_steps(batch.commit_step, policy.config.block_size)
-  rounds = replay.round_bucket(steps, policy.max_rounds, policy.shrink)
+  steps = left_to_right_steps(batch.commit_step, rollout.config.block_size)
+  rounds = replay.round_bucket(steps, rollout.max_rounds, rollout.shrink)
   return batch.replace(commit_step=steps, replay_rounds=replay.Rounds(rounds))
 
 
@@ -178,14 +178,14 @@ def forward_kl(teacher_logp: jax.Array, student_logp: jax.Array, mask_token_id: 
   return jnp.sum(p * (t - s), axis=-1)
 
 
-def fields(policy: DiffusionRollout) -> tuple[str, ...]:
+def fields(rollout: DiffusionRollout) -> tuple[str, ...]:
   """The Batch fields opd_loss reads: the student's replay (its rollout's `fields`) and
   example_mask, trace_tokens, teacher_log_probs."""
-  return tuple(dict.fromkeys(policy.fields + (
+  return tuple(dict.fromkeys(rollout.fields + (
     "example_mask", "response_lengths", "trace_tokens", "teacher_log_probs")))
 
 
-def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionRollout):
+def opd_loss(params: dict, batch: Batch, key: jax.Array, *, rollout: DiffusionRollout):
   """The OPD loss on prepared trajectories (train-step contract; module docstring).
 
   Args:
@@ -194,7 +194,7 @@ def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionRol
       prompt_lengths [B], example_mask [B], a DiffusionRollout's fields (trace_tokens,
       commit_step, response_lengths, replay_rounds), teacher_log_probs [B, M, V].
     key: unused (the trajectories are in the batch).
-    policy: the student's rollout (its replay gives its distributions in its own decoding
+    rollout: the student's rollout (its replay gives its distributions in its own decoding
       contexts).
 
   Returns:
@@ -202,9 +202,9 @@ def opd_loss(params: dict, batch: Batch, key: jax.Array, *, policy: DiffusionRol
      {'student_logp', 'teacher_logp'}: per-trajectory mean log-prob of the sampled tokens).
   """
   del key
-  logp, student = policy.log_probs(params, batch, temperature=0.0, return_log_probs=True)
+  logp, student = rollout.log_probs(params, batch, temperature=0.0, return_log_probs=True)
   teacher_logp = jnp.asarray(batch.teacher_log_probs, jnp.float32)
-  kl = forward_kl(teacher_logp, student, policy.config.mask_token_id)  # [B, M]
+  kl = forward_kl(teacher_logp, student, rollout.config.mask_token_id)  # [B, M]
   m = kl.shape[1]
   lengths = jnp.asarray(batch.response_lengths, jnp.int32)
   tokens = (jnp.arange(m)[None, :] < lengths[:, None]).astype(jnp.float32)

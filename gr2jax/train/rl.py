@@ -9,7 +9,7 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
     output gets -1 and stays in its group), G rollouts per prompt at the stage's
     rl.temperature > 0 (the rollout's spec.temperature, train/stages.py).
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
-    from the SAME `policy.log_probs` (train/rollout.py): for an AR policy the causal scorer over
+    from the SAME `rollout.log_probs` (train/rollout.py): for an AR policy the causal scorer over
     [prompt | response], for a diffusion policy the differentiable replay of the trace
     (gr2jax/diffusion/replay.py), each token in the context the decoder committed it in.
     Log-probs are commit.token_log_probs at the sampling temperature: the distribution the
@@ -60,13 +60,13 @@ def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
   return reward_fn
 
 
-def fields(policy: Rollout) -> tuple[str, ...]:
+def fields(rollout: Rollout) -> tuple[str, ...]:
   """The Batch fields rl_loss reads: the rollout's (its log_probs' `fields`), logp_old,
   advantages, response_weights."""
-  return policy.fields + ("logp_old", "advantages", "response_weights")
+  return rollout.fields + ("logp_old", "advantages", "response_weights")
 
 
-def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, eps_low: float,
+def rl_loss(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, eps_low: float,
             eps_high: float):
   """GRPO on prepared rollouts (train-step contract; module docstring).
 
@@ -75,7 +75,7 @@ def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, eps_
     batch: from rollouts.prepare with a reward_fn (`fields`): the policy's fields, logp_old
       [B, M], advantages [B], response_weights [B, M] (1 on the kept rollouts' tokens).
     key: unused (the rollouts are in the batch).
-    policy: the rollout that sampled them (train/rollout.py).
+    rollout: the rollout that sampled them (train/rollout.py).
     eps_low: lower clip range.
     eps_high: upper clip range.
 
@@ -83,6 +83,6 @@ def rl_loss(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, eps_
     grpo.policy_loss's (loss_sum, token count, aux sums).
   """
   del key
-  logp, _ = policy.log_probs(params, batch)
+  logp, _ = rollout.log_probs(params, batch)
   return grpo.policy_loss(logp, batch.logp_old, batch.advantages, batch.response_weights,
                           eps_low=eps_low, eps_high=eps_high)

@@ -1,13 +1,13 @@
 """The one on-policy prepare of AR RL, OPD and diffusion RL (host side, before the jitted step).
 
   rows      the batch's Bp prompts, each repeated G times (rows i*G .. i*G + G - 1)
-  rollouts  policy.sample (a train/rollout.py Rollout): one on-policy sample per row, with its
+  rollouts  rollout.sample (a train/rollout.py Rollout): one on-policy sample per row, with its
             trace, in calls of chunk_rows rows (gr2jax/chunks.py; chunk i samples with
             fold_in(key, i))
   then the part a stage learns from:
   rewards   (RL) reward_fn -> group advantages (grpo.group_advantages: z-scores, zero-variance
             groups and padded prompts dropped) -> response_weights (1 on each kept rollout's
-            response_lengths tokens), and pi_old = policy.log_probs under the rollout params
+            response_lengths tokens), and pi_old = rollout.log_probs under the rollout params
             (one update per rollout batch, so at theta = theta_old every ratio is exactly 1,
             whatever the float differences between the cached decoder and the scorer; TraceRL
             `compute_logp_old_tok_parallel`)
@@ -37,14 +37,14 @@ RewardFn = Callable[[Batch], tuple[np.ndarray, dict]]
 TeacherFn = Callable[[Batch], jax.Array]
 
 
-def _log_probs(policy: Rollout, params: dict, batch: Batch) -> jax.Array:
-  return policy.log_probs(params, batch)[0]
+def _log_probs(rollout: Rollout, params: dict, batch: Batch) -> jax.Array:
+  return rollout.log_probs(params, batch)[0]
 
 
 _old_log_probs = jax.jit(_log_probs, static_argnums=0)
 
 
-def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, group_size: int,
+def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, group_size: int,
             reward_fn: RewardFn | None = None, teacher: TeacherFn | None = None,
             chunk_rows: int = 0, sharding=None) -> tuple[Batch, dict]:
   """Rollouts -> the train batch of an on-policy stage (module docstring).
@@ -54,7 +54,7 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, grou
     batch: a training batch of Bp prompts (inputs.make_batch: prompt_tokens, prompt_lengths,
       example_mask and what reward_fn reads); its row fields are repeated G times.
     key: the step's PRNG key.
-    policy: the trained policy's rollout (train/rollout.py); it needs spec.temperature > 0.
+    rollout: the trained policy's rollout (train/rollout.py); it needs spec.temperature > 0.
     group_size: G rollouts per prompt (paper: 8 for RL, 4 for OPD).
     reward_fn: RL: the rollouts' rewards (RewardFn).
     teacher: OPD: the teacher's distributions of a chunk (TeacherFn).
@@ -67,14 +67,14 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, grou
   """
   if reward_fn is None and teacher is None:
     raise ValueError("rollouts.prepare: give reward_fn (RL) or teacher (OPD), or both")
-  if not policy.spec.temperature > 0:
+  if not rollout.spec.temperature > 0:
     raise ValueError("rollouts.prepare: on-policy rollouts need a sampling temperature > 0 "
                      "(OPD: decode.temperature, AR RL / RL: rl.temperature), got "
-                     f"{policy.spec.temperature}")
+                     f"{rollout.spec.temperature}")
   bp = batch.num_rows
   prompts = batch.replace(response_tokens=None, response_lengths=None, response_weights=None)
   rows = jax.tree.map(lambda x: np.repeat(np.asarray(x), group_size, axis=0), prompts)
-  rollouts, policy_stats = policy.sample(params, rows.prompt_tokens, rows.prompt_lengths, key,
+  rollouts, policy_stats = rollout.sample(params, rows.prompt_tokens, rows.prompt_lengths, key,
                                          chunk_rows=chunk_rows, sharding=sharding)
   train = rows.replace(**rollouts)
   tokens, lengths = train.response_tokens, train.response_lengths
@@ -92,10 +92,10 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, policy: Rollout, grou
     weights &= np.repeat(keep, group_size)[:, None]
     train = train.replace(rewards=rewards, advantages=advantages.reshape(-1),
                           response_weights=weights.astype(np.float32))
-    # pi_old: policy.log_probs on what it reads (a static replay.Rounds goes whole to every
+    # pi_old: rollout.log_probs on what it reads (a static replay.Rounds goes whole to every
     # chunk).
     train = train.replace(logp_old=chunks.map_row_chunks(
-      lambda chunk, _: _old_log_probs(policy, params, chunk), train.select(policy.fields),
+      lambda chunk, _: _old_log_probs(rollout, params, chunk), train.select(rollout.fields),
       chunk_rows, sharding=sharding))
     stats.update(reward=float(rewards.mean()), **reward_stats, kept_groups=float(keep.mean()))
   return train, stats

@@ -29,7 +29,7 @@ from gr2jax.train.loop import Context, Stage
 from gr2jax.train.step import Loss
 
 
-def _policy(ctx: Context) -> rollout_lib.Rollout:
+def _rollout(ctx: Context) -> rollout_lib.Rollout:
   """The trained model's rollout: its own decoder at the run's decode spec as the stage's
   settings change it (an RL stage's rollouts and their log-probs at its own temperature,
   diffusion RL's at its rollout_tau), responses of R tokens."""
@@ -51,16 +51,16 @@ def _sft_loss(ctx: Context) -> Loss:
 
 
 def _rl_loss(ctx: Context) -> Loss:
-  policy = _policy(ctx)
-  return Loss(functools.partial(rl.rl_loss, policy=policy, eps_low=ctx.config.settings.eps_low,
-                                eps_high=ctx.config.settings.eps_high), rl.fields(policy))
+  rollout = _rollout(ctx)
+  return Loss(functools.partial(rl.rl_loss, rollout=rollout, eps_low=ctx.config.settings.eps_low,
+                                eps_high=ctx.config.settings.eps_high), rl.fields(rollout))
 
 
 def _rl_prepare(ctx: Context):
   c = ctx.config.settings
   reward_fn = rl.answer_rewards(ctx.tokenizer, ctx.train.labels, ctx.model_config.eos_token_ids,
                                 alpha=c.alpha)
-  return functools.partial(rollouts.prepare, policy=_policy(ctx), group_size=c.group_size,
+  return functools.partial(rollouts.prepare, rollout=_rollout(ctx), group_size=c.group_size,
                            reward_fn=reward_fn, **_chunks(ctx))
 
 
@@ -72,8 +72,8 @@ def _cft_loss(ctx: Context) -> Loss:
 
 
 def _opd_loss(ctx: Context) -> Loss:
-  policy = _policy(ctx)
-  return Loss(functools.partial(opd.opd_loss, policy=policy), opd.fields(policy))
+  rollout = _rollout(ctx)
+  return Loss(functools.partial(opd.opd_loss, rollout=rollout), opd.fields(rollout))
 
 
 def _opd_prepare(ctx: Context):
@@ -82,13 +82,13 @@ def _opd_prepare(ctx: Context):
   teacher_config, teacher_params = load.load_model(ctx.config.settings.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
                         mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)
-  policy = _policy(ctx)
+  rollout = _rollout(ctx)
 
   def prepare(params, batch, key):
-    train, stats = rollouts.prepare(params, batch, key, policy=policy,
+    train, stats = rollouts.prepare(params, batch, key, rollout=rollout,
                                     group_size=ctx.config.settings.group_size, teacher=teacher,
                                     **_chunks(ctx))
-    return opd.student_context(train, context, policy), stats
+    return opd.student_context(train, context, rollout), stats
 
   return prepare
 

@@ -19,7 +19,7 @@ PARAMS = init_params(CONFIG, jax.random.key(0))
 TOKENS = jax.random.randint(jax.random.key(1), (2, 9), 0, 64)
 # Jitted once per shape: eager scans recompile op by op and are ~10x slower on CPU.
 FWD = jax.jit(forward, static_argnums=1, static_argnames="update_cache")
-HIDDEN = jax.jit(qwen3._forward, static_argnums=1, static_argnames="return_hidden")
+HIDDEN = jax.jit(qwen3.hidden_states, static_argnums=1)
 
 
 def _perturbed(params, scale=0.3):
@@ -33,7 +33,7 @@ def _perturbed(params, scale=0.3):
 def test_shapes_and_fp32_logits():
   logits, cache = FWD(PARAMS, CONFIG, TOKENS)
   assert logits.shape == (2, 9, 64) and logits.dtype == jnp.float32 and cache is None
-  _, _, hidden = HIDDEN(PARAMS, CONFIG, TOKENS, return_hidden=True)
+  _, hidden = HIDDEN(PARAMS, CONFIG, TOKENS)
   assert hidden.shape == (3, 2, 9, 128)
 
 

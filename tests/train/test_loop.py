@@ -336,7 +336,7 @@ def test_each_on_policy_stage_samples_at_its_temperature_and_tau(tmp_path, tok, 
       config.settings, temperature=0.5, **(dict(rollout_tau=0.7) if stage == "rl" else {})))
   context = dataclasses.replace(toy_context(config, tok, str(tmp_path)),
                                 model_config=toy_policy.DIFFUSION)
-  spec = stages._policy(context).spec
+  spec = stages._rollout(context).spec
   assert spec.temperature == (config.decode.temperature if stage == "opd" else 0.5)
   assert spec.rollout_tau == (0.7 if stage == "rl" else config.decode.rollout_tau)
 

@@ -38,12 +38,12 @@ def params():
 
 
 def _loss_fn(policy):
-  return jax.jit(functools.partial(opd.opd_loss, policy=policy))
+  return jax.jit(functools.partial(opd.opd_loss, rollout=policy))
 
 
 def _prepare(params, key, teacher_params, policy=STUDENT, group_size=1, chunk_rows=0, **kwargs):
   teacher = opd.teacher(teacher_params, TEACHER, mask_token_id=MASK, **kwargs)
-  return rollouts.prepare(params, BATCH, key, policy=policy, group_size=group_size,
+  return rollouts.prepare(params, BATCH, key, rollout=policy, group_size=group_size,
                           teacher=teacher, chunk_rows=chunk_rows)
 
 

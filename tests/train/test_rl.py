@@ -24,7 +24,7 @@ def test_every_ratio_is_one_at_theta_old(prepared, stage, policy):
   np.testing.assert_array_equal(w.sum(axis=1), train.response_lengths)
   assert stats["kept_groups"] == 1.0 and 0 < stats["valid_rate"] < 1
   assert 0 <= stats["promoted"] <= 1
-  loss_fn = jax.jit(functools.partial(rl.rl_loss, policy=policy, eps_low=0.2, eps_high=0.2))
+  loss_fn = jax.jit(functools.partial(rl.rl_loss, rollout=policy, eps_low=0.2, eps_high=0.2))
   loss_sum, weight, aux = loss_fn(params, train, jax.random.key(0))
   np.testing.assert_allclose(weight, w.sum())
   np.testing.assert_allclose(aux["ratio"], w.sum(), rtol=1e-6)  # sum of rho = token count
@@ -45,7 +45,7 @@ def test_diffusion_pi_old_is_the_replay_of_what_the_decoder_sampled(prepared):
 def test_zero_variance_groups_are_dropped(prepared):
   constant = lambda batch: (np.ones(batch.num_rows), {})
   train, stats = rollouts.prepare(prepared["params"][1], BATCH, jax.random.key(4),
-                                  policy=STUDENT, group_size=3, reward_fn=constant, chunk_rows=4)
+                                  rollout=STUDENT, group_size=3, reward_fn=constant, chunk_rows=4)
   assert stats["kept_groups"] == 0.0 and (train.response_weights == 0).all()
   np.testing.assert_array_equal(train.advantages, 0.0)
 

@@ -37,12 +37,12 @@ def reference():
 @pytest.fixture(scope="module")
 def losses(prepared):
   ar_params, student, _ = prepared["params"]
-  rl_loss = lambda policy: jax.jit(functools.partial(rl.rl_loss, policy=policy, eps_low=0.2,
+  rl_loss = lambda policy: jax.jit(functools.partial(rl.rl_loss, rollout=policy, eps_low=0.2,
                                                      eps_high=0.2))
   return {
     "ar": rl_loss(AR_POLICY)(ar_params, prepared["ar"][0], None),
     "rl": rl_loss(STUDENT)(student, prepared["rl"][0], None),
-    "opd": jax.jit(functools.partial(opd.opd_loss, policy=STUDENT))(
+    "opd": jax.jit(functools.partial(opd.opd_loss, rollout=STUDENT))(
       student, prepared["opd"][0], None),
     "sft": jax.jit(functools.partial(sft.sft_loss, config=AR))(ar_params, sft_batch(), None),
   }
@@ -109,8 +109,8 @@ def test_chunked_ar_pi_old_is_the_one_call_score(prepared):
 def test_prepare_needs_a_target_and_sampled_rollouts(prepared):
   ar_params = prepared["params"][0]
   with pytest.raises(ValueError, match="reward_fn"):
-    rollouts.prepare(ar_params, BATCH, jax.random.key(0), policy=AR_POLICY, group_size=2)
+    rollouts.prepare(ar_params, BATCH, jax.random.key(0), rollout=AR_POLICY, group_size=2)
   greedy = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1, temperature=0.0), 10))
   with pytest.raises(ValueError, match="temperature"):
-    rollouts.prepare(ar_params, BATCH, jax.random.key(0), policy=greedy, group_size=2,
+    rollouts.prepare(ar_params, BATCH, jax.random.key(0), rollout=greedy, group_size=2,
                      reward_fn=REWARDS)

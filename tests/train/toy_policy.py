@@ -65,12 +65,12 @@ def prepare_all():
   ar_params, student, teacher = toy_params()
   return {
     "params": (ar_params, student, teacher),
-    "ar": rollouts.prepare(ar_params, BATCH, jax.random.key(1), policy=AR_POLICY, group_size=3,
+    "ar": rollouts.prepare(ar_params, BATCH, jax.random.key(1), rollout=AR_POLICY, group_size=3,
                            reward_fn=REWARDS, chunk_rows=4),
-    "rl": rollouts.prepare(student, BATCH, jax.random.key(4), policy=STUDENT, group_size=3,
+    "rl": rollouts.prepare(student, BATCH, jax.random.key(4), rollout=STUDENT, group_size=3,
                            reward_fn=REWARDS, chunk_rows=4),
     "opd": rollouts.prepare(
-      student, BATCH, jax.random.key(3), policy=STUDENT, group_size=2, chunk_rows=4,
+      student, BATCH, jax.random.key(3), rollout=STUDENT, group_size=2, chunk_rows=4,
       teacher=opd.teacher(teacher, TEACHER, mask_token_id=DIFFUSION.mask_token_id)),
   }
 

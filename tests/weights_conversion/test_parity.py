@@ -73,8 +73,7 @@ def test_logits_and_hidden_states_match_transformers(converted):
   assert config.rope_theta == model.config.rope_parameters["rope_theta"]
   tokens = _tokens(config)
   want, want_hidden = _hf_logits(model, tokens)
-  logits, _, hidden = qwen3._forward(params, config, jnp.asarray(tokens, jnp.int32),
-                                     return_hidden=True)
+  logits, hidden = qwen3.hidden_states(params, config, jnp.asarray(tokens, jnp.int32))
   assert logits.dtype == jnp.float32
   for i in range(config.num_layers):  # HF's last hidden state is after the final norm
     np.testing.assert_allclose(hidden[i], want_hidden[i], atol=ATOL, err_msg=f"layer {i}")
