@@ -13,9 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "results")
 SIDS = os.path.join("results", "sids_table2.npy")
 COMMAND = ("python experiments/run.py --config=table2.py --workdir=W "
-           f"--config.data.sids_file={SIDS} --config.table.results_dir=results")  # + the tables
-REMAKE = f"remake them from a clean checkout with `{COMMAND}` (then --config=table3.py, " \
-         "table4.py, fig6.py with the same overrides)"
+           f"--config.data.sids_file={SIDS}")  # Table 2, then Tables 3, 4 and Figure 6
+REMAKE = (f"remake them from a clean checkout with `{COMMAND}`, then `cp W/results/* results/` "
+          "(written outside the checkout, so the files after the first do not record a dirty "
+          "commit) and batch_curve.py's predicted section (docs/results/table2.md)")
 
 
 def _tiny_table2_recipe() -> recipe.Recipe:
@@ -23,7 +24,6 @@ def _tiny_table2_recipe() -> recipe.Recipe:
   overrides, recipe.from_config), run from the checkout's root."""
   c = recipes.config("", "table2")  # experiments/configs/table2.py's get_config()
   c.data.sids_file = os.path.join(REPO, SIDS)
-  c.table.results_dir = "results"
   return recipe.from_config(c)
 
 
