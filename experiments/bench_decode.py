@@ -96,8 +96,8 @@ def bench_gr2jax(config, params, prompts: np.ndarray, new: int) -> dict:
     (logits, cache), t_prefill = _timed(lambda: gen.prefill(
       params, config, tokens, lengths, init_cache(config, b, p + new)))
     (out, _), t_decode = _timed(lambda: gen.decode(
-      params, config, cache, logits, jax.random.key(0), max_new_tokens=new,
-      sampling=gen.GREEDY, eos_token_ids=()))
+      params, config, cache, logits, jax.random.key(0),
+      gen.ARDecoding(max_new_tokens=new, stop_token_ids=())))
     return out, t_prefill, t_decode
 
   _, first_prefill, first_decode = run()

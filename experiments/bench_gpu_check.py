@@ -183,9 +183,8 @@ def decode_kernel_section(out_dir: str) -> list[dict]:
 # ---- exactness section -----------------------------------------------------------------------
 
 
-def exactness_rows(params: dict, config, spec, prompts, lengths, new_tokens: int,
-                   drafter_layers: int, batches=EXACTNESS_BATCHES,
-                   on_row=lambda row: None) -> list[dict]:
+def exactness_rows(params: dict, config, spec, prompts, lengths, drafter_layers: int,
+                   batches=EXACTNESS_BATCHES, on_row=lambda row: None) -> list[dict]:
   """The teacher-forced check of AR's and the lossless mode's greedy decodes of the same prompts
   at each batch size (module docstring).
 
@@ -199,9 +198,9 @@ def exactness_rows(params: dict, config, spec, prompts, lengths, new_tokens: int
   Args:
     params: the model's param pytree (stacked), in the precision under test.
     config: its AR config (a stop token in config.eos_token_ids ends a row early).
-    spec: the lossless mode's speculative.DraftSpec.
+    spec: the lossless mode's speculative.DraftDecoding; its max_new_tokens is both decoders'
+      response cap.
     prompts: [N, P] int right-padded prompts; lengths: [N]; N a multiple of every batch size.
-    new_tokens: the response cap.
     drafter_layers: the drafter's depth.
     batches: batch sizes; the prompts are decoded in consecutive chunks of each.
     on_row: called with each row as it lands.
@@ -228,9 +227,9 @@ def exactness_rows(params: dict, config, spec, prompts, lengths, new_tokens: int
     dataclasses.replace(convert.to_diffusion(config, spec.k, config.vocab_size - 1),
                         num_layers=drafter_layers))
   decoders = {
-    "ar": lambda p, n: generate.generate(decoding, config, p, n, max_new_tokens=new_tokens),
-    "lossless": lambda p, n: speculative.speculative_generate(drafter, verifier, p, n, spec,
-                                                              max_new_tokens=new_tokens)}
+    "ar": lambda p, n: generate.generate(decoding, config, p, n,
+                                         generate.ARDecoding(max_new_tokens=spec.max_new_tokens)),
+    "lossless": lambda p, n: speculative.speculative_generate(drafter, verifier, p, n, spec)}
   first, rows = {}, []
   for b in batches:
     decoded = {}
@@ -271,7 +270,7 @@ def exactness_section(out_dir: str) -> list[dict]:
   rng = np.random.default_rng(0)
   prompts = rng.integers(1, config.vocab_size - 1, (n, prompt_len), dtype=np.int32)
   lengths = rng.integers(prompt_len // 2, prompt_len + 1, n).astype(np.int32)
-  spec = speculative.DraftSpec(k=k, draft_tau=0.0, draft_steps=1)
+  spec = speculative.DraftDecoding(max_new_tokens=new_tokens, k=k, draft_tau=0.0, draft_steps=1)
   device = jax.devices()[0].device_kind
   rows = []
 
@@ -281,7 +280,7 @@ def exactness_section(out_dir: str) -> list[dict]:
     with open(os.path.join(out_dir, "exactness.json"), "w") as f:
       json.dump(rows, f, indent=1)
 
-  exactness_rows(params, config, spec, prompts, lengths, new_tokens, drafter_layers, on_row=save)
+  exactness_rows(params, config, spec, prompts, lengths, drafter_layers, on_row=save)
   return rows
 
 

@@ -38,7 +38,6 @@ re-renders without compiling.
 """
 
 import dataclasses
-import functools
 import importlib
 import importlib.metadata
 import importlib.util
@@ -58,7 +57,6 @@ from experiments import targets
 from gr2jax import chunks, cli, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax.data.batches import Batch
-from gr2jax.decoding.policy import ARPolicy, DiffusionPolicy
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import decode as diffusion_decode
 from gr2jax.diffusion import (
@@ -75,12 +73,11 @@ from gr2jax.model import params as params_lib
 from gr2jax.model import sharding as model_sharding
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
-from gr2jax.train import cft, opd, optim, rl, sft
+from gr2jax.train import loop, opd, optim
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import stages as train_stages_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
-from gr2jax.train.rollout import ARRollout, DiffusionRollout
 
 H100_PEAK_FLOPS = targets.TARGETS["h100"].peak_flops  # bf16 dense, per device
 H100_HBM_BYTES_S = targets.TARGETS["h100"].hbm_bytes_s  # H100 SXM HBM3
@@ -151,6 +148,17 @@ class Settings:
 
 
 @dataclasses.dataclass(frozen=True)
+class LossView:
+  """What a stage's trainer reads of its view (recipe.StageView) to build its loss
+  (train/stages.py TRAINERS' make_loss: `ctx.config.settings`, `.decode`, `.replay_shrink`), a
+  recipe's; a plan has no workdir, so no init path or teacher export."""
+
+  settings: stage_registry.Settings | None
+  decode: DecodeSpec
+  replay_shrink: int | None
+
+
+@dataclasses.dataclass(frozen=True)
 class Shapes:
   """The shapes a plan compiles: a recipe's (_from_recipe; gr2jax/recipes.py).
 
@@ -171,7 +179,8 @@ class Shapes:
       train.micro_batches): the micro-batch every target compiles first.
     xla_flags: the recipe's XLA flags (config xla_flags): every compile for a target starts
       with those of its platform (targets.recipe_options).
-    clip: {stage: (eps_low, eps_high)} of the GRPO stages (the recipe's typed settings).
+    views: {stage: LossView}: what the stage's trainer builds its loss from (train/stages.py
+      TRAINERS), the recipe's.
   """
 
   model: ModelConfig
@@ -182,7 +191,7 @@ class Shapes:
   batch_size: dict
   group: dict
   steps: dict
-  clip: dict
+  views: dict
   teacher_dtype: str = "float32"
   prepare_chunk: dict = dataclasses.field(default_factory=dict)
   micro_batches: dict = dataclasses.field(default_factory=dict)
@@ -222,7 +231,8 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
   c = recipe_config("table2", variant)
   st = c.stages
   train = {name: st[name].train for name in STAGES}
-  settings = recipe_lib.from_config(c).settings
+  recipe = recipe_lib.from_config(c)
+  settings = recipe.settings
   return Shapes(
     model=model, prompt_len=2200, response_len=256, block_size=c.decode.block_size,
     max_steps_per_block=c.decode.max_steps_per_block,
@@ -232,8 +242,8 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
     teacher_dtype=st.opd.opd.teacher_dtype, xla_flags=tuple(c.xla_flags),
     prepare_chunk={name: train[name].prepare_chunk // per_device_of for name in ON_POLICY},
     micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()},
-    clip={name: (settings[name].eps_low, settings[name].eps_high) for name in STAGES
-          if hasattr(settings[name], "eps_low")})
+    views={name: LossView(settings[name], recipe.decode, recipe.replay_shrink
+                          if stage_registry.spec(name).diffusion else None) for name in STAGES})
 
 
 def _presets() -> dict:
@@ -340,7 +350,8 @@ class TrainStage:
 
 def train_stages(s: Shapes) -> dict[str, TrainStage]:
   """Every training stage of gr2jax/stage_registry.py at the shapes of `s`: its model and kind,
-  rows, rollout and prepare from its declaration; its loss as plan builds it (`losses`)."""
+  rows, rollout and prepare from its declaration; its loss as its trainer builds it
+  (train/stages.py TRAINERS) from the recipe's view of the stage, decoding at these shapes."""
   p, r = s.prompt_len, s.response_len
   i32, f32 = jnp.int32, jnp.float32
   ar, diff = s.model, s.diffusion()
@@ -358,24 +369,22 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
     "teacher_log_probs": lambda n: ((n, r, diff.vocab_size), teacher_dtype),
   }
 
-  # The rollouts of the RL / OPD losses; the replayed batches replay s.rounds rounds.
-  spec = DecodeSpec(block_size=s.block_size, max_steps_per_block=s.max_steps_per_block)
-  ar_rollout = ARRollout(ARPolicy(ar, dataclasses.replace(spec, block_size=1), r))
-  student = DiffusionRollout(DiffusionPolicy(diff, spec, r))
+  # The replayed batches (an on-policy diffusion stage's) replay s.rounds rounds.
   rounds = replay.Rounds(s.rounds)
-  replayed = lambda loss: lambda params, batch, key: loss(
-    params, batch.replace(replay_rounds=rounds), key)
-  grpo = lambda name, rollout: functools.partial(rl.rl_loss, rollout=rollout,
-                                                eps_low=s.clip[name][0], eps_high=s.clip[name][1])
-  # Each stage's loss and the fields it reads, as its trainer builds them (train/stages.py) at
-  # the module defaults of the loss's own settings.
-  losses = {
-    "sft": (functools.partial(sft.sft_loss, config=ar), sft.FIELDS),
-    "ar_rl": (grpo("ar_rl", ar_rollout), rl.fields(ar_rollout)),
-    "cft": (functools.partial(cft.cft_loss, config=diff), cft.FIELDS),
-    "opd": (replayed(functools.partial(opd.opd_loss, rollout=student)), opd.fields(student)),
-    "rl": (replayed(grpo("rl", student)), rl.fields(student)),
-  }
+
+  def loss(name, config):
+    """(loss_fn, the Batch fields it reads) as the stage's trainer builds them: the recipe's
+    view of the stage with this plan's block size and step cap."""
+    view = s.views[name]
+    view = dataclasses.replace(view, decode=dataclasses.replace(
+      view.decode, block_size=s.block_size, max_steps_per_block=s.max_steps_per_block))
+    context = loop.Context(view, config, None, None, None, p, r, None, "")
+    built = train_stages_lib.TRAINERS[name].make_loss(context)
+    if "replay_rounds" not in built.fields:
+      return built.fn, built.fields
+    return (lambda params, batch, key: built.fn(params, batch.replace(replay_rounds=rounds), key),
+            built.fields)
+
   # [prompt | response], causal; the LM head at the R response queries (sft.py, the AR policy).
   ar_scored = Work(p + r, causal_pairs(p + r), (p + r) ** 2, r)
   n_cft = p + 3 * rp
@@ -392,12 +401,12 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
 
   def stage(name):
     declared, (config, work) = stage_registry.spec(name), model(name)
-    loss, fields = losses[name]  # `replayed` gives the replay's rounds (static), not the batch
+    fn, fields = loss(name, config)  # the replay's rounds (static) are given, not the batch's
     batch = lambda n: {f: field_specs[f](n) for f in fields if f != "replay_rounds"}
     if name not in ON_POLICY:
-      return TrainStage(name, config, s.rows(name), loss, batch, work)
+      return TrainStage(name, config, s.rows(name), fn, batch, work)
     # Sampled by its own decoder; its prepare scores the rollouts with its teacher, else itself.
-    return TrainStage(name, config, s.rows(name), loss, batch, work,
+    return TrainStage(name, config, s.rows(name), fn, batch, work,
                       prepare=(model(declared.teacher or name),),
                       rollout=(config, s.block_size if declared.diffusion else 1))
 
@@ -543,22 +552,22 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
   lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=batch_sh)
   key = jax.eval_shape(lambda: jax.random.key(0))
   if kind == "ar_decode":
-    sampling = generate_lib.Sampling(temperature=1.0)
+    decoding = generate_lib.ARDecoding(max_new_tokens=r, temperature=1.0)
 
     def fn(params, tokens, lengths, key):
       logits, cache = qwen3.ragged_prefill(params, config, tokens, lengths,
                                            init_cache(config, rows, p + r), read_cache=False)
-      return generate_lib.decode(params, config, cache, logits, key, max_new_tokens=r,
-                                 sampling=sampling, eos_token_ids=config.eos_token_ids)[0]
+      return generate_lib.decode(params, config, cache, logits, key, decoding)[0]
   elif kind == "speculative_decode":
     verifier = dataclasses.replace(s.model, remat="none")
-    spec = speculative.DraftSpec(k=s.block_size, draft_tau=0.9, draft_steps=s.max_steps_per_block)
+    decoding = speculative.DraftDecoding(max_new_tokens=r, k=s.block_size, draft_tau=0.9,
+                                         draft_steps=s.max_steps_per_block)
     params = (params, param_specs(verifier, mesh))
 
     def fn(params, tokens, lengths, key):
       return speculative.speculative_generate(
         speculative.Model(params[0], config), speculative.Model(params[1], verifier), tokens,
-        lengths, spec, max_new_tokens=r, key=key)
+        lengths, decoding, key=key)
   else:
     def fn(params, tokens, lengths, key):
       return diffusion_decode.block_diffusion_generate(
@@ -619,7 +628,7 @@ def verify_flops(names=None) -> list[dict]:
   small = Shapes(model=ModelConfig(**base), prompt_len=96, response_len=32, block_size=8,
                  max_steps_per_block=8, batch_size={n: 2 // g for n, g in group.items()},
                  group=group, steps={},
-                 clip=PRESETS["tiny"].clip)  # the tiny recipe's GRPO clip (FLOPs ignore it)
+                 views=PRESETS["tiny"].views)  # the tiny recipe's settings (FLOPs ignore them)
   rows = []
   for name, stage in train_stages(small).items():
     if names is not None and name not in names:

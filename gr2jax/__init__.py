@@ -5,7 +5,8 @@ The public API, importable from a notebook without loading JAX until first use:
   recipe = gr2jax.recipes.get("tiny")                # every setting of a run (gr2jax/recipes.py)
   config, params = gr2jax.load_model(path)            # a gr2jax export or a local HF Qwen3 dir
   logits, cache = gr2jax.forward(params, config, tokens[B, T])   # fp32 [B, T, V]
-  out = gr2jax.generate(params, config, prompts[B, P], lengths[B], max_new_tokens=N)   # AR
+  out = gr2jax.generate(params, config, prompts[B, P], lengths[B],
+                        gr2jax.ARDecoding(max_new_tokens=N))   # AR (every decoder: settings last)
   out = gr2jax.block_diffusion_generate(params, config, prompts, lengths,
                                         gr2jax.BlockDecoding(threshold=0.9,
                                                              max_steps_per_block=64,
@@ -53,7 +54,7 @@ _EXPORTS = {
     "init_params": "gr2jax.model.params",
     "forward": "gr2jax.model.qwen3",
     "generate": "gr2jax.model.generate",
-    "Sampling": "gr2jax.model.generate",
+    "ARDecoding": "gr2jax.model.generate",
     "block_diffusion_generate": "gr2jax.diffusion.decode",
     "BlockDecoding": "gr2jax.diffusion.decode",
     "Steering": "gr2jax.diffusion.decode",

@@ -164,8 +164,9 @@ def test_generate(params):
     new, p3 = _pick(rng, [2], [0, -3, 2.5, "2", True, None], names[2], bad == names[2])
     key, p4 = _pick(rng, [None, jax.random.key(1)], [5, "k", np.zeros(3), jnp.zeros(2)],
                     names[3], bad == names[3])
-    out = _call(lambda: generate.generate(params, CONFIG, prompts, lengths,  # noqa: B023
-                                          max_new_tokens=new, key=key),  # noqa: B023
+    out = _call(lambda: generate.generate(  # noqa: B023
+      params, CONFIG, prompts, lengths, generate.ARDecoding(max_new_tokens=new),  # noqa: B023
+      key=key),  # noqa: B023
                 [p1, p2, p3, p4])
     if out is not None:
       assert out.tokens.shape == out.logprobs.shape == (B, 2)

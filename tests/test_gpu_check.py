@@ -38,8 +38,9 @@ def test_ar_and_lossless_in_bf16_are_exact_at_batch_1_8_16():
   rng = np.random.default_rng(0)
   prompts = rng.integers(1, 255, (16, 12), dtype=np.int32)
   lengths = rng.integers(3, 13, 16).astype(np.int32)
-  rows = bench_gpu_check.exactness_rows(params, config, speculative.DraftSpec(k=4), prompts,
-                                        lengths, 32, drafter_layers=1)
+  rows = bench_gpu_check.exactness_rows(
+    params, config, speculative.DraftDecoding(max_new_tokens=32, k=4), prompts, lengths,
+    drafter_layers=1)
   for row in rows:
     print({k: row[k] for k in ("batch", "decoder", "positions", "flips", "max_flip_margin",
                                "max_flip_relative", "beyond_tolerance")},

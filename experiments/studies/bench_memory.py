@@ -31,7 +31,6 @@ one with frac_gemm near 1 runs as fast as GEMMs of its row count run on this mac
 Prints one JSON line per row and a table; --json_out writes the rows.
 """
 
-import dataclasses
 import json
 import time
 
@@ -101,7 +100,6 @@ def time_step(config: ModelConfig, params: dict, kind: str, p: int) -> dict:
 
 def time_generate(config: ModelConfig, params: dict, p: int) -> dict:
   """The per-token cost of gr2jax.generate at batch 1 after a P-token prompt (module doc)."""
-  config = dataclasses.replace(config, eos_token_ids=())  # every call runs all its tokens
   prompt = jnp.ones((1, p), jnp.int32)
   n = FLAGS.generate_tokens
 
@@ -109,8 +107,9 @@ def time_generate(config: ModelConfig, params: dict, p: int) -> dict:
     times = []
     for _ in range(FLAGS.generate_repeats + 1):
       start = time.perf_counter()
-      jax.block_until_ready(generate_lib.generate(params, config, prompt,
-                                                  max_new_tokens=new_tokens))
+      jax.block_until_ready(generate_lib.generate(  # no stop ids: every call runs all its tokens
+        params, config, prompt, None,
+        generate_lib.ARDecoding(max_new_tokens=new_tokens, stop_token_ids=())))
       times.append(time.perf_counter() - start)
     return min(times[1:])
 

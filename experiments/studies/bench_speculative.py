@@ -228,11 +228,11 @@ def run_grid(drafter, verifier, data, tok, prompt_len, response_len) -> dict:
       raise app.UsageError(f"--ks: {k} exceeds the drafter's block size "
                            f"{drafter.config.block_size}")
     for tau in map(float, FLAGS.taus):
-      spec = sp.DraftSpec(k=k, draft_tau=tau, draft_steps=FLAGS.draft_steps)
+      spec = sp.DraftDecoding(max_new_tokens=response_len, k=k, draft_tau=tau,
+                              draft_steps=FLAGS.draft_steps)
       fields, diverged, t0 = [], [], time.perf_counter()
       for first, n, tokens, lengths in _batches(data, prompt_len, pad):
-        out = jax.device_get(sp.speculative_generate(drafter, verifier, tokens, lengths, spec,
-                                                     max_new_tokens=response_len))
+        out = jax.device_get(sp.speculative_generate(drafter, verifier, tokens, lengths, spec))
         out = {f: np.asarray(getattr(out, f))[:n] for f in sp.SpecOutput._fields
                if getattr(out, f).ndim}
         fields.append(out)
@@ -268,7 +268,7 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 
   def ar(tokens, lengths):
     out = generate.generate(verifier.params, verifier.config, tokens, lengths,
-                            max_new_tokens=response_len)
+                            generate.ARDecoding(max_new_tokens=response_len))
     return out.lengths, np.full(1, int(out.nfe))
 
   def diffusion(tokens, lengths):
@@ -280,15 +280,15 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
 
   def speculative(spec):
     def run(tokens, lengths):
-      out = sp.speculative_generate(drafter, verifier, tokens, lengths, spec,
-                                    max_new_tokens=response_len)
+      out = sp.speculative_generate(drafter, verifier, tokens, lengths, spec)
       return out.lengths, 2 + out.verify_forwards + out.draft_forwards  # + both prefills
     return run
 
   methods = [("AR", None, ar), (f"diffusion tau {FLAGS.speed_diffusion_tau:g}", None, diffusion)]
   for text in FLAGS.speed_specs:
     k, tau = text.split("/")
-    spec = sp.DraftSpec(k=int(k), draft_tau=float(tau), draft_steps=FLAGS.draft_steps)
+    spec = sp.DraftDecoding(max_new_tokens=response_len, k=int(k), draft_tau=float(tau),
+                            draft_steps=FLAGS.draft_steps)
     methods.append((f"draft-and-verify K={k} tau_d={float(tau):g}", spec, speculative(spec)))
   totals = {name: [0.0, 0, 0] for name, _, _ in methods}  # seconds, tokens, forwards
   compile_s = {}

@@ -182,9 +182,8 @@ def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, dat
   decodes = []
   for k in map(int, FLAGS.spec_ks):
     for tau in map(float, FLAGS.spec_taus):
-      spec = sp.DraftSpec(k=k, draft_tau=tau, draft_steps=64)
-      res = jax.device_get(sp.speculative_generate(drafter, verifier, prompts, lengths, spec,
-                                                   max_new_tokens=response_len))
+      spec = sp.DraftDecoding(max_new_tokens=response_len, k=k, draft_tau=tau, draft_steps=64)
+      res = jax.device_get(sp.speculative_generate(drafter, verifier, prompts, lengths, spec))
       n = np.asarray(res.lengths)
       forwards = np.asarray(res.verify_forwards) + np.asarray(res.draft_forwards)
       entry = dict(k=k, tau=tau, block=drafter.config.block_size, draft_steps=64,
@@ -260,8 +259,8 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
   def ar(length):
     def run():
       c, lg = copy((cache, logits))
-      out, _ = gen.decode(params, config, c, lg, jax.random.key(0), max_new_tokens=length,
-                          sampling=gen.GREEDY, eos_token_ids=())
+      out, _ = gen.decode(params, config, c, lg, jax.random.key(0),
+                          gen.ARDecoding(max_new_tokens=length, stop_token_ids=()))
       return out.tokens, out.nfe
     return run
 
@@ -284,17 +283,18 @@ def replay(config, params, run: str, entries: list[dict], spec_entries: list[dic
   def draft_verify(entry):
     drafter = sp.Model(params, dataclasses.replace(config, block_size=entry["block"]))
     verifier = sp.Model(params, config)
-    spec = sp.DraftSpec(k=entry["k"], draft_tau=entry["tau"], draft_steps=entry["draft_steps"])
     # The recording's cap (the drafts' windows are those of the recording); padded to the
     # cap's steps (one compile per K and tau_d, whatever the schedule).
     cap, steps = entry["max_new_tokens"], entry["schedule"]
+    spec = sp.DraftDecoding(max_new_tokens=cap, k=entry["k"], draft_tau=entry["tau"],
+                            draft_steps=entry["draft_steps"])
     schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))] * batch, jnp.int32)
     prefilled = jax.block_until_ready(emulate.speculative_prefill(
-      drafter, verifier, prompt, prompt_lengths, spec, max_new_tokens=cap))
+      drafter, verifier, prompt, prompt_lengths, spec))
 
     def run():
       out = emulate.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
-                                       max_new_tokens=cap, prefilled=copy(prefilled))
+                                       prefilled=copy(prefilled))
       return out.tokens, jnp.max(out.verify_forwards + out.draft_forwards)
     return run
 

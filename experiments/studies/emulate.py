@@ -141,8 +141,8 @@ class _Replayed(speculative.Rules):
   """speculative.Rules replaying a recorded schedule [B, S, 2] int32: (denoising steps,
   accepted drafts) of each verify step, -1 past the row's last."""
 
-  def __init__(self, schedule: jax.Array, spec: speculative.DraftSpec, mask_token_id):
-    super().__init__(spec, 0.0, mask_token_id)
+  def __init__(self, schedule: jax.Array, spec: speculative.DraftDecoding, mask_token_id):
+    super().__init__(spec, mask_token_id)
     self.schedule = schedule
 
   def _recorded(self, step, field):
@@ -172,25 +172,25 @@ _STATIC = ("config_d", "config_v", "caches")
 _prefills = jax.jit(speculative.prefills, static_argnames=_STATIC)
 
 
-@functools.partial(jax.jit, static_argnames=(*_STATIC, "spec", "max_new_tokens"))
+@functools.partial(jax.jit, static_argnames=(*_STATIC, "spec"))
 def _speculative_replay(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key,
-                        schedule, prefilled, *, config_d, config_v, spec, max_new_tokens, caches):
+                        schedule, prefilled, *, config_d, config_v, spec, caches):
   if prefilled is None:
     prefilled = speculative.prefills(params_d, params_v, prompt_tokens, prompt_lengths,
                                      config_d=config_d, config_v=config_v, caches=caches)
   return speculative.decode_loop(
     params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
     _Replayed(schedule, spec, config_v.mask_token_id),
-    speculative.Settings(config_d, config_v, spec, max_new_tokens, 0.0))[0]
+    speculative.Settings(config_d, config_v, spec))[0]
 
 
 def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model, prompt_tokens,
-                        prompt_lengths, spec: speculative.DraftSpec, *, max_new_tokens: int):
+                        prompt_lengths, spec: speculative.DraftDecoding):
   """Both prefills, as speculative_generate runs them: (verifier cache, verifier logits [B, V],
   drafter cache), for `speculative_replay(prefilled=)` (a timing of the decode alone).
   Arguments as speculative_generate's, checked as there."""
   c = speculative.check_inputs("emulate.speculative_prefill", drafter, verifier,
-                               (prompt_tokens, prompt_lengths), spec, max_new_tokens)
+                               (prompt_tokens, prompt_lengths), spec)
   return _prefills(params_lib.layer_list(c.drafter.params),
                    params_lib.layer_list(c.verifier.params), c.prompt_tokens, c.prompt_lengths,
                    config_d=c.drafter.config, config_v=c.verifier.config, caches=c.slots)
@@ -198,30 +198,29 @@ def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model,
 
 def speculative_replay(drafter: speculative.Model, verifier: speculative.Model,
                        prompt_tokens: jax.Array, prompt_lengths: jax.Array,
-                       spec: speculative.DraftSpec, schedule: jax.Array, *, max_new_tokens: int,
+                       spec: speculative.DraftDecoding, schedule: jax.Array, *,
                        prefilled: tuple | None = None) -> speculative.SpecOutput:
   """Runs a recorded draft-and-verify schedule on any weights (a speed emulation, not a decode).
 
   Verify step s of row b drafts as the decoder does (K_eff from the row's position) but with
   exactly `schedule[b, s, 0]` denoising steps (one token per step, the last one the rest), and
   accepts exactly min(schedule[b, s, 1], K_eff) drafts, whatever they are, plus the verifier's
-  token; the row ends after its recorded steps. With the recording's max_new_tokens (so K_eff
+  token; the row ends after its recorded steps. With the recording's spec.max_new_tokens (so K_eff
   follows the same positions) and no stop ids, replaying `schedule_from_output` of a decode runs
   exactly its drafter and verify forwards.
 
   Args:
-    drafter, verifier, prompt_tokens, prompt_lengths, spec: as speculative_generate.
+    drafter, verifier, prompt_tokens, prompt_lengths: as speculative_generate.
+    spec: its DraftDecoding (greedy; max_new_tokens N, the recording's).
     schedule: [B, S, 2] int: (denoising steps, accepted drafts) of each verify step, >= 0, then
       -1 past the row's last step.
-    max_new_tokens: N, the recording's.
     prefilled: optional `speculative_prefill(...)` of these prompts (the loop starts from it).
 
   Returns:
     SpecOutput (its tokens are not a model's output).
   """
   where = "speculative_replay"
-  c = speculative.check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), spec,
-                               max_new_tokens)
+  c = speculative.check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), spec)
   b = c.prompt_tokens.shape[0]
   schedule = validate.integer_array(where, "schedule", schedule, shape=(b, None, 2))
   validate.check_range(where, "schedule", schedule, -1, 2**30)
@@ -237,7 +236,7 @@ def speculative_replay(drafter: speculative.Model, verifier: speculative.Model,
     params_lib.layer_list(c.drafter.params), params_lib.layer_list(c.verifier.params),
     c.prompt_tokens, c.prompt_lengths, c.stop_ids, c.key, jnp.asarray(schedule, jnp.int32),
     prefilled, config_d=c.drafter.config, config_v=c.verifier.config, spec=spec,
-    max_new_tokens=c.max_new_tokens, caches=c.slots)
+    caches=c.slots)
 
 
 def schedule_from_output(out: speculative.SpecOutput,

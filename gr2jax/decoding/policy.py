@@ -13,6 +13,9 @@ Three implementations, chosen by the model (`make_policy`, the only place the ch
   ARPolicy         an AR model (no mask token): model.generate.
   DiffusionPolicy  a block-diffusion model: block_diffusion_generate (`decoding(tau,
                    temperature)` gives its settings at any threshold).
+Each holds its decoder's settings object (model/decode_core.Decoding's convention):
+ARPolicy.decoding(temperature), DiffusionPolicy.decoding(tau, temperature) and
+LosslessPolicy.decoding() (the spec's `draft`).
   LosslessPolicy   a block-diffusion drafter verified by an AR model (`verifier_config`):
                    diffusion/speculative.py, the verifier's greedy output.
 
@@ -135,14 +138,16 @@ class ARPolicy:
   def decoding_params(self, params):
     return layer_list(params)
 
+  def decoding(self, temperature: float = 0.0) -> generate.ARDecoding:
+    """The AR decoder's settings at this temperature (0 = greedy)."""
+    return generate.ARDecoding(max_new_tokens=self.max_new_tokens, temperature=temperature)
+
   def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
     """Greedy decoding (module docstring); one forward per token (denoise_steps = lengths)."""
     if not steering.empty:
       raise ValueError("constrained answers and a given response prefix are block-diffusion "
                        "decoder options; this model is AR")
-    out = generate.generate(params, self.config, prompt_tokens, prompt_lengths,
-                            max_new_tokens=self.max_new_tokens,
-                            sampling=generate.Sampling(temperature=0.0))
+    out = generate.generate(params, self.config, prompt_tokens, prompt_lengths, self.decoding())
     lengths = np.asarray(out.lengths)
     return Decoded(np.asarray(out.tokens), lengths, np.full(lengths.shape, int(out.nfe)),
                    lengths)
@@ -208,6 +213,10 @@ class LosslessPolicy:
   def decoding_params(self, params):
     return {name: layer_list(params[name]) for name in ("drafter", "verifier")}
 
+  def decoding(self) -> speculative.DraftDecoding:
+    """The draft-and-verify settings (greedy: the verifier's output)."""
+    return self.spec.draft(self.max_new_tokens)
+
   def decode(self, params, prompt_tokens, prompt_lengths, *, steering=decode.NO_STEERING):
     """Greedy draft-and-verify (speculative.speculative_generate). nfe counts both models'
     forwards with their two prefills; denoise_steps the drafter's and verifier's forwards."""
@@ -217,7 +226,7 @@ class LosslessPolicy:
     out = speculative.speculative_generate(
       speculative.Model(params["drafter"], self.config),
       speculative.Model(params["verifier"], self.verifier_config), prompt_tokens,
-      prompt_lengths, self.spec.draft, max_new_tokens=self.max_new_tokens)
+      prompt_lengths, self.decoding())
     forwards = np.asarray(out.verify_forwards) + np.asarray(out.draft_forwards)
     return Decoded(np.asarray(out.tokens), np.asarray(out.lengths), forwards + 2, forwards)
 

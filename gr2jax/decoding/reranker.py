@@ -203,7 +203,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     verifier_config, verifier_params = load.load_model(verify_with)
     speculative.check_pair(f"the lossless mode (drafter {export}, verifier verify_with="
                            f"{verify_with}, decode.draft_k={decode.draft_k})", model_config,
-                           verifier_config, decode.draft)
+                           verifier_config, decode.draft_k)
     params = {"drafter": params, "verifier": verifier_params}
   policy = policy_lib.make_policy(model_config, decode,
                                   max_new_tokens or inference.response_len,

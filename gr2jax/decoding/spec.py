@@ -5,8 +5,9 @@ view, `view.decode`, and a stage's export records it), so two stages of one reci
 and a server of its export cannot decode differently. Its defaults are the paper's decoding
 settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality mode), rollouts at
 tau = 0.9, at most 64 denoising steps per block; gr2jax/recipes.py takes them from here. Its
-lossless-mode fields give the draft spec (`spec.draft`, diffusion/speculative.DraftSpec) the
-speculative decoder takes; policy.py turns the rest into the decoders' settings.
+lossless-mode fields give the draft-and-verify settings (`spec.draft(max_new_tokens)`,
+diffusion/speculative.DraftDecoding); policy.py turns the rest into the other decoders' settings
+(model/decode_core.Decoding's convention).
 """
 
 import dataclasses
@@ -35,11 +36,11 @@ class DecodeSpec:
     commit_order: the diffusion commit order's recorded name ('confidence' = the paper's;
       commit.ORDERS); `order` is its commit.CommitOrder, which the decoders take.
     draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
-      AR model, LosslessPolicy; diffusion/speculative.py DraftSpec): tokens drafted per verify
+      AR model, LosslessPolicy; diffusion/speculative.py DraftDecoding): tokens drafted per verify
       forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
       draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
       acceptance (docs/results/lossless/), K = 16 with one-step drafts; they are written once,
-      as DraftSpec's field defaults (the floor below), and read here.
+      as DraftDecoding's field defaults (the floor below), and read here.
   """
   block_size: int = 32
   eval_tau: float = 1.0
@@ -48,9 +49,9 @@ class DecodeSpec:
   temperature: float = 1.0
   constrained: bool = False
   commit_order: str = commit.CONFIDENCE.name
-  draft_k: int = speculative.DraftSpec.k
-  draft_tau: float = speculative.DraftSpec.draft_tau
-  draft_steps: int = speculative.DraftSpec.draft_steps
+  draft_k: int = speculative.DraftDecoding.k
+  draft_tau: float = speculative.DraftDecoding.draft_tau
+  draft_steps: int = speculative.DraftDecoding.draft_steps
 
   def __post_init__(self):
     for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
@@ -68,8 +69,9 @@ class DecodeSpec:
     """The commit order object of `commit_order` (checked when the spec was built)."""
     return commit.BY_NAME[self.commit_order]
 
-  @property
-  def draft(self) -> speculative.DraftSpec:
-    """The lossless mode's DraftSpec (the one way a recipe's DraftSpec is built)."""
-    return speculative.DraftSpec(k=self.draft_k, draft_tau=self.draft_tau,
-                                 draft_steps=self.draft_steps, commit_order=self.order)
+  def draft(self, max_new_tokens: int) -> speculative.DraftDecoding:
+    """The lossless mode's greedy settings for responses of up to max_new_tokens tokens (the one
+    way a recipe's DraftDecoding is built)."""
+    return speculative.DraftDecoding(max_new_tokens=max_new_tokens, k=self.draft_k,
+                                     draft_tau=self.draft_tau, draft_steps=self.draft_steps,
+                                     commit_order=self.order)

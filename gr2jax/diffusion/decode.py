@@ -442,32 +442,42 @@ def loop_output(config: ModelConfig, static: _Static, s: LoopState) -> Diffusion
   )
 
 
-@dataclasses.dataclass(frozen=True)
-class BlockDecoding:
-  """How one block-diffusion decode runs (gr2jax/decoding/policy.py builds it from a DecodeSpec).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BlockDecoding(decode_core.Decoding):
+  """How one block-diffusion decode runs (decode_core.Decoding's fields, then these; built from
+  a DecodeSpec by gr2jax/decoding/policy.py). Its fields are checked when it is built.
 
   Attributes:
     threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
       strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
     max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
-    max_new_tokens: response length cap.
-    temperature: 0 = greedy, else sampling with the decode's key.
     commit_order: a commit.CommitOrder or its name ('confidence', the paper's rule,
-      'left_to_right' or 'distinct'; commit.ORDERS), looked up once by check_inputs.
+      'left_to_right' or 'distinct'; commit.ORDERS), looked up once, here: the field then holds
+      the object.
     head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
       at all B queries every step.
     cache_size: KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum).
-    stop_token_ids: ids that end a row (never the mask token); None = config.eos_token_ids.
+  Stop ids (decode_core.Decoding.stop_token_ids) are never the mask token.
   """
 
   threshold: float
   max_steps_per_block: int
-  max_new_tokens: int
-  temperature: float = 0.0
-  commit_order: "str | commit.CommitOrder" = commit.CONFIDENCE.name
+  commit_order: "str | commit.CommitOrder" = commit.CONFIDENCE
   head_buckets: int = 1
   cache_size: int | None = None
-  stop_token_ids: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    super().__post_init__()
+    where = "BlockDecoding"
+    object.__setattr__(self, "threshold", validate.real(
+      where, "threshold", self.threshold, low=0, high=1, low_open=True,
+      note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per step)"))
+    validate.integer(where, "max_steps_per_block", self.max_steps_per_block, minimum=1)
+    validate.integer(where, "head_buckets", self.head_buckets, minimum=1)
+    if self.cache_size is not None:
+      validate.integer(where, "cache_size", self.cache_size, minimum=1)
+    object.__setattr__(self, "commit_order",
+                       commit.lookup(where, "commit_order", self.commit_order))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -532,14 +542,13 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
 
   Raises:
     TypeError / ValueError starting with `where`, naming the argument: prompts or lengths
-      (validate.prompts), tau outside (0, 1] or not finite, a negative or non-finite
-      temperature, a missing or out-of-vocab mask token, a stop id that is the mask token or
-      outside the vocab, non-int or < 1 sizes, a cache_size below P + blocks * B, a key that is
-      not a PRNG key, malformed steering inputs.
+      (validate.prompts), decoding that is not a BlockDecoding (its fields are checked when it
+      is built), a missing or out-of-vocab mask token, a stop id that is the mask token or
+      outside the vocab, a cache_size below P + blocks * B, no key when sampling or a key that
+      is not a PRNG key, malformed steering inputs.
   """
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
-  if not isinstance(decoding, BlockDecoding):
-    raise TypeError(f"{where}: decoding must be a BlockDecoding, got {type(decoding).__name__}")
+  stop, key = decode_core.check_call(where, decoding, BlockDecoding, config, key)
   if not isinstance(steering, Steering):
     raise TypeError(f"{where}: steering must be a Steering, got {type(steering).__name__}")
   if config.mask_token_id is None:
@@ -550,28 +559,17 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   if not 0 <= config.mask_token_id < config.vocab_size:
     raise ValueError(f"{where}: config.mask_token_id={config.mask_token_id} is outside the vocab "
                      f"[0, {config.vocab_size - 1}]")
-  block_size = config.block_size
-  tau = validate.real(where, "threshold", decoding.threshold, low=0, high=1, low_open=True,
-                      note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per "
-                      "step)")
-  max_steps_per_block = validate.integer(where, "max_steps_per_block",
-                                         decoding.max_steps_per_block, minimum=1)
-  max_new_tokens = validate.integer(where, "max_new_tokens", decoding.max_new_tokens, minimum=1)
-  head_buckets = validate.integer(where, "head_buckets", decoding.head_buckets, minimum=1)
-  order = commit.lookup(where, "commit_order", decoding.commit_order)
-  b = prompt_tokens.shape[0]
-  temperature, key = decode_core.check_sampling(where, decoding.temperature, key)
-  constraint = steering.constraint
-  if constraint is not None and not isinstance(constraint, constrain.AnswerConstraint):
-    raise TypeError(f"{where}: constraint must be a constrain.AnswerConstraint, got "
-                    f"{type(constraint).__name__}")
-  stop = validate.token_ids(where, "stop_token_ids", config.eos_token_ids
-                            if decoding.stop_token_ids is None else decoding.stop_token_ids,
-                            config.vocab_size)
   if config.mask_token_id in stop:
     raise ValueError(f"{where}: the mask token {config.mask_token_id} is a stop token "
                      "(stop_token_ids / config.eos_token_ids): it is never proposed, so no row "
                      "could stop")
+  block_size = config.block_size
+  max_new_tokens = decoding.max_new_tokens
+  b = prompt_tokens.shape[0]
+  constraint = steering.constraint
+  if constraint is not None and not isinstance(constraint, constrain.AnswerConstraint):
+    raise TypeError(f"{where}: constraint must be a constrain.AnswerConstraint, got "
+                    f"{type(constraint).__name__}")
   p = prompt_tokens.shape[1]
   r = decode_core.padded_width(max_new_tokens, block_size)
   needed = p + r
@@ -588,19 +586,17 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
                        f"max_new_tokens={max_new_tokens})]")
     response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
                        given_lengths.astype(jnp.int32))
-  cache_size = decoding.cache_size
-  cache_size = needed if cache_size is None else validate.integer(where, "cache_size",
-                                                                  cache_size, minimum=1)
+  cache_size = needed if decoding.cache_size is None else decoding.cache_size
   if cache_size < needed:
     raise ValueError(f"{where}: cache_size={cache_size} < P + blocks*B={needed}")
   traced = _Traced(
-    threshold=jnp.asarray(tau, jnp.float32),
-    max_steps_per_block=jnp.asarray(max_steps_per_block, jnp.int32),
+    threshold=jnp.asarray(decoding.threshold, jnp.float32),
+    max_steps_per_block=jnp.asarray(decoding.max_steps_per_block, jnp.int32),
     stop_ids=decode_core.stop_id_array(stop),
     key=key,
     constraint=constraint, prefix=response_prefix)
-  static = _Static(max_new_tokens=max_new_tokens, temperature=temperature,
-                   cache_size=cache_size, head_buckets=head_buckets,
-                   commit_order=order)
+  static = _Static(max_new_tokens=max_new_tokens, temperature=decoding.temperature,
+                   cache_size=cache_size, head_buckets=decoding.head_buckets,
+                   commit_order=decoding.commit_order)
   return Inputs(prompt_tokens, prompt_lengths, traced), static
 

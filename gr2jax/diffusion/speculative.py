@@ -78,13 +78,15 @@ FIRST_STEP = -1  # token_step of the first token (the verifier's prefill propose
 NO_STEP = 2**30  # token_step after a row's length
 
 
-@dataclasses.dataclass(frozen=True)
-class DraftSpec:
-  """How the drafter drafts (static under jit); a recipe's is `DecodeSpec.draft`.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftDecoding(decode_core.Decoding):
+  """How a draft-and-verify decode runs (decode_core.Decoding's fields, then how the drafter
+  drafts; static under jit); a recipe's is `DecodeSpec.draft(max_new_tokens)`. Stop ids
+  (None: the verifier's config.eos_token_ids) end a row as the verifier's.
 
-  The defaults are the recipe defaults: gr2jax/decoding/spec.py's DecodeSpec takes its draft_k,
-  draft_tau and draft_steps defaults from here (the one place they are written; this floor
-  cannot import that one), so `DraftSpec()` is `DecodeSpec().draft`.
+  The draft defaults are the recipe defaults: gr2jax/decoding/spec.py's DecodeSpec takes its
+  draft_k, draft_tau and draft_steps defaults from here (the one place they are written; this
+  floor cannot import that one).
 
   Attributes:
     k: K, tokens drafted per verify step, 1 <= K <= the drafter's block size.
@@ -103,12 +105,20 @@ class DraftSpec:
   commit_order: commit.CommitOrder = commit.CONFIDENCE
 
   def __post_init__(self):
-    validate.integer("DraftSpec", "k", self.k, minimum=1)
-    validate.real("DraftSpec", "draft_tau", self.draft_tau, low=0, high=1,
+    super().__post_init__()
+    where = "DraftDecoding"
+    validate.integer(where, "k", self.k, minimum=1)
+    validate.real(where, "draft_tau", self.draft_tau, low=0, high=1,
                   note=" (0 = a one-step draft)")
-    validate.integer("DraftSpec", "draft_steps", self.draft_steps, minimum=1)
+    validate.integer(where, "draft_steps", self.draft_steps, minimum=1)
     object.__setattr__(self, "commit_order",
-                       commit.lookup("DraftSpec", "commit_order", self.commit_order))
+                       commit.lookup(where, "commit_order", self.commit_order))
+    if self.temperature > 0 and not (self.commit_order.left_to_right or self.one_step):
+      raise ValueError(
+        f"{where}: temperature={self.temperature} with commit_order="
+        f"{self.commit_order.name!r} and {self.draft_steps} draft steps is not lossless (a later"
+        " position commits first, so a draft's distribution conditions on the drafts after "
+        "it); use commit_order='left_to_right', draft_tau=0 or draft_steps=1")
 
   @property
   def one_step(self) -> bool:
@@ -283,8 +293,8 @@ class Rules:
   a recorded run with a subclass.
   """
 
-  def __init__(self, spec: DraftSpec, temperature: float, mask_token_id: int | None):
-    self.spec, self.temperature, self.mask_token_id = spec, temperature, mask_token_id
+  def __init__(self, spec: DraftDecoding, mask_token_id: int | None):
+    self.spec, self.mask_token_id = spec, mask_token_id
 
   def draft_steps(self, step: jax.Array) -> jax.Array:
     """[B] int32 denoising-step budget of each row's draft at its verify step `step` [B]."""
@@ -300,9 +310,9 @@ class Rules:
     """(accepted drafts a [B], the token after them [B]) of verify step `step` [B] from the
     verifier's logits [B, K + 1, V]: greedy_accept, or speculative_accept when sampling."""
     del step
-    if self.temperature > 0:
+    if self.spec.temperature > 0:
       return speculative_accept(commit.token_log_probs(logits, self.mask_token_id,
-                                                       self.temperature),
+                                                       self.spec.temperature),
                                 q_logp, drafts, k_eff, key)
     return greedy_accept(verifier_greedy(logits, self.mask_token_id), drafts, k_eff)
 
@@ -313,8 +323,7 @@ class Rules:
     return False
 
 
-def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Rules, temperature,
-           key):
+def _draft(params, config, s: _State, prompt_lengths, spec: DraftDecoding, rules: Rules, key):
   """The drafts of one verify step (inner while loop, module docstring).
 
   Returns:
@@ -322,6 +331,7 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftSpec, rules: Ru
     drafter forwards [B], batched forwards []).
   """
   b, t, k = s.out.shape[0], config.block_size, spec.k
+  temperature = spec.temperature
   max_new = s.step_rec.shape[1]
   mask_id = config.mask_token_id
   active = ~s.done
@@ -394,10 +404,9 @@ def prefills(params_d, params_v, prompt_tokens, prompt_lengths, *, config_d, con
   return v_cache, v_logits, d_cache
 
 
-@functools.partial(jax.jit, static_argnames=("config_d", "config_v", "spec", "max_new_tokens",
-                                             "temperature", "caches"))
+@functools.partial(jax.jit, static_argnames=("config_d", "config_v", "spec", "caches"))
 def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, *, config_d,
-            config_v, spec, max_new_tokens, temperature, caches):
+            config_v, spec, caches):
   """The jitted decoder (module docstring); `caches` = (verifier slots, drafter slots).
 
   Returns:
@@ -405,9 +414,8 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, *,
   """
   prefilled = prefills(params_d, params_v, prompt_tokens, prompt_lengths, config_d=config_d,
                        config_v=config_v, caches=caches)
-  settings = Settings(config_d, config_v, spec, max_new_tokens, temperature)
   return decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
-                     Rules(spec, temperature, config_v.mask_token_id), settings)
+                     Rules(spec, config_v.mask_token_id), Settings(config_d, config_v, spec))
 
 
 class Settings(NamedTuple):
@@ -415,9 +423,7 @@ class Settings(NamedTuple):
 
   config_d: ModelConfig
   config_v: ModelConfig
-  spec: DraftSpec
-  max_new_tokens: int
-  temperature: float
+  spec: DraftDecoding
 
 
 def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, rules: Rules,
@@ -431,12 +437,13 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
     key: PRNG key.
     prefilled: `prefills(...)` of the prompts.
     rules: how each verify step drafts and accepts (Rules: the decoder's).
-    settings: the static settings (configs, spec, max_new_tokens, temperature).
+    settings: the static settings (the configs, the DraftDecoding).
 
   Returns:
     (SpecOutput, the verifier cache, the drafter cache).
   """
-  config_d, config_v, spec, max_new_tokens, temperature = settings
+  config_d, config_v, spec = settings
+  max_new_tokens, temperature = spec.max_new_tokens, spec.temperature
   b = prompt_lengths.shape[0]
   k, t, n_max = spec.k, config_d.block_size, max_new_tokens
   # response slots: every block window and verify write
@@ -462,7 +469,7 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
     key, draft_key, verify_key = jax.random.split(s.key, 3)
     active = ~s.done
     drafts, q_logp, k_eff, d_cache, d_start, d_fwd, d_num = _draft(
-      params_d, config_d, s, prompt_lengths, spec, rules, temperature, draft_key)
+      params_d, config_d, s, prompt_lengths, spec, rules, draft_key)
     logits, v_written = qwen3.forward(params_v, config_v,
                                       jnp.concatenate([s.last[:, None], drafts], axis=1),
                                       cache=s.v_cache, update_cache=True)  # [B, K + 1, V]
@@ -524,9 +531,9 @@ def _as_model(where: str, name: str, model) -> Model:
   return Model(params, config)
 
 
-def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, spec: DraftSpec) -> None:
+def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, k: int) -> None:
   """The drafter (config cd) is a block-diffusion model, the verifier (cv) an AR one, on the
-  same tokens, and spec's K fits the drafter's block.
+  same tokens, and K = k fits the drafter's block.
 
   Raises:
     ValueError / TypeError: starting with `where`, naming the model and the field.
@@ -545,11 +552,9 @@ def check_pair(where: str, cd: ModelConfig, cv: ModelConfig, spec: DraftSpec) ->
     if getattr(cd, field) != getattr(cv, field):
       raise ValueError(f"{where}: the drafter's config.{field}={getattr(cd, field)!r} differs "
                        f"from the verifier's {getattr(cv, field)!r} (one tokenizer for both)")
-  if not isinstance(spec, DraftSpec):
-    raise TypeError(f"{where}: spec must be a DraftSpec, got {type(spec).__name__}")
-  if spec.k > cd.block_size:
-    raise ValueError(f"{where}: spec.k={spec.k} exceeds the drafter's block size "
-                     f"{cd.block_size} (a draft never crosses its block)")
+  if k > cd.block_size:
+    raise ValueError(f"{where}: k={k} exceeds the drafter's block size {cd.block_size} (a "
+                     "draft never crosses its block)")
 
 
 class Checked(NamedTuple):
@@ -559,58 +564,44 @@ class Checked(NamedTuple):
   verifier: Model
   prompt_tokens: jax.Array  # [B, P] int32
   prompt_lengths: jax.Array  # [B] int32
-  max_new_tokens: int
-  temperature: float
   key: jax.Array
-  stop_ids: jax.Array  # [S] int32 the verifier's eos ids (-1 for none)
+  stop_ids: jax.Array  # [S] int32 the stop ids (-1 for none)
   slots: tuple[int, int]  # cache_slots
 
 
-def check_inputs(where, drafter, verifier, prompts, spec, max_new_tokens, temperature=0.0,
-                 key=None) -> Checked:
+def check_inputs(where, drafter, verifier, prompts, decoding, key=None) -> Checked:
   """Checks every argument of speculative_generate before tracing (its Raises); prompts =
   (prompt_tokens, prompt_lengths)."""
   prompt_tokens, prompt_lengths = prompts
   drafter = _as_model(where, "drafter", drafter)
   verifier = _as_model(where, "verifier", verifier)
-  check_pair(where, drafter.config, verifier.config, spec)
+  stop, key = decode_core.check_call(where, decoding, DraftDecoding, verifier.config, key)
+  check_pair(where, drafter.config, verifier.config, decoding.k)
   prompt_tokens, prompt_lengths = validate.prompts(where, verifier.config, prompt_tokens,
                                                    prompt_lengths)
-  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  temperature, key = decode_core.check_sampling(where, temperature, key)
-  if temperature > 0 and not (spec.commit_order.left_to_right or spec.one_step):
-    raise ValueError(
-      f"{where}: temperature={temperature} with commit_order={spec.commit_order.name!r} and "
-      f"{spec.draft_steps}"
-      " draft steps is not lossless (a later position commits first, so a draft's distribution"
-      " conditions on the drafts after it); use commit_order='left_to_right', draft_tau=0 or "
-      "draft_steps=1")
-  return Checked(drafter, verifier, prompt_tokens, prompt_lengths, max_new_tokens, temperature,
-                 key, decode_core.stop_id_array(verifier.config.eos_token_ids),
-                 cache_slots(drafter.config, prompt_tokens.shape[1], max_new_tokens))
+  return Checked(drafter, verifier, prompt_tokens, prompt_lengths, key,
+                 decode_core.stop_id_array(stop),
+                 cache_slots(drafter.config, prompt_tokens.shape[1], decoding.max_new_tokens))
 
 
-def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, spec, max_new_tokens,
-              temperature, key):
+def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, decoding, key):
   """Checks every argument (before tracing), then runs `_decode`: (SpecOutput, verifier cache,
   drafter cache)."""
-  c = check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), spec,
-                   max_new_tokens, temperature, key)
+  c = check_inputs(where, drafter, verifier, (prompt_tokens, prompt_lengths), decoding, key)
   return _decode(layer_list(c.drafter.params), layer_list(c.verifier.params), c.prompt_tokens,
                  c.prompt_lengths, c.stop_ids, c.key, config_d=c.drafter.config,
-                 config_v=c.verifier.config, spec=spec, max_new_tokens=c.max_new_tokens,
-                 temperature=c.temperature, caches=c.slots)
+                 config_v=c.verifier.config, spec=decoding, caches=c.slots)
 
 
 def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Array,
-                         prompt_lengths: jax.Array | None, spec: DraftSpec, *,
-                         max_new_tokens: int, temperature: float = 0.0,
+                         prompt_lengths: jax.Array | None, decoding: DraftDecoding, *,
                          key: jax.Array | None = None) -> SpecOutput:
-  """Draft-and-verify generation (module docstring): the verifier's output, faster.
+  """Draft-and-verify generation (module docstring; decode_core.Decoding's convention): the
+  verifier's output, faster.
 
   Greedy (temperature 0): the tokens equal `generate(verifier, ...)`'s greedy tokens up to float
-  near-ties (exact as gr2jax/decoding/exactness.py defines it, module docstring); stop ids are the
-  verifier's config.eos_token_ids.
+  near-ties (exact as gr2jax/decoding/exactness.py defines it, module docstring); stop ids are
+  decoding's, else the verifier's config.eos_token_ids.
 
   Args:
     drafter: Model(params, config) of a block-diffusion model (config.mask_token_id set,
@@ -618,23 +609,23 @@ def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Arr
     verifier: Model of an AR model (block_size 1) with the drafter's vocab, eos and pad ids.
     prompt_tokens: [B, P] int right-padded prompts.
     prompt_lengths: [B] int real lengths in 1..P (None: P for every row).
-    spec: DraftSpec (K <= B, draft_tau, draft_steps, commit_order).
-    max_new_tokens: N, the response cap.
-    temperature: 0 = greedy; > 0 samples as `generate` at that temperature (speculative
-      sampling; needs a lossless draft, module docstring).
-    key: PRNG key, required when temperature > 0.
+    decoding: DraftDecoding (max_new_tokens N; temperature: 0 = greedy, > 0 samples as
+      `generate` at that temperature, speculative sampling, which needs a lossless draft, module
+      docstring; K <= B, draft_tau, draft_steps, commit_order).
+    key: PRNG key, required when decoding.temperature > 0.
 
   Returns:
     SpecOutput.
 
   Raises:
     TypeError / ValueError naming the argument, before tracing: a drafter without a mask token,
-      a verifier with block_size > 1, different vocab / eos / pad ids, K > B, a bad DraftSpec,
-      prompts and lengths as `generate`, max_new_tokens < 1, a bad temperature or key, and
-      sampling with a multi-step 'confidence' draft (not lossless).
+      a verifier with block_size > 1, different vocab / eos / pad ids, K > B, decoding that is
+      not a DraftDecoding (its fields, sampling with a multi-step 'confidence' draft included,
+      are checked when it is built), prompts and lengths as `generate`, stop ids outside the
+      vocab, no key when sampling or a key that is not a PRNG key.
   """
   return _generate("speculative_generate", drafter, verifier, prompt_tokens, prompt_lengths,
-                   spec, max_new_tokens, temperature, key)[0]
+                   decoding, key)[0]
 
 
 def check_same_build(drafter_path: str, verifier_path: str) -> None:

@@ -1,12 +1,21 @@
 """The pieces every decoder shares: AR (`generate`), block diffusion (diffusion/decode.py) and
 draft-and-verify (diffusion/speculative.py) run their loops on these, each written once.
 
+  - `Decoding`: the one settings convention. Every decoder is called as
+      decoder(model(s), prompt_tokens [B, P], prompt_lengths [B] | None, decoding, *, key=None)
+    with `decoding` its own frozen subclass of Decoding (generate.ARDecoding,
+    decode.BlockDecoding, speculative.DraftDecoding): the shared fields (max_new_tokens,
+    temperature, stop_token_ids) are named, defaulted and checked here; each subclass adds its
+    own. A settings object checks its own fields when it is built; the decoder checks what
+    depends on the model, the prompts and the key (`check_call`).
   - `prefill` / `prefill_into`: the prompts' causal prefill into a fresh (given) cache.
   - `padded_width`: a response length rounded up to whole blocks (cache slots, record widths).
   - `write_rows` / `read_rows`: a per-row window of a [B, R] record at per-row offsets.
   - `stop_id_array` / `first_stop`: the stop ids as a traced array; each row's first stop token.
   - `check_sampling`: a decode's temperature and key, checked before tracing.
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +25,67 @@ from gr2jax.model import validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.qwen3 import ragged_prefill
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decoding:
+  """The settings every decoder shares (module docstring); hashable, static under jit.
+
+  Attributes:
+    max_new_tokens: N, the most response tokens per row (>= 1).
+    temperature: 0 = greedy; > 0 samples at that temperature (the decoder then needs a key).
+    stop_token_ids: ids that end a row (the stop token is kept in its length); None = the
+      model's config.eos_token_ids (for draft-and-verify, the verifier's).
+  """
+
+  max_new_tokens: int
+  temperature: float = 0.0
+  stop_token_ids: tuple[int, ...] | None = None
+
+  def __post_init__(self):
+    where = type(self).__name__
+    object.__setattr__(self, "max_new_tokens",
+                       validate.integer(where, "max_new_tokens", self.max_new_tokens, minimum=1))
+    object.__setattr__(self, "temperature", validate.real(
+      where, "temperature", self.temperature, low=0, note=" (0 = greedy)"))
+    if self.stop_token_ids is not None:
+      stop = self.stop_token_ids
+      if isinstance(stop, (str, bytes)) or not hasattr(stop, "__iter__"):
+        raise TypeError(f"{where}: stop_token_ids must be a sequence of ints or None, got "
+                        f"{type(stop).__name__}")
+      object.__setattr__(self, "stop_token_ids", tuple(
+        validate.integer(where, f"stop_token_ids[{i}]", v, minimum=0)
+        for i, v in enumerate(stop)))
+
+
+def check_call(where: str, decoding: Decoding, kind: type, config: ModelConfig,
+               key) -> tuple[tuple[int, ...], jax.Array]:
+  """What a decoder checks of its settings before tracing (module docstring).
+
+  Args:
+    where: the decoder's name, starting every message.
+    decoding: the call's settings.
+    kind: the decoder's Decoding subclass.
+    config: the model whose vocab the stop ids index (and whose eos ids are the default).
+    key: the call's PRNG key or None.
+
+  Returns:
+    (the stop ids: decoding's, else config.eos_token_ids, checked to be in the vocab; the key,
+    jax.random.key(0) when None and greedy).
+
+  Raises:
+    TypeError: decoding is not a `kind`; a key that is not a PRNG key.
+    ValueError: a stop id outside the vocab; no key at temperature > 0.
+  """
+  if not isinstance(decoding, kind):
+    raise TypeError(f"{where}: decoding must be of type {kind.__name__}, got "
+                    f"{type(decoding).__name__}")
+  stop = validate.token_ids(where, "stop_token_ids" if decoding.stop_token_ids is not None
+                            else "config.eos_token_ids", config.eos_token_ids
+                            if decoding.stop_token_ids is None else decoding.stop_token_ids,
+                            config.vocab_size)
+  _, key = check_sampling(where, decoding.temperature, key)
+  return stop, key
 
 
 def prefill(params: dict, config: ModelConfig, prompt_tokens: jax.Array, prompt_lengths: jax.Array,

@@ -21,31 +21,26 @@ from gr2jax.model.params import layer_list
 from gr2jax.model.qwen3 import forward
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-  """How the next token is chosen (static under jit).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ARDecoding(decode_core.Decoding):
+  """How an AR decode runs (decode_core.Decoding's fields, then these; static under jit).
 
   Attributes:
-    temperature: 0 = greedy (argmax); otherwise logits are divided by it before sampling.
-    top_k: keep only the k most likely tokens (0 = off).
+    top_k: keep only the k most likely tokens when sampling (0 = off).
     top_p: keep the smallest set of most likely tokens whose probability reaches p (1 = off).
+    cache_size: KV cache slots per row; None = P + max_new_tokens.
   """
 
-  temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
+  cache_size: int | None = None
 
   def __post_init__(self):
-    validate.real("Sampling", "temperature", self.temperature)
-    if self.temperature < 0:
-      raise ValueError(f"Sampling.temperature={self.temperature} must be >= 0")
-    validate.integer("Sampling", "top_k", self.top_k, minimum=0)
-    validate.real("Sampling", "top_p", self.top_p)
-    if not 0 < self.top_p <= 1:
-      raise ValueError(f"Sampling.top_p={self.top_p} must be in (0, 1]")
-
-
-GREEDY = Sampling()
+    super().__post_init__()
+    validate.integer("ARDecoding", "top_k", self.top_k, minimum=0)
+    validate.real("ARDecoding", "top_p", self.top_p, low=0, high=1, low_open=True)
+    if self.cache_size is not None:
+      validate.integer("ARDecoding", "cache_size", self.cache_size, minimum=1)
 
 
 @flax.struct.dataclass
@@ -84,29 +79,29 @@ def first_argmax(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(hit, idx, x.shape[-1]), axis=-1)
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, sampling: Sampling) -> jax.Array:
+def sample_logits(logits: jax.Array, key: jax.Array, decoding: ARDecoding) -> jax.Array:
   """Picks one token per row.
 
   Args:
     logits: [B, V] f32.
     key: PRNG key (unused when greedy).
-    sampling: the static sampling mode.
+    decoding: the static settings (temperature, top_k, top_p).
 
   Returns:
     [B] int32 token ids.
   """
-  if sampling.temperature == 0:
+  if decoding.temperature == 0:
     return first_argmax(logits)
   neg = jnp.finfo(jnp.float32).min
-  logits = logits / sampling.temperature
-  if sampling.top_k:
-    kth = lax.top_k(logits, sampling.top_k)[0][:, -1:]  # [B, 1]
+  logits = logits / decoding.temperature
+  if decoding.top_k:
+    kth = lax.top_k(logits, decoding.top_k)[0][:, -1:]  # [B, 1]
     logits = jnp.where(logits < kth, neg, logits)
-  if sampling.top_p < 1:
+  if decoding.top_p < 1:
     sorted_logits = jnp.sort(logits, axis=-1)[:, ::-1]  # [B, V] descending
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     before = jnp.cumsum(probs, axis=-1) - probs  # mass strictly above each token
-    num_kept = jnp.sum(before < sampling.top_p, axis=-1, keepdims=True)  # >= 1
+    num_kept = jnp.sum(before < decoding.top_p, axis=-1, keepdims=True)  # >= 1
     threshold = jnp.take_along_axis(sorted_logits, num_kept - 1, axis=-1)
     logits = jnp.where(logits < threshold, neg, logits)
   return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
@@ -126,9 +121,9 @@ def prefill(params: dict, config: ModelConfig, tokens: jax.Array, lengths: jax.A
 
 
 def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array, key: jax.Array,
-           *, max_new_tokens: int, sampling: Sampling,
-           eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
-  """Samples up to max_new_tokens tokens after a prefilled cache, in one on-device while loop.
+           decoding: ARDecoding) -> tuple[GenerateOutput, KVCache]:
+  """Samples up to decoding.max_new_tokens tokens after a prefilled cache, in one on-device while
+  loop.
 
   Jitted (the cache donated) and fed by `prefill`: its inputs are device values, not checked here
   (`generate` checks everything before it calls the two).
@@ -139,29 +134,26 @@ def decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array,
     cache: the prefilled cache (donated) with room for max_new_tokens - 1 more tokens.
     logits: [B, V] f32 next-token logits from the prefill.
     key: PRNG key.
-    max_new_tokens: static N.
-    sampling: static sampling mode.
-    eos_token_ids: static stop ids.
+    decoding: the static settings (stop ids None: config.eos_token_ids).
 
   Returns:
     (GenerateOutput with nfe counting the decode steps only (generate adds the prefill), the
     cache holding the prompt and every generated token but the last).
   """
-  return _decode(layer_list(params), config, cache, logits, key, max_new_tokens=max_new_tokens,
-                 sampling=sampling, eos_token_ids=eos_token_ids)
+  return _decode(layer_list(params), config, cache, logits, key, decoding=decoding)
 
 
-@functools.partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling",
-                                             "eos_token_ids"), donate_argnames="cache")
+@functools.partial(jax.jit, static_argnames=("config", "decoding"), donate_argnames="cache")
 def _decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array, key: jax.Array,
-            *, max_new_tokens: int, sampling: Sampling,
-            eos_token_ids: tuple[int, ...]) -> tuple[GenerateOutput, KVCache]:
+            *, decoding: ARDecoding) -> tuple[GenerateOutput, KVCache]:
   b = logits.shape[0]
-  eos = jnp.asarray(eos_token_ids, jnp.int32)
+  max_new_tokens = decoding.max_new_tokens
+  eos = jnp.asarray(config.eos_token_ids if decoding.stop_token_ids is None
+                    else decoding.stop_token_ids, jnp.int32)
   pad = config.pad_token_id
 
   def pick(logits, key, done):  # -> token [B], its log-prob [B]
-    token = sample_logits(logits, key, sampling)
+    token = sample_logits(logits, key, decoding)
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits, axis=-1), token[:, None], axis=-1)[:, 0]
     return jnp.where(done, pad, token), jnp.where(done, 0.0, logp)
 
@@ -197,50 +189,41 @@ def _decode(params: dict, config: ModelConfig, cache: KVCache, logits: jax.Array
 
 
 def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
-             prompt_lengths: jax.Array | None = None, *, max_new_tokens: int,
-             key: jax.Array | None = None, sampling: Sampling = GREEDY,
-             cache_len: int | None = None) -> GenerateOutput:
-  """AR generation for a batch of right-padded prompts.
+             prompt_lengths: jax.Array | None, decoding: ARDecoding, *,
+             key: jax.Array | None = None) -> GenerateOutput:
+  """AR generation for a batch of right-padded prompts (decode_core.Decoding's convention).
 
   Args:
     params: the param pytree.
     config: the model.
     prompt_tokens: [B, P] int prompts, right-padded.
-    prompt_lengths: [B] int real prompt lengths (each in [1, P]); default P for all.
-    max_new_tokens: N, the most tokens generated per example.
+    prompt_lengths: [B] int real prompt lengths (each in [1, P]); None: P for every row.
+    decoding: ARDecoding (max_new_tokens N; temperature, top_k, top_p; stop ids; cache size).
     key: PRNG key; required unless greedy.
-    sampling: Sampling(temperature, top_k, top_p); the default is greedy.
-    cache_len: KV cache slots; default P + N.
 
   Returns:
     GenerateOutput (tokens [B, N], logprobs [B, N], lengths [B], nfe incl. the prefill).
 
   Raises:
     TypeError / ValueError naming the argument, before anything is traced: prompts that are not
-      [B, P] integers in [0, V), lengths outside 1..P, a non-int or < 1 max_new_tokens, a too
-      small cache_len, a key that is not a PRNG key, sampling that is not a Sampling (or top_k >
-      V), config.eos_token_ids (the stop ids) that are not ints in [0, V).
+      [B, P] integers in [0, V), lengths outside 1..P, decoding that is not an ARDecoding (its
+      own fields are checked when it is built), a cache_size below P + N - 1, top_k > V, a key
+      that is not a PRNG key, stop ids (decoding's or config.eos_token_ids) outside [0, V).
   """
   where = "generate"
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
   b, p = prompt_tokens.shape
-  max_new_tokens = validate.integer(where, "max_new_tokens", max_new_tokens, minimum=1)
-  if not isinstance(sampling, Sampling):
-    raise TypeError(f"generate: sampling must be a Sampling, got {type(sampling).__name__}")
-  if sampling.top_k > config.vocab_size:
-    raise ValueError(f"generate: sampling.top_k={sampling.top_k} exceeds the vocab size "
+  stop, key = decode_core.check_call(where, decoding, ARDecoding, config, key)
+  n = decoding.max_new_tokens
+  if decoding.top_k > config.vocab_size:
+    raise ValueError(f"generate: decoding.top_k={decoding.top_k} exceeds the vocab size "
                      f"{config.vocab_size}")
-  cache_len = p + max_new_tokens if cache_len is None else validate.integer(
-    where, "cache_len", cache_len, minimum=1)
-  if cache_len < p + max_new_tokens - 1:
-    raise ValueError(f"generate: cache_len={cache_len} < prompt {p} + max_new_tokens "
-                     f"{max_new_tokens} - 1")
-  _, key = decode_core.check_sampling(where, sampling.temperature, key)
-  eos = validate.token_ids(where, "config.eos_token_ids", config.eos_token_ids,
-                           config.vocab_size)
+  cache_size = p + n if decoding.cache_size is None else decoding.cache_size
+  if cache_size < p + n - 1:
+    raise ValueError(f"generate: cache_size={cache_size} < prompt {p} + max_new_tokens {n} - 1")
   params = layer_list(params)
   logits, cache = _prefill(params, config, prompt_tokens, prompt_lengths,
-                           init_cache(config, b, cache_len))
-  out, _ = _decode(params, config, cache, logits, key, max_new_tokens=max_new_tokens,
-                  sampling=sampling, eos_token_ids=eos)
+                           init_cache(config, b, cache_size))
+  out, _ = _decode(params, config, cache, logits, key,
+                   decoding=dataclasses.replace(decoding, stop_token_ids=stop))
   return out.replace(nfe=out.nfe + 1)

@@ -100,13 +100,12 @@ class ARRollout(_OfPolicy):
 
   def sample(self, params, prompt_tokens, prompt_lengths, key, *, chunk_rows=0, sharding=None):
     """Rollouts {response_tokens, response_lengths} (module docstring) and no stats."""
-    sampling = generate.Sampling(temperature=self.spec.temperature)
+    decoding = self.policy.decoding(self.spec.temperature)
     params = self.policy.decoding_params(params)  # once for every chunk
 
     def rollouts(chunk, chunk_key):
       out = generate.generate(params, self.config, chunk["prompt_tokens"],
-                              chunk["prompt_lengths"], max_new_tokens=self.max_new_tokens,
-                              key=chunk_key, sampling=sampling)
+                              chunk["prompt_lengths"], decoding, key=chunk_key)
       return {"response_tokens": out.tokens, "response_lengths": out.lengths}
 
     out = self._map_prompts(rollouts, prompt_tokens, prompt_lengths, key, chunk_rows, sharding)

@@ -63,11 +63,11 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
   from gr2jax.model import sharding as model_sharding
   from gr2jax.train import mesh as mesh_lib
 
-  sampling = generate_lib.Sampling(temperature=temperature, top_p=top_p)
   im_end = tokenizer.convert_tokens_to_ids(prompts.IM_END)
-  eos = tuple(sorted(set(config.eos_token_ids) | (
+  stop = tuple(sorted(set(config.eos_token_ids) | (
     {int(im_end)} if im_end is not None and im_end != tokenizer.unk_token_id else set())))
-  config = dataclasses.replace(config, eos_token_ids=eos)
+  decoding = generate_lib.ARDecoding(max_new_tokens=max_new_tokens, temperature=temperature,
+                                     top_p=top_p, stop_token_ids=stop)
   sharding = mesh_lib.batch_sharding(mesh)
 
   def sample(prompt_ids, key):
@@ -75,8 +75,8 @@ def model_sampler(params: dict, config, tokenizer, mesh, *, batch_size: int, pro
                                            batch_size, prompt_len, config.pad_token_id)
     batch = model_sharding.global_arrays({"tokens": tokens, "lengths": lengths}, sharding)
     with jax.set_mesh(mesh):
-      out = generate_lib.generate(params, config, batch["tokens"], batch["lengths"],
-                                  max_new_tokens=max_new_tokens, key=key, sampling=sampling)
+      out = generate_lib.generate(params, config, batch["tokens"], batch["lengths"], decoding,
+                                  key=key)
     tokens, lengths = model_sharding.host_arrays((out.tokens, out.lengths))
     n = len(prompt_ids)
     return prompt_io.response_texts(tokenizer, tokens[:n], lengths[:n]), lengths[:n]

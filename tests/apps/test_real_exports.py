@@ -117,7 +117,7 @@ def test_pairs_the_lossless_mode_cannot_decode_are_refused_by_name(workdir, tmp_
      r"drafter .*rl/export and verifier .*other_build come from different data builds .*"
      r"tokenizer vocab_sha256 .* vs 0{16}.*prompt.history_items"),
     (rl, ar_rl, dataclasses.replace(recorded, draft_k=64),
-     r"decode.draft_k=64\): spec.k=64 exceeds the drafter's block size 32"),
+     r"decode.draft_k=64\): k=64 exceeds the drafter's block size 32"),
     (os.path.join(workdir, "sft", "export"), ar_rl, recorded,
      r"drafter .*sft/export.*the drafter has no mask token .*must be a block-diffusion model"),
   ]

@@ -19,7 +19,7 @@ N = 10
 def decoded():
   params = init_params(AR, jax.random.key(0))
   out = generate.generate(params, AR, BATCH.prompt_tokens, BATCH.prompt_lengths,
-                          max_new_tokens=N)
+                          generate.ARDecoding(max_new_tokens=N))
   return params, np.asarray(out.tokens), np.asarray(out.lengths)
 
 

@@ -58,8 +58,9 @@ def test_causal_scorer_is_the_cached_decoding_and_refuses_diffusion_models(prepa
   rollouts of the `prepared` fixture.)"""
   params = prepared["params"][0]
   prompts, lengths = prepared["ar"][0].prompt_tokens[2:], prepared["ar"][0].prompt_lengths[2:]
-  out = generate.generate(params, AR, prompts, lengths, max_new_tokens=10, key=jax.random.key(1),
-                          sampling=generate.Sampling(temperature=1.0))
+  out = generate.generate(params, AR, prompts, lengths,
+                          generate.ARDecoding(max_new_tokens=10, temperature=1.0),
+                          key=jax.random.key(1))
   logp, full = jax.jit(causal_log_probs, static_argnames=("config", "return_log_probs"))(
     params, AR, prompts, lengths, out.tokens, out.lengths, return_log_probs=True)
   real = np.arange(10)[None, :] < np.asarray(out.lengths)[:, None]
@@ -89,7 +90,8 @@ def lossless_pair():
 def assert_ar_greedy_at_cap(policy, params, verifier_params):
   """policy.decode(params, PROMPTS) writes exactly AR's greedy tokens and lengths at CAP, and
   the prompts include an answer AR stops and one it leaves cut at CAP (that it would continue)."""
-  ref = generate.generate(verifier_params, AR, PROMPTS, LENGTHS, max_new_tokens=CAP)
+  ref = generate.generate(verifier_params, AR, PROMPTS, LENGTHS,
+                          generate.ARDecoding(max_new_tokens=CAP))
   out = policy.decode(params, PROMPTS, LENGTHS)
   assert policy.max_new_tokens == CAP
   np.testing.assert_array_equal(out.tokens, np.asarray(ref.tokens))

@@ -76,7 +76,8 @@ def test_block_size_one_equals_generate(params):
   # the remaining 63 random logits then contain a positive maximum.
   params = {**params, "lm_head": params["lm_head"].at[:, MASK].set(0.0)}
   out = _decode(params, block_size=1)
-  ar = generate.generate(params, CONFIG, PROMPTS, LENGTHS, max_new_tokens=MAX_NEW)
+  ar = generate.generate(params, CONFIG, PROMPTS, LENGTHS,
+                         generate.ARDecoding(max_new_tokens=MAX_NEW))
   np.testing.assert_array_equal(out.tokens, ar.tokens)
   np.testing.assert_array_equal(out.lengths, ar.lengths)
 

@@ -37,7 +37,7 @@ MAX_NEW = 40
 AR_A = ModelConfig.tiny(vocab_size=V, eos_token_ids=(), pad_token_id=0)
 AR_B = ModelConfig.tiny_wide(vocab_size=V, tie_word_embeddings=True, eos_token_ids=(),
                              pad_token_id=0)
-SPEC = sp.DraftSpec(k=4, draft_tau=0.9, draft_steps=8)
+SPEC = sp.DraftDecoding(max_new_tokens=MAX_NEW, k=4, draft_tau=0.9, draft_steps=8)
 PROMPTS = np.asarray(jax.random.randint(jax.random.key(1), (4, 12), 1, MASK), np.int32)
 LENGTHS = np.asarray([12, 7, 3, 9], np.int32)
 
@@ -58,12 +58,12 @@ def pair_a():
 def run_a(pair_a):
   """Shape A, batch 4, ragged prompts: (SpecOutput, verifier cache, drafter cache)."""
   drafter, verifier = pair_a
-  return sp._generate("test", drafter, verifier, PROMPTS, LENGTHS, SPEC, MAX_NEW, 0.0, None)
+  return sp._generate("test", drafter, verifier, PROMPTS, LENGTHS, SPEC, None)
 
 
 def _assert_generates_the_same(verifier, prompts, lengths, out):
   ref = generate.generate(verifier.params, verifier.config, prompts, lengths,
-                          max_new_tokens=MAX_NEW)
+                          generate.ARDecoding(max_new_tokens=MAX_NEW))
   diverged = emulate.first_divergence(verifier, prompts, lengths, out.tokens, ref.tokens)
   assert not diverged, f"speculative != generate (first divergent token, logit margin): {diverged}"
   np.testing.assert_array_equal(out.lengths, ref.lengths)
@@ -90,8 +90,8 @@ def test_greedy_equals_generate_with_accepted_and_rejected_drafts(pair_a, run_a)
 
 
 def test_greedy_equals_generate_with_a_distinct_order_drafter(pair_a):
-  spec = sp.DraftSpec(k=4, draft_tau=0.01, draft_steps=8, commit_order="distinct")
-  out = sp.speculative_generate(*pair_a, PROMPTS, LENGTHS, spec, max_new_tokens=MAX_NEW)
+  spec = dataclasses.replace(SPEC, draft_tau=0.01, commit_order="distinct")
+  out = sp.speculative_generate(*pair_a, PROMPTS, LENGTHS, spec)
   _assert_generates_the_same(pair_a[1], PROMPTS, LENGTHS, out)
 
 
@@ -105,15 +105,14 @@ def _pair_b():
 def test_greedy_equals_generate_at_batch_1(pair_a, shape):
   drafter, verifier = pair_a if shape == "a" else _pair_b()
   for b in range(4):  # each prompt alone
-    out = sp.speculative_generate(drafter, verifier, PROMPTS[b:b + 1], LENGTHS[b:b + 1], SPEC,
-                                  max_new_tokens=MAX_NEW)
+    out = sp.speculative_generate(drafter, verifier, PROMPTS[b:b + 1], LENGTHS[b:b + 1], SPEC)
     _assert_generates_the_same(verifier, PROMPTS[b:b + 1], LENGTHS[b:b + 1], out)
 
 
 @pytest.mark.slow
 def test_greedy_equals_generate_shape_b_batch_4():
   drafter, verifier = _pair_b()
-  out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC, max_new_tokens=MAX_NEW)
+  out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC)
   _assert_generates_the_same(verifier, PROMPTS, LENGTHS, out)
 
 
@@ -213,9 +212,10 @@ def test_sampled_decode_is_distributed_as_the_verifier():
   verifier = sp.Model(init_params(ar, jax.random.key(4)), ar)
   drafter = sp.Model(init_params(diff, jax.random.key(5)), diff)
   prompt = np.array([[1, 2, 3]], np.int32)
-  spec = sp.DraftSpec(k=2, draft_tau=0.3, draft_steps=2, commit_order="left_to_right")
+  spec = sp.DraftDecoding(max_new_tokens=4, temperature=1.0, k=2, draft_tau=0.3, draft_steps=2,
+                          commit_order="left_to_right")
   out = sp.speculative_generate(drafter, verifier, np.repeat(prompt, m, 0), None, spec,
-                                max_new_tokens=4, temperature=1.0, key=jax.random.key(6))
+                                key=jax.random.key(6))
   assert int(np.asarray(out.accepted).sum()) > 0
   seqs = np.stack(np.meshgrid(*[np.arange(v)] * 3, indexing="ij"), -1).reshape(-1, 3)
   logits = qwen3.forward(verifier.params, ar, jnp.asarray(np.concatenate(
@@ -234,7 +234,7 @@ def test_sampled_decode_is_distributed_as_the_verifier():
 def test_self_speculative_equals_the_drafters_block_size_one_decode(pair_a):
   drafter = pair_a[0]
   verifier = helpers.self_verifier(drafter)
-  out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC, max_new_tokens=MAX_NEW)
+  out = sp.speculative_generate(drafter, verifier, PROMPTS, LENGTHS, SPEC)
   ref = decode.block_diffusion_generate(verifier.params, verifier.config, PROMPTS, LENGTHS,
                                         decode.BlockDecoding(threshold=1.0, max_steps_per_block=1,
                                                              max_new_tokens=MAX_NEW))
@@ -251,8 +251,7 @@ def test_replay_runs_the_recorded_forwards_on_other_weights(pair_a, run_a):
     schedule[b, :len(row)] = row
   other = init_params(AR_A, jax.random.key(9))
   drafter, verifier = sp.Model(other, _diffusion(AR_A)), sp.Model(other, AR_A)
-  replayed = emulate.speculative_replay(drafter, verifier, PROMPTS, LENGTHS, SPEC, schedule,
-                                        max_new_tokens=MAX_NEW)
+  replayed = emulate.speculative_replay(drafter, verifier, PROMPTS, LENGTHS, SPEC, schedule)
   for field in ("lengths", "verify_forwards", "draft_forwards", "accepted", "step_drafted",
                 "step_accepted", "step_draft_forwards"):
     np.testing.assert_array_equal(getattr(replayed, field), getattr(out, field), err_msg=field)
@@ -261,9 +260,13 @@ def test_replay_runs_the_recorded_forwards_on_other_weights(pair_a, run_a):
 def _bad(pair, **change):
   drafter, verifier = pair
   args = dict(drafter=drafter, verifier=verifier, prompt_tokens=PROMPTS, prompt_lengths=LENGTHS,
-              spec=SPEC, max_new_tokens=MAX_NEW)
+              decoding=SPEC)
   args.update(change)
   return args
+
+
+def _spec(**fields):
+  return dataclasses.replace(SPEC, **fields)
 
 
 @pytest.mark.parametrize("change, error, match", [
@@ -276,18 +279,21 @@ def _bad(pair, **change):
    ValueError, "pad_token_id=0 differs"),
   (lambda d, v: dict(verifier=sp.Model(v.params, dataclasses.replace(v.config, vocab_size=512))),
    ValueError, r"verifier.params\['embed'\]"),
-  (lambda d, v: dict(spec=sp.DraftSpec(k=16)), ValueError, "spec.k=16 exceeds the drafter's "
-                                                           "block size 8"),
-  (lambda d, v: dict(spec=(4, 0.9, 8)), TypeError, "spec must be a DraftSpec"),
-  (lambda d, v: dict(temperature=-1.0), ValueError, "temperature=-1.0 must be >= 0"),
-  (lambda d, v: dict(temperature=1.0), ValueError, "needs a PRNG key"),
-  (lambda d, v: dict(temperature=1.0, key=jax.random.key(0)), ValueError,
+  (lambda d, v: dict(decoding=_spec(k=16)), ValueError, "k=16 exceeds the drafter's block size 8"),
+  (lambda d, v: dict(decoding=(4, 0.9, 8)), TypeError,
+   "decoding must be of type DraftDecoding, got tuple"),
+  (lambda d, v: dict(decoding=_spec(temperature=-1.0)), ValueError,
+   "temperature=-1.0 must be >= 0"),
+  (lambda d, v: dict(decoding=_spec(temperature=1.0, commit_order="left_to_right")), ValueError,
+   "needs a PRNG key"),
+  (lambda d, v: dict(decoding=_spec(temperature=1.0), key=jax.random.key(0)), ValueError,
    "commit_order='confidence' and 8 draft steps is not lossless"),
-  (lambda d, v: dict(temperature=1.0, key=jax.random.key(0),
-                     spec=sp.DraftSpec(k=4, draft_tau=0.9, commit_order="distinct")),
-   ValueError,
+  (lambda d, v: dict(decoding=_spec(temperature=1.0, commit_order="distinct")), ValueError,
    "commit_order='distinct' and 8 draft steps is not lossless"),
-  (lambda d, v: dict(max_new_tokens=0), ValueError, "max_new_tokens=0 must be >= 1"),
+  (lambda d, v: dict(decoding=_spec(max_new_tokens=0)), ValueError,
+   "max_new_tokens=0 must be >= 1"),
+  (lambda d, v: dict(decoding=_spec(stop_token_ids=(3, V))), ValueError,
+   r"stop_token_ids\[1\] = 256 is outside the vocab"),
   (lambda d, v: dict(prompt_lengths=np.array([12, 7, 3, 13])), ValueError, "prompt_lengths"),
   (lambda d, v: dict(drafter=(d.params,)), TypeError, "drafter must be a Model"),
 ])
@@ -302,10 +308,11 @@ def test_bad_arguments_are_named_before_tracing(pair_a, change, error, match):
   (dict(draft_tau=float("nan")), ValueError, "draft_tau=nan must be finite"),
   (dict(draft_steps=0), ValueError, "draft_steps=0 must be >= 1"),
   (dict(commit_order="random"), ValueError, "commit_order='random' not in"),
+  (dict(max_new_tokens=True), TypeError, "max_new_tokens must be an int"),
 ])
-def test_bad_draft_spec(fields, error, match):
+def test_bad_draft_decoding(fields, error, match):
   with pytest.raises(error, match=match):
-    sp.DraftSpec(**fields)
+    sp.DraftDecoding(**{"max_new_tokens": MAX_NEW, **fields})
 
 
 def _export(tmp_path, name, record):

@@ -146,15 +146,16 @@ def test_the_decoders_with_the_kernel_write_the_references_tokens():
   prompts = jax.random.randint(jax.random.key(4), (2, 12), 1, 100)
   lengths = jnp.array([12, 7], jnp.int32)
   decoding = decode.BlockDecoding(threshold=0.9, max_steps_per_block=8, max_new_tokens=16)
-  spec = speculative.DraftSpec(k=4, draft_tau=0.0, draft_steps=1)
+  spec = speculative.DraftDecoding(max_new_tokens=16, k=4, draft_tau=0.0, draft_steps=1)
   runs = {}
   for name, config in (("reference", reference), ("kernel", kernel)):
-    ar = generate_lib.generate(params, config, prompts, lengths, max_new_tokens=16)
+    ar = generate_lib.generate(params, config, prompts, lengths,
+                               generate_lib.ARDecoding(max_new_tokens=16))
     diffusion = decode.block_diffusion_generate(params, config, prompts, lengths, decoding)
     lossless = speculative.speculative_generate(
       speculative.Model(params, config),
       speculative.Model(params, dataclasses.replace(config, block_size=1)), prompts, lengths,
-      spec, max_new_tokens=16)
+      spec)
     runs[name] = (ar.tokens, diffusion.tokens, lossless.tokens)
   for got, want in zip(runs["kernel"], runs["reference"], strict=True):
     np.testing.assert_array_equal(got, want)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.generate import Sampling, first_argmax, generate, sample_logits
+from gr2jax.model.generate import ARDecoding, first_argmax, generate, sample_logits
 from gr2jax.model.params import init_params
 from gr2jax.model.qwen3 import forward
 
@@ -22,7 +22,7 @@ N = 7
 
 @pytest.fixture(scope="module")
 def greedy():
-  return generate(PARAMS, CONFIG, PROMPTS, LENGTHS, max_new_tokens=N)
+  return generate(PARAMS, CONFIG, PROMPTS, LENGTHS, ARDecoding(max_new_tokens=N))
 
 
 def test_greedy_equals_full_forward_argmax(greedy):
@@ -42,7 +42,8 @@ def test_greedy_equals_full_forward_argmax(greedy):
 
 def test_ragged_batch_equals_one_by_one(greedy):
   for b in range(2):
-    one = generate(PARAMS, CONFIG, PROMPTS[b:b + 1], LENGTHS[b:b + 1], max_new_tokens=N)
+    one = generate(PARAMS, CONFIG, PROMPTS[b:b + 1], LENGTHS[b:b + 1],
+                   ARDecoding(max_new_tokens=N))
     np.testing.assert_array_equal(one.tokens[0], greedy.tokens[b])
 
 
@@ -50,7 +51,11 @@ def test_stop_at_eos(greedy):
   eos = int(greedy.tokens[0, 2])
   first = int(np.argmax(np.asarray(greedy.tokens[0]) == eos))  # first occurrence, <= 2
   out = generate(PARAMS, dataclasses.replace(CONFIG, eos_token_ids=(eos, 63)), PROMPTS[:1],
-                 LENGTHS[:1], max_new_tokens=N)
+                 LENGTHS[:1], ARDecoding(max_new_tokens=N))
+  given = generate(PARAMS, CONFIG, PROMPTS[:1], LENGTHS[:1],
+                   ARDecoding(max_new_tokens=N, stop_token_ids=(eos, 63)))
+  for field in ("tokens", "logprobs", "lengths", "nfe"):  # the settings' stop ids = the config's
+    np.testing.assert_array_equal(getattr(given, field), getattr(out, field))
   assert int(out.lengths[0]) == first + 1
   np.testing.assert_array_equal(out.tokens[0, :first + 1], greedy.tokens[0, :first + 1])
   np.testing.assert_array_equal(out.tokens[0, first + 1:], 0)
@@ -59,38 +64,41 @@ def test_stop_at_eos(greedy):
 
 
 def test_sampling_reproducible():
-  sampling = Sampling(temperature=1.5, top_k=20, top_p=0.9)
+  decoding = ARDecoding(max_new_tokens=N, temperature=1.5, top_k=20, top_p=0.9)
   params = jax.tree.map(lambda x: x / 20, PARAMS)  # the flat logits of the plain init
-  run = lambda key: generate(params, CONFIG, PROMPTS, LENGTHS, max_new_tokens=N, key=key,
-                             sampling=sampling).tokens
+  run = lambda key: generate(params, CONFIG, PROMPTS, LENGTHS, decoding, key=key).tokens
   a, b, c = run(jax.random.key(3)), run(jax.random.key(3)), run(jax.random.key(4))
   np.testing.assert_array_equal(a, b)
   assert not np.array_equal(a, c)
   with pytest.raises(ValueError, match="PRNG key"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, sampling=sampling)
+    generate(PARAMS, CONFIG, PROMPTS, None, dataclasses.replace(decoding, max_new_tokens=2))
 
 
 def test_sample_logits_filters():
   logits = jnp.log(jnp.array([[0.5, 0.3, 0.15, 0.05]] * 500))
   keys = jax.random.split(jax.random.key(0), 3)
-  top_k = sample_logits(logits, keys[0], Sampling(temperature=1.0, top_k=2))
+  sampled = lambda **kw: ARDecoding(max_new_tokens=1, temperature=1.0, **kw)
+  top_k = sample_logits(logits, keys[0], sampled(top_k=2))
   assert set(np.asarray(top_k).tolist()) == {0, 1}
-  top_p = sample_logits(logits, keys[1], Sampling(temperature=1.0, top_p=0.7))
+  top_p = sample_logits(logits, keys[1], sampled(top_p=0.7))
   assert set(np.asarray(top_p).tolist()) == {0, 1}  # 0.5 < 0.7 needs the second token too
-  tiny_p = sample_logits(logits, keys[2], Sampling(temperature=1.0, top_p=0.1))
+  tiny_p = sample_logits(logits, keys[2], sampled(top_p=0.1))
   np.testing.assert_array_equal(tiny_p, 0)
 
 
 def test_bad_arguments():
   with pytest.raises(ValueError, match="prompt_lengths"):
-    generate(PARAMS, CONFIG, PROMPTS, jnp.array([0, 6]), max_new_tokens=2)
-  with pytest.raises(ValueError, match="cache_len"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=4, cache_len=5)
+    generate(PARAMS, CONFIG, PROMPTS, jnp.array([0, 6]), ARDecoding(max_new_tokens=2))
+  with pytest.raises(ValueError, match="cache_size=5 < prompt 6"):
+    generate(PARAMS, CONFIG, PROMPTS, None, ARDecoding(max_new_tokens=4, cache_size=5))
   with pytest.raises(ValueError, match="top_p"):
-    Sampling(top_p=0.0)
+    ARDecoding(max_new_tokens=1, top_p=0.0)
   with pytest.raises(ValueError, match="max_position_embeddings"):
-    generate(PARAMS, dataclasses.replace(CONFIG, max_position_embeddings=8), PROMPTS,
-             max_new_tokens=4)
+    generate(PARAMS, dataclasses.replace(CONFIG, max_position_embeddings=8), PROMPTS, None,
+             ARDecoding(max_new_tokens=4))
+
+
+TWO = ARDecoding(max_new_tokens=2)
 
 
 def test_bad_prompts_are_named_before_tracing():
@@ -98,24 +106,28 @@ def test_bad_prompts_are_named_before_tracing():
   for bad, value in ((64, 64), (-1, -1)):
     with pytest.raises(ValueError, match=rf"generate: prompt_tokens\[1, 2\] = {value} is outside "
                                          r"the vocab \[0, 63\]"):
-      generate(PARAMS, CONFIG, PROMPTS.at[1, 2].set(bad), LENGTHS, max_new_tokens=2)
+      generate(PARAMS, CONFIG, PROMPTS.at[1, 2].set(bad), LENGTHS, TWO)
   with pytest.raises(TypeError, match="prompt_tokens must be an integer array, got dtype float32"):
-    generate(PARAMS, CONFIG, PROMPTS.astype(jnp.float32), max_new_tokens=2)
+    generate(PARAMS, CONFIG, PROMPTS.astype(jnp.float32), None, TWO)
   with pytest.raises(ValueError, match=r"prompt_tokens has an empty dimension, shape \(2, 0\)"):
-    generate(PARAMS, CONFIG, PROMPTS[:, :0], max_new_tokens=2)
+    generate(PARAMS, CONFIG, PROMPTS[:, :0], None, TWO)
   with pytest.raises(ValueError, match=r"prompt_lengths\[0\] = 7 is outside \[1, 6\]"):
-    generate(PARAMS, CONFIG, PROMPTS, np.array([7, 6]), max_new_tokens=2)
+    generate(PARAMS, CONFIG, PROMPTS, np.array([7, 6]), TWO)
   with pytest.raises(TypeError, match="max_new_tokens must be an int"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2.0)
+    ARDecoding(max_new_tokens=2.0)
   with pytest.raises(TypeError, match="key must be a PRNG key"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=3)
+    generate(PARAMS, CONFIG, PROMPTS, None, TWO, key=3)
   with pytest.raises(ValueError, match=r"eos_token_ids\[0\] = 99 is outside the vocab"):
-    generate(PARAMS, dataclasses.replace(CONFIG, eos_token_ids=(99,)), PROMPTS, max_new_tokens=2)
+    generate(PARAMS, dataclasses.replace(CONFIG, eos_token_ids=(99,)), PROMPTS, None, TWO)
+  with pytest.raises(ValueError, match=r"stop_token_ids\[1\] = 64 is outside the vocab"):
+    generate(PARAMS, CONFIG, PROMPTS, None, ARDecoding(max_new_tokens=2, stop_token_ids=[3, 64]))
   with pytest.raises(ValueError, match="top_k=65 exceeds the vocab size 64"):
-    generate(PARAMS, CONFIG, PROMPTS, max_new_tokens=2, key=jax.random.key(0),
-             sampling=Sampling(temperature=1.0, top_k=65))
+    generate(PARAMS, CONFIG, PROMPTS, None,
+             ARDecoding(max_new_tokens=2, temperature=1.0, top_k=65), key=jax.random.key(0))
   with pytest.raises(ValueError, match="temperature=nan must be finite"):
-    Sampling(temperature=float("nan"))
+    ARDecoding(max_new_tokens=2, temperature=float("nan"))
+  with pytest.raises(TypeError, match="decoding must be of type ARDecoding, got int"):
+    generate(PARAMS, CONFIG, PROMPTS, None, 2)
 
 
 def test_first_argmax_equals_jnp_argmax_with_ties_nan_and_inf():

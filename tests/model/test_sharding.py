@@ -10,7 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
-from gr2jax.model.generate import generate
+from gr2jax.model.generate import ARDecoding, generate
 from gr2jax.model.params import init_params, layer_list
 from gr2jax.model.qwen3 import forward, ragged_prefill
 from gr2jax.model.sharding import (
@@ -90,10 +90,10 @@ def test_sharded_generate_equals_unsharded():
   params = jax.tree.map(lambda x: x * 20, init_params(CONFIG, jax.random.key(0)))  # peaky
   prompts = jax.random.randint(jax.random.key(1), (4, 6), 1, CONFIG.vocab_size)
   lengths = jnp.array([3, 6, 4, 5])
-  ref = generate(params, CONFIG, prompts, lengths, max_new_tokens=5)
+  ref = generate(params, CONFIG, prompts, lengths, ARDecoding(max_new_tokens=5))
   on_batch = lambda x: jax.device_put(x, batch_sharding(mesh))
   out = generate(shard_params(params, mesh), CONFIG, on_batch(prompts), on_batch(lengths),
-                 max_new_tokens=5)
+                 ARDecoding(max_new_tokens=5))
   np.testing.assert_array_equal(out.tokens, ref.tokens)
 
 

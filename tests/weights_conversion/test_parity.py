@@ -5,7 +5,6 @@ hidden / heads, and a non-default rope_theta read from `rope_parameters` (transf
 the top-level field (older config.json files). fp32 max |dlogit| <= 1e-4.
 """
 
-import dataclasses
 import json
 import os
 
@@ -124,9 +123,9 @@ def test_greedy_tokens_match_transformers_generate(converted):
   max_new, lengths = 10, [9, 4, 6]
   prompts = _tokens(config, batch=3, length=9, seed=3)
   padded = np.where(np.arange(9)[None] < np.array(lengths)[:, None], prompts, 0)
-  out = generate.generate(params, dataclasses.replace(config, eos_token_ids=()),
-                          jnp.asarray(padded, jnp.int32), jnp.asarray(lengths, jnp.int32),
-                          max_new_tokens=max_new)
+  out = generate.generate(params, config, jnp.asarray(padded, jnp.int32),
+                          jnp.asarray(lengths, jnp.int32),
+                          generate.ARDecoding(max_new_tokens=max_new, stop_token_ids=()))
   assert int(out.nfe) == max_new
   for row, n in enumerate(lengths):
     want = _hf_greedy(model, prompts[row : row + 1, :n], max_new)[0]

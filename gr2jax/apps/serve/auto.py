@@ -219,7 +219,7 @@ def exact_decoders(reranker: reranker_lib.Reranker,
   for k in draft_ks:
     spec = dataclasses.replace(policy.spec, draft_k=k)
     speculative.check_pair(f"serve.draft_ks={tuple(draft_ks)!r}", policy.config,
-                           policy.verifier_config, spec.draft)
+                           policy.verifier_config, k)
     out[f"lossless_k{k}"] = dataclasses.replace(
       reranker, policy=dataclasses.replace(policy, spec=spec))
   return out

@@ -123,7 +123,7 @@ def test_every_exact_decoder_is_the_verifiers_decode_at_its_cap():
 
 
 def test_a_k_the_drafter_cannot_draft_is_refused_by_name(tok_dir):
-  with pytest.raises(ValueError, match=r"^serve\.draft_ks=\(4, 16\): spec\.k=16 exceeds"):
+  with pytest.raises(ValueError, match=r"^serve\.draft_ks=\(4, 16\): k=16 exceeds"):
     _lossless_engine(tok_dir, auto.Auto((4, 16)))
 
 

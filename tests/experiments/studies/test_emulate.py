@@ -55,15 +55,15 @@ def test_speculative_replay_checks_its_schedule_and_prefill():
   ar = dataclasses.replace(CONFIG, block_size=1, mask_token_id=None)
   weights = init_params(ar, jax.random.key(0))
   drafter, verifier = speculative.Model(weights, CONFIG), speculative.Model(weights, ar)
-  spec = speculative.DraftSpec(k=4)
+  spec = speculative.DraftDecoding(max_new_tokens=MAX_NEW, k=4)
   run = lambda schedule, **kw: emulate.speculative_replay(
-    drafter, verifier, PROMPTS, LENGTHS, spec, schedule, max_new_tokens=MAX_NEW, **kw)
+    drafter, verifier, PROMPTS, LENGTHS, spec, schedule, **kw)
   with pytest.raises(ValueError, match="speculative_replay: schedule"):
     run(np.zeros((3, 4, 2), np.int32))
   with pytest.raises(ValueError, match="speculative_replay: schedule"):
     run(np.full((2, 4, 2), -2, np.int32))
-  prefilled = emulate.speculative_prefill(drafter, verifier, PROMPTS, LENGTHS, spec,
-                                          max_new_tokens=MAX_NEW - 4)
+  prefilled = emulate.speculative_prefill(drafter, verifier, PROMPTS, LENGTHS,
+                                          dataclasses.replace(spec, max_new_tokens=MAX_NEW - 4))
   with pytest.raises(ValueError, match=r"prefilled\[0\] must be a KVCache of 2 rows and 18 "
                                        r"slots \(speculative_prefill\)"):
     run(np.zeros((2, 4, 2), np.int32), prefilled=prefilled)
