@@ -12,7 +12,6 @@ draft-and-verify (diffusion/speculative.py) run their loops on these, each writt
   - `padded_width`: a response length rounded up to whole blocks (cache slots, record widths).
   - `write_rows` / `read_rows`: a per-row window of a [B, R] record at per-row offsets.
   - `stop_id_array` / `first_stop`: the stop ids as a traced array; each row's first stop token.
-  - `check_sampling`: a decode's temperature and key, checked before tracing.
 """
 
 import dataclasses
@@ -49,13 +48,8 @@ class Decoding:
     object.__setattr__(self, "temperature", validate.real(
       where, "temperature", self.temperature, low=0, note=" (0 = greedy)"))
     if self.stop_token_ids is not None:
-      stop = self.stop_token_ids
-      if isinstance(stop, (str, bytes)) or not hasattr(stop, "__iter__"):
-        raise TypeError(f"{where}: stop_token_ids must be a sequence of ints or None, got "
-                        f"{type(stop).__name__}")
-      object.__setattr__(self, "stop_token_ids", tuple(
-        validate.integer(where, f"stop_token_ids[{i}]", v, minimum=0)
-        for i, v in enumerate(stop)))
+      object.__setattr__(self, "stop_token_ids", validate.token_ids(
+        where, "stop_token_ids", self.stop_token_ids, vocab_size=None))
 
 
 def check_call(where: str, decoding: Decoding, kind: type, config: ModelConfig,
@@ -84,7 +78,11 @@ def check_call(where: str, decoding: Decoding, kind: type, config: ModelConfig,
                             else "config.eos_token_ids", config.eos_token_ids
                             if decoding.stop_token_ids is None else decoding.stop_token_ids,
                             config.vocab_size)
-  _, key = check_sampling(where, decoding.temperature, key)
+  if key is None:
+    if decoding.temperature > 0:
+      raise ValueError(f"{where}: temperature={decoding.temperature} needs a PRNG key")
+    return stop, jax.random.key(0)
+  validate.prng_key(where, "key", key)
   return stop, key
 
 
@@ -144,22 +142,3 @@ def first_stop(tokens: jax.Array, valid: jax.Array, stop_ids: jax.Array) -> jax.
   t = tokens.shape[1]
   is_stop = jnp.isin(tokens, stop_ids) & valid  # [B, T]
   return jnp.min(jnp.where(is_stop, jnp.arange(t, dtype=jnp.int32)[None, :], t), axis=-1)
-
-
-def check_sampling(where: str, temperature, key) -> tuple[float, jax.Array]:
-  """A decode's temperature and key, checked before tracing.
-
-  Returns:
-    (temperature as a float >= 0, the key; jax.random.key(0) when None and greedy).
-
-  Raises:
-    TypeError / ValueError starting with `where`: a negative or non-finite temperature, no key
-      at temperature > 0, a key that is not a PRNG key.
-  """
-  temperature = validate.real(where, "temperature", temperature, low=0, note=" (0 = greedy)")
-  if key is None:
-    if temperature > 0:
-      raise ValueError(f"{where}: temperature={temperature} needs a PRNG key")
-    return temperature, jax.random.key(0)
-  validate.prng_key(where, "key", key)
-  return temperature, key

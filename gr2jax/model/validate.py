@@ -206,13 +206,14 @@ def boolean(where: str, name: str, value) -> None:
                     f"{value!r}")
 
 
-def token_ids(where: str, name: str, values, vocab_size: int) -> tuple[int, ...]:
-  """A sequence of token ids (e.g. stop ids): ints in [0, vocab_size), as a tuple."""
+def token_ids(where: str, name: str, values, vocab_size: int | None) -> tuple[int, ...]:
+  """A sequence of token ids (e.g. stop ids): ints in [0, vocab_size), as a tuple (vocab_size
+  None: ints >= 0, before a vocab is known)."""
   if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
     raise TypeError(f"{where}: {name} must be a sequence of ints, got {type(values).__name__}")
   out = tuple(integer(where, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
   for i, v in enumerate(out):
-    if v >= vocab_size:
+    if vocab_size is not None and v >= vocab_size:
       raise ValueError(f"{where}: {name}[{i}] = {v} is outside the vocab [0, {vocab_size - 1}]")
   return out
 
