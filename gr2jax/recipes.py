@@ -194,7 +194,10 @@ def _ar_rl() -> ml_collections.ConfigDict:
     eps_low=0.2,  # ratio clip 1 - eps_low (paper: symmetric 0.2)
     eps_high=0.2,  # ratio clip 1 + eps_high (> eps_low = DAPO clip-higher)
     alpha=0.2,  # conditional format-reward weight (Diffusion-GR2 App. B)
-    temperature=1.0))  # rollout sampling temperature (> 0; the log-probs use the same)
+    temperature=1.0,  # rollout sampling temperature (> 0; the log-probs use the same)
+    valid_weight=0.0,  # advantage weight of R_valid, z-scored on its own (0 = GR2's reward alone)
+    speed_weight=0.0))  # the same of R_speed, a valid rollout's tokens per forward (LightningRL;
+  #                       one forward per token in AR RL: it never varies there)
 
 
 def _ar_rl_hf(s: ml_collections.ConfigDict, lr_factor: float, divisor: int) -> None:
@@ -257,7 +260,8 @@ def _rl() -> ml_collections.ConfigDict:
   s = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
     group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
     temperature=1.0,
-    rollout_tau=0.9))  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
+    rollout_tau=0.9,  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
+    valid_weight=0.0, speed_weight=0.0))  # the fast-decode rewards' weights, as AR RL's
   s.train.micro_batches = 4
   return s
 

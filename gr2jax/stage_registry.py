@@ -69,12 +69,15 @@ class Settings:
 @dataclasses.dataclass(frozen=True)
 class ARRLSettings(Settings):
   """GR2 GRPO (train/rl.py): G rollouts per prompt, the ratio clip, the format-reward weight
-  (Diffusion-GR2 App. B), and the rollouts' sampling temperature."""
+  (Diffusion-GR2 App. B), the rollouts' sampling temperature, and the advantage weights of the
+  validity and speed rewards (train/rl.py reward_weights; an AR rollout's speed never varies)."""
   group_size: int = integer(2)  # GRPO: a group of 1 has no variance, every group is dropped
   eps_low: float = real(low=0.0, high=1.0)
   eps_high: float = real(low=0.0)
   alpha: float = real(low=0.0)
   temperature: float = real(low=0.0, low_open=True)  # rollouts sample
+  valid_weight: float = real(low=0.0)
+  speed_weight: float = real(low=0.0)
 
   def rollout_spec(self, spec: DecodeSpec) -> DecodeSpec:
     return dataclasses.replace(spec, temperature=self.temperature)

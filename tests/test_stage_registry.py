@@ -22,13 +22,13 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("0bda17a951cd10d1", {
+  "tiny": ("c60fd638260ef0e8", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
     "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
-  "smoke": ("10f6f636a908deed", {
+  "smoke": ("0a8728f16586ad51", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("b280845c7402b3b7", {
+  "qwen3_8b": ("f231e559e2b4228d", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
@@ -38,10 +38,12 @@ OPTIMIZER = ("b1", "b2", "clip_norm", "end_lr_factor", "eps", "learning_rate", "
              "total_steps", "warmup_steps", "weight_decay")
 BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<block>.<field>
   "sft": ("", ()),
-  "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "temperature")),
+  "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "speed_weight", "temperature",
+                   "valid_weight")),
   "cft": ("cft", ("complementary", "eps", "rate_power")),
   "opd": ("opd", ("context", "group_size", "teacher_dtype")),
-  "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "temperature")),
+  "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "speed_weight",
+                "temperature", "valid_weight")),
 }
 
 
@@ -92,7 +94,10 @@ def test_every_stage_has_a_trainer_values_and_a_config_view():
 def test_settings_check_their_fields_at_construction():
   with pytest.raises(ValueError, match=r"^group_size=1 must be >= 2"):
     stage_registry.ARRLSettings(group_size=1, eps_low=0.2, eps_high=0.2, alpha=0.2,
-                                temperature=1.0)
+                                temperature=1.0, valid_weight=0.0, speed_weight=0.0)
+  with pytest.raises(ValueError, match=r"^speed_weight=-1.0 must be >= 0"):
+    stage_registry.ARRLSettings(group_size=2, eps_low=0.2, eps_high=0.2, alpha=0.2,
+                                temperature=1.0, valid_weight=0.0, speed_weight=-1.0)
   with pytest.raises(ValueError, match=r"eps=1.0 must be in \[0.0, 1.0\)"):
     stage_registry.CFTSettings(eps=1.0, complementary=True, rate_power=1.0)
   with pytest.raises(TypeError, match="complementary must be a bool"):

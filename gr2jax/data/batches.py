@@ -52,6 +52,8 @@ class Batch:
     commit_step       [B, M] int32  each token's commit step (replay.py)
     commit_logprob    [B, M] f32    the sampler's log-prob of each committed token (host side)
     replay_rounds     replay.Rounds the replay's round count S: static (jit specialises on it)
+    forwards          [B] int32     the decoder's forwards on each row (host side: the speed
+                                    reward reads it)
   RL (rollouts.prepare with a reward):
     rewards           [B] f32       (host side: the stats)
     advantages        [B] f32       group z-scores, 0 in dropped groups
@@ -72,6 +74,7 @@ class Batch:
   commit_step: Array | None = None
   commit_logprob: np.ndarray | None = None
   replay_rounds: replay.Rounds | None = None
+  forwards: np.ndarray | None = None
   rewards: np.ndarray | None = None
   advantages: Array | None = None
   logp_old: Array | None = None

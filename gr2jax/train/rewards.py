@@ -8,6 +8,12 @@
 R_fmt = 1 for a valid permutation (binary: the paper gives no partial credit). Ranks are 1-based.
 The condition closes the exploit of copying D's order, which would otherwise earn alpha whenever
 the target is not already first.
+
+The fast-decode rewards beside it (`speed_rewards`; weighted in train/rl.py, each normalised on
+its own in grpo.group_advantages, as LightningRL, arXiv 2603.13319):
+
+  R_valid = 1 for a valid output, 0 otherwise
+  R_speed = R_valid * tokens / forwards     the rollout's tokens per decoder forward (TPF)
 """
 
 import numpy as np
@@ -73,3 +79,25 @@ def rollout_rewards(tokenizer, tokens: np.ndarray, lengths: np.ndarray, labels: 
   valid = np.asarray([r.valid for r in results], bool) & stopped
   rankings = np.stack([r.ranking for r in results])
   return rank_rewards(rankings, valid, target_position, alpha=alpha), valid, results
+
+
+def speed_rewards(forwards: np.ndarray, lengths: np.ndarray, valid: np.ndarray) -> np.ndarray:
+  """R_speed = tokens per decoder forward of each rollout, 0 for an invalid one (module
+  docstring): LightningRL's TPF reward, gated by validity so that speed is never paid for an
+  answer that is thrown away.
+
+  Args:
+    forwards: [B] int the decoder's forwards on each row (DiffusionOutput.nfe; an AR rollout
+      takes one per token).
+    lengths: [B] int tokens per row, the stop token included.
+    valid: [B] bool.
+
+  Returns:
+    [B] f32.
+  """
+  forwards, lengths, valid = np.asarray(forwards), np.asarray(lengths), np.asarray(valid, bool)
+  if not forwards.shape == lengths.shape == valid.shape or forwards.ndim != 1:
+    raise ValueError(f"speed_rewards: forwards {forwards.shape}, lengths {lengths.shape}, valid "
+                     f"{valid.shape} must be [B] each")
+  tpf = lengths / np.maximum(forwards, 1)
+  return np.where(valid, tpf, 0.0).astype(np.float32)

@@ -6,7 +6,10 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
 
   - Rollouts, rewards, advantages and pi_old: train/rollouts.py `prepare` with `answer_rewards`
     (GR2's R_rank + alpha R_fmt, gr2jax/train/rewards.py: an invalid, truncated or overflowing
-    output gets -1 and stays in its group), G rollouts per prompt at the stage's
+    output gets -1 and stays in its group; beside it, weighted by rl.valid_weight and
+    rl.speed_weight and each z-scored on its own, R_valid and R_speed = tokens per forward of a
+    valid rollout: RL aimed at the fast decode, LightningRL arXiv 2603.13319), G rollouts per
+    prompt at the stage's
     rl.temperature > 0 (the rollout's spec.temperature, train/stages.py).
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
     from the SAME `rollout.log_probs` (train/rollout.py): for an AR policy the causal scorer over
@@ -36,7 +39,7 @@ from gr2jax.train.rollouts import RewardFn
 
 def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
                    alpha: float) -> RewardFn:
-  """The GR2 reward of a data build as a rollouts.RewardFn.
+  """The GR2 reward of a data build and the fast-decode rewards, as a rollouts.RewardFn.
 
   Args:
     tokenizer: the data build's tokenizer.
@@ -45,19 +48,37 @@ def answer_rewards(tokenizer, labels, stop_token_ids: tuple[int, ...], *,
     alpha: the conditional format-reward weight (paper: 0.2).
 
   Returns:
-    reward_fn(batch) -> (rewards [B], {'valid_rate', 'promoted'}) of the rollouts' Batch
-    (response_tokens, response_lengths, example_index, target_position); 'promoted' = the share
-    of rollouts that put another candidate than D's first on top.
+    reward_fn(batch) -> (rewards [B, 3] = the columns of COMPONENTS, {'valid_rate', 'promoted',
+    'tokens_per_forward'}) of the rollouts' Batch (response_tokens, response_lengths,
+    example_index, target_position, and a diffusion rollout's forwards; an AR rollout takes one
+    forward per token); 'promoted' = the share of rollouts that put another candidate than D's
+    first on top. `reward_weights` weighs the columns.
   """
   def reward_fn(batch: Batch):
     row_labels = [labels[int(i)] for i in batch.example_index]
     reward, valid, results = rewards.rollout_rewards(
       tokenizer, batch.response_tokens, batch.response_lengths, row_labels,
       np.asarray(batch.target_position), stop_token_ids, alpha=alpha)
-    return reward, {"valid_rate": float(valid.mean()),
-                    "promoted": float(np.mean([r.ranking[0] != 0 for r in results]))}
+    lengths = np.asarray(batch.response_lengths)
+    forwards = lengths if batch.forwards is None else np.asarray(batch.forwards)
+    speed = rewards.speed_rewards(forwards, lengths, valid)
+    stats = {"valid_rate": float(valid.mean()),
+             "promoted": float(np.mean([r.ranking[0] != 0 for r in results])),
+             "tokens_per_forward": float(lengths.sum() / max(int(forwards.sum()), 1))}
+    return np.stack([reward, valid.astype(np.float32), speed], axis=1), stats
 
   return reward_fn
+
+
+# The columns of answer_rewards' rewards: GR2's R (rank + conditional format, -1 if invalid),
+# R_valid and R_speed (gr2jax/train/rewards.py).
+COMPONENTS = ("rank", "valid", "speed")
+
+
+def reward_weights(valid_weight: float, speed_weight: float) -> tuple[float, float, float]:
+  """The weights of COMPONENTS in the advantage (grpo.group_advantages): GR2's R at 1, the
+  fast-decode rewards at rl.valid_weight / rl.speed_weight (0 = GR2's reward alone)."""
+  return 1.0, float(valid_weight), float(speed_weight)
 
 
 def fields(rollout: Rollout) -> tuple[str, ...]:

@@ -23,8 +23,9 @@ Two implementations, chosen by the model (`make_rollout`, the only place the cho
                     log-probs from the causal scorer (policy.causal_log_probs).
   DiffusionRollout  a block-diffusion policy: block_diffusion_generate at spec.rollout_tau, the
                     step cap and spec.temperature; trace fields trace_tokens, commit_step,
-                    commit_logprob [B, M] and replay_rounds = replay.Rounds(S), the replay's
-                    static round count; log-probs from the differentiable replay of the trace
+                    commit_logprob [B, M], forwards [B] (the decoder's forwards per row) and
+                    replay_rounds = replay.Rounds(S), the replay's static round count;
+                    log-probs from the differentiable replay of the trace
                     (gr2jax/diffusion/replay.py), `shrink` steps per round.
 """
 
@@ -157,11 +158,12 @@ class DiffusionRollout(_OfPolicy):
 
     out = self._map_prompts(rollouts, prompt_tokens, prompt_lengths, key, chunk_rows, sharding)
     replay.check_rounds(out["commit_step"], self.max_rounds, self.shrink)
-    nfe = out.pop("nfe")
+    forwards = out.pop("nfe").astype(np.int32)
     lengths = out["response_lengths"].astype(np.int32)
     rounds = replay.Rounds(replay.round_bucket(out["commit_step"], self.max_rounds, self.shrink))
-    stats = {"forwards_per_token": float(nfe.sum() / max(lengths.sum(), 1))}
-    return {**out, "response_lengths": lengths, "replay_rounds": rounds}, stats
+    stats = {"forwards_per_token": float(forwards.sum() / max(lengths.sum(), 1))}
+    return {**out, "response_lengths": lengths, "replay_rounds": rounds,
+            "forwards": forwards}, stats
 
   def log_probs(self, params, batch, *, temperature=None, return_log_probs=False):
     """The replay of the batch's traces over batch.replay_rounds.count rounds."""

@@ -5,8 +5,9 @@
             trace, in calls of chunk_rows rows (gr2jax/chunks.py; chunk i samples with
             fold_in(key, i))
   then the part a stage learns from:
-  rewards   (RL) reward_fn -> group advantages (grpo.group_advantages: z-scores, zero-variance
-            groups and padded prompts dropped) -> response_weights (1 on each kept rollout's
+  rewards   (RL) reward_fn -> group advantages (grpo.group_advantages: z-scores, each reward
+            component on its own, weighed by reward_weights; zero-variance groups and padded
+            prompts dropped) -> response_weights (1 on each kept rollout's
             response_lengths tokens), and pi_old = rollout.log_probs under the rollout params
             (one update per rollout batch, so at theta = theta_old every ratio is exactly 1,
             whatever the float differences between the cached decoder and the scorer; TraceRL
@@ -30,7 +31,8 @@ from gr2jax.train import grpo
 from gr2jax.train.rollout import SCORED_FIELDS, Rollout
 
 # The rollouts' Batch (response_tokens [B, M] pad after the stop, response_lengths [B], the
-# rows' example_index / target_position) -> (rewards [B] f32, stats {name: float}).
+# rows' example_index / target_position, a diffusion rollout's forwards) -> (rewards [B] f32, or
+# [B, K] f32 with K components weighed by prepare's reward_weights, stats {name: float}).
 RewardFn = Callable[[Batch], tuple[np.ndarray, dict]]
 # A chunk of the rollouts' Batch (SCORED_FIELDS) -> [C, M, V] distributions (on the device;
 # jitted).
@@ -45,8 +47,9 @@ _old_log_probs = jax.jit(_log_probs, static_argnums=0)
 
 
 def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, group_size: int,
-            reward_fn: RewardFn | None = None, teacher: TeacherFn | None = None,
-            chunk_rows: int = 0, sharding=None) -> tuple[Batch, dict]:
+            reward_fn: RewardFn | None = None, reward_weights: tuple[float, ...] | None = None,
+            teacher: TeacherFn | None = None, chunk_rows: int = 0,
+            sharding=None) -> tuple[Batch, dict]:
   """Rollouts -> the train batch of an on-policy stage (module docstring).
 
   Args:
@@ -57,13 +60,15 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, gro
     rollout: the trained policy's rollout (train/rollout.py); it needs spec.temperature > 0.
     group_size: G rollouts per prompt (paper: 8 for RL, 4 for OPD).
     reward_fn: RL: the rollouts' rewards (RewardFn).
+    reward_weights: RL: the weight of each of reward_fn's components, one per column (None:
+      the first column alone, at weight 1).
     teacher: OPD: the teacher's distributions of a chunk (TeacherFn).
     chunk_rows: rows per sampling / scoring call (0 = all at once).
     sharding: the placement of each chunk (the batch sharding; None: numpy inputs).
 
   Returns:
     (the train Batch with Bp * G rows, stats {'response_len', the policy's and the reward's
-     stats, 'reward', 'kept_groups'}).
+     stats, 'reward' (the first component's mean), 'kept_groups'}).
   """
   if reward_fn is None and teacher is None:
     raise ValueError("rollouts.prepare: give reward_fn (RL) or teacher (OPD), or both")
@@ -85,8 +90,12 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, gro
       sharding=sharding))
   if reward_fn is not None:
     rewards, reward_stats = reward_fn(train)
-    rewards = np.asarray(rewards, np.float32)
-    advantages, keep = grpo.group_advantages(rewards.reshape(bp, group_size))
+    rewards = np.asarray(rewards, np.float32).reshape(bp * group_size, -1)
+    if reward_weights is None:
+      reward_weights = (1.0,) + (0.0,) * (rewards.shape[1] - 1)
+    advantages, keep = grpo.group_advantages(rewards.reshape(bp, group_size, -1),
+                                             reward_weights)
+    rewards = rewards[:, 0]
     keep &= np.asarray(batch.example_mask, bool)
     weights = np.arange(tokens.shape[1])[None, :] < lengths[:, None]
     weights &= np.repeat(keep, group_size)[:, None]

@@ -60,8 +60,9 @@ def _rl_prepare(ctx: Context):
   c = ctx.config.settings
   reward_fn = rl.answer_rewards(ctx.tokenizer, ctx.train.labels, ctx.model_config.eos_token_ids,
                                 alpha=c.alpha)
+  weights = rl.reward_weights(c.valid_weight, c.speed_weight)
   return functools.partial(rollouts.prepare, rollout=_rollout(ctx), group_size=c.group_size,
-                           reward_fn=reward_fn, **_chunks(ctx))
+                           reward_fn=reward_fn, reward_weights=weights, **_chunks(ctx))
 
 
 def _cft_loss(ctx: Context) -> Loss:

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from gr2jax.train import grpo
 
@@ -14,6 +15,30 @@ def test_group_advantages_z_score_and_zero_variance_dropped():
                              rtol=1e-6)
   assert keep.tolist() == [True, False]
   assert np.all(adv[1] == 0)
+
+
+def test_components_are_normalised_apart_and_weighed():
+  """Rank, validity and speed components: each z-scored inside its group on its own; a
+  component without spread adds 0; a group whose weighted components all agree is dropped;
+  weights (1, 0, 0) are the plain z-score of the first column."""
+  rank = np.array([[1.0, 0.0, 0.5, -1.0], [0.2, 0.2, 0.2, 0.2], [0.3, 0.3, 0.3, 0.3]])
+  valid = np.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+  speed = np.array([[3.0, 30.0, 3.0, 0.0], [2.0, 4.0, 2.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+  rewards = np.stack([rank, valid, speed], axis=2)
+  z = lambda r: (r - r.mean()) / r.std()
+  adv, keep = grpo.group_advantages(rewards, (1.0, 0.5, 0.25))
+  np.testing.assert_allclose(adv[0], z(rank[0]) + 0.5 * z(valid[0]) + 0.25 * z(speed[0]),
+                             rtol=1e-6)
+  np.testing.assert_allclose(adv[1], 0.25 * z(speed[1]), rtol=1e-6)  # rank, valid: no spread
+  assert keep.tolist() == [True, True, False]
+  assert np.all(adv[2] == 0)
+  plain, plain_keep = grpo.group_advantages(rank)
+  alone, alone_keep = grpo.group_advantages(rewards, (1.0, 0.0, 0.0))
+  np.testing.assert_array_equal(alone, plain)  # a 0 weight neither moves nor keeps a group
+  assert alone_keep.tolist() == plain_keep.tolist() == [True, False, False]
+  for bad in ((1.0, -0.5, 0.0), (1.0, float("nan"), 0.0), (1.0, 0.0)):
+    with pytest.raises(ValueError, match="weights"):
+      grpo.group_advantages(rewards, bad)
 
 
 def test_ratio_one_and_gradient_is_advantage_weighted_logprob_gradient():

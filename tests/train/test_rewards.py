@@ -49,3 +49,11 @@ def test_every_invalid_kind_gets_minus_one(kind):
 def test_shapes_are_checked():
   with pytest.raises(ValueError, match="batch size"):
     rewards.rank_rewards(np.zeros((2, N), int), np.ones(3, bool), np.zeros(2, int))
+
+
+def test_speed_reward_is_a_valid_rollouts_tokens_per_forward():
+  speed = rewards.speed_rewards(np.array([4, 8, 0, 8]), np.array([8, 8, 0, 16]),
+                                np.array([True, True, True, False]))
+  np.testing.assert_allclose(speed, [2.0, 1.0, 0.0, 0.0])  # an invalid rollout earns no speed
+  with pytest.raises(ValueError, match="speed_rewards"):
+    rewards.speed_rewards(np.array([1, 2]), np.array([1]), np.array([True, True]))

@@ -60,5 +60,11 @@ def test_answer_rewards_reads_each_rollouts_example():
   rows = Batch(response_tokens=np.array([[1, 9], [5, 9]]), response_lengths=np.array([2, 2]),
                example_index=np.array([3, 7]), target_position=np.array([1, 0]))
   rewards, stats = reward_fn(rows)
-  np.testing.assert_allclose(rewards, [0.5 + 0.2, -0.5])  # target promoted / demoted
-  assert stats == {"valid_rate": 1.0, "promoted": 1.0}
+  assert rl.COMPONENTS == ("rank", "valid", "speed")
+  np.testing.assert_allclose(rewards[:, 0], [0.5 + 0.2, -0.5])  # target promoted / demoted
+  np.testing.assert_allclose(rewards[:, 1:], 1.0)  # valid; an AR row: one forward per token
+  assert stats == {"valid_rate": 1.0, "promoted": 1.0, "tokens_per_forward": 1.0}
+  rows = rows.replace(forwards=np.array([1, 2]))  # a diffusion rollout's forwards per row
+  rewards, stats = reward_fn(rows)
+  np.testing.assert_allclose(rewards[:, 2], [2.0, 1.0])
+  assert stats["tokens_per_forward"] == 4 / 3
