@@ -28,6 +28,8 @@ _SIZES = (  # (section, field, check, its bounds)
   ("train", "save_every", validate.integer, dict(minimum=1)),
   ("train", "keep", validate.integer, dict(minimum=1)),
   ("train", "eval_every", validate.integer, dict(minimum=0)),
+  ("train", "probe_prompts", validate.integer, dict(minimum=0)),
+  ("train", "probe_every", validate.integer, dict(minimum=0)),
   ("train", "limit", validate.integer, dict(minimum=0)),
   ("optimizer", "learning_rate", validate.real, dict(low=0.0, low_open=True)),
   ("optimizer", "warmup_steps", validate.integer, dict(minimum=0)),

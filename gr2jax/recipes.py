@@ -138,6 +138,10 @@ def _train(steps: int, batch_size: int, save_every: int) -> ml_collections.Confi
   t.keep = 3  # run checkpoints kept
   t.async_save = True  # orbax async checkpointing
   t.eval_every = 0  # steps between periodic evaluations (0 = only the final one)
+  t.probe_prompts = 0  # validation prompts of the held-out probe: the stage's own objective
+  #                      (its rollouts' reward / validity / forwards per token, its loss) at
+  #                      step 0, every probe_every steps and the end (train/probe.py; 0 = off)
+  t.probe_every = 0  # steps between probes (0 = the first and the last only)
   t.limit = 0  # use only the first N training examples (0 = all; smoke runs)
   t.restart = False  # True: move this stage's checkpoints + logs aside, start from init
   #                    (a resume refuses checkpoints written with other settings)

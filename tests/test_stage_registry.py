@@ -22,18 +22,19 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("c60fd638260ef0e8", {
+  "tiny": ("97148c6baeaf02f2", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
     "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
-  "smoke": ("0a8728f16586ad51", {
+  "smoke": ("659298822e601d10", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("f231e559e2b4228d", {
+  "qwen3_8b": ("e0cf8752df41009d", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
 TRAIN = ("async_save", "batch_size", "eval_every", "keep", "limit", "micro_batches",
-         "prepare_chunk", "restart", "save_every", "seed", "steps")
+         "prepare_chunk", "probe_every", "probe_prompts", "restart", "save_every", "seed",
+         "steps")
 OPTIMIZER = ("b1", "b2", "clip_norm", "end_lr_factor", "eps", "learning_rate", "schedule",
              "total_steps", "warmup_steps", "weight_decay")
 BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<block>.<field>

@@ -44,7 +44,7 @@ from gr2jax.model import sharding as model_sharding
 from gr2jax.model.config import ModelConfig
 from gr2jax.progress import progress
 from gr2jax.recipe import EvaluationView, StageView
-from gr2jax.train import inputs, optim, run_checkpoints
+from gr2jax.train import inputs, optim, probe, run_checkpoints
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import state as state_lib
 from gr2jax.train import step as step_lib
@@ -348,6 +348,15 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
                                           state_shardings=shardings,
                                           batch_sharding=batch_sharding)
   start_step = int(jax.device_get(state.step))
+  held_out = (probe.make_probe(ctx, stage, loss_fn, probe.load(ctx, tcfg.probe_prompts))
+              if tcfg.probe_prompts else None)
+
+  def run_probe(at: int) -> None:  # the stage's objective on held-out prompts (train/probe.py)
+    if held_out is not None:
+      writer.write(at, held_out(state.params), prefix="probe/")
+
+  if start_step == 0:
+    run_probe(0)
   bar = progress(tcfg.steps, initial=start_step, desc=stage.name)
   tokens_seen, t_start = 0, time.perf_counter()
   with run_checkpoints.StopFlag() as stop:
@@ -382,6 +391,8 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
           _stop_non_finite(stage, manager, f"non-finite params / optimizer state after step "
                                            f"{done}, not saved")
         run_checkpoints.save(manager, state, iterator.get_state(), record)
+      if tcfg.probe_every and done % tcfg.probe_every == 0 and done < tcfg.steps:
+        run_probe(done)
       if tcfg.eval_every and done % tcfg.eval_every == 0 and done < tcfg.steps:
         result = run_evaluation(ctx, state.params, done, str(done), stage_dir)
         writer.write(done, {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
@@ -392,6 +403,7 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
                      f"{int(jax.device_get(state.step))}; checkpoint saved, rerun to resume")
   if not run_checkpoints.all_finite(state):
     _stop_non_finite(stage, manager, "non-finite params / optimizer state at the export")
+  run_probe(int(jax.device_get(state.step)))
   export = os.path.join(stage_dir, "export")
   params = model_sharding.host_arrays(state.params)  # a collective: every process gathers
   final_step = int(jax.device_get(state.step))

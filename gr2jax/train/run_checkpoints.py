@@ -45,6 +45,7 @@ from gr2jax.train.state import TrainState
 # chunks recompute the same values).
 RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.keep",
                "config.train.async_save", "config.train.eval_every", "config.train.micro_batches",
+               "config.train.probe_prompts", "config.train.probe_every",
                "config.model.remat", "config.model.attention_chunk_bytes",
                "config.decode.eval_tau")  # evaluation-only: a resume may change it
 RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")

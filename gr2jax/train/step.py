@@ -64,7 +64,8 @@ def micro_batch(parts: Batch, m: jax.Array) -> Batch:
                       parts)
 
 
-def accumulate(loss_fn: LossFn, params: dict, batch: Batch, key: jax.Array, micro_batches: int):
+def accumulate(loss_fn: LossFn, params: dict, batch: Batch, key: jax.Array, micro_batches: int,
+               *, grads: bool = True):
   """Sums (loss_sum, weight, aux, grad of loss_sum) over micro-batches.
 
   Args:
@@ -73,16 +74,21 @@ def accumulate(loss_fn: LossFn, params: dict, batch: Batch, key: jax.Array, micr
     batch: the step's batch, leaves [B, ...].
     key: the step's PRNG key (micro-batch m uses fold_in(key, m)).
     micro_batches: M, dividing B.
+    grads: False: the loss alone, no gradient (the held-out probe, train/probe.py).
 
   Returns:
-    (loss_sum, weight, aux, grads in fp32), all summed, nothing normalised.
+    (loss_sum, weight, aux, grads in fp32), all summed, nothing normalised; without grads
+    (loss_sum, weight, aux).
   """
   def one(mb, m):
     def f(p):
       total, weight, aux = loss_fn(p, mb, jax.random.fold_in(key, m))
       return total, (weight, aux)
-    (total, (weight, aux)), grads = jax.value_and_grad(f, has_aux=True)(params)
-    return total, weight, aux, fp32(grads)  # summed in fp32 (bf16 sums lose precision)
+    if not grads:
+      total, (weight, aux) = f(params)
+      return total, weight, aux
+    (total, (weight, aux)), g = jax.value_and_grad(f, has_aux=True)(params)
+    return total, weight, aux, fp32(g)  # summed in fp32 (bf16 sums lose precision)
 
   if micro_batches == 1:
     return one(batch, 0)
