@@ -242,8 +242,12 @@ def _opd() -> ml_collections.ConfigDict:
     context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
     #                         canvas when t was committed) | 'left_clean' (the paper's (P, o_<t):
     #                         o_<t clean, the rest masked; B - 1 replay rounds); train/opd.py
-    teacher_dtype="float32"))  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
-  #                              'bfloat16' (half the memory; the loss reads f32)
+    teacher_dtype="float32",  # storage of the cached teacher log-probs [B, M, V]: 'float32' |
+    #                           'bfloat16' (half the memory; the loss reads f32)
+    objective="kl",  # 'kl': the forward KL to AR GR2 on the student's rollouts (the paper's);
+    #                  'self': CFT's loss on the model's own valid slow-decode answers
+    #                  (train/self_distill.py; a latency lever, no teacher read)
+    certainty=0.0))  # 'self': the certainty-forcing weight (dParallel: 2; 0 = off)
   s.train.micro_batches = 4  # rollout rows per micro-batch bound the replay's memory
   return s
 

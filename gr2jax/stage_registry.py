@@ -15,10 +15,10 @@ values (gr2jax/recipes.py, whose `STAGE_VALUES` holds each stage's values per sc
 config_checks.py checks the rows of a step, experiments/run.py and experiments/plan.py take
 their stages from it, and gr2jax/train/stages.py keys its trainers by the same names.
 
-A settings class's fields carry their bounds (`integer`, `real`, `flag`, `text` below); its
-`__post_init__` checks them with gr2jax/model/validate.py's scalar checks, so a typed block is
-valid once built. A bad value is a ValueError naming the field (`group_size=0 must be >= 2`;
-recipe.from_config prefixes `stages.<stage>.<block>.`).
+A settings class's fields carry their bounds (`integer`, `real`, `flag`, `choice`, `text`
+below); its `__post_init__` checks them with gr2jax/model/validate.py's scalar checks, so a
+typed block is valid once built. A bad value is a ValueError naming the field (`group_size=0
+must be >= 2`; recipe.from_config prefixes `stages.<stage>.<block>.`).
 """
 
 import dataclasses
@@ -42,6 +42,12 @@ def real(**bounds):
 def flag():
   """A field holding a bool."""
   return dataclasses.field(metadata={"check": validate.boolean})
+
+
+def choice(*choices: str):
+  """A field holding one of `choices`."""
+  return dataclasses.field(metadata={"check": functools.partial(validate.one_of,
+                                                                choices=choices)})
 
 
 def text(default: str | None = None):
@@ -103,10 +109,15 @@ class CFTSettings(Settings):
 @dataclasses.dataclass(frozen=True)
 class OPDSettings(Settings):
   """OPD (train/opd.py): G' student trajectories per prompt, the student's context, the cached
-  teacher log-probs' dtype; `teacher` is derived (the teacher stage's export, stage_config)."""
+  teacher log-probs' dtype, the objective ('kl': the forward KL to the AR teacher on the
+  student's rollouts; 'self': the model's own valid slow-decode answers, train/self_distill.py)
+  and its certainty-forcing weight; `teacher` is derived (the teacher stage's export,
+  stage_config)."""
   group_size: int = integer(1)
   context: str = text()
   teacher_dtype: str = text()
+  objective: str = choice("kl", "self")
+  certainty: float = real(low=0.0)
   teacher: str = text(default="")
 
 

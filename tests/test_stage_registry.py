@@ -22,13 +22,13 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("97148c6baeaf02f2", {
+  "tiny": ("3aa077c0349bb931", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
     "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
-  "smoke": ("659298822e601d10", {
+  "smoke": ("513f857854383017", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("e0cf8752df41009d", {
+  "qwen3_8b": ("fd3ce494993e1fd7", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
@@ -42,7 +42,7 @@ BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<b
   "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "speed_weight", "temperature",
                    "valid_weight")),
   "cft": ("cft", ("complementary", "eps", "rate_power")),
-  "opd": ("opd", ("context", "group_size", "teacher_dtype")),
+  "opd": ("opd", ("certainty", "context", "group_size", "objective", "teacher_dtype")),
   "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "speed_weight",
                 "temperature", "valid_weight")),
 }

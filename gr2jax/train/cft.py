@@ -27,6 +27,13 @@ weights, 3 epochs, B = 32) but not the masking schedule; ours, after Fast-dLLM v
   - Log-probs through `commit.token_log_probs` (mask token suppressed, temperature 1): training,
     decoding and replay share one distribution.
 
+Certainty forcing (optional, `certainty` > 0; dParallel, arXiv 2509.26488): the loss adds
+certainty * sum_j w_j H(softmax(log p_j / 0.5)) over the masked (non-seed) supervised tokens the
+model already predicts right (arg-max = token): it sharpens what is already right, so a
+threshold decoder commits it sooner, and leaves wrong predictions to the cross-entropy. The
+self-distillation objective trains it on the model's own slow-decode answers
+(train/self_distill.py).
+
 Normalisation (our choice; the paper is silent): the plain weighted mean over supervised
 tokens, loss = sum_j w_j * nll_j / sum_j w_j with w_j = lambda_r on reasoning, lambda_o on answer
 tokens (`Batch.response_weights`), no 1/t weighting (Fast-dLLM v2; SDAR / BD3-LM use 1/t). With
@@ -145,7 +152,25 @@ def cft_targets(config: ModelConfig, batch: Batch, noisy: jax.Array):
   return queries, (seed | masked) & real, seed
 
 
-def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig):
+# dParallel's certainty temperature: the entropy is that of softmax(log p / 0.5).
+CERTAINTY_TEMPERATURE = 0.5
+
+
+def certainty_entropy(log_probs: jax.Array) -> jax.Array:
+  """H(softmax(log_probs / CERTAINTY_TEMPERATURE)) per position (module docstring).
+
+  Args:
+    log_probs: [..., V] f32 log-probs (the mask token at -inf).
+
+  Returns:
+    [...] f32 entropies (a -inf column counts 0).
+  """
+  sharp = jax.nn.log_softmax(log_probs / CERTAINTY_TEMPERATURE, axis=-1)
+  return -jnp.sum(jnp.where(jnp.isfinite(sharp), jnp.exp(sharp) * sharp, 0.0), axis=-1)
+
+
+def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig,
+                        certainty: float = 0.0):
   """CFT loss under given noisy streams (module docstring), as (sum, weight, aux sums).
 
   Args:
@@ -154,11 +179,13 @@ def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config:
       [B], response_weights [B, M] f32 (lambda_r / lambda_o, 0 on padding), example_mask [B].
     noisy: [B, K, M] bool.
     config: the model.
+    certainty: the certainty-forcing weight (module docstring; 0 = off).
 
   Returns:
-    (loss_sum = sum_j w_j nll_j over supervised tokens, weight = sum_j w_j over them,
-     aux {'seed_nll', 'noisy_nll', 'accuracy'}: the same weighted sums split by where the token
-     is read, and sum_j w_j [arg-max == token]).
+    (loss_sum = sum_j w_j nll_j over supervised tokens (+ the certainty term), weight = sum_j
+     w_j over them, aux {'seed_nll', 'noisy_nll', 'accuracy'}: the same weighted sums split by
+     where the token is read, and sum_j w_j [arg-max == token]; with certainty, 'certainty':
+     sum_j w_j H_j over the masked tokens predicted right).
   """
   inputs = cft_inputs(config, batch, noisy)
   queries, supervised, seed = cft_targets(config, batch, noisy)
@@ -173,7 +200,11 @@ def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config:
     "noisy_nll": jnp.sum(jnp.where(seed, 0.0, nll)),
     "accuracy": jnp.sum(correct * w),
   }
-  return jnp.sum(nll), jnp.sum(w), aux
+  if not certainty:
+    return jnp.sum(nll), jnp.sum(w), aux
+  entropy = jnp.sum(jnp.where(correct & ~seed, certainty_entropy(full), 0.0) * w)
+  aux["certainty"] = entropy
+  return jnp.sum(nll) + certainty * entropy, jnp.sum(w), aux
 
 
 def cft_loss(
@@ -185,6 +216,7 @@ def cft_loss(
   eps: float = EPS,
   complementary: bool = True,
   rate_power: float = 1.0,
+  certainty: float = 0.0,
 ):
   """The CFT loss of a training batch (train-step contract: bind config with functools.partial).
 
@@ -196,6 +228,7 @@ def cft_loss(
     eps: lower bound of the per-block masking rate.
     complementary: train the inverted copy too.
     rate_power: the masking-rate distribution (sample_noisy; 1 = uniform).
+    certainty: the certainty-forcing weight (module docstring; 0 = off).
 
   Returns:
     (loss_sum f32[], weight f32[], aux dict of f32[] sums); loss = loss_sum / weight.
@@ -205,4 +238,4 @@ def cft_loss(
     width=batch.response_tokens.shape[1], block_size=config.block_size, eps=eps,
     complementary=complementary, rate_power=rate_power,
   )
-  return cft_loss_from_noisy(params, batch, noisy, config=config)
+  return cft_loss_from_noisy(params, batch, noisy, config=config, certainty=certainty)

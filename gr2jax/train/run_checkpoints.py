@@ -60,7 +60,8 @@ RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
 ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
                     "cft.pivot_align": False, "cft.answer_pair": False,  # both retired
                     "rl.temperature": 1.0, "rl.rollout_tau": 0.9,
-                    "rl.valid_weight": 0.0, "rl.speed_weight": 0.0}
+                    "rl.valid_weight": 0.0, "rl.speed_weight": 0.0,
+                    "opd.objective": "kl", "opd.certainty": 0.0}
 
 
 class RunChangedError(ValueError):

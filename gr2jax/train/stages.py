@@ -4,7 +4,9 @@ Stage values for the one loop (gr2jax/train/loop.py).
   sft    GR2 SFT: decoupled lambda_r / lambda_o cross-entropy (train/sft.py)
   ar_rl  GR2 GRPO on AR rollouts (train/rl.py), from the SFT export
   cft    masked-diffusion fine-tuning (train/cft.py), from the AR GR2 export converted to B
-  opd    on-policy distillation from the frozen AR GR2 (train/opd.py), from the CFT export
+  opd    on-policy distillation from the frozen AR GR2 (train/opd.py), from the CFT export; or
+         (opd.objective 'self') CFT's loss on the model's own valid slow-decode answers
+         (train/self_distill.py)
   rl     trace-replay GRPO (train/rl.py), from the OPD export
 
 A trainer is a loss builder and, for an on-policy stage, a prepare builder (`Trainer`); each
@@ -22,7 +24,7 @@ import functools
 from collections.abc import Callable
 
 from gr2jax import load, stage_registry
-from gr2jax.train import cft, opd, rl, rollouts, sft
+from gr2jax.train import cft, opd, rl, rollouts, self_distill, sft
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import rollout as rollout_lib
 from gr2jax.train.loop import Context, Stage
@@ -73,11 +75,17 @@ def _cft_loss(ctx: Context) -> Loss:
 
 
 def _opd_loss(ctx: Context) -> Loss:
+  if ctx.config.settings.objective == "self":  # CFT's loss on its own answers
+    return Loss(functools.partial(cft.cft_loss, config=ctx.model_config,
+                                  certainty=ctx.config.settings.certainty), cft.FIELDS)
   rollout = _rollout(ctx)
   return Loss(functools.partial(opd.opd_loss, rollout=rollout), opd.fields(rollout))
 
 
 def _opd_prepare(ctx: Context):
+  if ctx.config.settings.objective == "self":
+    return self_distill.targets(_rollout(ctx).policy, ctx.tokenizer, ctx.train.labels,
+                                pad_id=ctx.model_config.pad_token_id)
   dtype = opd.teacher_dtype(ctx.config.settings.teacher_dtype)  # checked before loading
   context = opd.check_context(ctx.config.settings.context)
   teacher_config, teacher_params = load.load_model(ctx.config.settings.teacher)

@@ -198,3 +198,26 @@ def test_rate_power_shifts_the_masking_rate():
   assert mean_rate(3.0) > 0.65 and mean_rate(1 / 3) < 0.35 and 0.4 < mean_rate(1.0) < 0.6
   with pytest.raises(ValueError, match="rate_power=0.0 must be > 0"):
     cft.sample_noisy(jax.random.key(0), lengths, width=12, block_size=B, rate_power=0.0)
+
+
+def test_certainty_term_is_the_entropy_of_the_masked_tokens_predicted_right(params):
+  """certainty > 0 adds w * H(softmax(log p / 0.5)) over the masked (non-seed), right-predicted
+  supervised tokens; 0 leaves the loss as it was. With a zero output layer every logit ties, the
+  arg-max is token 0 and H = log(63) (the mask token removed): responses of token 0 are all
+  predicted right."""
+  batch = _batch()
+  noisy = _sample(jax.random.key(3), jnp.asarray(RESPONSE_LENGTHS), width=12, block_size=B)
+  plain = cft.cft_loss_from_noisy(params, batch, noisy, config=CONFIG)
+  off = cft.cft_loss_from_noisy(params, batch, noisy, config=CONFIG, certainty=0.0)
+  assert float(off[0]) == float(plain[0]) and "certainty" not in off[2]
+  flat = dict(params, lm_head=jnp.zeros_like(params["lm_head"]))
+  zeros = batch.replace(response_tokens=np.zeros_like(batch.response_tokens))
+  loss, weight, aux = cft.cft_loss_from_noisy(flat, zeros, noisy, config=CONFIG, certainty=2.0)
+  base = cft.cft_loss_from_noisy(flat, zeros, noisy, config=CONFIG)
+  queries, supervised, seed = _targets(CONFIG, zeros, noisy)
+  masked_w = np.sum(np.where(np.asarray(supervised & ~seed), zeros.response_weights, 0.0))
+  np.testing.assert_allclose(aux["certainty"], np.log(63) * masked_w, rtol=1e-5)
+  np.testing.assert_allclose(loss, base[0] + 2.0 * aux["certainty"], rtol=1e-6)
+  np.testing.assert_allclose(weight, base[1])
+  logp = jnp.log(jnp.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))
+  np.testing.assert_allclose(cft.certainty_entropy(logp), [np.log(2), 0.0], atol=1e-6)
