@@ -36,7 +36,7 @@ import numpy as np
 
 from gr2jax.decoding import policy
 from gr2jax.diffusion import layout, speculative
-from gr2jax.model import masks
+from gr2jax.model import masks, validate
 from gr2jax.model.config import ModelConfig
 
 TOLERANCE = 2.0**-6  # e: a flip within e * max|l_j| is a near-tie (module docstring)
@@ -83,26 +83,44 @@ def teacher_forced_check(params: dict, config: ModelConfig, prompt_tokens, promp
       param_dtype and compute_dtype 'bfloat16').
     config: the model whose greedy decode `tokens` claims to be (an AR model: block_size 1).
     prompt_tokens: [B, P] int right-padded prompts, the decode's batch.
-    prompt_lengths: [B] int.
-    tokens: [B, M] int the committed tokens (anything after `lengths`).
-    lengths: [B] int tokens per row.
+    prompt_lengths: [B] int in 1..P.
+    tokens: [B, M] int the committed tokens (anything in the vocab after `lengths`).
+    lengths: [B] int in 0..M, tokens per row.
 
   Returns:
     Check (numpy).
 
   Raises:
-    ValueError: `config` is not an AR model (block_size != 1).
+    TypeError / ValueError starting with `teacher_forced_check` and naming the argument, as the
+      decoders check theirs (gr2jax/model/validate.py): a config that is not a ModelConfig;
+      prompts (validate.prompts); tokens or lengths that are not integer arrays, rows other
+      than the prompts', ids outside [0, V), lengths outside 0..M (validate.responses); a
+      config that is not an AR model (block_size != 1).
   """
-  out = _check(params, config, jnp.asarray(prompt_tokens, jnp.int32),
-               jnp.asarray(prompt_lengths, jnp.int32), jnp.asarray(tokens, jnp.int32),
-               jnp.asarray(lengths, jnp.int32))
+  where = "teacher_forced_check"
+  if not isinstance(config, ModelConfig):
+    raise TypeError(f"{where}: config must be a ModelConfig, got {type(config).__name__}")
+  prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
+  tokens, lengths = validate.responses(where, tokens, lengths, rows=prompt_tokens.shape[0],
+                                       vocab_size=config.vocab_size)
+  out = _check(params, config, prompt_tokens, prompt_lengths, jnp.asarray(tokens),
+               jnp.asarray(lengths))
   return Check(*(np.asarray(x) for x in out))
 
 
 def summary(check: Check, tolerance: float = TOLERANCE) -> dict:
   """The check in numbers: {'positions', 'flips', 'flip_rate', 'max_flip_margin' and
   'max_flip_relative' (margin / scale; None without a flip), 'tolerance', 'beyond_tolerance'
-  (flips with margin > tolerance * scale: 0 for an exact decode)}."""
+  (flips with margin > tolerance * scale: 0 for an exact decode)}.
+
+  Raises:
+    TypeError: check is not a Check (teacher_forced_check's). ValueError / TypeError: tolerance
+      is not a finite real >= 0 (validate.real).
+  """
+  if not isinstance(check, Check):
+    raise TypeError(f"summary: check must be an exactness.Check (teacher_forced_check's), got "
+                    f"{type(check).__name__}")
+  tolerance = validate.real("summary", "tolerance", tolerance, low=0)
   margins, scales = check.margin[check.flipped], check.scale[check.flipped]
   positions = int(check.valid.sum())
   top = lambda x: float(x.max()) if x.size else None
@@ -115,12 +133,22 @@ def summary(check: Check, tolerance: float = TOLERANCE) -> dict:
 def differences(tokens, lengths, reference, reference_lengths) -> dict:
   """How two decodes of the same prompts differ (e.g. a prompt at batch 16 against batch 1):
   {'rows', 'rows_differing', 'positions_differing' (slots where either row has a token and they
-  differ), 'first_index' (per differing row, its first differing slot)}."""
-  tokens, reference = np.asarray(tokens), np.asarray(reference)
+  differ), 'first_index' (per differing row, its first differing slot)}.
+
+  Raises:
+    TypeError / ValueError starting with `differences` and naming the argument: tokens [B, M]
+      and reference [B, M'] that are not integer arrays or have other row counts; lengths
+      outside 0..M (reference_lengths 0..M') (validate.responses).
+  """
+  tokens, lengths = validate.responses("differences", tokens, lengths)
+  reference, reference_lengths = validate.responses(
+    "differences", reference, reference_lengths, rows=tokens.shape[0],
+    names=("reference", "reference_lengths"))
   n = max(tokens.shape[1], reference.shape[1])
-  pad = lambda x, lens: np.where(np.arange(n) < np.asarray(lens)[:, None],
-                                 np.pad(x, ((0, 0), (0, n - x.shape[1]))), -1)
-  differ = pad(tokens, lengths) != pad(reference, reference_lengths)  # [B, N]
+  slots = np.arange(n)[None, :]
+  width = lambda x: np.pad(x, ((0, 0), (0, n - x.shape[1])))
+  mine, theirs = slots < lengths[:, None], slots < reference_lengths[:, None]  # [B, N]
+  differ = (mine != theirs) | (mine & theirs & (width(tokens) != width(reference)))
   rows = np.flatnonzero(differ.any(axis=1))
   return {"rows": int(tokens.shape[0]), "rows_differing": int(rows.size),
           "positions_differing": int(differ.sum()),

@@ -544,8 +544,9 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
     TypeError / ValueError starting with `where`, naming the argument: prompts or lengths
       (validate.prompts), decoding that is not a BlockDecoding (its fields are checked when it
       is built), a missing or out-of-vocab mask token, a stop id that is the mask token or
-      outside the vocab, a cache_size below P + blocks * B, no key when sampling or a key that
-      is not a PRNG key, malformed steering inputs.
+      outside the vocab, a cache_size below P + blocks * B, P + blocks * B (or cache_size) past
+      config.max_position_embeddings (decode_core.check_positions), no key when sampling or a
+      key that is not a PRNG key, malformed steering inputs.
   """
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
   stop, key = decode_core.check_call(where, decoding, BlockDecoding, config, key)
@@ -586,7 +587,7 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
                        f"max_new_tokens={max_new_tokens})]")
     response_prefix = (jnp.pad(given.astype(jnp.int32)[:, :r], ((0, 0), (0, max(r - f, 0)))),
                        given_lengths.astype(jnp.int32))
-  cache_size = needed if decoding.cache_size is None else decoding.cache_size
+  cache_size = decode_core.check_positions(where, config, p, max_new_tokens, decoding.cache_size)
   if cache_size < needed:
     raise ValueError(f"{where}: cache_size={cache_size} < P + blocks*B={needed}")
   traced = _Traced(

@@ -511,11 +511,15 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
 # ---- the entry points ----------------------------------------------------------------------
 
 
-def cache_slots(config_d: ModelConfig, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+def cache_slots(where: str, config_v: ModelConfig, config_d: ModelConfig, prompt_len: int,
+                max_new_tokens: int) -> tuple[int, int]:
   """(verifier, drafter) cache slots: P + N as `generate` (verify writes past it are dropped;
-  every accepted token fits), P + whole drafter blocks as block_diffusion_generate."""
-  b = config_d.block_size
-  return prompt_len + max_new_tokens, prompt_len + decode_core.padded_width(max_new_tokens, b)
+  every accepted token fits), P + whole drafter blocks as block_diffusion_generate; each within
+  its model's positions (decode_core.check_positions)."""
+  return (decode_core.check_positions(where, config_v, prompt_len, max_new_tokens,
+                                      model="the verifier"),
+          decode_core.check_positions(where, config_d, prompt_len, max_new_tokens,
+                                      model="the drafter"))
 
 
 def _as_model(where: str, name: str, model) -> Model:
@@ -581,7 +585,8 @@ def check_inputs(where, drafter, verifier, prompts, decoding, key=None) -> Check
                                                    prompt_lengths)
   return Checked(drafter, verifier, prompt_tokens, prompt_lengths, key,
                  decode_core.stop_id_array(stop),
-                 cache_slots(drafter.config, prompt_tokens.shape[1], decoding.max_new_tokens))
+                 cache_slots(where, verifier.config, drafter.config, prompt_tokens.shape[1],
+                             decoding.max_new_tokens))
 
 
 def _generate(where, drafter, verifier, prompt_tokens, prompt_lengths, decoding, key):
@@ -622,7 +627,8 @@ def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Arr
       a verifier with block_size > 1, different vocab / eos / pad ids, K > B, decoding that is
       not a DraftDecoding (its fields, sampling with a multi-step 'confidence' draft included,
       are checked when it is built), prompts and lengths as `generate`, stop ids outside the
-      vocab, no key when sampling or a key that is not a PRNG key.
+      vocab, no key when sampling or a key that is not a PRNG key, P + max_new_tokens past
+      either model's max_position_embeddings (decode_core.check_positions).
   """
   return _generate("speculative_generate", drafter, verifier, prompt_tokens, prompt_lengths,
                    decoding, key)[0]

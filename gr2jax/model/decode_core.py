@@ -115,6 +115,57 @@ def padded_width(length: int, block_size: int) -> int:
   return -(-length // block_size) * block_size
 
 
+def slots_needed(config: ModelConfig, prompt_width: int, max_new_tokens: int) -> int:
+  """P + N in whole blocks of config.block_size: the cache slots (positions) a decode of N new
+  tokens after prompts of width P uses by default (AR, block_size 1: P + N)."""
+  return prompt_width + padded_width(max_new_tokens, config.block_size)
+
+
+def most_new_tokens(config: ModelConfig, prompt_width: int) -> int:
+  """The largest N whose slots_needed fits config.max_position_embeddings (< 1: none fits)."""
+  b = config.block_size
+  return (config.max_position_embeddings - prompt_width) // b * b
+
+
+def check_positions(where: str, config: ModelConfig, prompt_width: int, max_new_tokens: int,
+                    cache_size: int | None = None, model: str = "the model") -> int:
+  """The cache slots per row of a decode, checked against the model's positions before
+  anything is traced (init_cache's own check would name neither the decoder nor N).
+
+  Args:
+    where: the decoder's name, starting the message.
+    config: the model whose cache it is.
+    prompt_width: P.
+    max_new_tokens: N.
+    cache_size: the decoding's explicit cache_size, or None for slots_needed.
+    model: how the message names the model ('the drafter' / 'the verifier' of a pair).
+
+  Returns:
+    cache_size, else slots_needed(config, P, N).
+
+  Raises:
+    ValueError: more slots than config.max_position_embeddings, naming max_new_tokens and P
+      with the largest N that fits (or cache_size, when given).
+  """
+  m = config.max_position_embeddings
+  if cache_size is not None:
+    if cache_size > m:
+      raise ValueError(f"{where}: cache_size={cache_size} exceeds the {m} positions {model} has "
+                       "(max_position_embeddings)")
+    return cache_size
+  need = slots_needed(config, prompt_width, max_new_tokens)
+  if need > m:
+    p, n, b = prompt_width, max_new_tokens, config.block_size
+    total = (f"{p} + {n}" if n % b == 0 else
+             f"{p} + {need - p} ({n} in whole blocks of {b})")
+    most = most_new_tokens(config, p)
+    fix = (f"max_new_tokens <= {most} fits" if most >= 1 else
+           f"prompts of width {p} leave no room")
+    raise ValueError(f"{where}: max_new_tokens={n} with prompts of width {p} needs {total} = "
+                     f"{need} positions; {model} has {m} (max_position_embeddings): {fix}")
+  return need
+
+
 def write_rows(buf: jax.Array, block: jax.Array, start: jax.Array) -> jax.Array:
   """buf [B, R] with block [B, W] written into row b from start[b] (clamped as
   lax.dynamic_update_slice clamps)."""

@@ -207,8 +207,10 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
   Raises:
     TypeError / ValueError naming the argument, before anything is traced: prompts that are not
       [B, P] integers in [0, V), lengths outside 1..P, decoding that is not an ARDecoding (its
-      own fields are checked when it is built), a cache_size below P + N - 1, top_k > V, a key
-      that is not a PRNG key, stop ids (decoding's or config.eos_token_ids) outside [0, V).
+      own fields are checked when it is built), a cache_size below P + N - 1, P + N (or
+      cache_size) past config.max_position_embeddings (decode_core.check_positions), top_k > V,
+      a key that is not a PRNG key, stop ids (decoding's or config.eos_token_ids) outside
+      [0, V).
   """
   where = "generate"
   prompt_tokens, prompt_lengths = validate.prompts(where, config, prompt_tokens, prompt_lengths)
@@ -218,7 +220,7 @@ def generate(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
   if decoding.top_k > config.vocab_size:
     raise ValueError(f"generate: decoding.top_k={decoding.top_k} exceeds the vocab size "
                      f"{config.vocab_size}")
-  cache_size = p + n if decoding.cache_size is None else decoding.cache_size
+  cache_size = decode_core.check_positions(where, config, p, n, decoding.cache_size)
   if cache_size < p + n - 1:
     raise ValueError(f"generate: cache_size={cache_size} < prompt {p} + max_new_tokens {n} - 1")
   params = layer_list(params)

@@ -251,3 +251,32 @@ def prompts(where: str, config, tokens, lengths) -> tuple[jax.Array, jax.Array]:
   lengths = integer_array(where, "prompt_lengths", lengths, shape=(b,))
   check_range(where, "prompt_lengths", lengths, 1, p + 1)
   return jnp.asarray(tokens, jnp.int32), jnp.asarray(lengths, jnp.int32)
+
+
+def responses(where: str, tokens, lengths, *, rows: int | None = None,
+              vocab_size: int | None = None,
+              names: tuple[str, str] = ("tokens", "lengths")) -> tuple[np.ndarray, np.ndarray]:
+  """Right-padded responses [B, M] and their lengths [B] in 0..M (an empty response counts
+  nothing), as numpy arrays: lengths int32, tokens int32 when vocab_size is given (else their
+  own integer dtype). Concrete values: a decode's output, not a tracer.
+
+  Args:
+    where: the entry point.
+    tokens: [B, M] responses (any id after a row's length, in the vocab).
+    lengths: [B] tokens per row.
+    rows: the B the responses must have (e.g. the prompts'), or None.
+    vocab_size: the ids must be in [0, vocab_size); None: any integer.
+    names: the arguments' names, for the messages.
+
+  Raises:
+    TypeError / ValueError naming the argument: not integer arrays, a wrong rank or row count,
+      an id outside the vocab, a length outside 0..M.
+  """
+  tokens = integer_array(where, names[0], tokens, shape=(rows, None))
+  if vocab_size is not None:
+    check_range(where, names[0], tokens, 0, vocab_size, "the vocab")
+  b, m = tokens.shape
+  lengths = integer_array(where, names[1], lengths, shape=(b,))
+  check_range(where, names[1], lengths, 0, m + 1)
+  return (np.asarray(tokens, None if vocab_size is None else np.int32),
+          np.asarray(lengths, np.int32))

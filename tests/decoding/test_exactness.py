@@ -74,3 +74,89 @@ def test_differences_count_rows_and_slots_inside_either_length():
   d = exactness.differences(tokens, [3, 4], reference, [4, 4])
   assert d == {"rows": 2, "rows_differing": 2, "positions_differing": 2, "first_index": [3, 1]}
   assert exactness.differences(tokens, [3, 4], tokens, [3, 4])["rows_differing"] == 0
+
+
+def _good_inputs(decoded):
+  params, tokens, lengths = decoded
+  return dict(prompt_tokens=BATCH.prompt_tokens, prompt_lengths=BATCH.prompt_lengths,
+              tokens=tokens, lengths=lengths), params
+
+
+BAD_CHECKS = [  # argument -> its bad value (from the good inputs), error, message
+  ("lengths", lambda g: np.array([-1, 3]), ValueError,
+   r"^teacher_forced_check: lengths\[0\] = -1 is outside \[0, 10\]$"),
+  ("lengths", lambda g: np.array([3, N + 1]), ValueError,
+   r"^teacher_forced_check: lengths\[1\] = 11 is outside \[0, 10\]$"),
+  ("lengths", lambda g: np.array([3.0, 4.0]), TypeError,
+   "^teacher_forced_check: lengths must be an integer array, got dtype float64$"),
+  ("tokens", lambda g: np.where(np.arange(N) == 2, AR.vocab_size, g["tokens"]), ValueError,
+   r"^teacher_forced_check: tokens\[0, 2\] = 64 is outside the vocab \[0, 63\]$"),
+  ("tokens", lambda g: np.where(np.arange(N) == 1, -1, g["tokens"]), ValueError,
+   r"^teacher_forced_check: tokens\[0, 1\] = -1 is outside the vocab \[0, 63\]$"),
+  ("tokens", lambda g: g["tokens"] + 0.7, TypeError,
+   "^teacher_forced_check: tokens must be an integer array, got dtype float"),
+  ("tokens", lambda g: g["tokens"][:1], ValueError,
+   r"^teacher_forced_check: tokens has shape \(1, 10\), expected \(2, \?\)$"),
+  ("tokens", lambda g: g["tokens"][0], ValueError,
+   r"^teacher_forced_check: tokens must have shape \(2, \?\), got shape \(10,\)$"),
+  ("lengths", lambda g: np.array([3, 4, 5]), ValueError,
+   r"^teacher_forced_check: lengths has shape \(3,\), expected \(2,\)$"),
+  ("prompt_lengths", lambda g: np.array([0, 3]), ValueError,
+   r"^teacher_forced_check: prompt_lengths\[0\] = 0 is outside \[1, 6\]$"),
+  ("prompt_tokens", lambda g: g["prompt_tokens"][:, :, None], ValueError,
+   "^teacher_forced_check: prompt_tokens must have rank 2"),
+]
+
+
+@pytest.mark.parametrize("name, bad, error, match", BAD_CHECKS)
+def test_the_check_refuses_input_it_cannot_judge_naming_the_argument(decoded, name, bad, error,
+                                                                     match):
+  """Each was judged before: negative lengths as '0 positions, exact', an out-of-vocab id as a
+  NaN margin within tolerance (a negative one wrapped), float tokens truncated, other rows
+  broadcast or a raw array error."""
+  good, params = _good_inputs(decoded)
+  with pytest.raises(error, match=match):
+    exactness.teacher_forced_check(params, AR, **(good | {name: bad(good)}))
+
+
+@pytest.mark.parametrize("tolerance, error, match", [
+  (float("nan"), ValueError, "^summary: tolerance=nan must be finite$"),
+  (float("inf"), ValueError, "^summary: tolerance=inf must be finite$"),
+  (-0.01, ValueError, "^summary: tolerance=-0.01 must be >= 0$"),
+  ("0.1", TypeError, "^summary: tolerance must be a real number, got str '0.1'$"),
+])
+def test_summary_refuses_a_tolerance_that_is_not_finite_and_non_negative(decoded, tolerance,
+                                                                         error, match):
+  """A NaN tolerance reported every flip within tolerance (margin > NaN is False)."""
+  params, tokens, lengths = decoded
+  check = exactness.teacher_forced_check(params, AR, BATCH.prompt_tokens, BATCH.prompt_lengths,
+                                         tokens, lengths)
+  with pytest.raises(error, match=match):
+    exactness.summary(check, tolerance)
+  with pytest.raises(TypeError, match="^summary: check must be an exactness.Check"):
+    exactness.summary(check._asdict())
+
+
+@pytest.mark.parametrize("args, error, match", [
+  ((np.ones((2, 4), int), [3, 4], np.ones((1, 4), int), [4]), ValueError,
+   r"^differences: reference has shape \(1, 4\), expected \(2, \?\)$"),
+  ((np.ones((2, 4), int), [3, 4], np.ones((2, 4), int), [4]), ValueError,
+   r"^differences: reference_lengths has shape \(1,\), expected \(2,\)$"),
+  ((np.ones((2, 4)), [3, 4], np.ones((2, 4), int), [4, 4]), TypeError,
+   "^differences: tokens must be an integer array, got dtype float64$"),
+  ((np.ones((2, 4), int), [-1, 4], np.ones((2, 4), int), [4, 4]), ValueError,
+   r"^differences: lengths\[0\] = -1 is outside \[0, 4\]$"),
+  ((np.ones((2, 4), int), [3, 4], np.ones((2, 4), int), [4, 5]), ValueError,
+   r"^differences: reference_lengths\[1\] = 5 is outside \[0, 4\]$"),
+])
+def test_differences_refuse_rows_that_do_not_pair_up(args, error, match):
+  """Other row counts broadcast (a [1, M] reference against every row) or failed with a raw
+  numpy error; lengths past the width counted padding."""
+  with pytest.raises(error, match=match):
+    exactness.differences(*args)
+
+
+def test_differences_do_not_read_a_negative_id_as_padding():
+  """A token inside one row's length differs from the other row's empty slot whatever its id."""
+  d = exactness.differences(np.array([[5, -1]]), [2], np.array([[5, 0]]), [1])
+  assert (d["positions_differing"], d["first_index"]) == (1, [1])

@@ -84,6 +84,24 @@ def test_scalar_checks_return_the_value_inside_the_bounds():
   validate.boolean("f", "b", False)
 
 
+def test_responses_are_integer_rows_with_lengths_in_0_to_m():
+  tokens, lengths = validate.responses("f", np.array([[1, 2, 0], [3, 0, 0]]), [3, 0], rows=2,
+                                       vocab_size=16)
+  assert tokens.dtype == lengths.dtype == np.int32 and lengths.tolist() == [3, 0]
+  for args, kwargs, error, match in [
+    ((TOKENS, [3, 4]), {}, ValueError, r"^f: lengths\[1\] = 4 is outside \[0, 3\]$"),
+    ((TOKENS, [3, 3]), dict(rows=3), ValueError,
+     r"^f: tokens has shape \(2, 3\), expected \(3, \?\)$"),
+    ((TOKENS, [3]), {}, ValueError, r"^f: lengths has shape \(1,\), expected \(2,\)$"),
+    ((TOKENS * 4, [3, 3]), dict(vocab_size=16), ValueError,
+     r"^f: tokens\[1, 0\] = 16 is outside the vocab \[0, 15\]$"),
+    ((TOKENS * 1.0, [3, 3]), dict(names=("ref", "ref_lengths")), TypeError,
+     "^f: ref must be an integer array, got dtype float64$"),
+  ]:
+    with pytest.raises(error, match=match):
+      validate.responses("f", *args, **kwargs)
+
+
 def test_forward_checks(params):
   with pytest.raises(ValueError, match=r"forward: logits_at\[1, 0\] = 3 is outside \[0, 2\]"):
     qwen3.forward(params, CONFIG, TOKENS, logits_at=np.array([[0], [3]]))

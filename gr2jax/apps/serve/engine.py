@@ -27,12 +27,14 @@ import jax
 import numpy as np
 
 from gr2jax import exports
+from gr2jax import workdir as workdir_lib
 from gr2jax.apps.serve import auto
 from gr2jax.apps.serve import spec as spec_lib
 from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.model import decode_core
 
 _counts = {"compiles": 0, "cache_hits": 0}
 
@@ -82,6 +84,50 @@ InputError = requests_lib.RequestError  # a request the model cannot answer: kin
 #                                        or 'prompt_too_long') and the field at fault
 
 
+def _models(policy) -> list[tuple[str, object]]:
+  """(how a message names it, its ModelConfig) of each model a policy decodes with."""
+  if isinstance(policy, policy_lib.LosslessPolicy):
+    return [("the verifier", policy.verifier_config), ("the drafter", policy.config)]
+  return [("the model", policy.config)]
+
+
+def check_fits(decoders: dict, prompt_lengths: tuple[int, ...], build_width: int) -> None:
+  """The serve spec's prompt widths and response cap against the build and the models, before
+  anything compiles: a server that starts can answer the build's prompts.
+
+  Args:
+    decoders: the engine's decoders (name -> Reranker; each policy's models and response cap,
+      serve.max_new_tokens or the build's R).
+    prompt_lengths: the compiled prompt widths (serve.prompt_lengths, or the build's P).
+    build_width: the build's prompt width P (its longest prompt, data/lengths.py).
+
+  Raises:
+    ValueError: one line naming the field and the bound: serve.prompt_lengths whose widest is
+      below P (the build's longer prompts would fit no compiled width; below all of them,
+      /healthz said ready and every request got a 422 blaming its history), serve.max_new_tokens
+      whose response after the widest prompt needs more positions than a model has
+      (decode_core.slots_needed against max_position_embeddings), with the largest that fits.
+  """
+  widest = max(prompt_lengths)
+  if widest < build_width:
+    raise ValueError(f"serve.prompt_lengths={tuple(prompt_lengths)!r}: the widest, {widest}, is "
+                     f"shorter than the build's prompt width P={build_width} (its longest "
+                     "prompt), so the build's longer prompts would fit no compiled width: "
+                     f"include {build_width} (serve.prompt_lengths=() compiles P alone)")
+  models = [(name, config, r.policy.max_new_tokens) for r in decoders.values()
+            for name, config in _models(r.policy)]
+  for name, config, n in models:
+    need = decode_core.slots_needed(config, widest, n)
+    if need > config.max_position_embeddings:
+      most = min(decode_core.most_new_tokens(c, widest) for _, c, _ in models)
+      fix = (f"set serve.max_new_tokens <= {most}" if most >= 1 else
+             f"no response fits after {widest} tokens: lower serve.prompt_lengths")
+      raise ValueError(f"serve.max_new_tokens: a response cap of {n} tokens (0 = the build's R) "
+                       f"after prompts of width {widest} (serve.prompt_lengths) needs {need} "
+                       f"positions; {name} has {config.max_position_embeddings} "
+                       f"(max_position_embeddings): {fix}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Prepared:
   """A validated request, rendered and tokenized.
@@ -106,7 +152,8 @@ class Engine:
 
   Args:
     reranker: reranker.Reranker (the model's params and policy, tokenizer, rendering).
-    prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE.
+    prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE;
+      the widest at least the build's (check_fits).
     name: the model's name in answers.
     decoding: the decoder choice (auto.py): auto.Fixed() (the reranker's own decoder) or
       auto.Auto (a lossless reranker's exact decoders, chosen per bucket by a cost table).
@@ -121,6 +168,7 @@ class Engine:
     self.name = name
     self.decoding = decoding  # Auto: its costs replaced once settled (use_costs, settle)
     self.decoders = decoding.decoders(reranker)
+    check_fits(self.decoders, self.prompt_lengths, reranker.prompt_len)
     self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
@@ -133,14 +181,20 @@ class Engine:
       spec: the serve spec: its ckpt (the model export, AR or diffusion), prompt_lengths (() =
         the build's P, data/lengths.py), model_name ('' = from the export's metadata),
         items_file, max_new_tokens, verify_with (an AR export verifying ckpt's drafts: the
-        lossless mode) and decoding; '{workdir}' in its paths filled in with workdir.
+        lossless mode) and decoding; '{workdir}' in its paths filled in with workdir
+        (workdir.fill_path).
       workdir: the workdir of the data build (of an export without an inference bundle).
       data_config, decode: reranker.load_reranker's (the recipe's data build and decode spec).
+
+    Raises:
+      ValueError: reranker.load_reranker's; serve.prompt_lengths or serve.max_new_tokens the
+        build and the model cannot serve (check_fits), before anything compiles.
     """
-    ckpt = spec.ckpt.format(workdir=workdir)
+    ckpt = workdir_lib.fill_path(spec.ckpt, workdir)
     reranker = reranker_lib.load_reranker(
       ckpt, workdir=workdir, data_config=data_config, decode=decode, items=spec.items_file,
-      max_new_tokens=spec.max_new_tokens, verify_with=spec.verify_with.format(workdir=workdir))
+      max_new_tokens=spec.max_new_tokens,
+      verify_with=workdir_lib.fill_path(spec.verify_with, workdir))
     name = spec.model_name
     if not name:
       meta = exports.load_metadata(ckpt)

@@ -4,6 +4,11 @@ the config (`from_config`) and passed whole to the server (server.py) and the en
 gr2jax/recipes.py's `_serve_block` documents each field. The three fields serve.mode,
 serve.draft_ks and serve.cost_table become one typed decoder choice, `decoding`: auto.Fixed or
 auto.Auto (auto.py), which the engine asks which decoder serves a batch bucket.
+
+A field is checked here on its own; what depends on the model and its build is checked when the
+engine is built, before anything compiles (engine.check_fits): serve.prompt_lengths' widest
+must hold the build's prompt width P, and serve.max_new_tokens after it must fit every model's
+max_position_embeddings.
 """
 
 import dataclasses

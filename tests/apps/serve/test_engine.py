@@ -4,6 +4,7 @@ the evaluation's answers (all three through Reranker.answer)."""
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -13,9 +14,11 @@ from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
-from tests.apps.serve.toy_server import PROMPT_LEN, toy_engine
-from tests.apps.test_rerank import _good, _reranker, check_constrained, recording
+from tests.apps.serve.toy_server import PROMPT_LEN, settings, toy_engine
+from tests.apps.test_rerank import _good, _model, _reranker, check_constrained, recording
+from tests.decoding import tiny_export
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +147,80 @@ def test_a_compilation_cache_that_cannot_be_made_is_skipped(tmp_path, caplog):
   engine_lib.use_compilation_cache(str(tmp_path / "file" / "cache"))  # under a file: ENOTDIR
   assert jax.config.jax_compilation_cache_dir == before
   assert "serving without the persistent compilation cache" in caplog.text
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+  """(a tiny stage export with its inference bundle, the workdir of its build: P = 64, R = 48,
+  max_position_embeddings 40960)."""
+  config, summary, workdir = tiny_export.build(tmp_path_factory)
+  path = str(tmp_path_factory.mktemp("stage") / "export")
+  tiny_export.write_export(path, config, summary)
+  return path, workdir
+
+
+def test_prompt_lengths_that_cannot_hold_the_builds_prompts_are_refused_at_load(export):
+  """serve.prompt_lengths=(32,) on a build of P = 64 started: /healthz said ready, then every
+  request the build renders got a 422 blaming its history. The widest width must hold P;
+  narrower ones beside it serve short prompts."""
+  path, workdir = export
+  with pytest.raises(ValueError) as e:
+    engine_lib.Engine.load(settings(ckpt=path, prompt_lengths=(16, 32)), workdir=workdir)
+  assert str(e.value) == (
+    "serve.prompt_lengths=(16, 32): the widest, 32, is shorter than the build's prompt width "
+    "P=64 (its longest prompt), so the build's longer prompts would fit no compiled width: "
+    "include 64 (serve.prompt_lengths=() compiles P alone)")
+  loaded = engine_lib.Engine.load(settings(ckpt=path, prompt_lengths=(32, 64)), workdir=workdir)
+  assert loaded.prompt_lengths == (32, 64)
+  assert engine_lib.Engine.load(settings(ckpt=path), workdir=workdir).prompt_lengths == (64,)
+
+
+def test_max_new_tokens_past_the_models_positions_is_refused_at_load(export):
+  """serve.max_new_tokens=40960 on a model of 40960 positions failed in the warm-up, with a
+  traceback from init_cache."""
+  path, workdir = export
+  with pytest.raises(ValueError) as e:
+    engine_lib.Engine.load(settings(ckpt=path, max_new_tokens=40960), workdir=workdir)
+  assert str(e.value) == (
+    "serve.max_new_tokens: a response cap of 40960 tokens (0 = the build's R) after prompts of "
+    "width 64 (serve.prompt_lengths) needs 41024 positions; the model has 40960 "
+    "(max_position_embeddings): set serve.max_new_tokens <= 40896")
+  with pytest.raises(ValueError, match=r"needs 41024 positions.*<= 40832$"):
+    engine_lib.Engine.load(settings(ckpt=path, max_new_tokens=40896, prompt_lengths=(64, 128)),
+                           workdir=workdir)
+  assert engine_lib.Engine.load(settings(ckpt=path, max_new_tokens=40896),
+                                workdir=workdir).reranker.policy.max_new_tokens == 40896
+
+
+def _positions(reranker, **models):
+  """The reranker with its policy's models (config, verifier_config) given `positions`."""
+  policy = reranker.policy
+  return dataclasses.replace(reranker, policy=dataclasses.replace(policy, **{
+    name: dataclasses.replace(getattr(policy, name), max_position_embeddings=m)
+    for name, m in models.items()}))
+
+
+@pytest.mark.parametrize("diffusion, models, message", [
+  (False, dict(config=100), "needs 112 positions; the model has 100 (max_position_embeddings): "
+   "set serve.max_new_tokens <= 4"),
+  (True, dict(config=110), "needs 112 positions; the model has 110 (max_position_embeddings): "
+   "set serve.max_new_tokens <= 8"),  # R = 16 in whole blocks of 8 after 96; 110 - 96 -> 8
+  (True, dict(config=100), "needs 112 positions; the model has 100 (max_position_embeddings): "
+   "no response fits after 96 tokens: lower serve.prompt_lengths"),
+  ("lossless", dict(config=200, verifier_config=100), "needs 112 positions; the verifier has "
+   "100 (max_position_embeddings): set serve.max_new_tokens <= 4"),
+  ("lossless", dict(config=110, verifier_config=200), "needs 112 positions; the drafter has "
+   "110 (max_position_embeddings): set serve.max_new_tokens <= 8"),
+])
+def test_positions_are_counted_per_model_in_its_own_blocks(tok_dir, diffusion, models, message):
+  tok = tokenizer_lib.load_tokenizer(tok_dir)
+  reranker = _reranker(tok, diffusion is True)
+  if diffusion == "lossless":
+    drafter_config, drafter = _model(tok, True)
+    policy = make_policy(drafter_config, DecodeSpec(draft_k=8), reranker.policy.max_new_tokens,
+                         verifier_config=reranker.policy.config)
+    reranker = dataclasses.replace(reranker, params={"drafter": drafter,
+                                                     "verifier": reranker.params}, policy=policy)
+  with pytest.raises(ValueError, match=r"^serve\.max_new_tokens: a response cap of 16 tokens .*"
+                                       f"{re.escape(message)}$"):
+    engine_lib.Engine(_positions(reranker, **models), prompt_lengths=(PROMPT_LEN,), name="toy")
