@@ -1,0 +1,45 @@
+"""experiments/studies/probe_curves.py: probe rows read from a stage's metrics file, the summary
+table, the plot, and the refusals naming the flag or the file."""
+
+import json
+import os
+
+import pytest
+
+from experiments.studies import probe_curves
+
+
+def _stage_dir(root, rows) -> str:
+  logs = os.path.join(root, "logs")
+  os.makedirs(logs)
+  with open(os.path.join(logs, "metrics.jsonl"), "w") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  return str(root)
+
+
+def test_probe_rows_become_curves_and_a_table(tmp_path):
+  stage = _stage_dir(tmp_path / "a", [
+    {"step": 0, "probe/reward": -0.5, "probe/valid_rate": 0.5},
+    {"step": 1, "train/loss": 3.0},
+    {"step": 10, "probe/reward": 0.1, "probe/valid_rate": 0.9},
+    {"step": 10, "probe/reward": 0.2},  # a resumed run probed step 10 again: the last row wins
+  ])
+  curves = probe_curves.read_curves(stage)
+  assert curves == {"reward": [[0, -0.5], [10, 0.2]], "valid_rate": [[0, 0.5], [10, 0.9]]}
+  table = probe_curves.summary_table({"a": curves})
+  assert "| a | reward | -0.5000 (0) | 0.2000 (10) | +0.7000 |" in table
+  probe_curves.plot({"a": curves}, ["reward", "valid_rate"], str(tmp_path / "c.png"))
+  assert os.path.getsize(tmp_path / "c.png") > 0
+
+
+def test_refusals_name_the_flag_or_the_file(tmp_path):
+  with pytest.raises(ValueError, match="--runs: 'x' is not NAME=STAGE_DIR"):
+    probe_curves.parse_runs(["x"])
+  with pytest.raises(ValueError, match="--runs: 'a' is named twice"):
+    probe_curves.parse_runs(["a=1", "a=2"])
+  with pytest.raises(FileNotFoundError, match="no metrics file"):
+    probe_curves.read_curves(str(tmp_path))
+  stage = _stage_dir(tmp_path / "b", [{"step": 1, "train/loss": 1.0}])
+  with pytest.raises(ValueError, match="no probe/\\* rows; run the stage with"):
+    probe_curves.read_curves(stage)
