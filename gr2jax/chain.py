@@ -28,7 +28,10 @@ step is decided before anything is written (`plan_chain`); nothing is ever delet
 - otherwise (fresh, or the same settings interrupted): run, resuming from its own checkpoints.
 A single stage run (`--config=cft.py`) is `run_step`: its upstream steps must be done with the
 same recipe, else `UpstreamMissing` names them and why (or, with upstream='run', they run first
-under the same rules).
+under the same rules); an upstream step made with settings it cannot absorb is refused naming
+the fields and the flags that set them back. A done step whose export lost only files of its
+inference bundle (decoding/bundle.py) is not retrained: it is refused naming
+weights_conversion/add_bundle.py's command, which writes the bundle again in seconds.
 """
 
 import dataclasses
@@ -41,6 +44,7 @@ from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import llm_teacher, pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
+from gr2jax.decoding import bundle
 from gr2jax.hf import convert as hf_convert
 from gr2jax.train import loop, run_checkpoints, stages, teacher_stage
 
@@ -71,6 +75,7 @@ class StepChanged(StepError):
 
 
 STARTED_FILE, DONE_FILE = "started.json", "done.json"
+_OTHER_SETTINGS = "made with other settings"  # missing_upstream's reason
 _TEACHER_NEUTRAL = ("batch_size", "mesh", "restart")  # how, not what, the teacher samples
 _TEACHER_ABSORBED = ("config.spec.num_users",)  # a larger sample extends, a smaller is a prefix
 
@@ -175,6 +180,28 @@ def _broken(step_dir: str, step: str, done: dict) -> str | None:
   return None
 
 
+def _bundle_lost(step_dir: str, step: str, done: dict, workdir: str, whose: str) -> str | None:
+  """The refusal of a done step whose export lost only files of its inference bundle
+  (decoding/bundle.py: its params, config and metadata intact), naming the command that writes
+  the bundle again in seconds (weights_conversion/add_bundle.py), where redoing the step would
+  retrain it; None for any other damage. `whose`: how the message names the export."""
+  output = _output(step_dir, step)
+  damaged = pipeline.damaged_files(output) if step != recipe_lib.TEACHER else None
+  if not damaged or not all(bundle.is_bundle_file(name) for name in damaged):
+    return None
+  try:
+    metadata = exports.load_metadata(output)
+  except exports.CheckpointError:
+    return None
+  if not metadata.get("data_config") or (
+      done.get("params_sha256") and metadata.get("params_sha256") != done["params_sha256"]):
+    return None
+  return (f"{whose} {output} lost only files of its inference bundle "
+          f"({'; '.join(damaged.values())}); its params are intact, so {step} needs no "
+          f"retraining: write the bundle again with `{bundle.rebundle_command(output, workdir)}`, "
+          "then rerun this command")
+
+
 def _aside(workdir: str, step: str, key: str) -> str:
   """Where a step's run of digest `key` is kept once moved aside: W/<step>.<key>."""
   return f"{recipe_lib.stage_dir(workdir, step)}.{key}"
@@ -201,17 +228,68 @@ def _restart(recipe: recipe_lib.Recipe, step: str) -> bool:
   return step in recipe.stages and bool(recipe.stages[step].train.restart)
 
 
-def _changes(step: str, saved: dict, current: dict) -> list[str]:
-  """'field: old -> new' of the changes a step cannot absorb (training: all but the fields a
+def _changes(step: str, saved: dict, current: dict) -> list[tuple[str, object, object]]:
+  """(field, old, new) of the changes a step cannot absorb (training: all but the fields a
   resume may change, train.steps not below the recorded run's; teacher: all but num_users)."""
-  fields = run_checkpoints.changed_fields(saved, current)
-  lines = [f"{f}: {a!r} -> {b!r}" for f, a, b in fields
-           if step != recipe_lib.TEACHER or f"config.{f}" not in _TEACHER_ABSORBED]
+  fields = [(f, a, b) for f, a, b in run_checkpoints.changed_fields(saved, current)
+            if step != recipe_lib.TEACHER or f"config.{f}" not in _TEACHER_ABSORBED]
   if step in stage_registry.names():
     old, new = saved["config"]["train"]["steps"], current["config"]["train"]["steps"]
     if new < old:
-      lines.append(f"train.steps: {old!r} -> {new!r} (below the recorded run's)")
-  return lines
+      fields.append(("train.steps", old, new))
+  return fields
+
+
+def _change_lines(fields: list[tuple[str, object, object]]) -> list[str]:
+  """'field: old -> new' of `_changes`."""
+  return [f"{f}: {a!r} -> {b!r}" + (" (below the recorded run's)" if f == "train.steps"
+                                     and isinstance(a, int) and isinstance(b, int) and b < a
+                                     else "")
+          for f, a, b in fields]
+
+
+# a view's sections that are the recipe's blocks of the same name (--config.<section>.<field>)
+_RECIPE_SECTIONS = ("data", "decode", "eval", "mesh", "model")
+
+
+def _recorded_flags(step: str, fields: list[tuple[str, object, object]], workdir: str
+                    ) -> list[str]:
+  """The --config flags that set `fields` back to their recorded values, where the field is one
+  of the recipe's (a path recorded "{workdir}/..." or "{checkout}/..." filled in)."""
+  flags = []
+  for field, old, _ in fields:
+    section = field.split(".")[0]
+    if section in _RECIPE_SECTIONS:
+      flag = f"--config.{field}"
+    elif section in ("train", "optimizer") and step in stage_registry.names():
+      flag = f"--config.stages.{step}.{field}"
+    else:
+      continue
+    value = workdir_lib.fill_path(old, workdir) if isinstance(old, str) else old
+    flags.append(f"{flag}={value}")
+  return flags
+
+
+def _upstream_changed(recipe: recipe_lib.Recipe, step: str, upstream: str, workdir: str
+                      ) -> str | None:
+  """The one-line refusal of `step` whose upstream step's run under workdir was made with
+  settings this recipe changes and that step cannot absorb (the suggested upstream command would
+  be refused in turn), naming each field (recorded -> this run) and the ways on; None otherwise."""
+  step_dir = recipe_lib.stage_dir(workdir, upstream)
+  saved = _record(os.path.join(step_dir, DONE_FILE)) or _record(
+    os.path.join(step_dir, STARTED_FILE))
+  if not saved or "view" not in saved:
+    return None
+  fields = _changes(upstream, saved["view"], _view(recipe, upstream, workdir))
+  if not fields:
+    return None
+  flags = _recorded_flags(upstream, fields, workdir)
+  back = (f"rerun with its settings ({' '.join(flags)})" if len(flags) == len(fields)
+          else "rerun with its settings")
+  return (f"[chain] {step}: its upstream {upstream} ({step_dir}) was made with other settings "
+          f"(recorded -> this run: {'; '.join(_change_lines(fields))}). Nothing was changed. To "
+          f"go on: {back}, or run every step with these settings in a new workdir "
+          "(--workdir=<a new directory> --config.upstream=run)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,6 +312,9 @@ def _plan_step(recipe, step: str, keys: tuple[str, ...], upstream_keys: tuple[st
   done = _record(os.path.join(step_dir, DONE_FILE))
   if done and done["digest"] in keys:
     broken = _broken(step_dir, step, done)
+    lost = broken and _bundle_lost(step_dir, step, done, workdir, "its export")
+    if lost:
+      raise StepError(f"[chain] {step}: {lost}")
     note = (f"{_restart_flag(step)} moves only a run of other settings aside"
             if _restart(recipe, step) else "")
     return _Plan(step, "redo", broken) if broken else _Plan(step, "reuse", note)
@@ -252,9 +333,10 @@ def _plan_step(recipe, step: str, keys: tuple[str, ...], upstream_keys: tuple[st
   if changes:
     raise StepChanged(
       f"[chain] {step}: {step_dir} holds a run made with other settings (recorded -> this "
-      f"run):\n  " + "\n  ".join(changes) + f"\nNothing was changed. To go on: rerun with its "
-      f"settings, pass {_restart_flag(step)} (moves it to {_aside(workdir, step, saved['digest'])},"
-      " kept: a rerun with its settings moves it back), or use a new --workdir.")
+      f"run):\n  " + "\n  ".join(_change_lines(changes)) + "\nNothing was changed. To go on: "
+      f"rerun with its settings, pass {_restart_flag(step)} (moves it to "
+      f"{_aside(workdir, step, saved['digest'])}, kept: a rerun with its settings moves it back), "
+      "or use a new --workdir.")
   if saved.get("upstream") not in upstream_keys:
     return _Plan(step, "aside", "an earlier step changed")
   return _Plan(step, "run", "absorbing the change")
@@ -277,13 +359,21 @@ def plan_chain(recipe: recipe_lib.Recipe, workdir: str, steps) -> list[_Plan]:
 
 def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict[str, str]:
   """{step: why} of the steps before `step` not done (and intact) with this recipe under
-  workdir; why is '' for a step never started."""
+  workdir; why is '' for a step never started.
+
+  Raises:
+    StepError: a done upstream step's export lost only files of its inference bundle (names
+      weights_conversion/add_bundle.py's command, which repairs it without retraining).
+  """
   known, missing = _known_digests(recipe, workdir), {}
   for s in recipe_lib.upstream(recipe, step):
     step_dir = recipe_lib.stage_dir(workdir, s)
     done = _record(os.path.join(step_dir, DONE_FILE))
     if done and done["digest"] in known[s]:
       broken = _broken(step_dir, s, done)
+      lost = broken and _bundle_lost(step_dir, s, done, workdir, f"its upstream {s}'s export")
+      if lost:
+        raise StepError(f"[chain] {step}: {lost}")
       if broken:
         missing[s] = f"its done run is broken: {broken}"
       continue
@@ -291,7 +381,7 @@ def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict
       continue
     saved = done or _record(os.path.join(step_dir, STARTED_FILE))
     missing[s] = ("" if saved is None else "started, not finished" if saved["digest"] in known[s]
-                  else "made with other settings")
+                  else _OTHER_SETTINGS)
   return missing
 
 
@@ -435,12 +525,19 @@ def run_step(recipe: recipe_lib.Recipe, step: str, workdir: str, upstream: str =
 
   Raises:
     UpstreamMissing: upstream='check' and an upstream step is not done with this recipe.
-    StepChanged: see run_chain.
+    StepChanged: see run_chain; with upstream='check', an upstream step made with settings
+      this recipe changes and that step cannot absorb (one line naming each field, recorded ->
+      this run, and the flags that set them back).
+    StepError: an upstream export lost only its inference bundle (missing_upstream).
     ValueError: upstream is neither.
   """
   if upstream not in ("check", "run"):
     raise ValueError(f"upstream={upstream!r}: expected 'check' or 'run'")
   missing = missing_upstream(recipe, step, workdir)
   if missing and upstream == "check":
+    for s, reason in missing.items():
+      refusal = reason == _OTHER_SETTINGS and _upstream_changed(recipe, step, s, workdir)
+      if refusal:
+        raise StepChanged(refusal)
     raise UpstreamMissing(step, list(missing), {s: r for s, r in missing.items() if r})
   return run_chain(recipe, workdir, upto=step)

@@ -6,7 +6,8 @@ A gr2jax checkpoint directory holds:
                            (path joined by '.', e.g. params/layers.q/), written one at a time
   gr2jax_metadata.json     {"params_sha256": digest of every leaf's bytes, in manifest order}
                            plus what the writer records (a training stage's export: its stage,
-                           kind "ar" | "diffusion", step, data build and run record); older
+                           kind "ar" | "diffusion", step, data build and run record; with its
+                           inference bundle, `bundle_sha256`, decoding/bundle.py); older
                            directories lack it (`load_metadata` gives {})
   params/manifest.json     [{path, shape, dtype}] of every leaf; written last (completion marker)
   (tokenizer files)        copied by weights_conversion/convert_hf.py when the HF dir had them,
@@ -50,7 +51,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from gr2jax import workdir
+from gr2jax import files, workdir
 from gr2jax.model import config as config_lib
 from gr2jax.model.config import ModelConfig
 
@@ -298,6 +299,18 @@ def load_metadata(path: str) -> dict[str, Any]:
   return d
 
 
+def update_metadata(path: str, fields: Mapping[str, Any]) -> None:
+  """Sets `fields` in the gr2jax_metadata.json of the checkpoint directory `path` (written
+  atomically, files.atomic_write; the other fields, the params digest among them, kept): what a
+  writer adds to a finished export (decoding/bundle.py: the digest of its bundle record).
+
+  Raises:
+    CheckpointError: the file exists but is not a JSON object.
+  """
+  files.atomic_write(os.path.join(path, METADATA_FILE),
+                     json.dumps({**load_metadata(path), **fields}, indent=1))
+
+
 def content_digest(path: str) -> str:
   """A digest that changes when the model stored at `path` changes, read without the weights:
   the recorded params digest of a gr2jax directory (older ones: its config + manifest), or an HF
@@ -307,15 +320,15 @@ def content_digest(path: str) -> str:
     return recorded
   digest = hashlib.sha256()
   if os.path.isfile(os.path.join(path, CONFIG_FILE)):
-    files = [os.path.join(path, CONFIG_FILE), os.path.join(path, PARAMS_DIR, MANIFEST_FILE)]
+    sources = [os.path.join(path, CONFIG_FILE), os.path.join(path, PARAMS_DIR, MANIFEST_FILE)]
   elif os.path.isfile(os.path.join(path, "config.json")):
-    files = [os.path.join(path, "config.json")]
+    sources = [os.path.join(path, "config.json")]
     for name in sorted(os.listdir(path)):
       digest.update(f"{name}:{os.path.getsize(os.path.join(path, name))};".encode())
   else:
     raise CheckpointError(f"{path}: neither a gr2jax checkpoint ({CONFIG_FILE}) nor an HF "
                           "directory (config.json)")
-  for file in files:
+  for file in sources:
     if not os.path.isfile(file):
       raise CheckpointError(f"{path}: no {os.path.relpath(file, path)} (incomplete checkpoint)")
     with open(file, "rb") as f:

@@ -1,5 +1,6 @@
 """`load_model`: (config, params) from a gr2jax export or a local HF Qwen3 directory;
-`find_tokenizer`: the tokenizer an export was trained with.
+`check_model_dir`: a model path refused before anything loads; `find_tokenizer`: the tokenizer an
+export was trained with.
 
 The one loader every command and the public API use: an export (gr2jax/exports.py) is restored,
 an HF directory is converted in memory with the table of gr2jax/hf/table.py (the one
@@ -14,6 +15,7 @@ from typing import Any
 import jax
 
 from gr2jax import exports
+from gr2jax import workdir as workdir_lib
 from gr2jax.hf import weights as hf_weights
 from gr2jax.model.config import ModelConfig
 
@@ -65,6 +67,28 @@ def load_model(path: str, shardings: Any = None, param_dtype: str | None = None
                                 "nor an HF directory (config.json)")
 
 
+def check_model_dir(path: str, field: str) -> None:
+  """Refuses, before anything is read or built, a path that is not a model directory: what a
+  command checks its model fields with (rerank.ckpt, serve.ckpt, their verify_with), so a
+  misspelt export is named at once, not after a data build in the workdir.
+
+  Args:
+    path: the directory the field names ('{workdir}' filled in: workdir.fill_path).
+    field: how the message names the field, e.g. 'serve.ckpt'.
+
+  Raises:
+    exports.CheckpointError: one line naming the field and the path.
+  """
+  if not os.path.isdir(path):
+    what = "is not a directory" if os.path.exists(path) else "does not exist"
+    raise exports.CheckpointError(f"{field}={path}: {what} (pass a gr2jax export or an HF Qwen3 "
+                                  "directory)")
+  if not (os.path.isfile(os.path.join(path, exports.CONFIG_FILE))
+          or os.path.isfile(os.path.join(path, "config.json"))):
+    raise exports.CheckpointError(f"{field}={path}: neither a gr2jax checkpoint "
+                                  f"({exports.CONFIG_FILE}) nor an HF directory (config.json)")
+
+
 def _has_tokenizer(directory: str) -> bool:
   return os.path.isfile(os.path.join(directory, hf_weights.TOKENIZER_JSON))
 
@@ -90,9 +114,9 @@ def find_tokenizer(ckpt: str, tokenizer_dir: str | None = None) -> str:
     workdir = os.path.dirname(os.path.dirname(os.path.abspath(ckpt)))
     summary = os.path.join(workdir, "summary.json")
     build = None
-    if os.path.isfile(summary):
+    if os.path.isfile(summary):  # its paths "{workdir}/..." (data/pipeline.py), or absolute
       with open(summary) as f:
-        build = json.load(f)["paths"]["tokenizer"]
+        build = workdir_lib.fill_path(json.load(f)["paths"]["tokenizer"], workdir)
     builds = sorted(glob.glob(os.path.join(workdir, "tokenizer-*")))  # every cached build
     # each directory once (the summary's build is also a cached one): its vocabulary is hashed
     candidates = [d for d in dict.fromkeys(os.path.normpath(d) for d in (ckpt, build, *builds)

@@ -1,5 +1,6 @@
 """Exclusive locks on a workdir (or any path a run writes), held for as long as the run uses it;
-and `portable`, how a record writes paths inside a workdir or inside the checkout.
+`portable`, how a record writes paths inside a workdir or inside the checkout; and `fill_path`,
+how such a path (or a recipe's path field, '{workdir}/rl/export') is read back.
 
 `lock_workdir(workdir)` is what a stage wraps its whole run in; `lock_file(lock_path, what)` is the
 same lock on an explicit lock file (`checkpoint.atomic_directory` locks a sibling of its target).
@@ -20,6 +21,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import re
 import threading
 from collections.abc import Iterator
 
@@ -28,6 +30,8 @@ WORKDIR = "{workdir}"  # how a record writes a run's workdir (portable)
 CHECKOUT = "{checkout}"  # how a record writes the checkout gr2jax is imported from (portable)
 # the checkout: the directory holding gr2jax/ and the shipped data/amazon_beauty (recipes.DATA_DIR)
 CHECKOUT_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+
+_TEMPLATE = re.compile(re.escape(WORKDIR) + "|" + re.escape(CHECKOUT))
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +186,23 @@ def in_checkout(tree):
     return (_under(text, home, CHECKOUT) if os.path.isabs(text) else None) or text
 
   return _map_strings(tree, one)
+
+
+def fill_path(path: str, workdir: str) -> str:
+  """`path` with "{workdir}" replaced by `workdir` and "{checkout}" by the checkout (CHECKOUT_DIR),
+  literally and in one pass: how a recipe's path field ('{workdir}/rl/export') and a path a
+  record wrote with `portable` are read. Every other brace is part of the path (a directory
+  named run{1}, a workdir holding '{'), never a format field: the one place paths are templated.
+
+  Args:
+    path: a path, possibly holding "{workdir}" or "{checkout}".
+    workdir: the run's workdir, as given.
+  """
+  values = {WORKDIR: workdir, CHECKOUT: CHECKOUT_DIR}
+  return _TEMPLATE.sub(lambda m: values[m.group(0)], path)
+
+
+def fill_paths(tree, workdir: str):
+  """`tree` (JSON-like) with `fill_path` applied to every string: a record `portable` wrote, read
+  back with the workdir where it is now (a record with absolute paths is returned as it was)."""
+  return _map_strings(tree, lambda text: fill_path(text, workdir))

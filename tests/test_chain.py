@@ -14,6 +14,7 @@ workdir or the checkout lives, and a step recorded before paths inside the check
 
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -364,6 +365,90 @@ def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritte
   _at_checkout(monkeypatch, tmp_path / "clone_b")
   assert [p.action for p in chain.plan_chain(recipe.from_config(recipes.config("", "sft")),
                                              workdir, ("sft",))] == ["reuse"]
+
+
+def _done_stage_export(workdir: str, recipe) -> str:
+  """W/sft as a finished training stage leaves it (the chain's digest and completion record): an
+  export whose metadata records its data_config and params digest, with its inference bundle
+  (decoding/bundle.py's files, stand-ins here); returns the export."""
+  from gr2jax import chain, exports
+  from gr2jax.data import pipeline
+
+  export = os.path.join(workdir, "sft", "export")
+  os.makedirs(os.path.join(export, "params", "embed"))
+  os.makedirs(os.path.join(export, "inference"))
+  for name, text in [("params/embed/value", "p"), (exports.CONFIG_FILE, "{}"),
+                     ("tokenizer.json", "{}"), ("tokenizer_config.json", "{}"),
+                     ("inference/bundle.json", '{"format": 2}'), ("inference/sids.npy", "s"),
+                     (exports.METADATA_FILE, json.dumps({"params_sha256": "d" * 64,
+                                                         "data_config": {"users": 0}}))]:
+    with open(os.path.join(export, name), "w") as f:
+      f.write(text)
+  pipeline.mark_complete(export)
+  with open(os.path.join(workdir, "sft", "done.json"), "w") as f:
+    json.dump({"digest": chain.step_digests(recipe, workdir)["sft"],
+               "upstream": chain._data_digest(recipe, workdir),
+               "view": chain._view(recipe, "sft", workdir), "seconds": 1.0,
+               "params_sha256": "d" * 64}, f)
+  return export
+
+
+@pytest.mark.parametrize("lost", [["inference/bundle.json"], ["tokenizer.json"],
+                                  ["inference/bundle.json", "inference/sids.npy"]])
+def test_an_upstream_export_that_lost_only_its_bundle_names_add_bundle(tmp_path, lost):
+  """A stage export that lost only files of its inference bundle (params intact) is not sent
+  back to training (AR RL is the longest stage at 8B): the next stage, and the chain reusing
+  the step itself, name weights_conversion/add_bundle.py's command line, which repairs it in
+  seconds; any other damage still redoes the step."""
+  from gr2jax import chain, recipe, recipes
+
+  r = recipe.from_config(recipes.config("", "sft"))
+  workdir = str(tmp_path / "W")
+  export = _done_stage_export(workdir, r)
+  for name in lost:
+    os.remove(os.path.join(export, name))
+  command = (rf"`python weights_conversion/add_bundle\.py --export={re.escape(export)} "
+             rf"--workdir={re.escape(workdir)}`, then rerun this command$")
+  with pytest.raises(chain.StepError, match=rf"^\[chain\] ar_rl: its upstream sft's export "
+                     rf"{re.escape(export)} lost only files of its inference bundle \("
+                     rf"{re.escape(os.path.join(export, lost[0]))} is missing.*\); its params "
+                     rf"are intact, so sft needs no retraining: write the bundle again with "
+                     + command) as info:
+    chain.run_step(r, "ar_rl", workdir)
+  assert "\n" not in str(info.value)
+  with pytest.raises(chain.StepError, match=r"^\[chain\] sft: its export .* lost only files of "
+                                            r"its inference bundle .*" + command):
+    chain.plan_chain(r, workdir, ("sft",))
+  os.remove(os.path.join(export, "params", "embed", "value"))  # params damaged too: redone
+  assert "sft" in chain.missing_upstream(r, "ar_rl", workdir)
+  assert [p.action for p in chain.plan_chain(r, workdir, ("sft",))] == ["redo"]
+
+
+def test_an_upstream_made_with_another_data_dir_names_the_field_and_a_working_command(
+    tmp_path, monkeypatch):
+  """cft.py with another data.data_dir than W's steps: one line naming data.data_dir (recorded
+  -> this run) and the flag that sets it back, not "made with other settings" and an upstream
+  command that was refused in turn; the flag it names makes the upstream count as done."""
+  from gr2jax import chain, recipe, recipes
+
+  workdir = str(tmp_path / "W")
+  _at_checkout(monkeypatch, tmp_path / "clone_a")
+  made = recipe.from_config(recipes.config("", "sft"))
+  _done_sft(workdir, chain.step_digests(made, workdir)["sft"], chain._data_digest(made, workdir),
+            chain._view(made, "sft", workdir))
+  c = recipes.config("", "sft")
+  c.data.data_dir = str(tmp_path / "my_data")
+  shipped = str(tmp_path / "clone_a" / "data" / "amazon_beauty")
+  with pytest.raises(chain.StepChanged) as info:
+    chain.run_step(recipe.from_config(c), "ar_rl", workdir)
+  assert str(info.value) == (
+    f"[chain] ar_rl: its upstream sft ({workdir}/sft) was made with other settings (recorded -> "
+    f"this run: data.data_dir: '{{checkout}}/data/amazon_beauty' -> '{tmp_path}/my_data'). "
+    f"Nothing was changed. To go on: rerun with its settings (--config.data.data_dir={shipped}), "
+    "or run every step with these settings in a new workdir (--workdir=<a new directory> "
+    "--config.upstream=run)")
+  c.data.data_dir = shipped  # the flag it names
+  assert "sft" not in chain.missing_upstream(recipe.from_config(c), "ar_rl", workdir)
 
 
 @pytest.mark.integration

@@ -87,3 +87,21 @@ def test_a_path_in_the_checkout_is_written_relative_to_it(tmp_path, monkeypatch)
   before = workdir.portable(tree, str(root / "W"), checkout=False)
   assert before["data_dir"] == str(root / "data" / "amazon_beauty")
   assert workdir.in_checkout(before) == records[1]
+
+
+def test_fill_path_replaces_only_its_two_fields_literally(tmp_path, monkeypatch):
+  """The one path template: '{workdir}' and '{checkout}' replaced as text, in one pass; every
+  other brace is the path's own (str.format raised IndexError on run{1}, KeyError on
+  '{checkout}'); portable's records read back where the workdir is now."""
+  monkeypatch.setattr(workdir, "CHECKOUT_DIR", str(tmp_path / "clone"))
+  assert workdir.fill_path("{workdir}/rl/export", "run{1}") == "run{1}/rl/export"
+  assert workdir.fill_path("/data/run{1}/{0}/x{", "W") == "/data/run{1}/{0}/x{"
+  assert workdir.fill_path("{checkout}/data", "W") == str(tmp_path / "clone" / "data")
+  assert workdir.fill_path("{workdir}", "/a/{checkout}") == "/a/{checkout}"  # not filled twice
+  moved = tmp_path / "moved{1}"
+  record = {"paths": {"tokenizer": "{workdir}/tokenizer-k", "items": "{checkout}/data/i.gz",
+                      "other": "/abs/x"}, "n": 3}
+  assert workdir.fill_paths(record, str(moved)) == {
+    "paths": {"tokenizer": f"{moved}/tokenizer-k", "items": str(tmp_path / "clone/data/i.gz"),
+              "other": "/abs/x"}, "n": 3}
+  assert workdir.portable(workdir.fill_paths(record, str(moved)), str(moved)) == record

@@ -2,15 +2,18 @@ r"""Writes a stage export's inference bundle from its data build (decoding/bundl
 
   python weights_conversion/add_bundle.py --export=W/cft/export --workdir=W
 
-For an export written before exports carried a bundle, or one whose bundle is incomplete, damaged
-or of an older format (gr2jax.rerank and the server refuse those, naming this command). The data
-build the export records (its data_config) is run in --workdir, or reused where that workdir
-already holds it (cached by its inputs' digest); it must be the export's own: the tokenizer
-vocabulary, prompt and, where the export records them, semantic IDs (exports.check_data_build)
-and static widths P, R (its run record). The bundle is then written as a training stage writes it
-(bundle.write: the build's tokenizer files beside the params, inference/ renamed into place
-whole, replacing the one there) and read back with its checks. The params and metadata are not
-touched.
+For an export written before exports carried a bundle, or before they recorded its bundle.json's
+digest, or one whose bundle is incomplete, edited, damaged or of an older format (gr2jax.rerank,
+the server and the chain refuse those, naming this command). The data build the export records
+(its data_config) is run in --workdir, or reused where that workdir already holds it (cached by
+its inputs' digest); it must be the export's own: the tokenizer vocabulary, prompt and, where the
+export records them, semantic IDs (exports.check_data_build) and static widths P, R (its run
+record). The bundle is then written as a training stage writes it (bundle.write: the build's
+tokenizer files beside the params, inference/ renamed into place whole, replacing the one there,
+and the sha256 of its bundle.json recorded in the metadata, `bundle_sha256`) and read back with
+its checks. The params and the rest of the metadata are not touched. A chain step's export (with
+its completion record, data/pipeline.mark_complete) whose only damaged files were its bundle's
+gets its completion record written again, so the chain reuses the step instead of redoing it.
 """
 
 import os
@@ -60,7 +63,10 @@ def add_bundle(export: str, workdir: str) -> bundle.Inference:
     raise ValueError(f"{export} was trained with P, R = {trained} ({exports.METADATA_FILE} "
                      f"run.lengths), the data build in --workdir={workdir} has {built}: not its "
                      "data build")
+  damaged = pipeline.damaged_files(export)  # None: no completion record (not a chain step's)
   bundle.write(export, summary, rendering)
+  if damaged is not None and all(bundle.is_bundle_file(name) for name in damaged):
+    pipeline.mark_complete(export)  # the bundle's files and the metadata changed, nothing else
   return bundle.read(export, data_config)
 
 

@@ -17,7 +17,8 @@ import sys
 import types
 from collections.abc import Iterable
 
-from gr2jax import files
+from gr2jax import files, load
+from gr2jax import workdir as workdir_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import reranker as reranker_lib
 
@@ -105,7 +106,8 @@ def run(recipe, c, workdir: str) -> dict:
 
   Args:
     recipe: the gr2jax.recipe.Recipe the model was trained with.
-    c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens).
+    c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens,
+      verify_with; '{workdir}' in its paths filled in: workdir.fill_path).
     workdir: the workdir of the recipe's data build.
   """
   from gr2jax import config_checks
@@ -116,10 +118,13 @@ def run(recipe, c, workdir: str) -> dict:
   config_checks.check_stage_config(types.SimpleNamespace(rerank=c))  # sizes, named
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
   check_out_path(out, c.requests)
+  ckpt, verify_with = (workdir_lib.fill_path(p, workdir) for p in (c.ckpt, c.verify_with))
+  load.check_model_dir(ckpt, "rerank.ckpt")  # a misspelt export, before any data build
+  if verify_with:
+    load.check_model_dir(verify_with, "rerank.verify_with")
   reranker = reranker_lib.load_reranker(
-    c.ckpt.format(workdir=workdir), workdir=workdir, data_config=recipe_lib.data_config(recipe),
-    decode=recipe.decode, items=c.items_file, max_new_tokens=c.max_new_tokens,
-    verify_with=c.verify_with.format(workdir=workdir))
+    ckpt, workdir=workdir, data_config=recipe_lib.data_config(recipe), decode=recipe.decode,
+    items=c.items_file, max_new_tokens=c.max_new_tokens, verify_with=verify_with)
   rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size)
   write_rows(rows, out)
   summary = summarize(rows) | {"out": out}

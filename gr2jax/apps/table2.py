@@ -332,7 +332,7 @@ def run(recipe: recipe_lib.Recipe, workdir: str) -> str:
   rows = with_versus(reference_rows(summary, recipe.table.splits, recipe.eval.limit)
                      + evaluate_rows(recipe, workdir, summary))
   timings["total"] = {"seconds": time.perf_counter() - start, "how": "this run"}
-  results_dir = recipe.table.results_dir.format(workdir=workdir)
+  results_dir = workdir_lib.fill_path(recipe.table.results_dir, workdir)
   md = write_tables(rows, timings, {"recipe": recipe.name, **provenance(summary, workdir)},
                     results_dir, **report.stamp(report.recipe_digest(recipe, workdir)))
   print(md, flush=True)

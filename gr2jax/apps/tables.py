@@ -44,6 +44,7 @@ import time
 import numpy as np
 
 from gr2jax import files, load
+from gr2jax import workdir as workdir_lib
 from gr2jax.apps import report
 from gr2jax.data import answer, build_rendering, pipeline, prompts, tfds_builder
 from gr2jax.data import lengths as lengths_lib
@@ -111,7 +112,7 @@ def load_models(table: TablesView, workdir: str) -> dict[str, Model]:
   table.diffusion_ckpt (the lossless mode: the diffusion model drafts, the AR model verifies)."""
   out, paths = {}, {}
   for name, path in (("ar", table.ar_ckpt), ("diffusion", table.diffusion_ckpt)):
-    paths[name] = path.format(workdir=workdir)
+    paths[name] = workdir_lib.fill_path(path, workdir)
     config, params = load.load_model(paths[name])
     out[name] = Model(evaluation.export_id(paths[name]), config, params)
   if out["diffusion"].config.mask_token_id is None:
@@ -302,7 +303,7 @@ def run_table3(table: TablesView, workdir: str) -> str:
             f"(batched decode of batch {table.eval.batch_size}, after the compiling batch); "
             f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
             "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)")
-  md = write_table3(rows, table.results_dir.format(workdir=workdir), header,
+  md = write_table3(rows, workdir_lib.fill_path(table.results_dir, workdir), header,
                     **report.stamp(report.recorded_digest(table, workdir)))
   print(md, flush=True)
   return md
@@ -445,7 +446,7 @@ def run_fig6(table: TablesView, workdir: str) -> dict:
   path = _timings_path(workdir, "fig6", models["ar"].id, models["diffusion"].id, len(inp.data),
                        inp.prompt_len, inp.response_len, table.fig6.to_dict(), table.decode)
   data = timings_cached(path, lambda: fig6(models, inp, table), table.remeasure)
-  results = table.results_dir.format(workdir=workdir)
+  results = workdir_lib.fill_path(table.results_dir, workdir)
   os.makedirs(results, exist_ok=True)
   stamp = report.stamp(report.recorded_digest(table, workdir))
   json.dump({**stamp, **data}, open(os.path.join(results, "fig6.json"), "w"), indent=1)
@@ -599,7 +600,7 @@ def run_table4(table: TablesView, workdir: str) -> str:
   source = tfds_builder.data_source(inp.tfds_dir, "train")
   rows.append(teacher_row(inp, [tfds_builder.decode_record(source[i])
                                 for i in range(min(len(inp.data), len(source)))]))
-  results = table.results_dir.format(workdir=workdir)
+  results = workdir_lib.fill_path(table.results_dir, workdir)
   os.makedirs(results, exist_ok=True)
   stamp = report.stamp(report.recorded_digest(table, workdir))
   md = (f"Table 4, the checkable part, on {table.split} (n={len(inp.data)}; diffusion "

@@ -5,7 +5,8 @@ its config fields, of the keys of the steps it reads (the raw files by content) 
 files of the modules it runs. Outputs live under `workdir/cache/` (pickles) or
 `workdir/<step>-<key>/` (directories); a re-run with unchanged inputs only loads them. The summary
 (statistics, floor and teacher metrics, SID stats, prompt lengths per variant, timings) is
-returned, printed as a table and written to `workdir/summary.json`.
+returned, printed as a table and written to `workdir/summary.json` (its paths written
+"{workdir}/..." as run records write them, gr2jax/workdir.portable; `read_summary` reads it back).
 
 Safety (README "What bad input gets"): a run that builds holds the workdir lock (`gr2jax.workdir`;
 a second one on the same workdir fails at once with "workdir ... in use by pid N"), while a run
@@ -29,6 +30,7 @@ import time
 import numpy as np
 
 from gr2jax import files, metrics
+from gr2jax import workdir as workdir_lib
 from gr2jax.data import (
   candidates,
   embeddings,
@@ -45,7 +47,6 @@ from gr2jax.data import (
   tokenizer,
 )
 from gr2jax.data.records import Catalog, RerankExample
-from gr2jax.workdir import lock_workdir
 
 # config fields that decide the examples (and so the examples step's cache key)
 EXAMPLE_FIELDS = ("users", "max_history", "num_candidates", "negative_pool", "pool_size", "seed",
@@ -68,6 +69,7 @@ def _code(*modules) -> str:
 
 
 COMPLETE_SUFFIX = ".complete.json"
+SUMMARY_FILE = "summary.json"  # the last build's summary, in the workdir
 
 
 def _inventory(path: str) -> dict[str, int]:
@@ -88,22 +90,35 @@ def mark_complete(path: str) -> None:
   files.atomic_write(path + COMPLETE_SUFFIX, json.dumps({"files": _inventory(path)}, indent=0))
 
 
+def damaged_files(path: str) -> dict[str, str] | None:
+  """{file of the output at `path` (relative to it, '' = itself): why} for every file its
+  completion record lists that is missing or has another size, in the record's order; None when
+  it has no valid record (or does not exist)."""
+  try:
+    with open(path + COMPLETE_SUFFIX) as f:
+      recorded = json.load(f)["files"]
+    items = list(recorded.items())
+  except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    return None
+  damaged = {}
+  for rel, size in items:
+    full = os.path.join(path, rel) if rel else path
+    if not os.path.isfile(full):
+      damaged[rel] = f"{full} is missing"
+    elif os.path.getsize(full) != size:
+      damaged[rel] = (f"{full} has {os.path.getsize(full)} bytes, {size} when it was written "
+                      "(truncated?)")
+  return damaged
+
+
 def incomplete(path: str) -> str | None:
   """Why the output at `path` cannot be reused (None when it is complete; see module doc)."""
   if not os.path.exists(path):
     return "missing"
-  try:
-    with open(path + COMPLETE_SUFFIX) as f:
-      recorded = json.load(f)["files"]
-  except (OSError, ValueError, KeyError, TypeError):
+  damaged = damaged_files(path)
+  if damaged is None:
     return f"no valid completion record {os.path.basename(path)}{COMPLETE_SUFFIX}"
-  for rel, size in recorded.items():
-    full = os.path.join(path, rel) if rel else path
-    if not os.path.isfile(full):
-      return f"{full} is missing"
-    if os.path.getsize(full) != size:
-      return f"{full} has {os.path.getsize(full)} bytes, {size} when it was written (truncated?)"
-  return None
+  return next(iter(damaged.values()), None)
 
 
 def _remove(path: str) -> None:
@@ -395,16 +410,27 @@ def _save_sids(out: str, sids: np.ndarray) -> None:
   rqvae.save_sids(os.path.join(out, "sids.npy"), sids)
 
 
-def _check_summary_paths(summary_file: str, paths: dict) -> None:
+def _check_summary_paths(summary_file: str, paths: dict, workdir: str) -> None:
   """Raises NotBuilt unless `summary_file` records `paths` (what load.py reads the tokenizer
-  from: a read-only pass never leaves it naming another build)."""
+  from: a read-only pass never leaves it naming another build). Both are compared as summary.json
+  writes them (workdir.portable), so a finished workdir moved or mounted elsewhere, even
+  read-only, is still its build (a summary written with absolute paths counts where they are
+  still inside the workdir)."""
   try:
     with open(summary_file) as f:
       recorded = json.load(f)["paths"]
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise NotBuilt(f"{summary_file} is unreadable ({type(e).__name__})") from e
-  if recorded != paths:
+  if workdir_lib.portable(workdir_lib.fill_paths(recorded, workdir), workdir) != (
+      workdir_lib.portable(paths, workdir)):
     raise NotBuilt(f"{summary_file} names another build")
+
+
+def read_summary(workdir: str) -> dict:
+  """The summary.json of the last data build in `workdir` (read only, nothing built), its paths
+  filled in with where the workdir is now (workdir.fill_paths)."""
+  with open(os.path.join(workdir, SUMMARY_FILE)) as f:
+    return workdir_lib.fill_paths(json.load(f), workdir)
 
 
 _SHOWN: set[str] = set()  # the builds whose summary this process printed
@@ -442,7 +468,7 @@ def run(config, workdir: str) -> dict:
   log.info("data build in %s not complete (%s): building", workdir, missing)
   with contextlib.ExitStack() as stack:
     try:
-      stack.enter_context(lock_workdir(workdir))
+      stack.enter_context(workdir_lib.lock_workdir(workdir))
     except OSError as e:
       raise OSError(f"the data build in workdir {os.path.abspath(workdir)} is not complete "
                     f"({missing}) and cannot be built there: {e.strerror or e}") from e
@@ -450,13 +476,15 @@ def run(config, workdir: str) -> dict:
 
 
 def resolve_workdir(config, workdir: str):
-  """`config` with `{workdir}` in data.teacher_traces replaced by the build's workdir (a recipe's
-  LLM-teacher step writes its traces there: gr2jax/recipe.TEACHER_TRACES)."""
-  if "{workdir}" not in config.teacher_traces:
+  """`config` with `{workdir}` (and `{checkout}`) in data.teacher_traces replaced by the build's
+  workdir (workdir.fill_path; a recipe's LLM-teacher step writes its traces there:
+  gr2jax/recipe.TEACHER_TRACES)."""
+  filled = workdir_lib.fill_path(config.teacher_traces, workdir)
+  if filled == config.teacher_traces:
     return config
   config = config.copy_and_resolve_references()
   with config.unlocked():
-    config.teacher_traces = config.teacher_traces.format(workdir=workdir)
+    config.teacher_traces = filled
   return config
 
 
@@ -557,7 +585,7 @@ def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
   unfiltered.rejection = False
   unfiltered.teacher_traces = ""
   unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
-  with lock_workdir(workdir):
+  with workdir_lib.lock_workdir(workdir):
     steps = _Steps(workdir)
     catalog, sequences, raw_key, _ = _raw(steps, config)
     by_split, _, _ = _examples(steps, unfiltered, catalog, sequences, raw_key)
@@ -656,11 +684,15 @@ def _run(config, workdir: str, read_only: bool = False) -> dict:
     "paths": {"tokenizer": tok_dir, "tfds": tfds_dir, "items": _catalog_path(config),
               "sids": os.path.join(sids_dir, "sids.npy")},
   }
-  summary_file = os.path.join(workdir, "summary.json")
+  summary_file = os.path.join(workdir, SUMMARY_FILE)
   if read_only:
-    _check_summary_paths(summary_file, summary["paths"])
-  else:
-    files.atomic_write(summary_file, json.dumps(summary, indent=1,
+    _check_summary_paths(summary_file, summary["paths"], workdir)
+  else:  # its paths portable ("{workdir}/tokenizer-<key>"): read_summary fills them in
+    written = summary | {"paths": workdir_lib.portable(summary["paths"], workdir)}
+    if traces_provenance:
+      written["teacher_traces"] = traces_provenance | {
+        "file": workdir_lib.portable(traces_provenance["file"], workdir)}
+    files.atomic_write(summary_file, json.dumps(written, indent=1,
                                                default=lambda x: np.asarray(x).tolist()))
   if tfds_dir not in _SHOWN:  # once per build and process: every stage reads the build
     _SHOWN.add(tfds_dir)

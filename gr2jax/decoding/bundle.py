@@ -14,16 +14,22 @@ build record; the run record, whose `lengths` are the P, R it was trained with):
   inference/<items file>     the build's catalogue (titles, brands, categories, ASIN order)
   inference/sids.npy         the semantic IDs its prompts were rendered with
 
+bundle.json is itself protected: its sha256 is recorded in the export's gr2jax_metadata.json
+(`bundle_sha256`, RECORD_DIGEST), so an edited value (thresholds change every rendered prompt)
+is refused. Exports written before the field read as before (their bundle.json unchecked);
+weights_conversion/add_bundle.py rewrites their bundle and records it.
+
 `write(export, summary, rendering)` copies them from a data build into an export (the build's
 Rendering comes from data/build_rendering.py: this module reads no data build, so serving an
 export imports neither the pipeline nor TFDS). `read(export, data_config, items)` checks them and
 gives the tokenizer, the request Rendering, P, R and the data build record back. It returns None
 only for an export that never had a bundle (no inference/ directory; decoding/reranker.py then
 needs the workdir of its data build). Anything else wrong is a one-line ValueError naming the
-file and the field: a missing bundle.json or listed file, a file whose sha256 is not the recorded
-one, bad JSON, a field missing or of the wrong type or range, settings other than the export's
-data config's, widths other than its run record's. A bundle of another format (format 1 recorded
-no digests) is refused with the command that writes a new one (`rebundle_command`).
+file and the field: a missing bundle.json or listed file, a bundle.json or a file whose sha256 is
+not the recorded one, bad JSON, a field missing or of the wrong type or range, settings other
+than the export's data config's (naming this run's value and the export's), widths other than
+its run record's. A bundle of another format (format 1 recorded no digests) is refused with the
+command that writes a new one (`rebundle_command`).
 """
 
 import dataclasses
@@ -45,6 +51,7 @@ DIRECTORY = "inference"
 BUNDLE_FILE = "bundle.json"
 SIDS_FILE = "sids.npy"
 FORMAT = 2
+RECORD_DIGEST = "bundle_sha256"  # gr2jax_metadata.json's field: the sha256 of bundle.json
 THRESHOLDS_SHAPE = (len(evidence.KINDS), evidence.NUM_BUCKETS - 2)  # bucket 0 = no match
 
 
@@ -68,16 +75,26 @@ class Inference:
   data_build: dict
 
 
-def rebundle_command(export: str) -> str:
-  """The command that writes an export's inference bundle from its data build."""
+def rebundle_command(export: str, workdir: str = "") -> str:
+  """The command that writes an export's inference bundle from its data build (in `workdir`,
+  when known)."""
   return (f"python weights_conversion/add_bundle.py --export={export} "
-          "--workdir=<the workdir of its data build>")
+          f"--workdir={workdir or '<the workdir of its data build>'}")
+
+
+def is_bundle_file(name: str) -> bool:
+  """Whether `name` (a path in an export, '/'-separated) is one `write` writes: a file of
+  inference/ or a tokenizer file beside the params (anything but the config, the metadata and
+  params/)."""
+  return (name.startswith(DIRECTORY + "/")
+          or ("/" not in name and name not in (exports.CONFIG_FILE, exports.METADATA_FILE)))
 
 
 def write(export: str, summary: dict, rendering: requests_lib.Rendering) -> None:
   """Writes a data build's inference bundle (module docstring) into `export`: the tokenizer
   files beside the params, then inference/ at once (exports.atomic_directory: an interrupted
-  write leaves the inference/ the export had, or none; an existing one is replaced).
+  write leaves the inference/ the export had, or none; an existing one is replaced), then the
+  sha256 of its bundle.json in the export's metadata (RECORD_DIGEST).
 
   Args:
     export: the export (one being written: exports.save's write_more; or a finished one:
@@ -108,6 +125,8 @@ def write(export: str, summary: dict, rendering: requests_lib.Rendering) -> None
       json.dump(record, f, indent=1)
 
   exports.atomic_directory(os.path.join(export, DIRECTORY), fill, overwrite=True)
+  exports.update_metadata(export, {RECORD_DIGEST: files_lib.file_sha256(
+    os.path.join(export, DIRECTORY, BUNDLE_FILE))})
 
 
 def read(export: str, data_config, items: str = "") -> Inference | None:
@@ -128,6 +147,7 @@ def read(export: str, data_config, items: str = "") -> Inference | None:
   if not os.path.isdir(inference):
     return None
   path = os.path.join(inference, BUNDLE_FILE)
+  _check_record_digest(path, export)
   record = _load_record(path, export)
   _check_fields(record, path, export)
   _check_against_export(record, path, export, data_config)
@@ -140,6 +160,20 @@ def read(export: str, data_config, items: str = "") -> Inference | None:
   tokenizer = tokenizer_lib.load_tokenizer(export)
   return Inference(tokenizer, rendering, record["prompt_len"], record["response_len"],
                    exports.data_build_record(tokenizer, prompt, sids))
+
+
+def _check_record_digest(path: str, export: str) -> None:
+  """bundle.json is the one the export records (RECORD_DIGEST; unchecked for an export written
+  before the field: add_bundle.py records it)."""
+  want = exports.load_metadata(export).get(RECORD_DIGEST)
+  if want is None or not os.path.isfile(path):
+    return
+  got = files_lib.file_sha256(path)
+  if got != want:
+    raise ValueError(f"{path}: sha256 {got[:16]}... is not the {want[:16]}... the export records "
+                     f"({exports.METADATA_FILE} field {RECORD_DIGEST!r}): the bundle was edited "
+                     f"or damaged (its values render every prompt); write it again: "
+                     f"{rebundle_command(export)}")
 
 
 def _load_record(path: str, export: str) -> dict:
@@ -230,14 +264,31 @@ def _check_fields(record: dict, path: str, export: str) -> None:
 
 
 def _check_against_export(record: dict, path: str, export: str, data_config) -> None:
-  """The settings are those of the export's data config, P and R those it was trained with
-  (its run record's `lengths`, train/run_checkpoints.run_record; unchecked where it has none)."""
+  """The settings are those of the data config this run passes (`data_config`: the recipe's, with
+  its command-line overrides, or the export's own), P and R those it was trained with (its run
+  record's `lengths`, train/run_checkpoints.run_record; unchecked where it has none). A setting
+  of this run's other than the bundle's, where the export's metadata records the bundle's, is this
+  run's to change: the message names both sides."""
+  metadata = exports.load_metadata(export)
+  recorded = metadata.get("data_config") or {}
   for name in requests_lib.RENDERING_SETTINGS:
     want = data_config.get(name)
-    if want is not None and record[name] != want:
+    if want is None or record[name] == want:
+      continue
+    if recorded.get(name) == record[name]:  # the export agrees with itself: this run differs
+      raise ValueError(f"{path}: this run's data.{name} is {want!r} (the recipe or a "
+                       f"--config.data.{name} override), the export's is {record[name]!r} (its "
+                       f"bundle and {exports.METADATA_FILE} data_config): the export is fine; "
+                       f"drop the override or pass --config.data.{name}={record[name]!r}")
+    if recorded.get(name) == want:  # the bundle is not its export's
       raise ValueError(f"{path}: field {name!r} is {record[name]!r}, the export's data build has "
-                       f"{want!r} (data_config.{name})")
-  lengths = (exports.load_metadata(export).get("run") or {}).get("lengths")
+                       f"{want!r} ({exports.METADATA_FILE} data_config.{name}); write the bundle "
+                       f"again: {rebundle_command(export)}")
+    raise ValueError(f"{path}: field {name!r} is {record[name]!r}, this run's data.{name} is "
+                     f"{want!r} and the export records no data_config: pass the value it was "
+                     f"trained with, or write its bundle again from its data build: "
+                     f"{rebundle_command(export)}")
+  lengths = (metadata.get("run") or {}).get("lengths")
   recorded = lengths if isinstance(lengths, list) and len(lengths) == 2 else ()
   for name, want in zip(("prompt_len", "response_len"), recorded, strict=False):
     if record[name] != want:

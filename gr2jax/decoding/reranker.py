@@ -187,6 +187,9 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
       speculative.check_pair); decode.constrained with a model that is not block diffusion.
   """
   export = os.fspath(export)
+  load.check_model_dir(export, "export")  # before a data build for a misspelt path
+  if verify_with:
+    load.check_model_dir(verify_with, "verify_with")
   data_config = _recorded(export, "data_config", data_config)
   if not isinstance(data_config, ml_collections.ConfigDict):
     data_config = ml_collections.ConfigDict(data_config)

@@ -232,8 +232,13 @@ def test_python_api_is_the_package_export(tmp_path, tok):
     f.write("".join(json.dumps(_good(i)) + "\n" for i in range(4)) + "{bad\n")
   rows = gr2jax.rerank(path, _reranker(tok), batch_size=4)  # the mixed test's compiled shape
   assert all("error" not in r for r in rows[:4]) and rows[4]["error"]["kind"] == "malformed_json"
+  with pytest.raises(ValueError, match="^export=some/ckpt: does not exist"):
+    gr2jax.rerank(path, "some/ckpt")  # named before a data build could start
+  converted = tmp_path / "converted"  # a model directory, not a stage's export
+  converted.mkdir()
+  (converted / "gr2jax_config.json").write_text("{}")
   with pytest.raises(ValueError, match="records no data_config"):
-    gr2jax.rerank(path, "some/ckpt")
+    gr2jax.rerank(path, str(converted))
   with pytest.raises(TypeError, match="requests must be"):
     gr2jax.rerank(_good(0), "some/ckpt")  # one request dict, not a list of them
 
@@ -243,7 +248,7 @@ def _rerank_config(requests, out):
   from ml_collections import ConfigDict
 
   return ConfigDict(dict(ckpt="ckpt", requests=requests, out=out, items_file="", batch_size=4,
-                         max_new_tokens=0))
+                         max_new_tokens=0, verify_with=""))
 
 
 def _run(block, workdir):
@@ -293,6 +298,65 @@ def test_bad_batch_size_is_refused_before_decoding(tmp_path, no_decoding):
   config.batch_size = 0
   with pytest.raises(ValueError, match="rerank.batch_size=0"):
     _run(config, str(tmp_path))
+
+
+@pytest.mark.parametrize("field, value", [("ckpt", "{workdir}/rl/exprt"),
+                                          ("verify_with", "{workdir}/ar_rl/exprt")])
+def test_a_misspelt_export_is_named_before_any_data_build(tmp_path, monkeypatch, field, value):
+  """From an empty workdir (a self-contained export's use) a typo in rerank.ckpt used to build
+  a whole data build there first, then say the path was not a model."""
+  from gr2jax.data import pipeline
+
+  def no_build(*args, **kwargs):
+    raise AssertionError("a data build ran before the export was checked")
+
+  monkeypatch.setattr(pipeline, "run", no_build)
+  requests = os.path.join(tmp_path, "req.jsonl")
+  open(requests, "w").close()
+  workdir = tmp_path / "W"
+  workdir.mkdir()
+  config = _rerank_config(requests, os.path.join(tmp_path, "out.jsonl"))
+  if field == "verify_with":  # the drafter exists: the verifier is the typo
+    (workdir / "rl" / "export").mkdir(parents=True)
+    (workdir / "rl" / "export" / "gr2jax_config.json").write_text("{}")
+    config.ckpt = "{workdir}/rl/export"
+  config[field] = value
+  with pytest.raises(ValueError) as info:
+    _run(config, str(workdir))
+  assert str(info.value) == (f"rerank.{field}={workdir}/{value[len('{workdir}/'):]}: does not "
+                             "exist (pass a gr2jax export or an HF Qwen3 directory)")
+  assert sorted(os.listdir(workdir)) == (["rl"] if field == "verify_with" else [])
+
+
+def test_a_path_with_braces_is_filled_literally(tmp_path, monkeypatch):
+  """A directory named run{1} (or a '{checkout}' copied from a run record) used to be an
+  IndexError / KeyError from str.format: only '{workdir}' and '{checkout}' are filled in."""
+  from gr2jax import workdir as workdir_lib
+
+  seen = {}
+
+  def loaded(ckpt, **kwargs):
+    seen.update(ckpt=ckpt, **kwargs)
+    raise RuntimeError("loaded")
+
+  monkeypatch.setattr(reranker_lib, "load_reranker", loaded)
+  requests = os.path.join(tmp_path, "req.jsonl")
+  open(requests, "w").close()
+  workdir = tmp_path / "run{1}"
+  export = workdir / "rl" / "export{0}"
+  export.mkdir(parents=True)
+  (export / "gr2jax_config.json").write_text("{}")
+  config = _rerank_config(requests, os.path.join(tmp_path, "out.jsonl"))
+  config.verify_with = "{checkout}"
+  config.ckpt = "{workdir}/rl/export{0}"
+  with pytest.raises(ValueError, match=r"rerank\.verify_with=.*: neither a gr2jax checkpoint"):
+    _run(config, str(workdir))  # the checkout, filled in: a directory but not a model
+  config.verify_with = ""
+  with pytest.raises(RuntimeError, match="loaded"):
+    _run(config, str(workdir))
+  assert seen["ckpt"] == str(export) and seen["verify_with"] == ""
+  assert workdir_lib.fill_path("{checkout}/data", "W") == os.path.join(
+    workdir_lib.CHECKOUT_DIR, "data")
 
 
 def test_failed_write_leaves_no_temp_file(tmp_path):

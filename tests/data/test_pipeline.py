@@ -3,6 +3,7 @@ the cache on re-run, LLM traces, and reading the result back (TFDS -> batches ->
 
 The fast tests load a SID file; the RQ-VAE path (JIT compiles for ~20 s) is marked slow."""
 
+import builtins
 import gzip
 import json
 import os
@@ -318,3 +319,38 @@ def test_an_incomplete_build_in_an_unwritable_workdir_names_the_workdir(data_dir
   with pytest.raises(OSError, match=rf"data build in workdir {tmp_path} is not complete "
                                             r"\(step raw: .*missing\).*cannot open its lock file"):
     pipeline.run(_config(data_dir, data_dir / "sids.npy"), str(tmp_path))
+
+
+def test_a_moved_finished_workdir_is_read_from_a_read_only_mount(built, tmp_path, monkeypatch):
+  """summary.json writes its paths "{workdir}/..." (as run records do), so a finished workdir
+  moved elsewhere and mounted read-only is still its build: read without the lock or a write,
+  its paths where it is now (it used to be "not complete": summary.json named the old paths)."""
+  config, work, _ = built
+  first = pipeline.run(config, work)  # the last build written (summary.json names it)
+  with open(os.path.join(work, pipeline.SUMMARY_FILE)) as f:
+    written = json.load(f)["paths"]
+  assert written["tokenizer"] == "{workdir}/" + os.path.basename(first["paths"]["tokenizer"])
+  assert written["sids"].startswith("{workdir}/sids_npy-")
+  moved = str(tmp_path / "mounted{1}" / "work")
+  shutil.copytree(work, moved)
+  real_open, real_builtin_open = os.open, builtins.open
+
+  def read_only_open(path, flags, *args):  # what a read-only mount answers (tests run as root)
+    if flags & (os.O_CREAT | os.O_WRONLY | os.O_RDWR):
+      raise OSError(30, "Read-only file system", path)
+    return real_open(path, flags, *args)
+
+  def read_only_builtin_open(file, mode="r", *args, **kwargs):
+    if set(mode) & set("wax+"):
+      raise OSError(30, "Read-only file system", file)
+    return real_builtin_open(file, mode, *args, **kwargs)
+
+  before = _snapshot(moved)
+  monkeypatch.setattr(os, "open", read_only_open)
+  monkeypatch.setattr(builtins, "open", read_only_builtin_open)
+  summary = pipeline.run(config, moved)
+  monkeypatch.undo()
+  assert _snapshot(moved) == before and all(summary["cached"].values())
+  assert summary["paths"]["tokenizer"] == os.path.join(
+    moved, os.path.basename(first["paths"]["tokenizer"]))
+  assert pipeline.read_summary(moved)["paths"] == summary["paths"]

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import gr2jax
-from gr2jax import files
+from gr2jax import exports, files
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import build_rendering, pipeline
 from gr2jax.data import lengths as lengths_lib
@@ -44,13 +44,22 @@ def _bundle_file(export: str) -> str:
   return os.path.join(export, bundle.DIRECTORY, bundle.BUNDLE_FILE)
 
 
-def _edit_record(export: str, **fields) -> None:
-  """Sets (or with None, removes) fields of the export's bundle.json."""
+def _record_digest(export: str) -> None:
+  """Records the export's bundle.json as it now is (exports.update_metadata, as bundle.write
+  does): a bundle written with these values, whose own checks the test reaches."""
+  exports.update_metadata(export, {bundle.RECORD_DIGEST: files.file_sha256(_bundle_file(export))})
+
+
+def _edit_record(export: str, recorded: bool = True, **fields) -> None:
+  """Sets (or with None, removes) fields of the export's bundle.json; `recorded`: its digest
+  recorded again (`_record_digest`), else left as written (an edit of the file)."""
   with open(_bundle_file(export)) as f:
     record = json.load(f)
   record.update(fields)
   with open(_bundle_file(export), "w") as f:
     json.dump({k: v for k, v in record.items() if v is not None}, f)
+  if recorded:
+    _record_digest(export)
 
 
 def _refused(export: str, config, where: str, message: str) -> None:
@@ -149,6 +158,7 @@ def _cut_in_half(export: str) -> None:
     text = f.read()
   with open(_bundle_file(export), "w") as f:
     f.write(text[:len(text) // 2])
+  _record_digest(export)
 
 
 BAD_RECORDS = [  # (what to do to bundle.json, the field named)
@@ -165,7 +175,8 @@ BAD_RECORDS = [  # (what to do to bundle.json, the field named)
                                          r"inference/"),
   (dict(evidence_decay=True), r"field 'evidence_decay' must be a number in \(0, 1\], got True"),
   (dict(num_candidates=5), r"field 'num_candidates' is 5, the export's data build has 10 "
-                           r"\(data_config\.num_candidates\)"),
+                           r"\(gr2jax_metadata\.json data_config\.num_candidates\); write the "
+                           rf"bundle again: {ADD_BUNDLE}"),
   (dict(response_len=16), r"field 'response_len' is 16, the export was trained with 48 "
                           r"\(gr2jax_metadata\.json run\.lengths \[P, R\]\)"),
   (dict(files={"tokenizer.json": "0" * 64}), r"field 'files' has no digest of "
@@ -185,6 +196,43 @@ def test_a_bad_bundle_record_is_refused_naming_the_field(bundled, tmp_path, chan
   else:
     _edit_record(export, **change)
   _refused(export, bundled.config, _bundle_file(export), message)
+
+
+@pytest.mark.parametrize("change", [
+  dict(thresholds=[[0.0, 0.0, 0.0]] * 3), dict(evidence_window=1), dict(files={})])
+def test_an_edited_bundle_record_is_refused_naming_the_file(bundled, tmp_path, change):
+  """Every file the bundle lists is digested, and bundle.json itself by the export's metadata:
+  an edited threshold (which changes every rendered prompt) no longer loads silently."""
+  export = _copy(bundled.export, tmp_path)
+  _edit_record(export, recorded=False, **change)
+  _refused(export, bundled.config, _bundle_file(export),
+           r"sha256 \w{16}\.\.\. is not the \w{16}\.\.\. the export records "
+           r"\(gr2jax_metadata\.json field 'bundle_sha256'\): the bundle was edited or damaged "
+           rf"\(its values render every prompt\); write it again: {ADD_BUNDLE}")
+
+
+def test_an_export_written_before_the_record_digest_loads_as_before(bundled, tmp_path):
+  """An export whose metadata records no bundle_sha256 (written before the field) reads as it
+  did; weights_conversion/add_bundle.py records it (tests/weights_conversion/)."""
+  export = _copy(bundled.export, tmp_path)
+  metadata = exports.load_metadata(export)
+  assert metadata[bundle.RECORD_DIGEST] == files.file_sha256(_bundle_file(export))
+  with open(os.path.join(export, exports.METADATA_FILE), "w") as f:
+    json.dump({k: v for k, v in metadata.items() if k != bundle.RECORD_DIGEST}, f)
+  assert bundle.read(export, bundled.config).prompt_len == bundle.read(
+    bundled.export, bundled.config).prompt_len
+
+
+def test_a_data_setting_of_this_run_is_named_as_this_runs_not_the_exports(bundled):
+  """The recipe's data setting changed on the command line (or a recipe of other settings) is
+  named as this run's, beside the export's value: the bundle, which is fine, is not blamed."""
+  config = bundled.config.copy_and_resolve_references()
+  config.num_candidates = 5
+  _refused(bundled.export, config, _bundle_file(bundled.export),
+           r"this run's data\.num_candidates is 5 \(the recipe or a --config\.data\."
+           r"num_candidates override\), the export's is 10 \(its bundle and "
+           r"gr2jax_metadata\.json data_config\): the export is fine; drop the override or pass "
+           r"--config\.data\.num_candidates=10$")
 
 
 def test_write_replaces_a_bundle_whole(bundled, tmp_path):

@@ -4,6 +4,7 @@ with the metadata the reranker reads (loop.export_metadata's data_config, decode
 what the bundle, reranker and add_bundle tests load."""
 
 import dataclasses
+import json
 import os
 import shutil
 import types
@@ -42,9 +43,13 @@ def write_export(path: str, config, summary) -> None:
 
 def copy_without_bundle(export: str, out: str) -> str:
   """A copy of `export` at `out` as exports were written before they carried a bundle (no
-  inference/, no tokenizer files); returns `out`."""
+  inference/, no tokenizer files, no bundle digest in the metadata); returns `out`."""
   keep = {exports.CONFIG_FILE, exports.METADATA_FILE, exports.PARAMS_DIR}
   shutil.copytree(export, out, ignore=lambda d, names: [
     n for n in names if d == export and n not in keep])
+  metadata = exports.load_metadata(out)
+  del metadata[bundle.RECORD_DIGEST]
+  with open(os.path.join(out, exports.METADATA_FILE), "w") as f:
+    json.dump(metadata, f, indent=1)
   assert not os.path.exists(os.path.join(out, bundle.DIRECTORY))
   return out

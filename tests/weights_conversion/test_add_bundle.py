@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from gr2jax import exports
+from gr2jax.data import pipeline
 from gr2jax.decoding import bundle
 from gr2jax.decoding import reranker as reranker_lib
 from tests.decoding import tiny_export
@@ -49,7 +50,7 @@ def test_the_command_writes_the_bundle_its_stage_wrote(built, tmp_path):
           assert f.read() == g.read(), file
   with open(os.path.join(old, exports.METADATA_FILE)) as f, \
        open(os.path.join(export, exports.METADATA_FILE)) as g:
-    assert json.load(f) == json.load(g)  # untouched
+    assert json.load(f) == json.load(g)  # untouched, but for the bundle's digest now recorded
   assert reranker_lib.load_reranker(old).prompt_len == reranker_lib.load_reranker(export).prompt_len
 
 
@@ -77,3 +78,45 @@ def test_a_build_that_is_not_the_exports_is_refused_before_writing(built, tmp_pa
   shutil.rmtree(other)
   with pytest.raises(exports.CheckpointError, match="not a gr2jax checkpoint"):
     add_bundle.add_bundle(other, workdir)
+
+
+@pytest.mark.parametrize("damage", ["lost", "edited"])
+def test_a_chain_exports_bundle_is_repaired_and_its_step_reused(built, tmp_path, damage):
+  """A chain step's export (its completion record, data/pipeline.mark_complete) that lost its
+  bundle.json, or whose bundle.json was edited (its digest is the export's record): add_bundle.py
+  writes it again, records its digest and the completion record, so the step counts as intact
+  (the chain reuses it, not retrains it) and the export loads."""
+  config, _, workdir, export = built
+  copy = str(tmp_path / "export")
+  shutil.copytree(export, copy)
+  pipeline.mark_complete(copy)
+  record = os.path.join(copy, bundle.DIRECTORY, bundle.BUNDLE_FILE)
+  if damage == "lost":
+    os.remove(record)
+  else:
+    with open(record) as f:
+      fields = json.load(f)
+    with open(record, "w") as f:
+      json.dump(dict(fields, thresholds=[[0.5] * 3] * 3), f)
+    with pytest.raises(ValueError, match=r"bundle\.json: sha256 .* the export records "
+                                         r"\(gr2jax_metadata\.json field 'bundle_sha256'\)"):
+      bundle.read(copy, config)
+  assert pipeline.incomplete(copy) is not None
+  add_bundle.add_bundle(copy, workdir)
+  assert pipeline.incomplete(copy) is None
+  assert exports.load_metadata(copy) == exports.load_metadata(export)
+  assert bundle.read(copy, config).prompt_len == bundle.read(export, config).prompt_len
+
+
+def test_damage_beyond_the_bundle_keeps_the_completion_record(built, tmp_path):
+  """Params damaged too: the bundle is written, the completion record is left as it was, so the
+  chain still redoes the step."""
+  _, _, workdir, export = built
+  copy = str(tmp_path / "export")
+  shutil.copytree(export, copy)
+  pipeline.mark_complete(copy)
+  os.remove(os.path.join(copy, bundle.DIRECTORY, bundle.BUNDLE_FILE))
+  with open(os.path.join(copy, exports.PARAMS_DIR, exports.MANIFEST_FILE), "a") as f:
+    f.write(" ")
+  add_bundle.add_bundle(copy, workdir)
+  assert "manifest.json has" in pipeline.incomplete(copy)

@@ -51,6 +51,8 @@ from fastapi import exceptions as fastapi_exceptions
 from fastapi import responses
 from starlette import exceptions as starlette_exceptions
 
+from gr2jax import load
+from gr2jax import workdir as workdir_lib
 from gr2jax.apps.serve import batching
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.apps.serve import metrics as metrics_lib
@@ -420,8 +422,11 @@ def run(recipe, c, workdir: str) -> None:
   from gr2jax import recipe as recipe_lib
 
   spec = spec_lib.ServeSpec.from_config(c)  # every field checked, before the port and the model
+  for field in ("ckpt", "verify_with"):  # a misspelt export, before the port or a data build
+    if getattr(spec, field):
+      load.check_model_dir(workdir_lib.fill_path(getattr(spec, field), workdir), f"serve.{field}")
   sock = bind(spec.host, spec.port)  # a busy port stops here, before the model loads
-  cache = spec.compilation_cache.format(workdir=workdir)
+  cache = workdir_lib.fill_path(spec.compilation_cache, workdir)
   if cache:
     engine_lib.use_compilation_cache(os.path.abspath(cache))
   start = time.perf_counter()

@@ -50,14 +50,40 @@ def test_a_busy_port_is_one_line_naming_serve_port_before_the_model_loads(tmp_pa
   busy.listen(1)
   port = busy.getsockname()[1]
   block = recipes.config("", "serve").serve
-  block.update(dict(port=port, ckpt=str(tmp_path / "no_export")))  # loading it would fail
+  export = tmp_path / "export"  # a model directory whose loading would fail
+  export.mkdir()
+  (export / "gr2jax_config.json").write_text("{}")
+  workdir = tmp_path / "W"
+  workdir.mkdir()
+  block.update(dict(port=port, ckpt=str(export)))
   try:
     with pytest.raises(OSError, match=rf"^\[Errno 98\] serve\.port={port}: cannot listen on "
                                       rf"127\.0\.0\.1:{port} .*--config\.serve\.port"):
-      server.run(None, block, str(tmp_path))
+      server.run(None, block, str(workdir))
   finally:
     busy.close()
-  assert not os.listdir(tmp_path)  # nothing loaded, no compilation cache made
+  assert not os.listdir(workdir)  # nothing loaded, no compilation cache made
+
+
+@pytest.mark.parametrize("field", ["ckpt", "verify_with"])
+def test_a_misspelt_export_is_named_before_the_port_or_a_data_build(tmp_path, monkeypatch, field):
+  """Serving from an empty workdir (a self-contained export's use) with a typo in serve.ckpt
+  used to build a whole data build there first, then say the path was not a model."""
+  from gr2jax.data import pipeline
+
+  monkeypatch.setattr(pipeline, "run", lambda *a, **k: pytest.fail("a data build ran"))
+  monkeypatch.setattr(server, "bind", lambda *a, **k: pytest.fail("the port was bound"))
+  export = tmp_path / "run{1}" / "rl" / "export"  # braces in a path are the path's own
+  export.mkdir(parents=True)
+  (export / "gr2jax_config.json").write_text("{}")
+  block = recipes.config("", "serve").serve
+  block.update(dict(ckpt="{workdir}/rl/export", verify_with=""))
+  block[field] = "{workdir}/rl/exprt"
+  with pytest.raises(ValueError) as info:
+    server.run(None, block, str(tmp_path / "run{1}"))
+  assert str(info.value) == (f"serve.{field}={tmp_path}/run{{1}}/rl/exprt: does not exist (pass "
+                             "a gr2jax export or an HF Qwen3 directory)")
+  assert os.listdir(tmp_path / "run{1}") == ["rl"]
 
 
 def _post_all(url: str, path: str, bodies: list) -> list[httpx.Response]:
