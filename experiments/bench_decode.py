@@ -31,7 +31,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments import limits
 from gr2jax import cli, load
@@ -41,20 +41,21 @@ from gr2jax.model.cache import init_cache
 from gr2jax.model.config import PRESETS, ModelConfig
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets (tiny, small, qwen3_0_6b, "
-                  "qwen3_8b).")
-flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
-flags.DEFINE_list("prompt_lens", ["256", "1024"], "Prompt lengths (all prompts full length).")
-flags.DEFINE_integer("new_tokens", 128, "Tokens generated per example.")
+cli.define_list("presets", ["tiny", "small"], "ModelConfig presets.", cli.choice(PRESETS))
+cli.define_list("batch_sizes", [1, 8], "Batch sizes.", cli.integer(1))
+cli.define_list("prompt_lens", [256, 1024], "Prompt lengths (all prompts full length).",
+                cli.integer(1))
+# >= 2: the decode loop's time is per step after the first token
+cli.define("new_tokens", 128, "Tokens generated per example.", cli.integer(2))
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.")
 flags.DEFINE_bool("hf", True, "Also time transformers generate (CPU torch) on the same weights.")
 flags.DEFINE_bool("random_weights", False, "Init gr2jax params directly on device (no HF model, "
                   "no conversion); for big presets on a GPU box.")
-flags.DEFINE_list("torch_threads", ["2", "1"], "torch.set_num_threads values to time transformers "
-                  "with (2 matches XLA's cores; on a loaded 2-core box 1 thread can be much "
-                  "faster, so the speed-up is reported against the best).")
-flags.DEFINE_float("peak_bw_gbs", None, "Peak memory bandwidth in GB/s, for the MBU column "
-                   "(e.g. 4800 for an H200).")
+cli.define_list("torch_threads", [2, 1], "torch.set_num_threads values to time transformers "
+                "with (2 matches XLA's cores; on a loaded 2-core box 1 thread can be much "
+                "faster, so the speed-up is reported against the best).", cli.integer(1))
+cli.define("peak_bw_gbs", None, "Peak memory bandwidth in GB/s, for the MBU column (e.g. 4800 "
+           "for an H200).", cli.number(0, low_open=True))
 flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
 
 
@@ -137,7 +138,7 @@ def compare_hf(hf_model, prompts: np.ndarray, new: int, ours: dict) -> dict:
   import torch
 
   row, best = {}, None
-  for threads in map(int, FLAGS.torch_threads):
+  for threads in FLAGS.torch_threads:
     torch.set_num_threads(threads)
     theirs = bench_hf(hf_model, prompts, new)
     row.update({f"hf_t{threads}_{k}": v for k, v in theirs.items() if k != "tokens"})
@@ -167,44 +168,14 @@ def bandwidth(config: ModelConfig, params, b: int, p: int, new: int, step_s: flo
   return row
 
 
-def _ints(name: str, minimum: int) -> list[int]:
-  """The list flag --name as ints >= minimum.
-
-  Raises:
-    app.UsageError: naming the flag and what it must be.
-  """
-  values = FLAGS[name].value
-  if not values or not all(v.strip().isdigit() and int(v) >= minimum for v in values):
-    raise app.UsageError(f"--{name}={','.join(values)}: each must be an int >= {minimum}")
-  return [int(v) for v in values]
-
-
-def check_flags() -> dict[str, list[int]]:
-  """Every flag checked before a model is built: {list flag: its ints}.
-
-  Raises:
-    app.UsageError: naming the flag and what it must be.
-  """
-  unknown = [p for p in FLAGS.presets if p not in PRESETS]
-  if unknown or not FLAGS.presets:
-    raise app.UsageError(f"--presets={','.join(FLAGS.presets)}: {unknown or 'empty'} is not a "
-                         "ModelConfig preset (tiny, small, qwen3_0_6b, ..., qwen3_8b)")
-  if FLAGS.new_tokens < 2:  # the decode loop's time is per step after the first token
-    raise app.UsageError(f"--new_tokens={FLAGS.new_tokens} must be >= 2")
-  if FLAGS.peak_bw_gbs is not None and not FLAGS.peak_bw_gbs > 0:
-    raise app.UsageError(f"--peak_bw_gbs={FLAGS.peak_bw_gbs} must be > 0")
-  return {name: _ints(name, 1) for name in ("batch_sizes", "prompt_lens", "torch_threads")}
-
-
 def main(argv):
   del argv
-  sizes = check_flags()
   logging.set_verbosity(logging.WARNING)  # orbax logs every leaf at INFO
   rows = []
   for preset in FLAGS.presets:
     config, params, hf_model = build_models(preset)
-    for b in sizes["batch_sizes"]:
-      for p in sizes["prompt_lens"]:
+    for b in FLAGS.batch_sizes:
+      for p in FLAGS.prompt_lens:
         prompts = np.random.default_rng(0).integers(0, config.vocab_size, (b, p))
         new = FLAGS.new_tokens
         row = {"preset": preset, "batch": b, "prompt": p, "new_tokens": new,
@@ -238,4 +209,4 @@ def print_table(rows: list[dict]) -> None:
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

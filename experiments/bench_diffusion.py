@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from experiments.bench_gpu_check import FORCED  # tau:K, checked as the GPU check does
 from gr2jax import cli, load
 from gr2jax.diffusion import decode
 from gr2jax.model import qwen3
@@ -52,24 +53,35 @@ flags.DEFINE_string("ckpt", None, "A diffusion gr2jax checkpoint (default: rando
 flags.DEFINE_enum("preset", "tiny", ["tiny", "small", "qwen3_0_6b", "qwen3_8b"],
                   "Model preset (random weights; unused with --ckpt).")
 flags.DEFINE_enum("param_dtype", "float32", ["float32", "bfloat16"], "Random weights: dtype.")
-flags.DEFINE_list("sections", ["steps", "e2e", "sweep"], "Which parts to run.")
-flags.DEFINE_list("batch_sizes", ["1", "8"], "Batch sizes.")
-flags.DEFINE_list("thresholds", ["1.0", "0.9", "0.7", "0.6", "0.4"], "Commit thresholds tau.")
-flags.DEFINE_integer("block_size", 32, "Diffusion block size B.")
-flags.DEFINE_list("step_block_sizes", ["4", "8", "16", "32"], "B values of the step section.")
-flags.DEFINE_integer("prompt_len", 512, "Prompt length (e2e, output-length sweep, steps).")
-flags.DEFINE_integer("max_new_tokens", 128, "Output length (e2e, prompt-length sweep, steps).")
-flags.DEFINE_integer("max_steps_per_block", 64, "Denoising-step cap per block (paper: 64).")
-flags.DEFINE_integer("naive_cache_len", 2048, "Cache slots of the lever-off step measurement.")
+SECTIONS = ("steps", "e2e", "sweep")
+TAU = cli.number(0, 1, low_open=True)
+cli.define_list("sections", list(SECTIONS), "Which parts to run.", cli.choice(SECTIONS))
+cli.define_list("batch_sizes", [1, 8], "Batch sizes.", cli.integer(1))
+cli.define_list("thresholds", [1.0, 0.9, 0.7, 0.6, 0.4], "Commit thresholds tau.", TAU)
+flags.DEFINE_integer("block_size", 32, "Diffusion block size B.", lower_bound=1)
+cli.define_list("step_block_sizes", [4, 8, 16, 32], "B values of the step section.",
+                cli.integer(1))
+flags.DEFINE_integer("prompt_len", 512, "Prompt length (e2e, output-length sweep, steps).",
+                     lower_bound=1)
+flags.DEFINE_integer("max_new_tokens", 128, "Output length (e2e, prompt-length sweep, steps).",
+                     lower_bound=1)
+flags.DEFINE_integer("max_steps_per_block", 64, "Denoising-step cap per block (paper: 64).",
+                     lower_bound=1)
+flags.DEFINE_integer("naive_cache_len", 2048, "Cache slots of the lever-off step measurement.",
+                     lower_bound=1)
 flags.DEFINE_integer("head_buckets", 4, "LM-head buckets of the lever-on e2e run (1 = no "
-                     "lever-on run).")
-flags.DEFINE_list("forced_tokens_per_step", [], "TAU:K pairs: at TAU, cap each block at "
-                  "ceil((B - 1) / K) denoising steps (module docstring; e.g. 0.9:3,0.6:4,0.4:5).")
-flags.DEFINE_float("sweep_threshold", 0.9, "tau of the sweeps.")
-flags.DEFINE_list("output_lens", ["32", "64", "128", "256", "512"], "Output-length sweep.")
-flags.DEFINE_list("prompt_lens", ["32", "128", "512", "1024", "2048"], "Prompt-length sweep.")
-flags.DEFINE_integer("repeats", 3, "Timed repeats (fastest kept) after the warm-up call.")
-flags.DEFINE_integer("step_repeats", 20, "Timed repeats of each per-step measurement.")
+                     "lever-on run).", lower_bound=1)
+cli.define_list("forced_tokens_per_step", [], "TAU:K pairs: at TAU, cap each block at "
+                "ceil((B - 1) / K) denoising steps (module docstring; e.g. 0.9:3,0.6:4,0.4:5).",
+                FORCED, allow_empty=True)
+cli.define("sweep_threshold", 0.9, "tau of the sweeps.", TAU)
+cli.define_list("output_lens", [32, 64, 128, 256, 512], "Output-length sweep.", cli.integer(1))
+cli.define_list("prompt_lens", [32, 128, 512, 1024, 2048], "Prompt-length sweep.",
+                cli.integer(1))
+flags.DEFINE_integer("repeats", 3, "Timed repeats (fastest kept) after the warm-up call.",
+                     lower_bound=1)
+flags.DEFINE_integer("step_repeats", 20, "Timed repeats of each per-step measurement.",
+                     lower_bound=1)
 flags.DEFINE_integer("seed", 0, "Seed of the random weights and prompts.")
 
 
@@ -148,8 +160,8 @@ def step_costs(config, params):
   """Per-step cost of a block forward vs a one-token step, levers on / off."""
   rows = []
   p, m, n = FLAGS.prompt_len, FLAGS.max_new_tokens, FLAGS.step_repeats
-  widest = max(map(int, FLAGS.step_block_sizes))
-  for batch in map(int, FLAGS.batch_sizes):
+  widest = max(FLAGS.step_block_sizes)
+  for batch in FLAGS.batch_sizes:
     tokens, lengths = _prompts(config, batch, p)
     caches = {}
     for label, size in (("sized", p + m + widest), ("naive", max(FLAGS.naive_cache_len,
@@ -164,7 +176,7 @@ def step_costs(config, params):
       return _compile_s(first, warm), warm / n
 
     for cache_label, cache in caches.items():
-      for b in map(int, FLAGS.step_block_sizes):
+      for b in FLAGS.step_block_sizes:
         for head_label, heads in (("all", b), ("half", max(1, b // 2)), ("one", 1)):
           compile_1, one = measure(cache, 1, 1)  # re-measured next to each block measurement
           compile_b, cost = measure(cache, b, heads)
@@ -183,11 +195,8 @@ def step_costs(config, params):
 def forced_steps(block_size: int) -> dict[float, tuple[int, int]]:
   """--forced_tokens_per_step as {tau: (K, the per-block step cap that emulates it)}."""
   out = {}
-  for item in FLAGS.forced_tokens_per_step:
-    tau, k = item.split(":")
-    if int(k) < 1:
-      raise app.UsageError(f"--forced_tokens_per_step: K={k} must be >= 1")
-    out[float(tau)] = int(k), max(1, -(-(block_size - 1) // int(k)))
+  for tau, k in FLAGS.forced_tokens_per_step:
+    out[tau] = k, max(1, -(-(block_size - 1) // k))
   return out
 
 
@@ -215,9 +224,9 @@ def _run(config, params, batch, prompt_len, max_new, block_size, tau, head_bucke
 def end_to_end(config, params):
   rows = []
   p, m, b = FLAGS.prompt_len, FLAGS.max_new_tokens, FLAGS.block_size
-  taus = [float(t) for t in FLAGS.thresholds]
+  taus = list(FLAGS.thresholds)
   forced = forced_steps(b)
-  for batch in map(int, FLAGS.batch_sizes):
+  for batch in FLAGS.batch_sizes:
     ar = _run(config, params, batch, p, m, 1, 1.0)
     rows.append(dict(ar, method="AR"))
     print(f"[e2e] batch {batch} AR: {ar['tokens_per_s']:.1f} tok/s", flush=True)
@@ -242,8 +251,8 @@ def end_to_end(config, params):
 def sweeps(config, params):
   rows = []
   tau, b = FLAGS.sweep_threshold, FLAGS.block_size
-  cases = [("output_len", FLAGS.prompt_len, int(n)) for n in FLAGS.output_lens]
-  cases += [("prompt_len", int(n), FLAGS.max_new_tokens) for n in FLAGS.prompt_lens]
+  cases = [("output_len", FLAGS.prompt_len, n) for n in FLAGS.output_lens]
+  cases += [("prompt_len", n, FLAGS.max_new_tokens) for n in FLAGS.prompt_lens]
   for axis, p, m in cases:
     ar = _run(config, params, 1, p, m, 1, 1.0)
     diff = _run(config, params, 1, p, m, b, tau)
@@ -305,9 +314,6 @@ def _save(fig, out_dir, name):
 
 def main(argv):
   del argv
-  unknown = set(FLAGS.sections) - {"steps", "e2e", "sweep"}
-  if unknown:
-    raise app.UsageError(f"--sections: unknown {sorted(unknown)}")
   os.makedirs(FLAGS.out_dir, exist_ok=True)
   config, params, what = _model()
   result = dict(model=what, backend=jax.default_backend(), devices=str(jax.devices()),
@@ -339,4 +345,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

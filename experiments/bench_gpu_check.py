@@ -40,7 +40,7 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 
 from gr2jax import cli  # light: absl and the workdir lock only
 
@@ -49,17 +49,26 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
+# A --forced_tokens_per_step entry (here and in experiments/bench_diffusion.py): tau:K.
+FORCED = cli.fields(":", TAU=cli.number(0, 1, low_open=True), K=cli.integer(1))
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags (defined only when run as a script: the tests import this
-  module's sections)."""
-  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).")
-  flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.")
+  module's sections), each checked when absl parses it: a bad value is refused before any
+  section runs."""
+  flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "tiny"], "Model and shapes (PRESETS).",
+                    flag_values=flag_values)
+  flags.DEFINE_string("out_dir", "runs/gpu_check", "Where the JSON, logs and table go.",
+                      flag_values=flag_values)
   flags.DEFINE_enum("section", "all", ["all", "decode_kernel", "ar_decode", "diffusion", "train",
                                        "exactness", "report"],
-                    "'all' runs every section as a subprocess, then the report.")
-  flags.DEFINE_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
-                    "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
-                    "near the paper's frontier, 2.4x / 3.3x / 3.5x over AR).")
+                    "'all' runs every section as a subprocess, then the report.",
+                    flag_values=flag_values)
+  cli.define_list("forced_tokens_per_step", ["0.9:3", "0.6:4", "0.4:5"],
+                  "tau:K pairs of the diffusion section (K tokens per denoising step; chosen "
+                  "near the paper's frontier, 2.4x / 3.3x / 3.5x over AR).", FORCED,
+                  flag_values=flag_values)
 
 
 # Peak bf16 dense FLOP/s and HBM bytes/s by device_kind substring (first match wins).
@@ -106,9 +115,10 @@ def _commands(out_dir: str) -> dict[str, list[str]]:
     "diffusion": [py, os.path.join(REPO, "experiments", "bench_diffusion.py"),
                   f"--preset={FLAGS.preset}", "--param_dtype=bfloat16",
                   "--sections=e2e", "--batch_sizes=1",
-                  "--thresholds=" + ",".join(x.split(":")[0] for x in
+                  "--thresholds=" + ",".join(f"{tau:g}" for tau, _ in
                                              FLAGS.forced_tokens_per_step),
-                  "--forced_tokens_per_step=" + ",".join(FLAGS.forced_tokens_per_step),
+                  "--forced_tokens_per_step=" + ",".join(
+                    FORCED.text(x) for x in FLAGS.forced_tokens_per_step),
                   f"--block_size={p['block_size']}", f"--prompt_len={p['prompt_len']}",
                   f"--max_new_tokens={p['new_tokens']}", "--head_buckets=1",
                   f"--repeats={p['repeats']}", f"--out_dir={os.path.join(out_dir, 'diffusion')}"],
@@ -558,4 +568,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

@@ -74,7 +74,8 @@ MODES = ("ar", "lossless", "auto")  # --modes: the serving modes compared
 FLAGS = flags.FLAGS  # --config: serve.py[:variant] + the models' training overrides; --workdir:
 #                      the workdir holding the data build and <model>/export
 flags.DEFINE_list("models", ["ar_rl", "rl"], "Stages whose W/<stage>/export are served.")
-flags.DEFINE_list("concurrency", ["1", "4", "16", "64"], "Client connections per load level.")
+cli.define_list("concurrency", [1, 4, 16, 64], "Client connections per load level.",
+                cli.integer(1))
 flags.DEFINE_integer("requests", 256, "The most requests per load level.")
 flags.DEFINE_integer("client_processes", 2, "Client processes sharing each level's connections "
                      "(one Python process alone can be the bottleneck).")
@@ -121,11 +122,7 @@ def check_flags() -> None:
   for flag, model in stages:
     if not os.path.isdir(os.path.join(FLAGS.workdir, model, "export")):
       raise app.UsageError(f"--{flag}: {FLAGS.workdir}/{model}/export does not exist")
-  try:
-    levels = [int(c) for c in FLAGS.concurrency]
-  except ValueError:
-    raise app.UsageError(f"--concurrency={FLAGS.concurrency} must be ints") from None
-  for name, value in (("concurrency", min(levels, default=0)), ("requests", FLAGS.requests),
+  for name, value in (("requests", FLAGS.requests),
                       ("goal_concurrency", FLAGS.goal_concurrency),
                       ("batch1_requests", FLAGS.batch1_requests),
                       ("queue_bound", FLAGS.queue_bound),
@@ -764,4 +761,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main), argv=run_main.resolve_config_arg(sys.argv))
+  cli.run(main, argv=run_main.resolve_config_arg(sys.argv), flags_parser=run_main.parse_flags)

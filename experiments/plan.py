@@ -51,7 +51,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
-from absl import app, flags
+from absl import flags
 
 from experiments import targets
 from gr2jax import chunks, cli, stage_registry
@@ -94,43 +94,63 @@ ON_POLICY = tuple(n for n in STAGES if train_stages_lib.TRAINERS[n].make_prepare
 PROGRAMS = (*STAGES, "ar_decode", "diffusion_decode", "speculative_decode")
 
 
-def define_flags() -> None:
+def _xla_option(text: str) -> tuple[str, bool] | None:
+  name, _, value = text.partition("=")
+  return (name, value == "true") if name and value in ("true", "false") else None
+
+
+# An --xla_options entry: (name, value).
+XLA_OPTION = cli.Item("name=true|false", _xla_option,
+                      text=lambda option: f"{option[0]}={str(option[1]).lower()}")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command-line flags (defined only when run as a script, so importing this module from
-  another absl program, e.g. experiments/bench_gpu_check.py, defines nothing)."""
+  another absl program, e.g. experiments/bench_gpu_check.py, defines nothing), each value
+  checked when absl parses it, before anything is compiled."""
+  f = {"flag_values": flag_values}
   flags.DEFINE_enum("preset", "qwen3_8b", ["qwen3_8b", "qwen3_0_6b", "tiny"],
-                    "Model and shapes (PRESETS).")
+                    "Model and shapes (PRESETS).", **f)
   flags.DEFINE_enum("target", "cpu", list(targets.TARGETS), "The compiler: 8 simulated CPU "
-                    "devices, or a GPU / TPU compiler without hardware (experiments/targets.py).")
+                    "devices, or a GPU / TPU compiler without hardware (experiments/targets.py).",
+                    **f)
   flags.DEFINE_string("topology", None, "The target's devices (default: 8); GPU "
                       "SLICESxHOSTSxDEVICES (1x1x8, 1x2x4, 1x1x1), TPU the chip grid (2x2x2, "
-                      "2x4, 1x1).")
-  flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the target's devices.")
+                      "2x4, 1x1).", **f)
+  flags.DEFINE_list("layouts", ["8x1", "4x2"], "Meshes as FSDPxTP over the target's devices.",
+                    **f)
   flags.DEFINE_enum("attention", "reference", ["reference", "kernel"], "ModelConfig."
                     "attention_impl of every program: the einsum reference, or the target's "
-                    "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).")
-  flags.DEFINE_list("stages", list(PROGRAMS), "Which steps to compile.")
+                    "fused kernel (targets.Target.kernel: cuDNN on GPU, splash on TPU).", **f)
+  cli.define_list("stages", list(PROGRAMS), "Which steps to compile.", cli.choice(PROGRAMS), **f)
   flags.DEFINE_integer("points", 2, "Micro-batch sizes compiled per train step: the stage "
-                       "config's, then its half (or double); 2 give the memory line.")
+                       "config's, then its half (or double); 2 give the memory line.",
+                       lower_bound=1, **f)
   flags.DEFINE_bool("verify_flops", True, "Check the FLOP formula against cost_analysis on small "
-                    "one-trip configs.")
-  flags.DEFINE_float("mfu", 0.4, "Model-FLOP utilisation of the time prediction.")
-  flags.DEFINE_float("reserve", 0.1, "Fraction of each card kept free (not given to XLA).")
-  flags.DEFINE_float("forwards_per_token", 0.5, "Block-diffusion rollout forwards per output "
-                     "token (denoising + commit; the tau = 0.9 target), time model.")
+                    "one-trip configs.", **f)
+  cli.define("mfu", 0.4, "Model-FLOP utilisation of the time prediction.",
+             cli.number(0, 1, low_open=True), **f)
+  cli.define("reserve", 0.1, "Fraction of each card kept free (not given to XLA).",
+             cli.number(0, 1, high_open=True), **f)
+  cli.define("forwards_per_token", 0.5, "Block-diffusion rollout forwards per output token "
+             "(denoising + commit; the tau = 0.9 target), time model.",
+             cli.number(0, low_open=True), **f)
   flags.DEFINE_integer("opt_level", 0, "xla_backend_optimization_level of the CPU compiles (0: "
-                       "faster compiles; buffer sizes do not depend on it).")
-  flags.DEFINE_list("xla_options", [], "XLA options every compile of the run starts with beyond "
-                    "the recipe's xla_flags (config xla_flags, those of the target's platform), "
-                    "as name=true|false.")
-  flags.DEFINE_string("compare_block", "plan:targets", "The --doc block --compare fills.")
+                       "faster compiles; buffer sizes do not depend on it).", lower_bound=0,
+                       upper_bound=3, **f)
+  cli.define_list("xla_options", [], "XLA options every compile of the run starts with beyond "
+                  "the recipe's xla_flags (config xla_flags, those of the target's platform), "
+                  "as name=true|false.", XLA_OPTION, allow_empty=True, **f)
+  flags.DEFINE_string("compare_block", "plan:targets", "The --doc block --compare fills.", **f)
   flags.DEFINE_list("compare", None, "Only render these saved plan JSONs side by side (one per "
-                    "target) into --doc's `plan:targets` block.")
-  flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.")
+                    "target) into --doc's `plan:targets` block.", **f)
+  flags.DEFINE_string("out_dir", "docs", "Where plan_<preset>.json / .md go.", **f)
   flags.DEFINE_bool("append", False, "Merge the rows compiled into the saved plan JSON of the "
                     "same preset, target, topology and attention (merge_plans) instead of "
-                    "replacing it: one stage per run, rows accumulate.")
-  flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.")
-  flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).")
+                    "replacing it: one stage per run, rows accumulate.", **f)
+  flags.DEFINE_string("doc", None, "Also replace the generated block of this markdown file.",
+                      **f)
+  flags.DEFINE_string("render", None, "Only re-render this saved plan JSON (into --doc).", **f)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1060,13 +1080,6 @@ def merge_plans(old: dict, new: dict) -> dict:
   return {**new, "rows": rows, "wall_s": old["wall_s"] + new["wall_s"]}
 
 
-def _option(text: str) -> tuple[str, bool]:
-  name, _, value = text.partition("=")
-  if value not in ("true", "false"):
-    raise ValueError(f"--xla_options={text!r}: expected name=true|false")
-  return name, value == "true"
-
-
 def use_host_devices(count: int = 8) -> None:
   """CPU backend with `count` host devices; must run before JAX initialises its backend."""
   if _FLAG not in os.environ.get("XLA_FLAGS", ""):
@@ -1155,7 +1168,7 @@ def main(argv):
 
     result = run_plan(FLAGS.preset, FLAGS.layouts, FLAGS.stages, settings, FLAGS.verify_flops,
                       FLAGS.target, FLAGS.topology, save, FLAGS.attention,
-                      dict(_option(text) for text in FLAGS.xla_options))
+                      dict(FLAGS.xla_options))
     save(result)
     result = merged(result)
   table = markdown(result)
@@ -1169,4 +1182,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

@@ -105,7 +105,9 @@ def eval_checkpoint(evaluate, workdir: str) -> str:
   loads: a missing one is a UsageError naming the flag and the path."""
   if not evaluate.ckpt:
     raise app.UsageError("eval.py needs --config.evaluate.ckpt=<checkpoint or HF dir>")
-  ckpt = evaluate.ckpt.format(workdir=workdir)
+  from gr2jax import workdir as workdir_lib
+
+  ckpt = workdir_lib.fill_path(evaluate.ckpt, workdir)
   if not os.path.isdir(ckpt):
     what = "is not a directory" if os.path.exists(ckpt) else "does not exist"
     raise app.UsageError(f"--config.evaluate.ckpt: {ckpt} {what} (pass a gr2jax export or an "
@@ -256,10 +258,14 @@ def unknown_override(argv: list[str]) -> str:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing; an override of a field the locked config lacks is one line naming
-  the flag and the allowed fields (config_flags raises an AttributeError there)."""
+  """absl's flag parsing with one-line refusals (cli.parse_flags: a config variant the config
+  file does not know is `--config=PATH:VARIANT: unknown variant ...`); an override of a field
+  the locked config lacks is one line naming the flag and the allowed fields (config_flags
+  raises an AttributeError there)."""
+  from gr2jax import cli
+
   try:
-    return app.parse_flags_with_usage(argv)
+    return cli.parse_flags(argv)
   except (AttributeError, KeyError):
     raise SystemExit(unknown_override(argv)) from None
 
@@ -304,5 +310,4 @@ def main(argv):
 if __name__ == "__main__":
   from gr2jax import cli
 
-  app.run(cli.one_line_refusals()(main), argv=resolve_config_arg(sys.argv),
-          flags_parser=parse_flags)
+  cli.run(main, argv=resolve_config_arg(sys.argv), flags_parser=parse_flags)

@@ -71,12 +71,15 @@ SECTIONS = ("predicted", "cpu")
 
 
 def define_flags() -> None:
-  flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run, of {SECTIONS}.")
-  flags.DEFINE_list("targets", ["h100", "tpu_v5p"], "Compile targets of the prediction "
-                    "(experiments/targets.py keys).")
-  flags.DEFINE_list("batches", ["1", "4", "8", "16", "32", "64", "128"],
-                    "Batch sizes of the prediction.")
-  flags.DEFINE_list("cpu_batches", ["1", "4", "16", "64"], "Batch sizes measured on this CPU.")
+  """The command-line flags (beside bench_speedup's, imported), each value checked when absl
+  parses it, before anything is compiled or measured."""
+  cli.define_list("sections", list(SECTIONS), "Which parts to run.", cli.choice(SECTIONS))
+  cli.define_list("targets", ["h100", "tpu_v5p"], "Compile targets of the prediction "
+                  "(experiments/targets.py keys).", cli.choice(sorted(targets.TARGETS)))
+  cli.define_list("batches", [1, 4, 8, 16, 32, 64, 128], "Batch sizes of the prediction.",
+                  cli.integer(1))
+  cli.define_list("cpu_batches", [1, 4, 16, 64], "Batch sizes measured on this CPU.",
+                  cli.integer(1))
   flags.DEFINE_string("table3", os.path.join(REPO, "results", "table3.json"),
                       "The chosen model's Table 3: AR's and the diffusion model's forwards per "
                       "token at every tau (all of them unless --taus names some).")
@@ -91,10 +94,10 @@ def define_flags() -> None:
   flags.DEFINE_string("out_dir", None, "Where the outputs go (required).")
   # The modes: --taus 0.9 for the cpu section (the predicted one takes every tau of --table3
   # unless --taus is given), K 4 / 8 / 16 with one-step drafts.
-  FLAGS.set_default("taus", ["0.9"])
-  FLAGS.set_default("spec_ks", ["4", "8", "16"])
-  FLAGS.set_default("spec_taus", ["0"])
-  FLAGS.set_default("block_sizes", ["32"])
+  FLAGS.set_default("taus", [0.9])
+  FLAGS.set_default("spec_ks", [4, 8, 16])
+  FLAGS.set_default("spec_taus", [0.0])
+  FLAGS.set_default("block_sizes", [32])
   FLAGS.set_default("hf_check", False)
 
 
@@ -598,22 +601,13 @@ def command_line() -> str:
   return " ".join(["python", "experiments/studies/batch_curve.py"] + sys.argv[1:])
 
 
-def _ints(name: str) -> list[int]:
-  values = getattr(FLAGS, name)
-  if not values or not all(v.isdigit() and int(v) >= 1 for v in values):
-    raise app.UsageError(f"--{name}={','.join(values)}: each must be an int >= 1")
-  return sorted({int(v) for v in values})
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  unknown = sorted(set(FLAGS.sections) - set(SECTIONS))
-  if unknown or not FLAGS.sections:
-    raise app.UsageError(f"--sections: {unknown or 'empty'} not in {SECTIONS}")
   if not FLAGS.out_dir:
     raise app.UsageError("--out_dir is required")
-  batches, cpu_batches, ks = _ints("batches"), _ints("cpu_batches"), _ints("spec_ks")
+  batches, cpu_batches, ks = (sorted(set(FLAGS[name].value))
+                              for name in ("batches", "cpu_batches", "spec_ks"))
   for name in FLAGS.targets if "predicted" in FLAGS.sections else ():
     if targets.get_target(name).peak_fraction is None:
       raise app.UsageError(f"--targets: {name} states no peak_fraction (experiments/targets.py)")
@@ -649,4 +643,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

@@ -36,7 +36,7 @@ import time
 
 import jax
 import jax.numpy as jnp
-from absl import app, flags
+from absl import flags
 
 from experiments import limits, plan
 from gr2jax import cli
@@ -45,19 +45,32 @@ from gr2jax.model import generate as generate_lib
 from gr2jax.model import params as params_lib
 from gr2jax.model import qwen3
 from gr2jax.model.cache import init_cache
-from gr2jax.model.config import ModelConfig
+from gr2jax.model.config import PRESETS, ModelConfig
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "qwen3_0_6b", "ModelConfig preset.")
-flags.DEFINE_list("prompt_lens", ["256", "2200"], "Prompt lengths P (cache slots P + 64).")
-flags.DEFINE_list("dtypes", ["float32", "bfloat16"], "Param and compute dtypes.")
-flags.DEFINE_list("steps", ["ar", "block", "generate"],
-                  "Steps to time: ar (1 token), block (32 tokens), generate (the public API).")
-flags.DEFINE_integer("generate_tokens", 32, "N of the generate step (module docstring).")
-flags.DEFINE_integer("generate_repeats", 2, "Timed generate calls per length after the warm-up.")
-flags.DEFINE_integer("repeats", 5, "Timed calls per step after the warm-up (the best is kept).")
-flags.DEFINE_integer("copy_mib", 1024, "Size of the numpy copy of the copy-rate probe.")
-flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
+STEPS = ("ar", "block", "generate")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command-line flags (defined only when run as a script), each value checked when absl
+  parses it, before a model is built."""
+  f = {"flag_values": flag_values}
+  flags.DEFINE_enum("preset", "qwen3_0_6b", PRESETS, "ModelConfig preset.", **f)
+  cli.define_list("prompt_lens", [256, 2200], "Prompt lengths P (cache slots P + 64).",
+                  cli.integer(1), **f)
+  cli.define_list("dtypes", ["float32", "bfloat16"], "Param and compute dtypes.",
+                  cli.choice(("float32", "bfloat16")), **f)
+  cli.define_list("steps", list(STEPS), "Steps to time: ar (1 token), block (32 tokens), "
+                  "generate (the public API).", cli.choice(STEPS), **f)
+  flags.DEFINE_integer("generate_tokens", 32, "N of the generate step (module docstring).",
+                       lower_bound=1, **f)
+  flags.DEFINE_integer("generate_repeats", 2, "Timed generate calls per length after the "
+                       "warm-up.", lower_bound=1, **f)
+  flags.DEFINE_integer("repeats", 5, "Timed calls per step after the warm-up (the best is "
+                       "kept).", lower_bound=1, **f)
+  flags.DEFINE_integer("copy_mib", 1024, "Size of the numpy copy of the copy-rate probe.",
+                       lower_bound=1, **f)
+  flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.", **f)
 
 BLOCK, NEW_SLOTS = 32, 64
 
@@ -132,7 +145,7 @@ def main(argv):
                                   compute_dtype=dtype)
     params = params_lib.layer_list(
       jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0)))
-    for p in map(int, FLAGS.prompt_lens):
+    for p in FLAGS.prompt_lens:
       for kind in FLAGS.steps:
         row = {"preset": FLAGS.preset, "dtype": dtype, "prompt": p, "step": kind,
                "device": jax.devices()[0].device_kind,
@@ -161,4 +174,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  define_flags()
+  cli.run(main)

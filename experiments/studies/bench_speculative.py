@@ -50,10 +50,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import plan, targets
-from experiments.studies import emulate, roofline
+from experiments.studies import cft_validity, emulate, roofline
 from gr2jax import cli, load
 from gr2jax import recipe as recipe_lib
-from gr2jax.data import prompts
+from gr2jax.data import pipeline, prompts
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
@@ -69,17 +69,21 @@ PARTS = ("all", "reasoning", "answer")
 flags.DEFINE_string("workdir", None, "The Table 2 workdir W (read only).")
 flags.DEFINE_string("drafter", None, "The drafter export (default W/rl/export).")
 flags.DEFINE_string("verifier", None, "The verifier export (default W/ar_rl/export).")
-flags.DEFINE_list("sections", list(SECTIONS), f"Which parts to run, of {SECTIONS}.")
+cli.define_list("sections", list(SECTIONS), "Which parts to run.", cli.choice(SECTIONS))
 flags.DEFINE_string("split", "test_1615", "The split decoded by the grid.")
-flags.DEFINE_integer("limit", 0, "Users of the split (0 = all).")
-flags.DEFINE_integer("batch_size", 256, "Decode batch of the grid (the evaluation's).")
-flags.DEFINE_list("ks", ["4", "8", "16", "32"], "K, tokens drafted per verify step (<= B).")
-flags.DEFINE_list("taus", ["0", "0.6", "0.9"], "tau_d, the drafter's threshold (0 = one step).")
+flags.DEFINE_integer("limit", 0, "Users of the split (0 = all).", lower_bound=0)
+flags.DEFINE_integer("batch_size", 256, "Decode batch of the grid (the evaluation's).",
+                     lower_bound=1)
+cli.define_list("ks", [4, 8, 16, 32], "K, tokens drafted per verify step (<= B).", cli.integer(1))
+cli.define_list("taus", [0.0, 0.6, 0.9], "tau_d, the drafter's threshold (0 = one step).",
+                cli.number(0, 1))
 flags.DEFINE_integer("draft_steps", 64, "Denoising-step budget of one draft (the evaluation's "
-                     "per-block cap: no cap for a draft of K <= 64).")
-flags.DEFINE_integer("speed_users", 32, "Users timed at batch 1.")
-flags.DEFINE_list("speed_specs", ["8/0", "8/0.9", "32/0.9"], "K/tau_d of the speed section.")
-flags.DEFINE_float("speed_diffusion_tau", 0.9, "tau of the diffusion decode in the speed section.")
+                     "per-block cap: no cap for a draft of K <= 64).", lower_bound=1)
+flags.DEFINE_integer("speed_users", 32, "Users timed at batch 1.", lower_bound=1)
+cli.define_list("speed_specs", ["8/0", "8/0.9", "32/0.9"], "K/tau_d of the speed section.",
+                cli.fields("/", K=cli.integer(1), TAU=cli.number(0, 1)))
+cli.define("speed_diffusion_tau", 0.9, "tau of the diffusion decode in the speed section.",
+           cli.number(0, 1, low_open=True))
 flags.DEFINE_string("grid_json", None, "The roofline's forwards per token from this report "
                     "(default: this run's grid).")
 flags.DEFINE_string("report_dir", None, "Where the outputs go (default: a fresh directory).")
@@ -88,42 +92,11 @@ flags.DEFINE_string("report_dir", None, "Where the outputs go (default: a fresh 
 # ---- inputs -----------------------------------------------------------------------------------
 
 
-def _floats(name: str, values: list[str], low: float, high: float) -> list[float]:
-  try:
-    out = [float(v) for v in values]
-  except ValueError:
-    raise app.UsageError(f"--{name}={','.join(values)}: not numbers") from None
-  bad = [v for v in out if not low <= v <= high]
-  if bad or not out:
-    raise app.UsageError(f"--{name}={','.join(values)}: each must be in [{low:g}, {high:g}]")
-  return out
-
-
-def _ints(name: str, values: list[str], low: int, high: int) -> list[int]:
-  if not values or not all(v.isdigit() and low <= int(v) <= high for v in values):
-    raise app.UsageError(f"--{name}={','.join(values)}: each must be an int in [{low}, {high}]")
-  return [int(v) for v in values]
-
-
 def check_flags() -> None:
-  """Every flag before anything loads: one-line errors naming the flag and the allowed values."""
+  """What absl's parsing cannot check (each flag's own value it checks, naming the flag), before
+  anything loads: one-line errors naming the flag."""
   if not FLAGS.workdir or not os.path.isfile(os.path.join(FLAGS.workdir, "summary.json")):
     raise app.UsageError(f"--workdir={FLAGS.workdir}: no summary.json (not a data build)")
-  unknown = sorted(set(FLAGS.sections) - set(SECTIONS))
-  if unknown or not FLAGS.sections:
-    raise app.UsageError(f"--sections: {unknown or 'empty'} not in {SECTIONS}")
-  for name in ("batch_size", "draft_steps", "speed_users"):
-    if getattr(FLAGS, name) < 1:
-      raise app.UsageError(f"--{name}={getattr(FLAGS, name)} must be >= 1")
-  if FLAGS.limit < 0:
-    raise app.UsageError(f"--limit={FLAGS.limit} must be >= 0 (0 = all)")
-  _ints("ks", FLAGS.ks, 1, 1 << 20)
-  _floats("taus", FLAGS.taus, 0, 1)
-  for text in FLAGS.speed_specs:
-    k, _, tau = text.partition("/")
-    _ints("speed_specs", [k], 1, 1 << 20)
-    _floats("speed_specs", [tau or "x"], 0, 1)
-  _floats("speed_diffusion_tau", [str(FLAGS.speed_diffusion_tau)], 1e-9, 1)
   if FLAGS.grid_json and not os.path.isfile(FLAGS.grid_json):
     raise app.UsageError(f"--grid_json={FLAGS.grid_json} does not exist")
 
@@ -137,8 +110,9 @@ def load_pair():
     if not os.path.isdir(path):
       raise app.UsageError(f"--{name}={path} does not exist (the {name}'s export)")
   sp.check_same_build(paths["drafter"], paths["verifier"])
-  summary = json.load(open(os.path.join(w, "summary.json")))
+  summary = pipeline.read_summary(w)
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  cft_validity.check_build(paths["drafter"], summary, tok)  # the verifier's is the drafter's
   models = {}
   for name, path in paths.items():
     config, params = load.load_model(path)
@@ -285,11 +259,10 @@ def run_speed(drafter, verifier, data, prompt_len, response_len) -> dict:
     return run
 
   methods = [("AR", None, ar), (f"diffusion tau {FLAGS.speed_diffusion_tau:g}", None, diffusion)]
-  for text in FLAGS.speed_specs:
-    k, tau = text.split("/")
-    spec = sp.DraftDecoding(max_new_tokens=response_len, k=int(k), draft_tau=float(tau),
+  for k, tau in FLAGS.speed_specs:
+    spec = sp.DraftDecoding(max_new_tokens=response_len, k=k, draft_tau=tau,
                             draft_steps=FLAGS.draft_steps)
-    methods.append((f"draft-and-verify K={k} tau_d={float(tau):g}", spec, speculative(spec)))
+    methods.append((f"draft-and-verify K={k} tau_d={tau:g}", spec, speculative(spec)))
   totals = {name: [0.0, 0, 0] for name, _, _ in methods}  # seconds, tokens, forwards
   compile_s = {}
   for i, example in enumerate(users):
@@ -491,4 +464,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

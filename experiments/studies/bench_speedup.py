@@ -67,9 +67,10 @@ import numpy as np
 from absl import app, flags, logging
 
 from experiments import bench_decode  # its flags: --new_tokens, --torch_threads, --dtype
-from experiments.studies import emulate
+from experiments.studies import cft_validity, emulate
 from gr2jax import cli, load
 from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import prompt_io
 from gr2jax.decoding import reranker as reranker_lib
@@ -87,24 +88,29 @@ flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json
 flags.DEFINE_string("record_ckpt", None, "A trained diffusion export: record its schedules.")
 flags.DEFINE_string("record_workdir", None, "The data build (workdir) the checkpoint's prompts "
                     "come from (read only: its summary.json paths).")
-flags.DEFINE_integer("record_users", 256, "test_1615 prompts decoded per (tau, B).")
-flags.DEFINE_list("taus", ["0.9", "0.6", "0.4"], "Commit thresholds recorded / replayed.")
-flags.DEFINE_list("block_sizes", ["4", "8", "16", "32"], "Block sizes B.")
+flags.DEFINE_integer("record_users", 256, "test_1615 prompts decoded per (tau, B).",
+                     lower_bound=1)
+cli.define_list("taus", [0.9, 0.6, 0.4], "Commit thresholds recorded / replayed.",
+                cli.number(0, 1, low_open=True))
+cli.define_list("block_sizes", [4, 8, 16, 32], "Block sizes B.", cli.integer(1))
 flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
                            "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
                   "SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] replays; SHAPE = a ModelConfig preset "
                   "or a key of HF_SHAPES; the @ fields narrow --prompt_lengths, --taus and "
                   "--block_sizes for that run (empty = all).")
-flags.DEFINE_list("prompt_lengths", ["256", "2200"], "Random prompt lengths P of the replay.")
+cli.define_list("prompt_lengths", [256, 2200], "Random prompt lengths P of the replay.",
+                cli.integer(1))
 flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
-                     "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).")
-flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.")
+                     "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).", lower_bound=1)
+flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.",
+                     lower_bound=1)
 flags.DEFINE_string("report_dir", None, "JSON, table and plot (default: a fresh directory).")
 flags.DEFINE_string("record_verifier", None, "An AR export: also record draft-and-verify "
                     "schedules with it verifying --record_ckpt.")
-flags.DEFINE_list("spec_ks", ["4", "8", "16", "32"], "Draft-and-verify K recorded / replayed.")
-flags.DEFINE_list("spec_taus", ["0", "0.6", "0.9"], "Draft-and-verify tau_d recorded / "
-                  "replayed (0 = one-step drafts).")
+cli.define_list("spec_ks", [4, 8, 16, 32], "Draft-and-verify K recorded / replayed.",
+                cli.integer(1))
+cli.define_list("spec_taus", [0.0, 0.6, 0.9], "Draft-and-verify tau_d recorded / replayed (0 = "
+                "one-step drafts).", cli.number(0, 1))
 flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
 flags.DEFINE_list("merge", [], "Replay nothing: merge these report dirs' bench_speedup.json "
                   "(one schedules file, no configuration twice) into --report_dir's table, "
@@ -122,15 +128,16 @@ HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig pres
 
 def record_schedules() -> dict:
   """Decodes real prompts with the trained checkpoint at every (tau, B); the module doc."""
-  config, params = load.load_model(FLAGS.record_ckpt)
-  if config.mask_token_id is None:
-    raise app.UsageError(f"--record_ckpt={FLAGS.record_ckpt} is not a diffusion model")
   summary_file = os.path.join(FLAGS.record_workdir, "summary.json")
   if not os.path.exists(summary_file):
     raise app.UsageError(f"--record_workdir: {summary_file} does not exist (no data build)")
-  summary = json.load(open(summary_file))
+  summary = pipeline.read_summary(FLAGS.record_workdir)
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
+  cft_validity.check_build(FLAGS.record_ckpt, summary, tok)  # eval.py's check, before loading
+  config, params = load.load_model(FLAGS.record_ckpt)
+  if config.mask_token_id is None:
+    raise app.UsageError(f"--record_ckpt={FLAGS.record_ckpt} is not a diffusion model")
   data = prompt_io.load_split(paths["tfds"], "test_1615", tok, limit=FLAGS.record_users)
   prompt_len, response_len = lengths_lib.static_lengths(summary)
   prompts, lengths = prompt_io.prompt_arrays(data.encoded, len(data), prompt_len,
@@ -529,7 +536,6 @@ def run_entries(schedules: dict, run: str) -> tuple[str, list[int], list, list]:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  _numbers("repeats", [FLAGS.repeats], int, low=1, high=1 << 20)
 
   def fresh_report_dir():  # never the committed reports
     if FLAGS.report_dir is None:
@@ -541,11 +547,6 @@ def main(argv):
     write_report(merged_result(FLAGS.merge))
     return
   if FLAGS.record_ckpt:
-    _numbers("taus", FLAGS.taus, float, low=1e-9, high=1.0)
-    _numbers("block_sizes", FLAGS.block_sizes, int, low=1, high=1 << 20)
-    if FLAGS.record_verifier:
-      _numbers("spec_ks", FLAGS.spec_ks, int, low=1, high=1 << 20)
-      _numbers("spec_taus", FLAGS.spec_taus, float, low=0.0, high=1.0)
     recorded = record_schedules()
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.schedules)), exist_ok=True)
     with open(FLAGS.schedules, "w") as f:
@@ -571,4 +572,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

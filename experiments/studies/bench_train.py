@@ -65,14 +65,14 @@ import time
 
 import jax
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from gr2jax import cli, recipe
 from gr2jax.data.batches import Batch
 from gr2jax.diffusion import decode, layout, replay
 from gr2jax.model import attention
 from gr2jax.model import params as params_lib
-from gr2jax.model.config import ModelConfig
+from gr2jax.model.config import PRESETS, ModelConfig
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import opd, optim
 from gr2jax.train import state as state_lib
@@ -90,33 +90,46 @@ STAGE_NAMES = ("sft", "cft", "opd", "rl")
 ATTENTION_PATHS = {"per_block": True, "dense": False}
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command-line flags (defined only when run as a script, so tests import this module
-  without defining absl flags twice)."""
-  flags.DEFINE_list("presets", ["tiny", "small"], "ModelConfig presets.")
-  flags.DEFINE_list("stages", ["sft"], f"Stages to time ({', '.join(STAGE_NAMES)}).")
-  flags.DEFINE_integer("vocab_size", 3072, "Vocab of the tiny/small presets (the project's BPE).")
-  flags.DEFINE_integer("batch_size", 16, "Rows per step (OPD / RL: trajectories).")
+  without defining absl flags twice), each value checked when absl parses it, before anything
+  is built."""
+  f = {"flag_values": flag_values}
+  cli.define_list("presets", ["tiny", "small"], "ModelConfig presets.", cli.choice(PRESETS), **f)
+  cli.define_list("stages", ["sft"], "Stages to time.", cli.choice(STAGE_NAMES), **f)
+  flags.DEFINE_integer("vocab_size", 3072, "Vocab of the tiny/small presets (the project's BPE).",
+                       lower_bound=1, **f)
+  flags.DEFINE_integer("batch_size", 16, "Rows per step (OPD / RL: trajectories).",
+                       lower_bound=1, **f)
   flags.DEFINE_integer("seq_len", 0, "Shorthand: P = seq_len // 2, M = the rest (0 = use "
-                       "--prompt_width / --response_width).")
-  flags.DEFINE_integer("prompt_width", 48, "P: prompt slots per row.")
-  flags.DEFINE_integer("prompt_tokens", 0, "Real prompt tokens per row (0 = P).")
-  flags.DEFINE_integer("response_width", 48, "M: response slots per row.")
-  flags.DEFINE_integer("response_tokens", 0, "Real response tokens per row (0 = M).")
+                       "--prompt_width / --response_width).", lower_bound=0, **f)
+  flags.DEFINE_integer("prompt_width", 48, "P: prompt slots per row.", lower_bound=1, **f)
+  flags.DEFINE_integer("prompt_tokens", 0, "Real prompt tokens per row (0 = P).", lower_bound=0,
+                       **f)
+  flags.DEFINE_integer("response_width", 48, "M: response slots per row.", lower_bound=1, **f)
+  flags.DEFINE_integer("response_tokens", 0, "Real response tokens per row (0 = M).",
+                       lower_bound=0, **f)
   flags.DEFINE_integer("replay_rounds", 16, "S: the replay rounds of the OPD / RL rows (the "
                        "tiny default's trained rollouts need 16: docs/results/benchmarks/"
-                       "bench_train_stages.md).")
-  flags.DEFINE_list("replay_sweep", [], "Round counts of the replay-vs-causal-forward section "
-                    "(empty = skipped).")
-  flags.DEFINE_list("micro_batches", ["1", "2", "4"], "Micro-batch counts to time.")
-  flags.DEFINE_list("attention", ["per_block"], "Two-stream attention paths to time, each "
-                    f"over every row ({', '.join(ATTENTION_PATHS)}): per_block is the library's.")
-  flags.DEFINE_integer("steps", 5, "Timed steps per row (after the compiling one).")
-  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.")
-  flags.DEFINE_enum("remat", "none", ["none", "full"], "Layer rematerialisation.")
-  flags.DEFINE_float("peak_tflops", None, "Peak dense TFLOP/s of one device for MFU (H100 989).")
-  flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.")
-  flags.DEFINE_string("md_out", None, "Also write the tables to this markdown file.")
+                       "bench_train_stages.md).", lower_bound=1, **f)
+  cli.define_list("replay_sweep", [], "Round counts of the replay-vs-causal-forward section "
+                  "(empty = skipped).", cli.integer(1), allow_empty=True, **f)
+  cli.define_list("micro_batches", [1, 2, 4], "Micro-batch counts to time (each dividing "
+                  "--batch_size).", cli.integer(1), **f)
+  cli.define_list("attention", ["per_block"], "Two-stream attention paths to time, each over "
+                  "every row: per_block is the library's.", cli.choice(ATTENTION_PATHS), **f)
+  flags.DEFINE_integer("steps", 5, "Timed steps per row (after the compiling one).",
+                       lower_bound=1, **f)
+  flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "param and compute dtype.", **f)
+  flags.DEFINE_enum("remat", "none", ["none", "full"], "Layer rematerialisation.", **f)
+  cli.define("peak_tflops", None, "Peak dense TFLOP/s of one device for MFU (H100 989).",
+             cli.number(0, low_open=True), **f)
+  flags.DEFINE_string("json_out", None, "Also write all rows to this JSON file.", **f)
+  flags.DEFINE_string("md_out", None, "Also write the tables to this markdown file.", **f)
+  flags.register_multi_flags_validator(
+    ["micro_batches", "batch_size"],
+    lambda v: all(v["batch_size"] % m == 0 for m in v["micro_batches"]),
+    "each --micro_batches entry must divide --batch_size", flag_values=flag_values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -387,13 +400,6 @@ REPLAY_COLS = ["attention", "rounds", "batch", "block", "replay_len", "causal_le
 
 def main(argv):
   del argv
-  unknown = set(FLAGS.stages) - set(STAGE_NAMES)
-  if unknown:
-    raise app.UsageError(f"--stages: unknown {sorted(unknown)}; expected {sorted(STAGE_NAMES)}")
-  unknown = set(FLAGS.attention) - set(ATTENTION_PATHS)
-  if unknown:
-    raise app.UsageError(f"--attention: unknown {sorted(unknown)}; expected "
-                         f"{sorted(ATTENTION_PATHS)}")
   mesh = mesh_lib.make_mesh()
   p, m = FLAGS.prompt_width, FLAGS.response_width
   if FLAGS.seq_len:
@@ -410,14 +416,14 @@ def main(argv):
     paths = tuple(FLAGS.attention)
     for name in FLAGS.stages:
       for mb in FLAGS.micro_batches:
-        for row in bench_stage(name, base, shape, int(mb), FLAGS.steps, mesh, FLAGS.peak_tflops,
+        for row in bench_stage(name, base, shape, mb, FLAGS.steps, mesh, FLAGS.peak_tflops,
                                paths):
           row = dict(preset=preset, **row)
           print(json.dumps(row), flush=True)
           rows.append(row)
     if FLAGS.replay_sweep:
       replays += [dict(preset=preset, **r) for r in bench_replay(
-        base, shape, [int(s) for s in FLAGS.replay_sweep], FLAGS.steps, paths=paths)]
+        base, shape, FLAGS.replay_sweep, FLAGS.steps, paths=paths)]
     add_ratios(rows)
     add_speedups(rows, ("stage", "micro_batches"), "step_s")
     add_speedups(replays, ("rounds",), "replay_ms")
@@ -440,4 +446,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

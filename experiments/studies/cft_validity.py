@@ -13,7 +13,10 @@ inside a block, 'distinct' = no token new to the block committed at two places b
 time. Per spec it also splits validity by where the answer starts relative to the block
 boundaries (response tokens before `{"ranking"` modulo B) and by the reasoning length (tokens),
 from the decoded responses. W is read only (its summary.json paths). Every --specs entry is
-checked before anything is loaded (TAU in (0, 1], ORDER one of commit.ORDERS, B an integer >= 1).
+checked before anything is loaded (TAU in (0, 1], ORDER one of commit.ORDERS, B an integer >= 1),
+--limit when absl parses it (>= 0, 0 = all). An export trained on another data build than W's
+(another tokenizer or other semantic IDs) is refused by name before its weights load, by the
+check eval.py makes (exports.check_data_build; `check_build`).
 Prints a markdown table and writes every row to --out (JSON).
 """
 
@@ -27,8 +30,9 @@ from typing import NamedTuple
 import numpy as np
 from absl import app, flags, logging
 
-from gr2jax import cli, load
+from gr2jax import cli, exports, load
 from gr2jax.data import lengths as lengths_lib
+from gr2jax.data import pipeline, prompts, rqvae
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation, prompt_io
 from gr2jax.decoding import policy as policy_lib
@@ -40,17 +44,18 @@ from gr2jax.model.config import ModelConfig
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags (defined only when run as a script: experiments/
   duplicate_commits.py imports this module's readers)."""
-  flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).")
-  flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).")
+  f = {"flag_values": flag_values}
+  flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).", **f)
+  flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).", **f)
   flags.DEFINE_list("specs", ["1.0:confidence:32", "1.0:left_to_right:32", "0.9:confidence:32",
-                              "0.9:left_to_right:32"], "TAU:ORDER:B decodes.")
-  flags.DEFINE_string("split", "test_1615", "Evaluated split.")
-  flags.DEFINE_integer("limit", 0, "First N users only (0 = all).")
-  flags.DEFINE_string("out", None, "JSON of every row.")
-  flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+                              "0.9:left_to_right:32"], "TAU:ORDER:B decodes.", **f)
+  flags.DEFINE_string("split", "test_1615", "Evaluated split.", **f)
+  flags.DEFINE_integer("limit", 0, "First N users only (0 = all).", lower_bound=0, **f)
+  flags.DEFINE_string("out", None, "JSON of every row.", **f)
+  flags.mark_flags_as_required(["workdir", "ckpt", "out"], flag_values=flag_values)
 
 
 ANSWER_START = '{"ranking"'
@@ -129,14 +134,44 @@ class DiffusionRead(NamedTuple):
   response_len: int
 
 
+def check_build(ckpt: str, summary: dict, tokenizer) -> None:
+  """Refuses an export trained on another data build than the workdir's, by eval.py's check
+  (exports.check_data_build): the data build record of W's build (its tokenizer and semantic
+  IDs) against the one the export records. W's summary.json records no prompt format, so the
+  prompt compared is the export's own: a build differing in its prompt alone is not seen here.
+  An export that records no data build (a converted or HF checkpoint) is not checked.
+
+  Raises:
+    ValueError: naming the export and each field that differs (checkpoint vs W).
+  """
+  recorded = exports.load_metadata(ckpt).get("data_build") if os.path.isdir(ckpt) else None
+  if not recorded:
+    return
+  known = {field.name for field in dataclasses.fields(prompts.PromptConfig)}
+  prompt = prompts.PromptConfig(**{name: tuple(value) if isinstance(value, list) else value
+                                   for name, value in recorded["prompt"].items()
+                                   if name in known})
+  sids_file = summary["paths"].get("sids")  # a build summarised before the field: not compared
+  sids = rqvae.load_sids(sids_file) if sids_file else None
+  exports.check_data_build(ckpt, exports.data_build_record(tokenizer, prompt, sids))
+
+
 def read_diffusion(ckpt: str, workdir: str, split: str, limit: int) -> DiffusionRead:
-  """--ckpt's model (a UsageError if it is not block diffusion) and --split of W's data build
-  (read only: its summary.json paths)."""
+  """--ckpt's model and --split of W's data build (read only: its summary.json paths); the
+  export's data build is checked against W's before its weights load (check_build).
+
+  Raises:
+    app.UsageError: --workdir holds no data build, or --ckpt is not a block-diffusion model.
+    ValueError: --ckpt was trained on another data build (check_build).
+  """
+  if not os.path.isfile(os.path.join(workdir, "summary.json")):
+    raise app.UsageError(f"--workdir={workdir}: no summary.json (not a data build)")
+  summary = pipeline.read_summary(workdir)
+  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  check_build(ckpt, summary, tok)
   config, params = load.load_model(ckpt)
   if config.mask_token_id is None:
     raise app.UsageError(f"--ckpt={ckpt} is not a diffusion model")
-  summary = json.load(open(os.path.join(workdir, "summary.json")))
-  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   data = prompt_io.load_split(summary["paths"]["tfds"], split, tok, limit=limit)
   return DiffusionRead(config, params, tok, data, *lengths_lib.static_lengths(summary))
 
@@ -185,4 +220,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

@@ -10,15 +10,17 @@ Decodes --split with the checkpoint's own decoder (greedy, commit threshold --ta
 occurrence of the repeated label was committed. `same_step`: two occurrences were committed by
 one forward (the parallel commit of places that cannot see each other); `other_steps`: each was
 committed by another step, so the later one was written with the earlier one in view. W is read
-only (its summary.json paths). Prints the counts as JSON and a markdown table, writes them to
---out.
+only (its summary.json paths); an export trained on another data build than W's is refused by
+name before its weights load (cft_validity.check_build, eval.py's check). Every flag is checked
+when absl parses it (--limit >= 0, --batch_size >= 1, --tau in (0, 1]). Prints the counts as
+JSON and a markdown table, writes them to --out.
 """
 
 import collections
 import json
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
 from experiments.studies import cft_validity
 from gr2jax import cli
@@ -31,19 +33,21 @@ from gr2jax.diffusion import commit, decode
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   """The command line's flags (defined only when run as a script: tests import the module
   beside other absl mains)."""
-  flags.DEFINE_string("workdir", None, "The workdir of the checkpoint's data build (read only).")
-  flags.DEFINE_string("ckpt", None, "A block-diffusion export (e.g. W/rl/export).")
-  flags.DEFINE_string("split", "validation", "Decoded split.")
-  flags.DEFINE_integer("limit", 2000, "First N users only (0 = all).")
-  flags.DEFINE_float("tau", 0.9, "Commit threshold.")
+  f = {"flag_values": flag_values}
+  flags.DEFINE_string("workdir", None, "The workdir of the checkpoint's data build (read only).",
+                      **f)
+  flags.DEFINE_string("ckpt", None, "A block-diffusion export (e.g. W/rl/export).", **f)
+  flags.DEFINE_string("split", "validation", "Decoded split.", **f)
+  flags.DEFINE_integer("limit", 2000, "First N users only (0 = all).", lower_bound=0, **f)
+  cli.define("tau", 0.9, "Commit threshold.", cli.number(0, 1, low_open=True), **f)
   flags.DEFINE_enum("order", "confidence", commit.ORDERS,
-                    "Commit order (gr2jax/diffusion/commit.py; 'confidence' = the paper's).")
-  flags.DEFINE_integer("batch_size", 256, "Decode batch size.")
-  flags.DEFINE_string("out", None, "JSON of the counts.")
-  flags.mark_flags_as_required(["workdir", "ckpt", "out"])
+                    "Commit order (gr2jax/diffusion/commit.py; 'confidence' = the paper's).", **f)
+  flags.DEFINE_integer("batch_size", 256, "Decode batch size.", lower_bound=1, **f)
+  flags.DEFINE_string("out", None, "JSON of the counts.", **f)
+  flags.mark_flags_as_required(["workdir", "ckpt", "out"], flag_values=flag_values)
 
 
 def occurrences(tokens: np.ndarray, label: np.ndarray, start: int) -> list[int]:
@@ -126,4 +130,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

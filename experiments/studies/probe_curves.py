@@ -19,15 +19,23 @@ import math
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 from gr2jax import cli, files
 
 FLAGS = flags.FLAGS
-flags.DEFINE_list("runs", None, "NAME=STAGE_DIR entries: a stage's directory (its "
-                  "logs/metrics.jsonl holds probe/* rows).")
-flags.DEFINE_string("out_dir", None, "Where curves.json and curves.png go.")
-flags.DEFINE_list("metrics", [], "The probe metrics drawn (default: every one the runs share).")
+
+
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command-line flags (defined only when run as a script: tests import this module beside
+  other studies that define a --runs of their own)."""
+  f = {"flag_values": flag_values}
+  flags.DEFINE_list("runs", None, "NAME=STAGE_DIR entries: a stage's directory (its "
+                    "logs/metrics.jsonl holds probe/* rows).", **f)
+  flags.DEFINE_string("out_dir", None, "Where curves.json and curves.png go.", **f)
+  flags.DEFINE_list("metrics", [], "The probe metrics drawn (default: every one the runs "
+                    "share).", **f)
+  flags.mark_flags_as_required(["runs", "out_dir"], flag_values=flag_values)
 
 PREFIX = "probe/"
 
@@ -131,5 +139,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.mark_flags_as_required(["runs", "out_dir"])
-  app.run(cli.one_line_refusals()(main))
+  define_flags()
+  cli.run(main)

@@ -33,7 +33,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from experiments import plan, targets
 from gr2jax import cli
@@ -282,4 +282,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

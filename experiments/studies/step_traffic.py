@@ -30,7 +30,7 @@ import json
 import math
 import re
 
-from absl import app, flags
+from absl import flags
 
 from experiments import plan, targets
 from experiments.studies import roofline
@@ -40,13 +40,17 @@ from gr2jax.model.cache import init_cache
 FLAGS = flags.FLAGS
 
 
-def define_flags() -> None:
-  flags.DEFINE_string("preset", "qwen3_8b", f"plan.PRESETS shapes: {sorted(plan.PRESETS)}.")
-  flags.DEFINE_list("targets", ["h100", "tpu_v5p"],
-                    f"targets.TARGETS keys: {sorted(targets.TARGETS)}.")
-  flags.DEFINE_list("steps", ["ar", "block"], "Steps: ar (one token), block (one block of B).")
-  flags.DEFINE_float("min_mib", None, "Smallest op result counted (MiB); default one layer's K.")
-  flags.DEFINE_string("out", None, "Also write the JSON here.")
+def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The command-line flags, each value checked when absl parses it, before any compile."""
+  f = {"flag_values": flag_values}
+  flags.DEFINE_enum("preset", "qwen3_8b", sorted(plan.PRESETS), "plan.PRESETS shapes.", **f)
+  cli.define_list("targets", ["h100", "tpu_v5p"], "targets.TARGETS keys.",
+                  cli.choice(sorted(targets.TARGETS)), **f)
+  cli.define_list("steps", ["ar", "block"], "Steps: ar (one token), block (one block of B).",
+                  cli.choice(("ar", "block")), **f)
+  cli.define("min_mib", None, "Smallest op result counted (MiB); default one layer's K.",
+             cli.number(0, low_open=True), **f)
+  flags.DEFINE_string("out", None, "Also write the JSON here.", **f)
 
 
 IN_PLACE = ("scatter", "dynamic-update-slice")
@@ -208,8 +212,6 @@ def main(argv):
   del argv
   plan.use_host_devices(1)
   s = plan.PRESETS[FLAGS.preset]
-  for name in FLAGS.targets:
-    targets.get_target(name)  # every name checked before the first compile
   min_bytes = None if FLAGS.min_mib is None else int(FLAGS.min_mib * 2**20)
   rows = []
   for name in FLAGS.targets:
@@ -227,4 +229,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

@@ -47,6 +47,18 @@ def test_config_typo_is_an_error(tmp_path):
     result.stderr) and "max_history" in result.stderr
 
 
+def test_a_misspelt_config_variant_is_one_line_naming_the_known_ones(tmp_path):
+  """The recipe's refusal (recipes.parse_variant), not ml_collections' quoted traceback under
+  absl's 'FATAL Flags parsing error' (cli.parse_flags); nothing is made in the workdir."""
+  result = _run("--config=cft.py:tinyy", f"--workdir={tmp_path / 'W'}")
+  config = os.path.join(REPO, "experiments", "configs", "cft.py")
+  assert result.returncode == 1 and result.stdout == ""
+  assert result.stderr == (
+    f"--config={config}:tinyy: unknown variant 'tinyy'; expected RECIPE[,smoke] with RECIPE in "
+    "['tiny', 'qwen3_0_6b', 'qwen3_1_7b', 'qwen3_4b', 'qwen3_8b'], or 'smoke'\n")
+  assert not (tmp_path / "W").exists()
+
+
 def test_unknown_stage_is_an_error(tmp_path):
   config = tmp_path / "bad.py"
   config.write_text(
@@ -129,6 +141,19 @@ def test_a_missing_eval_checkpoint_names_the_flag_and_the_path(run_module, tmp_p
   (tmp_path / "cft" / "export").unlink()
   (tmp_path / "cft" / "export").mkdir()
   assert run_module.eval_checkpoint(evaluate, str(tmp_path)) == f"{tmp_path}/cft/export"
+
+
+def test_an_eval_checkpoint_path_with_braces_is_filled_literally(run_module, tmp_path):
+  """A workdir named run{1} and a '{checkout}' copied from a run record: IndexError / KeyError
+  tracebacks from str.format before workdir.fill_path."""
+  import ml_collections
+
+  workdir = tmp_path / "run{1}"
+  (workdir / "cft" / "export{0}").mkdir(parents=True)
+  evaluate = ml_collections.ConfigDict({"ckpt": "{workdir}/cft/export{0}"})
+  assert run_module.eval_checkpoint(evaluate, str(workdir)) == f"{workdir}/cft/export{{0}}"
+  evaluate.ckpt = "{checkout}/experiments"
+  assert run_module.eval_checkpoint(evaluate, str(workdir)).endswith("/experiments")
 
 
 def test_eval_py_with_a_missing_checkpoint_is_one_line_before_the_data_loads(tmp_path):

@@ -1,14 +1,16 @@
 """experiments/studies/cft_validity.py: its --specs entries, parsed and checked before anything
-loads (the decodes themselves are a run, not a test)."""
+loads; an export of another data build than the workdir's refused by eval.py's check before its
+weights load (the decodes themselves are a run, not a test)."""
 
 import os
 import subprocess
 import sys
 
 import pytest
-from absl import app
+from absl import app, flags
 
 from experiments.studies import cft_validity
+from gr2jax import cli, exports, load
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -50,3 +52,46 @@ def test_a_bad_spec_is_refused_before_the_model_and_split_load(tmp_path):
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
   assert result.stderr.strip().splitlines()[-1] == (
     f"--specs: '1.0:confidence' has 2 fields, not 3 or 4{FORM}")
+
+
+def _no_load(path, *args, **kwargs):
+  raise AssertionError(f"{path} was loaded")
+
+
+def test_an_export_of_another_data_build_is_refused_by_name_before_it_loads(two_builds,
+                                                                           monkeypatch):
+  """W's build has another tokenizer than the export's: the line eval.py gives for the pair
+  (exports.check_data_build), naming the export and both tokenizers; no weights load."""
+  monkeypatch.setattr(load, "load_model", _no_load)
+  with pytest.raises(ValueError) as e:
+    cft_validity.read_diffusion(two_builds.export, two_builds.other, "test_1615", 2)
+  assert str(e.value).startswith(
+    f"{two_builds.export} was trained on another data build than this one (checkpoint vs this "
+    "run): tokenizer vocab_sha256 ")
+  assert "(vocab 749) vs " in str(e.value) and "(vocab 600)" in str(e.value)
+
+
+def test_the_exports_own_build_passes_the_check_and_loads(two_builds):
+  read = cft_validity.read_diffusion(two_builds.export, two_builds.workdir, "test_1615", 2)
+  assert read.config.mask_token_id is not None and len(read.data) == 2
+
+
+def test_the_study_refuses_the_pair_in_one_line_and_writes_nothing(two_builds, tmp_path,
+                                                                  monkeypatch, capsys):
+  """main, as `cft_validity.py --workdir=W2 --ckpt=E --out=OUT` runs it (cli.run: flags parsed
+  by cli.parse_flags, main under cli.one_line_refusals)."""
+  flag_values = flags.FlagValues()
+  cft_validity.define_flags(flag_values)
+  out = tmp_path / "rows.json"
+  cli.parse_flags(["cft_validity.py", f"--workdir={two_builds.other}",
+                   f"--ckpt={two_builds.export}", f"--out={out}"], flag_values)
+  monkeypatch.setattr(cft_validity, "FLAGS", flag_values)
+  monkeypatch.setattr(load, "load_model", _no_load)
+  with pytest.raises(SystemExit) as e:
+    cli.one_line_refusals()(cft_validity.main)([])
+  err = capsys.readouterr().err
+  assert e.value.code == 1 and len(err.splitlines()) == 1
+  assert err.startswith(f"{two_builds.export} was trained on another data build")
+  assert not out.exists() and os.listdir(tmp_path) == []
+  metadata = exports.load_metadata(two_builds.export)["data_build"]
+  assert metadata["sids_sha256"]  # a stage export's record: the SIDs are compared too
