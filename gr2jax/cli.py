@@ -2,8 +2,7 @@
 traceback, unless --verbosity (or -v) asks for one; and their flags' values checked when absl
 parses them, before main starts.
 
-  cli.run(main)                        # experiments/*.py, experiments/studies/*.py
-  app.run(cli.one_line_refusals()(main))   # a main whose flags absl checks alone
+  cli.run(main)         # every main of experiments/, experiments/studies/, weights_conversion/
 
 A refusal is an exception the library raises about its input: a ValueError (CheckpointError,
 RunChangedError, ... are ValueErrors) or TypeError naming the argument, an OSError naming the

@@ -126,8 +126,8 @@ def test_a_run_refusal_is_one_line(tmp_path):
 
 
 def test_every_command_line_main_refuses_in_one_line():
-  """Every absl main of experiments/ (its studies/ too) runs under cli.run (its flags' refusals
-  one line too), every one of weights_conversion/ at least under cli.one_line_refusals."""
+  """Every absl main of experiments/ (its studies/ too) and of weights_conversion/ runs under
+  cli.run: its flags' refusals and its main's are one line."""
   import glob
   import re
 
@@ -136,11 +136,6 @@ def test_every_command_line_main_refuses_in_one_line():
             for p in glob.glob(os.path.join(REPO, pattern))
             if re.search(r"\b(app|cli)\.run\(", open(p).read())}
 
-  tools = mains("experiments/*.py", "experiments/studies/*.py")
-  assert len(tools) >= 15
-  assert not [p for p, text in tools.items() if "app.run(" in text], "experiments: use cli.run"
-  converters = mains("weights_conversion/*.py")
-  assert len(converters) >= 4
-  bare = [p for p, text in converters.items()
-          if re.search(r"app\.run\((?!cli\.one_line_refusals\(\)\()", text)]
-  assert not bare, f"mains without cli.one_line_refusals: {bare}"
+  tools = mains("experiments/*.py", "experiments/studies/*.py", "weights_conversion/*.py")
+  assert len(tools) >= 19
+  assert not [p for p, text in tools.items() if "app.run(" in text], "use cli.run"

@@ -90,4 +90,4 @@ def main(argv):
 
 if __name__ == "__main__":
   define_flags()
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)

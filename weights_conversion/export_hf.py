@@ -109,4 +109,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(cli.one_line_refusals()(main))
+  cli.run(main)
