@@ -4,15 +4,16 @@ Table 2 chain go through it; the Table 2 report is gr2jax/apps/table2.py).
 Steps (gr2jax/recipe.chain): [teacher: an LLM writes the SFT traces (teacher.hf_dir set; the
 data build then trains on them)] -> [convert: the HF checkpoint with the project's tokens added]
 -> sft -> ar_rl -> cft -> opd -> rl, each under W/<step>/, each on the recipe's data build
-(built, or reused from W's cache, first). A step's digest covers what changes its result: its
-view of the recipe (recipe.stage_config, less how often it saves or evaluates; for convert, the
-HF directory and dtype; for teacher, its spec and data build), with paths inside W written
-relative to W and paths inside the checkout (the shipped data) relative to the checkout
-(gr2jax/workdir.portable), chained with every step before it (the first: the data build's
-config). So the same command from another directory, with W spelt relative or absolute, on a
-moved or copied W, or from another clone or a moved checkout, reuses every finished step. A
-step recorded before paths inside the checkout were written that way is reused in place (its
-digest of those paths as they were), and its done.json rewritten the current way.
+(built, or reused from W's cache, first). A step's digest (gr2jax/run_identity.py step_digests)
+covers what changes its result: its view of the recipe (recipe.stage_config, less how often it
+saves or evaluates; for convert, the HF directory and dtype; for teacher, its spec and data
+build), with paths inside W written relative to W and paths inside the checkout (the shipped
+data) relative to the checkout (gr2jax/workdir.portable), chained with every step before it (the
+first: the data build's config). So the same command from another directory, with W spelt
+relative or absolute, on a moved or copied W, or from another clone or a moved checkout, reuses
+every finished step. A step recorded before paths inside the checkout were written that way is
+reused in place (its digest of those paths as they were), and its done.json rewritten the
+current way.
 
 W/<step>/started.json and done.json record the digest, the view and the upstream digest. Every
 step is decided before anything is written (`plan_chain`); nothing is ever deleted:
@@ -39,13 +40,14 @@ import json
 import os
 import time
 
-from gr2jax import exports, files, stage_registry
+from gr2jax import exports, files, run_identity, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import llm_teacher, pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import bundle
 from gr2jax.hf import convert as hf_convert
+from gr2jax.run_identity import DONE_FILE, STARTED_FILE
 from gr2jax.train import loop, run_checkpoints, stages, teacher_stage
 
 
@@ -74,9 +76,7 @@ class StepChanged(StepError):
   """A step's directory holds work made with other settings; nothing was touched."""
 
 
-STARTED_FILE, DONE_FILE = "started.json", "done.json"
 _OTHER_SETTINGS = "made with other settings"  # missing_upstream's reason
-_TEACHER_NEUTRAL = ("batch_size", "mesh", "restart")  # how, not what, the teacher samples
 _TEACHER_ABSORBED = ("config.spec.num_users",)  # a larger sample extends, a smaller is a prefix
 
 
@@ -90,68 +90,6 @@ def _record(path: str) -> dict | None:
 def _read_digest(path: str) -> str | None:
   record = _record(path)
   return record["digest"] if record else None
-
-
-def _model_digest(path: str) -> str | None:
-  """exports.content_digest of a model directory (read without its weights; None when there is
-  none: the step itself then names the missing directory)."""
-  return exports.content_digest(path) if os.path.isdir(path) else None
-
-
-def _view(recipe: recipe_lib.Recipe, step: str, workdir: str, checkout: bool = True) -> dict:
-  """What step's result depends on, as a run record (`{"config": ...}`), paths inside workdir
-  and inside the checkout relative to them (workdir_lib.portable; `checkout`: its argument): a
-  training stage's view of the recipe (what its
-  loop records), convert's HF directory (and its content digest) and dtype, the teacher's spec,
-  model content digest and data build."""
-  if step == recipe_lib.CONVERT:
-    config = {"hf_dir": recipe.model.hf_dir, "model": _model_digest(recipe.model.hf_dir),
-              "param_dtype": recipe.model.param_dtype}
-  elif step == recipe_lib.TEACHER:
-    spec = dataclasses.asdict(recipe_lib.teacher_spec(recipe))
-    config = {"spec": {k: v for k, v in spec.items() if k not in _TEACHER_NEUTRAL},
-              "model": _model_digest(spec["hf_dir"]),
-              "data": recipe_lib.data_config(recipe, traces=False).to_dict()}
-  else:
-    config = recipe_lib.stage_config(recipe, step, workdir).to_dict()
-    config["train"].pop("restart")  # how this run starts, not what it makes (as run_record)
-  record = json.loads(json.dumps({"config": config}, default=run_checkpoints.json_value))
-  return workdir_lib.portable(record, workdir, checkout)
-
-
-def _data_digest(recipe: recipe_lib.Recipe, workdir: str, checkout: bool = True) -> str:
-  data = run_checkpoints.without_added_defaults(
-    {"data": recipe_lib.data_config(recipe).to_dict()}, "")["data"]
-  return files.json_digest(workdir_lib.portable(
-    json.loads(json.dumps(data, default=run_checkpoints.json_value)), workdir, checkout))
-
-
-def step_digests(recipe: recipe_lib.Recipe, workdir: str, checkout: bool = True
-                 ) -> dict[str, str]:
-  """{step: digest} for the recipe's chain: of the fields of the step's view (`_view`) that
-  change its result (run_checkpoints.result_fields: not how often it saves or evaluates, nor
-  where the workdir or the checkout lives) chained with every earlier step's (the first: the
-  data build's config). done.json also records the data build's digest (`data`), the same for
-  every step. `checkout=False`: the digests of a record written before paths inside the
-  checkout were "{checkout}/..." (workdir_lib.portable)."""
-  keys, upstream = {}, _data_digest(recipe, workdir, checkout)
-  for step in recipe_lib.chain(recipe):
-    fields = run_checkpoints.result_fields(_view(recipe, step, workdir, checkout))
-    upstream = keys[step] = files.json_digest([upstream, fields])
-  return keys
-
-
-def _known_digests(recipe: recipe_lib.Recipe, workdir: str) -> dict[str, tuple[str, ...]]:
-  """{'data' and each step: the digests its record may hold to count as this recipe's}: the
-  digest (step_digests) first, then the one recorded before paths inside the checkout were
-  "{checkout}/..." with the checkout where it is now (the same digest, once, where the recipe
-  names no path inside the checkout)."""
-  def digests(checkout: bool) -> dict[str, str]:
-    return {"data": _data_digest(recipe, workdir, checkout),
-            **step_digests(recipe, workdir, checkout)}
-
-  now, before = digests(True), digests(False)
-  return {k: tuple(dict.fromkeys((now[k], before[k]))) for k in now}
 
 
 def _output(step_dir: str, step: str) -> str:
@@ -231,7 +169,7 @@ def _restart(recipe: recipe_lib.Recipe, step: str) -> bool:
 def _changes(step: str, saved: dict, current: dict) -> list[tuple[str, object, object]]:
   """(field, old, new) of the changes a step cannot absorb (training: all but the fields a
   resume may change, train.steps not below the recorded run's; teacher: all but num_users)."""
-  fields = [(f, a, b) for f, a, b in run_checkpoints.changed_fields(saved, current)
+  fields = [(f, a, b) for f, a, b in run_identity.changed_fields(saved, current)
             if step != recipe_lib.TEACHER or f"config.{f}" not in _TEACHER_ABSORBED]
   if step in stage_registry.names():
     old, new = saved["config"]["train"]["steps"], current["config"]["train"]["steps"]
@@ -280,7 +218,7 @@ def _upstream_changed(recipe: recipe_lib.Recipe, step: str, upstream: str, workd
     os.path.join(step_dir, STARTED_FILE))
   if not saved or "view" not in saved:
     return None
-  fields = _changes(upstream, saved["view"], _view(recipe, upstream, workdir))
+  fields = _changes(upstream, saved["view"], run_identity.step_view(recipe, upstream, workdir))
   if not fields:
     return None
   flags = _recorded_flags(upstream, fields, workdir)
@@ -307,7 +245,7 @@ class _Plan:
 def _plan_step(recipe, step: str, keys: tuple[str, ...], upstream_keys: tuple[str, ...],
                workdir: str) -> _Plan:
   """The action for one step (module docstring), `keys` / `upstream_keys` its and its upstream's
-  known digests (`_known_digests`); raises StepChanged for a refused change."""
+  known digests (run_identity.known_digests); raises StepChanged for a refused change."""
   step_dir = recipe_lib.stage_dir(workdir, step)
   done = _record(os.path.join(step_dir, DONE_FILE))
   if done and done["digest"] in keys:
@@ -329,7 +267,7 @@ def _plan_step(recipe, step: str, keys: tuple[str, ...], upstream_keys: tuple[st
                  else _restart_flag(step))
   if "view" not in saved:  # a record without settings: the loop / teacher check their own
     return _Plan(step, "run")
-  changes = _changes(step, saved["view"], _view(recipe, step, workdir))
+  changes = _changes(step, saved["view"], run_identity.step_view(recipe, step, workdir))
   if changes:
     raise StepChanged(
       f"[chain] {step}: {step_dir} holds a run made with other settings (recorded -> this "
@@ -348,7 +286,7 @@ def plan_chain(recipe: recipe_lib.Recipe, workdir: str, steps) -> list[_Plan]:
   Raises:
     StepChanged: a step holds work made with settings it cannot absorb (names the fields).
   """
-  known = _known_digests(recipe, workdir)
+  known = run_identity.known_digests(recipe, workdir)
   plans, upstream = [], known["data"]
   for step in recipe_lib.chain(recipe):
     if step in steps:
@@ -365,7 +303,7 @@ def missing_upstream(recipe: recipe_lib.Recipe, step: str, workdir: str) -> dict
     StepError: a done upstream step's export lost only files of its inference bundle (names
       weights_conversion/add_bundle.py's command, which repairs it without retraining).
   """
-  known, missing = _known_digests(recipe, workdir), {}
+  known, missing = run_identity.known_digests(recipe, workdir), {}
   for s in recipe_lib.upstream(recipe, step):
     step_dir = recipe_lib.stage_dir(workdir, s)
     done = _record(os.path.join(step_dir, DONE_FILE))
@@ -459,7 +397,8 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
   steps = recipe_lib.chain(recipe)
   steps = steps[:steps.index(upto) + 1] if upto else steps
   plans = plan_chain(recipe, workdir, steps)
-  keys, upstream = step_digests(recipe, workdir), _data_digest(recipe, workdir)
+  keys = run_identity.step_digests(recipe, workdir)
+  upstream = run_identity.data_digest(recipe, workdir)
   timings, contexts = {}, {}
   for i, plan in enumerate(plans):
     name, key = plan.step, keys[plan.step]
@@ -480,8 +419,9 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
               flush=True)
       done = _record(done_file)
       if done["digest"] != key:  # recorded before "{checkout}/...": written the current way
-        done |= {"digest": key, "upstream": upstream, "view": _view(recipe, name, workdir),
-                 "data": _data_digest(recipe, workdir)}
+        done |= {"digest": key, "upstream": upstream,
+                 "view": run_identity.step_view(recipe, name, workdir),
+                 "data": run_identity.data_digest(recipe, workdir)}
         files.atomic_write(done_file, json.dumps(done))
       timings[name] = {"seconds": done["seconds"], "how": "reused"}
       upstream = key
@@ -500,7 +440,8 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
     print(f"{prefix}: running into {stage_dir}"
           + (f" ({plan.note})" if plan.action == "run" and plan.note else ""), flush=True)
     os.makedirs(stage_dir, exist_ok=True)
-    record = {"digest": key, "upstream": upstream, "view": _view(recipe, name, workdir)}
+    record = {"digest": key, "upstream": upstream,
+              "view": run_identity.step_view(recipe, name, workdir)}
     files.atomic_write(os.path.join(stage_dir, STARTED_FILE), json.dumps(record))
     _build_data(recipe, name, workdir, timings)
     start = time.perf_counter()
@@ -510,7 +451,8 @@ def run_chain(recipe: recipe_lib.Recipe, workdir: str, upto: str | None = None) 
     pipeline.mark_complete(output)
     if name != recipe_lib.TEACHER:
       record["params_sha256"] = exports.load_metadata(output).get("params_sha256")
-    record |= {"seconds": timings[name]["seconds"], "data": _data_digest(recipe, workdir)}
+    record |= {"seconds": timings[name]["seconds"],
+               "data": run_identity.data_digest(recipe, workdir)}
     files.atomic_write(done_file, json.dumps(record))
     upstream = key
   return timings

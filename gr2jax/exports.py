@@ -30,6 +30,10 @@ left by a killed writer are removed by the next write of that path (a previous c
 in an `.old-` sibling by a writer killed mid-swap is first moved back). SIGTERM (when no other
 handler is installed) and SIGINT raise in the main thread, so the temp directory is removed before
 the process exits. Directories are created with the normal umask permissions (not 0700).
+
+orbax is imported where params are written or restored (`_checkpointer`), not with this module:
+what reads only an export's config, metadata or content digest (the step digests, the results
+stamp, an application that has not loaded a model yet) loads no checkpointing library.
 """
 
 import contextlib
@@ -49,7 +53,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
 
 from gr2jax import files, workdir
 from gr2jax.model import config as config_lib
@@ -103,6 +106,13 @@ def config_from_dict(d: Mapping[str, Any], source: str = "config") -> ModelConfi
     raise CheckpointError(f"{source}: {e}") from None
 
 
+def _checkpointer():
+  """An orbax StandardCheckpointer (orbax imported here, module docstring)."""
+  import orbax.checkpoint as ocp
+
+  return ocp.StandardCheckpointer()
+
+
 def _leaf_dir(params_dir: str, path: tuple[str, ...]) -> str:
   return os.path.join(params_dir, ".".join(path))
 
@@ -143,7 +153,7 @@ def write_checkpoint(directory: str, config: ModelConfig,
   params_dir = os.path.join(os.path.abspath(directory), PARAMS_DIR)
   os.makedirs(params_dir)
   manifest, digest = [], hashlib.sha256()
-  with ocp.StandardCheckpointer() as checkpointer:
+  with _checkpointer() as checkpointer:
     for path, leaf in leaves:
       checkpointer.save(_leaf_dir(params_dir, path), {_LEAF_KEY: leaf})
       checkpointer.wait_until_finished()
@@ -407,6 +417,24 @@ def check_data_build(path: str, current: Mapping[str, Any]) -> None:
                      "run (--config.data...) or use its workdir")
 
 
+def check_same_build(drafter_path: str, verifier_path: str) -> None:
+  """Refuses a drafter and a verifier export (draft-and-verify, gr2jax/diffusion/speculative.py)
+  trained on different data builds.
+
+  Both exports' gr2jax_metadata.json "data_build" records (`data_build_record`: the
+  tokenizer digest and the prompt format) must be equal; an export without a record (older, or
+  converted) is not checked, as `check_data_build`.
+
+  Raises:
+    ValueError: the tokenizers or prompt formats differ; names both exports and each difference.
+  """
+  records = [load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
+  problems = data_build_differences(*records) if all(records) else []
+  if problems:
+    raise ValueError(f"drafter {drafter_path} and verifier {verifier_path} come from different "
+                     f"data builds (drafter vs verifier): {'; '.join(problems)}")
+
+
 def load_config(path: str) -> ModelConfig:
   """Reads `<path>/gr2jax_config.json`.
 
@@ -471,7 +499,7 @@ def restore(path: str, shardings: Any = None) -> tuple[ModelConfig, Any]:
                           f"{['.'.join(p) for p in stored]}, shardings for "
                           f"{['.'.join(p) for p in wanted]}")
   leaves = []
-  with ocp.StandardCheckpointer() as checkpointer:
+  with _checkpointer() as checkpointer:
     for p, shape, dtype in manifest:
       leaf_dir = _leaf_dir(params_dir, p)
       sharding = sharding_at(shardings, p, params_dir)

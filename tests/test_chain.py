@@ -258,12 +258,12 @@ def test_a_broken_done_step_is_named_with_the_command_that_redoes_it(hf_run, tmp
 def test_step_digests_do_not_depend_on_where_the_workdir_lives(tmp_path, monkeypatch):
   """Table 2's whole chain (with an LLM teacher trained in the workdir itself): the same digests
   for the workdir spelt absolute or relative, from another directory, or a copy of it."""
-  from gr2jax import chain, recipe, recipes
+  from gr2jax import recipe, recipes, run_identity
 
   def digests(workdir, teacher):
     c = recipes.config("smoke", "table2")
     c.teacher.hf_dir = teacher
-    return chain.step_digests(recipe.from_config(c), workdir)
+    return run_identity.step_digests(recipe.from_config(c), workdir)
 
   (tmp_path / "W").mkdir()
   monkeypatch.chdir(tmp_path)
@@ -301,20 +301,20 @@ def _done_sft(workdir: str, digest: str, upstream: str, view: dict) -> None:
 def test_a_moved_or_cloned_checkout_reuses_its_workdirs_steps(tmp_path, monkeypatch):
   """A workdir made with the shipped data of a checkout at one path: the checkout moved (or
   another clone) reuses its steps; another data_dir is refused naming data.data_dir."""
-  from gr2jax import chain, recipe, recipes
+  from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
   _at_checkout(monkeypatch, tmp_path / "clone_a")
   made = recipe.from_config(recipes.config("", "sft"))
-  keys = chain.step_digests(made, workdir)
-  _done_sft(workdir, keys["sft"], chain._data_digest(made, workdir),
-            chain._view(made, "sft", workdir))
-  assert chain._view(made, "sft", workdir)["config"]["data"]["data_dir"] == (
+  keys = run_identity.step_digests(made, workdir)
+  _done_sft(workdir, keys["sft"], run_identity.data_digest(made, workdir),
+            run_identity.step_view(made, "sft", workdir))
+  assert run_identity.step_view(made, "sft", workdir)["config"]["data"]["data_dir"] == (
     "{checkout}/data/amazon_beauty")
 
   _at_checkout(monkeypatch, tmp_path / "clone_b")
   moved = recipe.from_config(recipes.config("", "sft"))
-  assert chain.step_digests(moved, workdir) == keys
+  assert run_identity.step_digests(moved, workdir) == keys
   assert [(p.step, p.action) for p in chain.plan_chain(moved, workdir, ("sft",))] == [
     ("sft", "reuse")]
   assert "sft" not in chain.missing_upstream(moved, "ar_rl", workdir)
@@ -348,20 +348,20 @@ def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritte
   """A done step recorded before "{checkout}/..." (the shipped data's absolute path, the checkout
   where it was): reused, and its done.json rewritten the current way, so it then survives a move
   of the checkout."""
-  from gr2jax import chain, recipe, recipes
+  from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
   _at_checkout(monkeypatch, tmp_path / "clone_a")
   r = recipe.from_config(recipes.config("", "sft"))
-  old = chain.step_digests(r, workdir, checkout=False)
-  assert old != chain.step_digests(r, workdir)
-  view = chain._view(r, "sft", workdir, checkout=False)
+  old = run_identity.step_digests(r, workdir, checkout=False)
+  assert old != run_identity.step_digests(r, workdir)
+  view = run_identity.step_view(r, "sft", workdir, checkout=False)
   assert view["config"]["data"]["data_dir"] == str(tmp_path / "clone_a" / "data" / "amazon_beauty")
-  _done_sft(workdir, old["sft"], chain._data_digest(r, workdir, checkout=False), view)
+  _done_sft(workdir, old["sft"], run_identity.data_digest(r, workdir, checkout=False), view)
   assert [p.action for p in chain.plan_chain(r, workdir, ("sft",))] == ["reuse"]
   chain.run_chain(r, workdir, upto="sft")
   done = json.load(open(os.path.join(workdir, "sft", "done.json")))
-  assert done["digest"] == chain.step_digests(r, workdir)["sft"] and done["seconds"] == 1.0
+  assert done["digest"] == run_identity.step_digests(r, workdir)["sft"] and done["seconds"] == 1.0
   _at_checkout(monkeypatch, tmp_path / "clone_b")
   assert [p.action for p in chain.plan_chain(recipe.from_config(recipes.config("", "sft")),
                                              workdir, ("sft",))] == ["reuse"]
@@ -371,7 +371,7 @@ def _done_stage_export(workdir: str, recipe) -> str:
   """W/sft as a finished training stage leaves it (the chain's digest and completion record): an
   export whose metadata records its data_config and params digest, with its inference bundle
   (decoding/bundle.py's files, stand-ins here); returns the export."""
-  from gr2jax import chain, exports
+  from gr2jax import exports, run_identity
   from gr2jax.data import pipeline
 
   export = os.path.join(workdir, "sft", "export")
@@ -386,9 +386,9 @@ def _done_stage_export(workdir: str, recipe) -> str:
       f.write(text)
   pipeline.mark_complete(export)
   with open(os.path.join(workdir, "sft", "done.json"), "w") as f:
-    json.dump({"digest": chain.step_digests(recipe, workdir)["sft"],
-               "upstream": chain._data_digest(recipe, workdir),
-               "view": chain._view(recipe, "sft", workdir), "seconds": 1.0,
+    json.dump({"digest": run_identity.step_digests(recipe, workdir)["sft"],
+               "upstream": run_identity.data_digest(recipe, workdir),
+               "view": run_identity.step_view(recipe, "sft", workdir), "seconds": 1.0,
                "params_sha256": "d" * 64}, f)
   return export
 
@@ -429,13 +429,13 @@ def test_an_upstream_made_with_another_data_dir_names_the_field_and_a_working_co
   """cft.py with another data.data_dir than W's steps: one line naming data.data_dir (recorded
   -> this run) and the flag that sets it back, not "made with other settings" and an upstream
   command that was refused in turn; the flag it names makes the upstream count as done."""
-  from gr2jax import chain, recipe, recipes
+  from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
   _at_checkout(monkeypatch, tmp_path / "clone_a")
   made = recipe.from_config(recipes.config("", "sft"))
-  _done_sft(workdir, chain.step_digests(made, workdir)["sft"], chain._data_digest(made, workdir),
-            chain._view(made, "sft", workdir))
+  _done_sft(workdir, run_identity.step_digests(made, workdir)["sft"],
+            run_identity.data_digest(made, workdir), run_identity.step_view(made, "sft", workdir))
   c = recipes.config("", "sft")
   c.data.data_dir = str(tmp_path / "my_data")
   shipped = str(tmp_path / "clone_a" / "data" / "amazon_beauty")

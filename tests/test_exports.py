@@ -1,5 +1,7 @@
-"""gr2jax/exports.py: round trip, sharded restore, atomic writes, damaged checkpoints."""
+"""gr2jax/exports.py: round trip, sharded restore, atomic writes, damaged checkpoints, the data
+build checks."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,8 +17,10 @@ import pytest
 
 from gr2jax import exports, load, workdir
 from gr2jax.data import prompts
+from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.model import params as params_lib
 from gr2jax.model.config import ModelConfig
+from tests.train.toy import PROMPT, toy_tokenizer
 
 CONFIG = ModelConfig.tiny(vocab_size=64, hidden_size=32, head_dim=8, intermediate_size=48,
                           eos_token_ids=(1, 2), mask_token_id=63, block_size=4)
@@ -296,3 +300,41 @@ def test_killed_writers(tmp_path, params):
   exports.save(path, CONFIG, params)
   assert os.listdir(tmp_path) == ["model"]
   _assert_equal(exports.restore(path)[1], params)
+
+
+def _export(tmp_path, name, record):
+  path = tmp_path / name
+  path.mkdir()
+  if record is not None:
+    (path / exports.METADATA_FILE).write_text(json.dumps({"data_build": record}))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+  """Two data build records as the exports' writer makes them (exports.data_build_record): the
+  toy build, and one with a token more and SID answers."""
+  out = str(tmp_path_factory.mktemp("tok"))
+  toy_tokenizer(out)
+  tok = tokenizer_lib.load_tokenizer(out)
+  build = exports.data_build_record(tok, PROMPT)
+  tok.add_tokens(["<another_token>"])
+  return build, exports.data_build_record(tok, dataclasses.replace(PROMPT, answer_format="sid"))
+
+
+def test_exports_of_different_data_builds_are_refused_by_name(tmp_path, builds):
+  build, other_build = builds
+  drafter = _export(tmp_path, "rl", build)
+  exports.check_same_build(drafter, _export(tmp_path, "same", build))
+  exports.check_same_build(drafter, _export(tmp_path, "older", None))  # no record: not checked
+  older_name = {("tokenizer_sha256" if k == "vocab_sha256" else k): v for k, v in build.items()}
+  # the field's old name:
+  exports.check_same_build(drafter, _export(tmp_path, "older_name", older_name))
+  other = _export(tmp_path, "ar_rl", other_build)
+  digest, vocab = build["vocab_sha256"][:16], build["vocab"]
+  with pytest.raises(ValueError, match=(
+      rf"drafter {os.path.join(tmp_path, 'rl')} and verifier {os.path.join(tmp_path, 'ar_rl')} "
+      rf"come from different data builds .*tokenizer vocab_sha256 {digest} \(vocab {vocab}\) vs "
+      rf"{other_build['vocab_sha256'][:16]} \(vocab {vocab + 1}\); "
+      r"prompt.answer_format 'slot' vs 'sid'")):
+    exports.check_same_build(drafter, other)

@@ -34,8 +34,8 @@ import typing
 import ml_collections
 import pytest
 
-from gr2jax import chain, recipe, recipes, stage_registry
-from gr2jax.train import loop, run_checkpoints
+from gr2jax import recipe, recipes, run_identity, stage_registry
+from gr2jax.train import loop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RECORDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "view_records.json")
@@ -351,8 +351,8 @@ def _records() -> dict:
   """{variant: {view: its run record's `config`, 'digests': the chain's step digests}} for the
   tiny and qwen3_8b recipes in workdir W (an HF directory `hf` in the current directory)."""
   def record(view):
-    return run_checkpoints.run_record(view, workdir="W", data_build={}, init_sha256="",
-                                      lengths=(0, 0))["config"]
+    return run_identity.run_record(view, workdir="W", data_build={}, init_sha256="",
+                                   lengths=(0, 0))["config"]
 
   out = {}
   for variant in ("", "qwen3_8b"):
@@ -361,7 +361,7 @@ def _records() -> dict:
              "eval": recipe.evaluation_config(r),
              **{t: recipe.tables_config(r, t, "W") for t in ("table3", "table4", "fig6")}}
     out[variant or "tiny"] = {**{name: record(v) for name, v in views.items()},
-                              "digests": chain.step_digests(r, "W")}
+                              "digests": run_identity.step_digests(r, "W")}
   return out
 
 

@@ -3,9 +3,9 @@ Figure 6): a table cell, and the stamp every results file carries.
 
 The stamp is two fields, written at the top of each results JSON and on a line of its markdown:
 - `recipe_digest`: the digest of what decides the numbers (`recipe_digest`): the chain's digest
-  of its final step (gr2jax/chain.py step_digests: the data build and every training stage, less
-  what changes no export, run_checkpoints.result_fields) joined with the settings the tables
-  evaluate under (the TablesView less RESULTS_NEUTRAL: the decode spec, eval.limit and
+  of its final step (gr2jax/run_identity.py step_digests: the data build and every training
+  stage, less what changes no export, run_identity.result_fields) joined with the settings the
+  tables evaluate under (the TablesView less RESULTS_NEUTRAL: the decode spec, eval.limit and
   batch_size, Table 3's taus and drafts, the timed examples, Figure 6's settings);
 - `commit`: the git commit of the checkout gr2jax is imported from (`commit`).
 `check_results` reads a results directory and lists where the four files disagree.
@@ -17,7 +17,7 @@ import os
 import re
 import subprocess
 
-from gr2jax import chain, files, stage_registry
+from gr2jax import files, run_identity, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import answer
@@ -54,12 +54,12 @@ def _digest(chain_digest: str, view: TablesView) -> str:
 
 def recipe_digest(recipe: recipe_lib.Recipe, workdir: str) -> str:
   """The digest of what decides a recipe's results (module docstring): the same for every
-  workdir and checkout location (paths are chain.step_digests' portable ones), for another
+  workdir and checkout location (paths are run_identity.step_digests' portable ones), for another
   results_dir, restart flag, remeasure, save / eval interval or mesh. Which splits Table 2 shows
   and which tables follow (table.splits, diffusion_splits, then) pick rows and files, not their
   numbers, and are left out."""
   final = recipe_lib.chain(recipe)[-1]
-  return _digest(chain.step_digests(recipe, workdir)[final],
+  return _digest(run_identity.step_digests(recipe, workdir)[final],
                  recipe_lib.tables_config(recipe, "table2", workdir))
 
 
@@ -68,9 +68,9 @@ def recorded_digest(view: TablesView, workdir: str) -> str:
   of its final step (W/<step>/done.json, whose digest chains every step before it) and the
   tables' view; 'unknown (...)' without that record."""
   step = stage_registry.names()[-1]
-  path = os.path.join(recipe_lib.stage_dir(workdir, step), chain.DONE_FILE)
+  path = os.path.join(recipe_lib.stage_dir(workdir, step), run_identity.DONE_FILE)
   if not os.path.isfile(path):
-    return f"unknown (no {step}/{chain.DONE_FILE} in the workdir)"
+    return f"unknown (no {step}/{run_identity.DONE_FILE} in the workdir)"
   with open(path) as f:
     return _digest(json.load(f)["digest"], view)
 

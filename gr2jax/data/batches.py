@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from gr2jax.data.prompts import RenderedExample
-from gr2jax.diffusion import replay
+from gr2jax.model.rounds import Rounds
 
 Array = np.ndarray | jax.Array
 
@@ -51,7 +51,8 @@ class Batch:
                                     committed)
     commit_step       [B, M] int32  each token's commit step (replay.py)
     commit_logprob    [B, M] f32    the sampler's log-prob of each committed token (host side)
-    replay_rounds     replay.Rounds the replay's round count S: static (jit specialises on it)
+    replay_rounds     Rounds        the replay's round count S (model/rounds.py): static (jit
+                                    specialises on it)
     forwards          [B] int32     the decoder's forwards on each row (host side: the speed
                                     reward reads it)
   RL (rollouts.prepare with a reward):
@@ -73,7 +74,7 @@ class Batch:
   trace_tokens: Array | None = None
   commit_step: Array | None = None
   commit_logprob: np.ndarray | None = None
-  replay_rounds: replay.Rounds | None = None
+  replay_rounds: Rounds | None = None
   forwards: np.ndarray | None = None
   rewards: np.ndarray | None = None
   advantages: Array | None = None

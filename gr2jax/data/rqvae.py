@@ -20,14 +20,17 @@ import dataclasses
 import functools
 import pathlib
 import time
+from typing import TYPE_CHECKING
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from gr2jax.progress import progress
+
+if TYPE_CHECKING:
+  import optax
 
 MAX_COLLISIONS = 256  # size cap of the 4th (collision) vocabulary
 
@@ -309,8 +312,10 @@ def reset_dead_codes(params, config: RQVAEConfig, x: jax.Array, key: jax.Array):
   return {**params, "codebooks": jnp.stack(new_books)}, jnp.stack(num_reset).astype(jnp.int32)
 
 
-def make_optimizer(config: RQVAEConfig) -> optax.GradientTransformation:
+def make_optimizer(config: RQVAEConfig) -> "optax.GradientTransformation":
   """Adam or Adagrad (TIGER) at `config.learning_rate`."""
+  import optax  # here and in train_epochs: what reads a build's SIDs loads no optimiser
+
   if config.optimizer == "adagrad":
     return optax.adagrad(config.learning_rate)
   return optax.adam(config.learning_rate)
@@ -332,6 +337,8 @@ def train_epochs(params, opt_state, config: RQVAEConfig, x: jax.Array, key: jax.
   Returns:
     (params, opt_state, {'loss', 'recon', 'quant'}: [epochs] means over each epoch's steps).
   """
+  import optax
+
   optimizer = make_optimizer(config)
   n = x.shape[0]
   batch = min(config.batch_size, n)

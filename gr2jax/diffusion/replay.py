@@ -19,7 +19,7 @@ at the M scored queries, one per response token. The round count S is static (sh
 depend on the trace), so the replay is jit-able and differentiable; `rounds_needed` gives the S
 that covers every trace of a decode setting, `check_rounds` verifies a trace against it, and
 `round_bucket` the S a batch of traces needs; a train batch carries it as `Rounds` (a static
-value: jit compiles one step per count).
+value: jit compiles one step per count; defined in gr2jax/model/rounds.py, below data/).
 
 Step shrinkage (TraceRL `collapse_k_unique`, an approximation, off by default): with shrink k,
 steps sk .. sk + k - 1 of a block are replayed as one round (round s masks every token with
@@ -40,7 +40,6 @@ The rollouts themselves are sampled by gr2jax/train/rollout.py's `DiffusionRollo
 them against the replay.
 """
 
-import dataclasses
 from typing import NamedTuple
 
 import jax
@@ -50,6 +49,7 @@ import numpy as np
 from gr2jax.diffusion import layout
 from gr2jax.diffusion.decode import NEVER_STEP, SEED_STEP
 from gr2jax.model.config import ModelConfig
+from gr2jax.model.rounds import Rounds as Rounds  # replay.Rounds: the batch's round count
 
 
 class ReplayOutput(NamedTuple):
@@ -82,22 +82,6 @@ class Trace(NamedTuple):
   trace_tokens: jax.Array
   commit_step: jax.Array
   lengths: jax.Array
-
-
-@jax.tree_util.register_static
-@dataclasses.dataclass(frozen=True)
-class Rounds:
-  """The replay's static round count S of a batch (`round_bucket`).
-
-  A pytree without leaves: it travels in the train batch dict next to the arrays, and jit
-  specialises on its value (one compiled step per count, like a shape), where a traced int could
-  not size the packed sequence.
-
-  Attributes:
-    count: S >= 0.
-  """
-
-  count: int
 
 
 def replay_rounds(commit_step: jax.Array, shrink: int = 1) -> jax.Array:

@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from gr2jax import config_checks, exports, files, load
+from gr2jax import config_checks, exports, files, load, run_identity
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import build_rendering, pipeline, prompts
 from gr2jax.data import lengths as lengths_lib
@@ -290,9 +290,9 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
   if ctx.data_build is None:
     raise ValueError("loop.train: ctx.data_build is None (loop.load_context records the data "
                      "build; a hand-made Context must set it)")
-  record = run_checkpoints.run_record(config, workdir=workdir, data_build=ctx.data_build,
-                                  init_sha256=init_digest(config.init),
-                                  lengths=(ctx.prompt_len, ctx.response_len))
+  record = run_identity.run_record(config, workdir=workdir, data_build=ctx.data_build,
+                                   init_sha256=init_digest(config.init),
+                                   lengths=(ctx.prompt_len, ctx.response_len))
   finished = finished_result(stage_dir, record)
   if finished is not None:
     print(f"[{stage.name}] already finished at step {finished['step']} with this config "

@@ -1,22 +1,20 @@
 """Run checkpoints: orbax CheckpointManager under `workdir/<stage>/checkpoints/`.
 
 Each checkpoint holds the TrainState (params, optimiser state, step, PRNG key), the data
-iterator's position (JSON) and the run record (JSON, `run_record`: the resolved config, the data
-build, the init's digest, P and R). Saves happen every `save_every` steps (async), the newest
-`keep` are kept, and a SIGTERM/SIGINT makes the loop save before it exits (`StopFlag`); the loop
-saves only a finite state (`all_finite`).
+iterator's position (JSON) and the run record (JSON, run_identity.run_record: the resolved
+config, the data build, the init's digest, P and R). Saves happen every `save_every` steps
+(async), the newest `keep` are kept, and a SIGTERM/SIGINT makes the loop save before it exits
+(`StopFlag`); the loop saves only a finite state (`all_finite`).
 
-The record describes the work, not where it lives: a path inside the run's workdir is kept
-relative to it (gr2jax/workdir.portable, "{workdir}/sft/export"), and a path inside the checkout
-relative to the checkout ("{checkout}/data/amazon_beauty", the shipped data), so the same run
-resumes with the workdir spelled relative or absolute, from another directory, after the workdir
-was moved or copied, or from another clone or a moved checkout. A data_dir outside the checkout
-is compared as its absolute path.
+The run record and what a resume may change are gr2jax/run_identity.py's (`run_record`,
+RUN_NEUTRAL, ADDED_AT_DEFAULT, `changed_fields`): a record describes the work, not where the
+workdir or the checkout lives, so the same run resumes from another directory, a moved or copied
+workdir, or another clone.
 
 `restore_latest` walks back from the newest step. A step whose run record differs from this run's
-in a field that alters the run (everything but RUN_NEUTRAL; train.steps only when below the
-step) is refused (`RunChangedError`, naming the fields), never skipped. A step that fails to
-restore (truncated or deleted files) is reported and the one before it is used; once one
+in a field that alters the run (everything but run_identity.RUN_NEUTRAL; train.steps only when
+below the step) is refused (`RunChangedError`, naming the fields), never skipped. A step that
+fails to restore (truncated or deleted files) is reported and the one before it is used; once one
 restores, the broken newer steps are moved aside to `checkpoints.broken/` so the run can save
 those steps again. When steps exist but none restores, nothing is deleted or overwritten: it is
 an `UnreadableCheckpointsError` naming each step's error. `move_run_aside` (train.restart) parks
@@ -25,8 +23,6 @@ The stage's final params are also exported in gr2jax/exports.py's format, the ha
 to the next stage and load_model.
 """
 
-import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -37,31 +33,9 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from absl import logging
 
+from gr2jax import run_identity
 from gr2jax import workdir as workdir_lib
 from gr2jax.train.state import TrainState
-
-# Record fields a resume may change: how often to save / keep / evaluate, the evaluation itself,
-# the mesh and the memory knobs (exact: micro-batches sum before dividing, remat and attention
-# chunks recompute the same values).
-RUN_NEUTRAL = ("config.train.steps", "config.train.save_every", "config.train.keep",
-               "config.train.async_save", "config.train.eval_every", "config.train.micro_batches",
-               "config.train.probe_prompts", "config.train.probe_every",
-               "config.model.remat", "config.model.attention_chunk_bytes",
-               "config.decode.eval_tau")  # evaluation-only: a resume may change it
-RUN_NEUTRAL_SECTIONS = ("config.eval.", "config.mesh.")
-# Fields added to the recipe after runs were recorded without them, each at the value that does
-# what those runs did: a record holding one at that value is the same record as one without it
-# (`without_added_defaults`), so checkpoints and chain steps recorded before the field existed
-# still resume and are reused. Any other value is a change like any other. Retired fields, which
-# the recipe no longer has, are listed the same way: cft.pivot_align and cft.answer_pair were
-# retired after losing their ablations, so a record written while they existed, both at False,
-# is the same record as one written now; one with either at True is a change (a run this code
-# cannot redo).
-ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_step",
-                    "cft.pivot_align": False, "cft.answer_pair": False,  # both retired
-                    "rl.temperature": 1.0, "rl.rollout_tau": 0.9,
-                    "rl.valid_weight": 0.0, "rl.speed_weight": 0.0,
-                    "opd.objective": "kl", "opd.certainty": 0.0}
 
 
 class RunChangedError(ValueError):
@@ -105,91 +79,11 @@ def make_manager(directory: str, *, keep: int, async_save: bool = True) -> ocp.C
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
 
 
-def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
-               lengths: tuple[int, int]) -> dict:
-  """What a run's checkpoints must agree with to be resumed (JSON-normalised, `portable`).
-
-  Args:
-    config: the run config (`train.restart` is left out: it only says how this run starts).
-    workdir: the run's workdir (paths inside it are recorded relative to it, paths inside the
-      checkout relative to the checkout).
-    data_build: exports.data_build_record of the run's data build.
-    init_sha256: the digest of config.init (loop.init_digest: of its content, not its path).
-    lengths: the static (P, R) of the run's batches.
-  """
-  resolved = config.to_dict()
-  resolved.get("train", {}).pop("restart", None)
-  record = {"config": resolved, "data_build": data_build, "init_sha256": init_sha256,
-            "lengths": list(lengths)}
-  return workdir_lib.portable(json.loads(json.dumps(record, default=json_value)), workdir)
-
-
-def json_value(value):
-  """A dataclass (the view's DecodeSpec) as its fields, anything else as its str()."""
-  return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
-
-
-def without_added_defaults(tree: dict, prefix: str = "config.") -> dict:
-  """A nested record without the ADDED_AT_DEFAULT fields that hold their default; `prefix` is
-  what the record's paths start with before the recipe's field path ('config.' for a run
-  record, '' for a stage view, 'data.' for a data build config)."""
-  def keep(path: str, value) -> bool:
-    field = path.removeprefix(prefix) if path.startswith(prefix) else None
-    return field not in ADDED_AT_DEFAULT or ADDED_AT_DEFAULT[field] != value
-
-  def walk(node, path: str):
-    if not isinstance(node, dict):
-      return node
-    return {k: walk(v, f"{path}{k}.") for k, v in node.items() if keep(f"{path}{k}", v)}
-
-  return walk(tree, "")
-
-
-def _flat(tree, prefix: str = "") -> dict:
-  if not isinstance(tree, dict):
-    return {prefix: tree}
-  out = {}
-  for key, value in tree.items():
-    out.update(_flat(value, f"{prefix}.{key}" if prefix else key))
-  return out
-
-
-def _neutral_fields(*flat_records: dict) -> set[str]:
-  """RUN_NEUTRAL, plus optimizer.total_steps when every record has a constant schedule."""
-  neutral = set(RUN_NEUTRAL)
-  if {r.get("config.optimizer.schedule") for r in flat_records} == {"constant"}:
-    neutral.add("config.optimizer.total_steps")
-  return neutral
-
-
-def changed_fields(saved: dict, current: dict) -> list[tuple[str, object, object]]:
-  """[(field, saved value, current value)] of the record fields that alter the run; a path of
-  this checkout that an older record wrote absolute is the same as its "{checkout}/..." form
-  (workdir.in_checkout)."""
-  a, b = (_flat(without_added_defaults(workdir_lib.in_checkout(r))) for r in (saved, current))
-  neutral = _neutral_fields(a, b)
-  missing = "<absent>"
-  return [(k.removeprefix("config."), a.get(k, missing), b.get(k, missing))
-          for k in sorted(a.keys() | b.keys())
-          if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)
-          and a.get(k, missing) != b.get(k, missing)]
-
-
-def result_fields(record: dict) -> dict[str, object]:
-  """{field: value} of a record that decide what the run produces (its export): every field but
-  the neutral ones (`changed_fields`), train.steps included. What a chain step's digest covers
-  (gr2jax/chain.py), so a changed evaluation or save interval changes no digest."""
-  flat = _flat(without_added_defaults(record))
-  neutral = _neutral_fields(flat) - {"config.train.steps"}
-  return {k: v for k, v in flat.items()
-          if k not in neutral and not k.startswith(RUN_NEUTRAL_SECTIONS)}
-
-
 def check_resume(saved: dict, current: dict, step: int, directory: str) -> None:
   """Raises RunChangedError unless `current` may resume the checkpoint `step` recorded as
   `saved` (no run-altering field changed, train.steps not below `step`)."""
   lines = [f"  {field}: {a!r} (checkpoint) -> {b!r} (this run)"
-           for field, a, b in changed_fields(saved, current)]
+           for field, a, b in run_identity.changed_fields(saved, current)]
   steps = current["config"]["train"]["steps"]
   if steps < step:
     lines.append(f"  train.steps: {steps} is below the checkpoint's step {step}")
@@ -229,7 +123,7 @@ def restore_latest(manager: ocp.CheckpointManager, abstract: TrainState, record:
   Args:
     manager: the run's manager.
     abstract: the state's ShapeDtypeStructs with shardings (restored leaves land there).
-    record: this run's `run_record`.
+    record: this run's run_identity.run_record.
 
   Returns:
     (state, data_state, step), or None when there is no checkpoint.

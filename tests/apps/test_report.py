@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from gr2jax import chain, recipe, recipes
+from gr2jax import recipe, recipes, run_identity
 from gr2jax.apps import report
 
 CLEAN = "0123456789abcdef0123456789abcdef01234567"
@@ -46,8 +46,8 @@ def test_the_tables_read_the_digest_from_the_chains_record(tmp_path):
   assert report.recorded_digest(view, workdir).startswith("unknown (no rl/done.json")
   final = recipe.chain(r)[-1]
   os.makedirs(tmp_path / final)
-  (tmp_path / final / chain.DONE_FILE).write_text(
-    json.dumps({"digest": chain.step_digests(r, workdir)[final]}))
+  (tmp_path / final / run_identity.DONE_FILE).write_text(
+    json.dumps({"digest": run_identity.step_digests(r, workdir)[final]}))
   assert report.recorded_digest(view, workdir) == report.recipe_digest(r, workdir)
   fig6 = recipe.tables_config(r, "fig6", workdir)  # another table of the same run
   assert report.recorded_digest(fig6, workdir) == report.recipe_digest(r, workdir)

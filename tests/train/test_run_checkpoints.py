@@ -1,7 +1,7 @@
-"""Run checkpoints (gr2jax/train/run_checkpoints.py): the run record and what a resume may
-change, the walk back past a broken step (moved aside, saved again), no silent restart when none
-restores, the finite check, restart moving a run aside. Each on a two-leaf state: no model
-compile."""
+"""Run checkpoints (gr2jax/train/run_checkpoints.py): the resume check on run records
+(gr2jax/run_identity.py, tests/test_run_identity.py), the walk back past a broken step (moved
+aside, saved again), no silent restart when none restores, the finite check, restart moving a run
+aside. Each on a two-leaf state: no model compile."""
 
 import glob
 import json
@@ -9,30 +9,14 @@ import os
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 import pytest
 
+from gr2jax import run_identity
 from gr2jax import workdir as workdir_lib
 from gr2jax.train import run_checkpoints
 from gr2jax.train import state as state_lib
-
-
-def _config(**train):
-  c = ml_collections.ConfigDict()
-  c.train = ml_collections.ConfigDict(dict(steps=8, save_every=2, keep=5, micro_batches=1,
-                                           batch_size=8, seed=0, restart=False) | train)
-  c.optimizer = ml_collections.ConfigDict(dict(learning_rate=1e-3, schedule="cosine",
-                                               total_steps=8, clip_norm=1.0))
-  c.eval = ml_collections.ConfigDict(dict(batch_size=8, limit=0))
-  return c
-
-
-def _record(config, **kw):
-  args = dict(workdir="W", data_build={"vocab_sha256": "ab", "vocab": 3,
-                                      "prompt": {"style": "terse"}},
-              init_sha256="preset:tiny", lengths=(64, 48)) | kw
-  return run_checkpoints.run_record(config, **args)
+from tests.test_run_identity import config_of, record_of
 
 
 def _state(value: float = 1.0):
@@ -47,7 +31,7 @@ def _abstract(state):
 
 def _saved_run(directory, steps=(2, 4), record=None):
   manager = run_checkpoints.make_manager(directory, keep=5, async_save=False)
-  record = _record(_config()) if record is None else record
+  record = record_of(config_of()) if record is None else record
   for step in steps:
     state = _state(float(step)).replace(step=jnp.asarray(step, jnp.int32))
     run_checkpoints.save(manager, state, {"epoch": 0, "index": step}, record)
@@ -60,37 +44,10 @@ def _truncate(directory, step, item="state"):
       open(path, "w").close()
 
 
-def test_record_changes_that_alter_the_run_are_named():
-  saved = _record(_config())
-  assert run_checkpoints.changed_fields(saved, _record(_config())) == []
-  neutral = _config(steps=20, save_every=5, keep=1, micro_batches=4)
-  neutral.eval.batch_size = 2
-  assert run_checkpoints.changed_fields(saved, _record(neutral)) == []
-  assert run_checkpoints.changed_fields(saved, _record(_config(), lengths=(64, 64))) == [
-    ("lengths", [64, 48], [64, 64])]
-  changed = _config(batch_size=4)
-  changed.optimizer.clip_norm = 0.0
-  assert [f for f, _, _ in run_checkpoints.changed_fields(saved, _record(changed))] == [
-    "optimizer.clip_norm", "train.batch_size"]
-  assert [f for f, _, _ in run_checkpoints.changed_fields(
-    saved, _record(_config(), init_sha256="other"))] == ["init_sha256"]
-  assert "train.restart" not in str(_record(_config(restart=True)))
-
-
-def test_total_steps_matters_only_under_a_decaying_schedule():
-  longer = _config(steps=16)
-  longer.optimizer.total_steps = 16
-  assert [f for f, _, _ in run_checkpoints.changed_fields(_record(_config()), _record(longer))] == [
-    "optimizer.total_steps"]
-  constant, longer_constant = _config(), longer
-  constant.optimizer.schedule = longer_constant.optimizer.schedule = "constant"
-  assert run_checkpoints.changed_fields(_record(constant), _record(longer_constant)) == []
-
-
 def test_resume_below_the_saved_step_is_refused():
   with pytest.raises(run_checkpoints.RunChangedError, match="train.steps: 3 is below the "
                                                         "checkpoint's step 4"):
-    run_checkpoints.check_resume(_record(_config()), _record(_config(steps=3)), 4, "D")
+    run_checkpoints.check_resume(record_of(config_of()), record_of(config_of(steps=3)), 4, "D")
 
 
 def test_broken_newest_step_is_moved_aside_and_saved_again(tmp_path, capsys):
@@ -134,12 +91,12 @@ def test_a_changed_run_is_refused_not_skipped(tmp_path):
   step 'unreadable', restart from init and delete the valid checkpoints."""
   directory = str(tmp_path / "checkpoints")
   _saved_run(directory)
-  changed = _config()
+  changed = config_of()
   changed.optimizer.clip_norm = 0.0
   fresh = run_checkpoints.make_manager(directory, keep=5, async_save=False)
   with pytest.raises(run_checkpoints.RunChangedError,
                      match=r"optimizer.clip_norm: 1.0 \(checkpoint\) -> 0.0 \(this run\)"):
-    run_checkpoints.restore_latest(fresh, _abstract(_state()), _record(changed))
+    run_checkpoints.restore_latest(fresh, _abstract(_state()), record_of(changed))
   assert sorted(os.listdir(directory)) == ["2", "4"]
 
 
@@ -167,30 +124,6 @@ def test_move_run_aside_keeps_the_previous_run(tmp_path):
   assert os.path.dirname(moved) == stage
 
 
-def test_a_record_describes_the_work_not_where_the_workdir_lives(tmp_path, monkeypatch):
-  """Paths inside the workdir are kept relative to it: the workdir spelt relative or absolute,
-  from another directory, or a copy of it, give one record; a path elsewhere is absolute."""
-  work = tmp_path / "W"
-  (work / "sft").mkdir(parents=True)
-
-  def record(workdir, init):
-    config = _config()
-    config.init = init
-    config.data = ml_collections.ConfigDict(dict(sids_file="sids.npy", data_dir=str(tmp_path)))
-    return _record(config, workdir=workdir)
-
-  monkeypatch.chdir(tmp_path)
-  absolute = record(str(work), str(work / "sft" / "export"))
-  assert absolute["config"]["init"] == "{workdir}/sft/export"
-  assert absolute["config"]["data"] == {"sids_file": "sids.npy", "data_dir": str(tmp_path)}
-  assert record("W", "W/sft/export") == absolute
-  monkeypatch.chdir(work)
-  assert record(".", "sft/export") == absolute
-  assert record(str(tmp_path / "copy"), str(tmp_path / "copy" / "sft" / "export")) == absolute
-  assert workdir_lib.portable({"a": ["x/y", "preset:tiny", 3]}, "sft") == {
-    "a": [str(work / "x" / "y"), "preset:tiny", 3]}
-
-
 def test_a_moved_checkout_resumes_and_another_data_dir_is_refused(tmp_path, monkeypatch):
   """The tiny recipe's SFT record made with the shipped data of a checkout at one path resumes
   with the checkout at another (a clone, a move), and as an older record that wrote the path
@@ -203,7 +136,7 @@ def test_a_moved_checkout_resumes_and_another_data_dir_is_refused(tmp_path, monk
     monkeypatch.setattr(recipes, "DATA_DIR", str(root / "data" / "amazon_beauty"))
     c = recipes.config("", "sft")
     c.data.data_dir = data_dir or c.data.data_dir
-    return _record(recipe.stage_config(recipe.from_config(c), "sft", "W"), workdir="W")
+    return record_of(recipe.stage_config(recipe.from_config(c), "sft", "W"), workdir="W")
 
   saved = record(tmp_path / "clone_a")
   assert saved["config"]["data"]["data_dir"] == "{checkout}/data/amazon_beauty"
@@ -217,46 +150,18 @@ def test_a_moved_checkout_resumes_and_another_data_dir_is_refused(tmp_path, monk
     run_checkpoints.check_resume(saved, record(tmp_path / "clone_b", mine), 2, "W/sft/checkpoints")
 
 
-def test_result_fields_leave_out_what_does_not_change_the_export():
-  saved = _record(_config())
-  fields = run_checkpoints.result_fields(saved)
-  assert "config.train.steps" in fields and "config.optimizer.learning_rate" in fields
-  assert not {"config.train.save_every", "config.train.keep", "config.train.micro_batches"} & set(
-    fields) and not any(k.startswith("config.eval.") for k in fields)
-  neutral = _config(save_every=4, keep=2, micro_batches=2)
-  neutral.eval.batch_size = 2
-  assert run_checkpoints.result_fields(_record(neutral)) == fields
-
-
-def test_a_field_added_at_its_default_is_the_record_without_it():
-  """Records from before an ADDED_AT_DEFAULT field existed resume and keep their digest; the
-  field at another value is a change."""
-  old = {"config": {"data": {"seed": 0}, "opd": {"group_size": 4}, "rl": {"alpha": 0.2}}}
-  new = {"config": {"data": {"seed": 0, "drop_unusable_users": False},
-                    "opd": {"group_size": 4, "context": "commit_step"},
-                    "rl": {"alpha": 0.2, "temperature": 1.0, "rollout_tau": 0.9}}}
-  assert run_checkpoints.changed_fields(old, new) == []
-  assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
-  new["config"]["opd"]["context"] = "left_clean"
-  new["config"]["rl"]["temperature"] = 0.5
-  assert run_checkpoints.changed_fields(old, new) == [
-    ("opd.context", "<absent>", "left_clean"), ("rl.temperature", "<absent>", 0.5)]
-  assert run_checkpoints.without_added_defaults(
-    {"data": {"drop_unusable_users": False, "seed": 1}}, "") == {"data": {"seed": 1}}
-
-
 def test_a_record_holding_the_retired_cft_fields_off_is_this_runs_record():
   """Every CFT record written while cft.pivot_align and cft.answer_pair existed holds them off:
   it resumes and keeps its digest under today's recipe, which has neither; either on is a
   change."""
   from gr2jax import recipe, recipes
 
-  new = _record(recipe.stage_config(recipes.get("tiny"), "cft", "W"))
+  new = record_of(recipe.stage_config(recipes.get("tiny"), "cft", "W"))
   assert not {"pivot_align", "answer_pair"} & set(new["config"]["cft"])
   old = json.loads(json.dumps(new))
   old["config"]["cft"].update(pivot_align=False, answer_pair=False)
-  assert run_checkpoints.changed_fields(old, new) == []
-  assert run_checkpoints.result_fields(old) == run_checkpoints.result_fields(new)
+  assert run_identity.changed_fields(old, new) == []
+  assert run_identity.result_fields(old) == run_identity.result_fields(new)
   run_checkpoints.check_resume(old, new, 2, "W/cft/checkpoints")
   old["config"]["cft"]["pivot_align"] = True
-  assert run_checkpoints.changed_fields(old, new) == [("cft.pivot_align", True, "<absent>")]
+  assert run_identity.changed_fields(old, new) == [("cft.pivot_align", True, "<absent>")]
