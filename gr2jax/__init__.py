@@ -14,6 +14,7 @@ The public API, importable from a notebook without loading JAX until first use:
   policy = gr2jax.make_policy(config, recipe.decode, N)   # the model's own decoder at the spec
   reranker = gr2jax.load_reranker("W/rl/export")   # THE inference object (or Reranker.of(...))
   answers = reranker.answer(encoded, labels, rows=B)   # decode + texts + parsed answers
+  ranked = reranker.rows([reranker.prepare(request)], batch_rows=B)   # a request's answer rows
   rows = gr2jax.rerank("requests.jsonl", reranker)   # re-ranking requests (or an export path)
 
 See WORKSPACE.md for the module map and contracts.

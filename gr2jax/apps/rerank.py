@@ -5,10 +5,11 @@
 
   rows = gr2jax.rerank("req.jsonl", "W/rl/export")                    # the same in Python
 
-Request and row formats: gr2jax/data/requests.py. Requests are decoded in batches by the
-model's Reranker (gr2jax/decoding/reranker.py, Reranker.answer: the evaluation's and the server's
-path too); a bad request is an error row and never stops the batch. Output rows keep the input
-order, one per non-blank line.
+Request and row formats: gr2jax/data/requests.py. `rerank_lines` is a loop over the model's
+Reranker (gr2jax/decoding/reranker.py): Reranker.prepare reads, renders and encodes each request,
+Reranker.rows answers them in batches (the server's engine makes the same two calls); a bad request
+is an error row and never stops the batch. Output rows keep the input order, one per non-blank
+line.
 """
 
 import json
@@ -21,6 +22,7 @@ from gr2jax import files, load
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import reranker as reranker_lib
+from gr2jax.progress import progress
 
 
 def _lines_of(requests) -> Iterable:
@@ -63,7 +65,42 @@ def rerank(requests, model, *, batch_size: int = 64, **load) -> list[dict]:
                       "Reranker already (pass these to reranker.load_reranker)")
   else:
     model = reranker_lib.load_reranker(os.fspath(model), **load)
-  return reranker_lib.rerank_lines(_lines_of(requests), model, batch_size=batch_size)
+  return rerank_lines(_lines_of(requests), model, batch_size=batch_size)
+
+
+def rerank_lines(lines: Iterable, reranker: reranker_lib.Reranker, *,
+                 batch_size: int = 64) -> list[dict]:
+  """Every request line answered or an error row, in input order (data/requests.py formats).
+
+  Each line is prepared (Reranker.prepare; requests.read_lines: an error row where it is
+  unreadable), and the readable ones answered (Reranker.rows) in batches of min(batch_size,
+  their count) rows, the last padded, at one static prompt width: the build's P, or the longest
+  prompt rounded up.
+
+  Raises:
+    ValueError: a Reranker without a request rendering (Reranker.prepare).
+  """
+  read = requests_lib.read_lines(lines, reranker.prepare)
+  answered = iter(_rows([p for p in read if isinstance(p, reranker_lib.Prepared)], reranker,
+                        batch_size))
+  return [next(answered) if isinstance(p, reranker_lib.Prepared) else p for p in read]
+
+
+def _rows(prepared: list, reranker: reranker_lib.Reranker, batch_size: int) -> list[dict]:
+  """The answer rows of prepared requests, in batches (rerank_lines)."""
+  if not prepared:
+    return []
+  prompt_len = max(p.prompt_len for p in prepared)
+  batch_rows = min(batch_size, len(prepared))
+  rows = []
+  bar = progress(len(prepared), desc="rerank", unit="request")
+  for first in range(0, len(prepared), batch_size):
+    got = reranker.rows(prepared[first:first + batch_size], batch_rows=batch_rows,
+                        prompt_len=prompt_len)
+    rows += got.rows
+    bar.update(len(got.rows))
+  bar.close()
+  return rows
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -125,7 +162,7 @@ def run(recipe, c, workdir: str) -> dict:
   reranker = reranker_lib.load_reranker(
     ckpt, workdir=workdir, data_config=recipe_lib.data_config(recipe), decode=recipe.decode,
     items=c.items_file, max_new_tokens=c.max_new_tokens, verify_with=verify_with)
-  rows = reranker_lib.rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size)
+  rows = rerank_lines(_lines_of(c.requests), reranker, batch_size=c.batch_size)
   write_rows(rows, out)
   summary = summarize(rows) | {"out": out}
   print(json.dumps(summary), flush=True)

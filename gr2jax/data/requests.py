@@ -21,7 +21,7 @@ to D's order), or an error `{"line", "id", "error": {"kind": ERROR_KINDS, "messa
 import dataclasses
 import json
 import pathlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -151,13 +151,28 @@ class Rendering:
     return self.prompt.answer_format == "sid" or "sid" in self.prompt.fields
 
 
-def parse_request(line: str, lineno: int, catalogue: Catalogue, num_candidates: int,
+def request_line(item) -> str:
+  """A request as its JSONL line: a line as given, a request dict written as JSON.
+
+  Raises:
+    RequestError: malformed_json, for a value JSON cannot write.
+  """
+  if isinstance(item, str):
+    return item
+  try:
+    return json.dumps(item)
+  except (TypeError, ValueError) as e:
+    raise RequestError("malformed_json", str(e)) from None
+
+
+def parse_request(line, lineno: int, catalogue: Catalogue, num_candidates: int,
                   needs_sids: bool) -> Request:
-  """Reads and checks one JSONL request line.
+  """Reads and checks one request: a JSONL line or a request dict (request_line).
 
   Raises:
     RequestError: with the kind of the first problem found.
   """
+  line = request_line(line)
   try:
     obj = json.loads(line)
   except (json.JSONDecodeError, RecursionError) as e:
@@ -192,11 +207,11 @@ def parse_request(line: str, lineno: int, catalogue: Catalogue, num_candidates: 
                  np.asarray(candidates, np.int32), tuple(obj["candidates"]))
 
 
-def _request_id(line: str):
-  """The id of an unreadable request when one can be read, else None."""
+def _request_id(line):
+  """The id of an unreadable request (a line or a dict) when one can be read, else None."""
   try:
-    obj = json.loads(line)
-  except (ValueError, RecursionError):
+    obj = json.loads(request_line(line))
+  except (ValueError, RecursionError):  # RequestError included
     return None
   value = obj.get("id") if isinstance(obj, dict) else None
   return value if isinstance(value, str | int | float) else None
@@ -215,18 +230,20 @@ def read_requests(lines: Iterable, catalogue: Catalogue, num_candidates: int,
   Returns:
     One Request or error row ({"line", "id", "error": {"kind", "message"}}) per non-blank line.
   """
+  return read_lines(lines, lambda line, lineno: parse_request(line, lineno, catalogue,
+                                                              num_candidates, needs_sids))
+
+
+def read_lines(lines: Iterable, read: Callable[[object, int], object]) -> list:
+  """read(line, lineno) of each non-blank line (lineno 1-based), or its error row where it
+  raises a RequestError, in input order: how read_requests and the offline tool (with
+  Reranker.prepare) read their input."""
   out = []
   for lineno, line in enumerate(lines, start=1):
-    if not isinstance(line, str):
-      try:
-        line = json.dumps(line)
-      except (TypeError, ValueError) as e:
-        out.append(error_row(lineno, None, RequestError("malformed_json", str(e))))
-        continue
-    if not line.strip():
+    if isinstance(line, str) and not line.strip():
       continue
     try:
-      out.append(parse_request(line, lineno, catalogue, num_candidates, needs_sids))
+      out.append(read(line, lineno))
     except RequestError as e:
       out.append(error_row(lineno, _request_id(line), e))
   return out

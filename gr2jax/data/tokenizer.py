@@ -5,17 +5,26 @@ label and per evidence bucket) and the chat tokens (prompts.CHAT_TOKENS, `<|mask
 every SID code in a prompt is a single token. Chat tokens are *special* (`skip_special_tokens`
 drops them); SID, slot and evidence tokens are ordinary added tokens and survive decoding.
 eos = `<|im_end|>` (end of the assistant turn), pad = `<|endoftext|>`, as in Qwen3.
+
+`load_tokenizer` reads a saved directory as transformers' PreTrainedTokenizerFast over its
+tokenizer.json (with tokenizer_config.json's special tokens), never through AutoTokenizer, whose
+model registry imports torch: an export loads its tokenizer without it (a serving replica never
+imports torch). transformers itself is imported only when a tokenizer is loaded, trained or
+extended, so importing this module (and the server) does not import it.
 """
 
 import os
 import re
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import tokenizers
-import transformers
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from gr2jax.data import prompts
+
+if TYPE_CHECKING:
+  import transformers
 
 ADDED_TOKENS_FILE = "added_tokens.txt"
 # What load_tokenizer reads of a tokenizer directory: without tokenizer.json transformers asks for
@@ -39,7 +48,9 @@ def _corpus(texts: Iterable[str]) -> Iterable[str]:
     yield from (piece for piece in _TOKEN_PATTERN.split(text) if piece)
 
 
-def _wrap(tokenizer: tokenizers.Tokenizer) -> transformers.PreTrainedTokenizerFast:
+def _wrap(tokenizer: tokenizers.Tokenizer) -> "transformers.PreTrainedTokenizerFast":
+  import transformers
+
   return transformers.PreTrainedTokenizerFast(
     tokenizer_object=tokenizer, eos_token=prompts.IM_END, pad_token=prompts.END_OF_TEXT,
     clean_up_tokenization_spaces=False)
@@ -47,13 +58,13 @@ def _wrap(tokenizer: tokenizers.Tokenizer) -> transformers.PreTrainedTokenizerFa
 
 def train_tokenizer(texts: Iterable[str], out_dir: str, *, vocab_size: int,
                     codes_per_level: tuple[int, ...], num_slots: int,
-                    evidence_levels: int) -> transformers.PreTrainedTokenizerFast:
+                    evidence_levels: int) -> "transformers.PreTrainedTokenizerFast":
   """Trains a byte-level BPE on `texts`, adds the prompt tokens and saves it in HF format.
 
   Args:
     texts: training texts (item text and rendered prompts/responses); added tokens in them are
       ignored for the merges.
-    out_dir: where `AutoTokenizer.from_pretrained(out_dir)` will find it.
+    out_dir: where `load_tokenizer(out_dir)` (or transformers' AutoTokenizer) will find it.
     vocab_size: total vocabulary size, chat + added tokens included (an upper bound: a small
       corpus can run out of merges first).
     codes_per_level: SID codes per level, e.g. (256, 256, 256, max_collision + 1).
@@ -102,6 +113,8 @@ def extend_tokenizer(base_dir: str, out_dir: str, *, codes_per_level: tuple[int,
   """
   if not os.path.isdir(base_dir):
     raise FileNotFoundError(f"{base_dir}: not a local tokenizer directory")
+  import transformers  # AutoTokenizer: the base model's own class (a conversion step, not serving)
+
   tokenizer = transformers.AutoTokenizer.from_pretrained(base_dir)
   vocab = tokenizer.get_vocab()
   chat = [t for t in prompts.CHAT_TOKENS if t not in vocab]
@@ -116,8 +129,15 @@ def extend_tokenizer(base_dir: str, out_dir: str, *, codes_per_level: tuple[int,
   return new
 
 
-def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
-  """Loads a saved tokenizer directory (local only).
+def load_tokenizer(path: str) -> "transformers.PreTrainedTokenizerFast":
+  """Loads a saved tokenizer directory (local only) without importing torch.
+
+  The tokenizer is transformers' PreTrainedTokenizerFast over the directory's tokenizer.json,
+  with tokenizer_config.json's settings (eos / pad tokens, clean-up): the class
+  train_tokenizer saves (AutoTokenizer gives the same), and for an extended Qwen3 tokenizer
+  the same ids as AutoTokenizer's Qwen2Tokenizer, whose built-in pipeline (NFC, Qwen's split
+  pattern, byte level) is the one Qwen3's tokenizer.json holds (tests/data/test_tokenizer.py
+  holds both kinds to AutoTokenizer's encode and decode, added and special tokens included).
 
   Raises:
     FileNotFoundError: the directory lacks a file of FILES (names the directory and the files).
@@ -126,7 +146,9 @@ def load_tokenizer(path: str) -> transformers.PreTrainedTokenizerBase:
   if missing:
     raise FileNotFoundError(f"{path}: no tokenizer file(s) {', '.join(missing)} (a tokenizer "
                             f"directory holds {' and '.join(FILES)})")
-  return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  from transformers import PreTrainedTokenizerFast
+
+  return PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
 
 
 def mask_token_id(tokenizer) -> int:

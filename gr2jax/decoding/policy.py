@@ -9,6 +9,11 @@ the spec, behind one method and the decoders' param layout:
       spec.constrained and a steering constraint is given); numpy [B, ...] fields.
   decoding_params(params) -> params in the decoders' layout, converted once.
 
+and says what it is: `kind` ('ar', 'diffusion' or 'lossless'), `name` (the decoder's name in the
+server's rows and cost tables: the kind, or 'lossless_k<K>' at the spec's draft_k) and `models`
+(each model it decodes with, as a message names it), so no caller tells the policies apart by
+their type.
+
 Three implementations, chosen by the model (`make_policy`, the only place the choice is made):
   ARPolicy         an AR model (no mask token): model.generate.
   DiffusionPolicy  a block-diffusion model: block_diffusion_generate (`decoding(tau,
@@ -29,7 +34,7 @@ sampler's cached decoding. SFT, AR RL and the OPD teacher score with it.
 """
 
 import dataclasses
-from typing import NamedTuple, Protocol
+from typing import ClassVar, NamedTuple, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -111,6 +116,15 @@ class Policy(Protocol):
   config: ModelConfig
   spec: DecodeSpec
   max_new_tokens: int
+  kind: str  # 'ar', 'diffusion' or 'lossless'
+
+  @property
+  def name(self) -> str:
+    """The decoder's name: the kind, or 'lossless_k<K>' (the server's rows and cost tables)."""
+
+  @property
+  def models(self) -> tuple[tuple[str, ModelConfig], ...]:
+    """(how a message names it, its config) of each model the policy decodes with."""
 
   def decoding_params(self, params: dict) -> dict:
     """params in the decoders' layout (model/params.layer_list), converted once by a caller that
@@ -120,8 +134,26 @@ class Policy(Protocol):
              steering: decode.Steering = decode.NO_STEERING) -> Decoded: ...
 
 
+class _OneModel:
+  """What ARPolicy and DiffusionPolicy share: one model, its decoder named by the kind."""
+
+  config: ModelConfig
+  kind: ClassVar[str]
+
+  @property
+  def name(self) -> str:
+    return self.kind
+
+  @property
+  def models(self) -> tuple[tuple[str, ModelConfig], ...]:
+    return (("the model", self.config),)
+
+  def decoding_params(self, params):
+    return layer_list(params)
+
+
 @dataclasses.dataclass(frozen=True)
-class ARPolicy:
+class ARPolicy(_OneModel):
   """An AR model decoded by model.generate.
 
   Attributes:
@@ -135,8 +167,7 @@ class ARPolicy:
   spec: DecodeSpec
   max_new_tokens: int
 
-  def decoding_params(self, params):
-    return layer_list(params)
+  kind: ClassVar[str] = "ar"
 
   def decoding(self, temperature: float = 0.0) -> generate.ARDecoding:
     """The AR decoder's settings at this temperature (0 = greedy)."""
@@ -154,7 +185,7 @@ class ARPolicy:
 
 
 @dataclasses.dataclass(frozen=True)
-class DiffusionPolicy:
+class DiffusionPolicy(_OneModel):
   """A block-diffusion model decoded by block_diffusion_generate.
 
   Attributes:
@@ -168,12 +199,11 @@ class DiffusionPolicy:
   spec: DecodeSpec
   max_new_tokens: int
 
+  kind: ClassVar[str] = "diffusion"
+
   def __post_init__(self):
     if self.config.mask_token_id is None:
       raise ValueError("DiffusionPolicy: config.mask_token_id is None (an AR model: ARPolicy)")
-
-  def decoding_params(self, params):
-    return layer_list(params)
 
   def decoding(self, tau: float, temperature: float = 0.0) -> decode.BlockDecoding:
     """The block decoder's settings at commit threshold tau."""
@@ -209,6 +239,16 @@ class LosslessPolicy:
   verifier_config: ModelConfig
   spec: DecodeSpec
   max_new_tokens: int
+
+  kind: ClassVar[str] = "lossless"
+
+  @property
+  def name(self) -> str:
+    return f"lossless_k{self.spec.draft_k}"
+
+  @property
+  def models(self) -> tuple[tuple[str, ModelConfig], ...]:
+    return (("the verifier", self.verifier_config), ("the drafter", self.config))
 
   def decoding_params(self, params):
     return {name: layer_list(params[name]) for name in ("drafter", "verifier")}

@@ -2,13 +2,17 @@
 
 A `Reranker` (like gemma's `Sampler`) holds the model's params in the decoders' layout, its
 policy (policy.py: AR, block diffusion at the spec's eval tau, or the lossless draft-and-verify
-pair), the data build's tokenizer and request rendering, and the prompt width P, and answers a
-batch of encoded examples in one call, `Reranker.answer`: prompt arrays of one static shape
-[rows, P], steering (the answer constraint of the examples' candidates when the spec is
+pair), the data build's tokenizer (and the lock every read of it holds: a server encodes on one
+thread while its worker decodes on another) and request rendering, and the prompt width P. It
+answers a batch of encoded examples in one call, `Reranker.answer`: prompt arrays of one static
+shape [rows, P], steering (the answer constraint of the examples' candidates when the spec is
 constrained; a given reasoning), policy.decode, then `read_answers` (texts, then
-data/answer.parse_answer). The evaluation (evaluation.py), the offline tool (rerank_lines,
-gr2jax/apps/rerank.py), the server (gr2jax/apps/serve/engine.py), the tables and Table 2's rows
-all answer through it, so they answer a request identically.
+data/answer.parse_answer). Requests go through it in two calls: `prepare` reads one (a JSONL
+line or a request dict; data/requests.py, a RequestError naming the field), renders and encodes
+it, and `rows` answers prepared requests as one batch with their answer rows. The evaluation
+(evaluation.py), the offline tool (gr2jax/apps/rerank.py), the server
+(gr2jax/apps/serve/engine.py), the tables and Table 2's rows all answer through it, so they answer
+a request identically.
 
 `load_reranker(export)` builds one from an export and the data build and decode spec it records
 (the tokenizer, catalogue, prompt and evidence thresholds of data/requests.py `Rendering`; the
@@ -17,15 +21,15 @@ inference bundle (bundle.py, checked; every stage export does), else, for an exp
 before exports carried the bundle and only when the caller names the workdir, from its data
 build, built or reused there (the only path that imports the data pipeline). `Reranker.of` builds
 one from in-memory parts (a policy, params, tokenizer and P; no rendering where only a TFDS
-split's encoded examples are answered). `rerank_lines` answers JSONL lines or request dicts in
-input order, each an answer row or a named error row (data/requests.py).
+split's encoded examples are answered).
 """
 
 import contextlib
 import dataclasses
 import os
+import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import ml_collections
@@ -40,7 +44,6 @@ from gr2jax.decoding import bundle, prompt_io
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import speculative
-from gr2jax.progress import progress
 
 
 class Answers(NamedTuple):
@@ -57,6 +60,39 @@ class Answers(NamedTuple):
   texts: list[str]
   results: list[answer.AnswerResult]
   seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+  """A request read, rendered and encoded (Reranker.prepare), ready for Reranker.rows.
+
+  Attributes:
+    request: the read request (requests.Request).
+    encoded: its tokenized prompt and candidate labels (batches.EncodedExample).
+    labels: [N] the candidates' answer labels (what the parser reads).
+    prompt_len: the static prompt width it is answered at: the reranker's P, or its prompt
+      rounded up to data/lengths.LENGTH_MULTIPLE where longer (a server sets its compiled
+      width).
+    history_dropped: oldest history items cut, as the data build cuts to its max_history.
+  """
+
+  request: requests_lib.Request
+  encoded: batches.EncodedExample
+  labels: tuple
+  prompt_len: int
+  history_dropped: int
+
+
+class Ranked(NamedTuple):
+  """Prepared requests answered as one batch (Reranker.rows).
+
+  Attributes:
+    rows: each request's answer row (requests.answer_row), in order.
+    answers: the batch's Answers (the decode's per-row forwards and lengths, the texts).
+  """
+
+  rows: list[dict]
+  answers: Answers
 
 
 def read_answers(tokenizer, tokens: np.ndarray, lengths: np.ndarray,
@@ -84,7 +120,7 @@ class Reranker:
   Built from an export (load_reranker: the offline tool, the server) or from in-memory parts
   (Reranker.of: evaluation during training, the tables, Table 2's rows, the benchmarks);
   `answer` decodes and reads one batch, and every decode-and-answer path goes through it
-  (evaluation.evaluate, decode_requests / rerank_lines, the server's engine).
+  (evaluation.evaluate; `prepare` and `rows`: the offline tool, the server's engine).
 
   Attributes:
     params: the model's params in the decoders' layout (policy.decoding_params; {"drafter",
@@ -93,9 +129,12 @@ class Reranker:
     tokenizer: the data build's tokenizer.
     rendering: how the data build renders a request (data/requests.py); None for a Reranker
       that answers encoded examples only (a TFDS split: evaluation, the tables), which cannot
-      read requests (rerank_lines).
+      read requests (prepare).
     prompt_len: P, the data build's static prompt width (a longer request prompt is rounded up
       to data/lengths.LENGTH_MULTIPLE instead).
+    tokenizer_lock: held while the tokenizer is read (a server encodes on its event loop while
+      its worker decodes); dataclasses.replace keeps it, so the Rerankers of one server's
+      decoders (serve/auto.py) share it with their tokenizer.
   """
 
   params: dict
@@ -103,6 +142,8 @@ class Reranker:
   tokenizer: object
   rendering: requests_lib.Rendering | None
   prompt_len: int
+  tokenizer_lock: contextlib.AbstractContextManager = dataclasses.field(
+    default_factory=threading.Lock, compare=False, repr=False)
 
   @classmethod
   def of(cls, policy: policy_lib.Policy, params: dict, tokenizer, prompt_len: int,
@@ -111,9 +152,54 @@ class Reranker:
     decoders' once, policy.decoding_params); rendering as the attribute's."""
     return cls(policy.decoding_params(params), policy, tokenizer, rendering, prompt_len)
 
+  def prepare(self, request, line: int = 1) -> Prepared:
+    """Reads one request (requests.parse_request: a JSONL line or a request dict), renders it
+    as the data build renders its examples and encodes it (batches.encode_examples: its prompt
+    and its candidates' label tokens, what the answer constraint reads).
+
+    Args:
+      request: a JSONL line or a request dict.
+      line: its 1-based line number in the input (the answer row's "line").
+
+    Raises:
+      requests.RequestError: naming the field at fault (ERROR_KINDS).
+      ValueError: a Reranker without a rendering (it answers encoded examples only).
+    """
+    r = self.rendering
+    if r is None:
+      raise ValueError("this Reranker has no request rendering (built from in-memory parts "
+                       "without one): it answers encoded examples only; load_reranker reads "
+                       "requests")
+    request = requests_lib.parse_request(request, line, r.catalogue, r.num_candidates,
+                                         r.needs_sids)
+    [rendered] = requests_lib.render([request], r)
+    with self.tokenizer_lock:
+      [encoded] = batches.encode_examples([rendered], [0], self.tokenizer)
+    return Prepared(request, encoded, rendered.labels,
+                    max(self.prompt_len, lengths_lib.round_up(len(encoded.prompt))),
+                    max(len(request.history) - r.max_history, 0))
+
+  def rows(self, prepared: Sequence[Prepared], *, batch_rows: int,
+           prompt_len: int = 0) -> Ranked:
+    """Answers prepared requests as one [batch_rows, prompt_len] batch (answer: rows past the
+    list repeat its last prompt and are dropped) and writes their answer rows
+    (requests.answer_row; an invalid answer falls back to D's order).
+
+    Args:
+      prepared: 1..batch_rows Prepared requests.
+      batch_rows: the batch's static row count.
+      prompt_len: the static prompt width (0 = the widest of the requests' own prompt_len).
+    """
+    got = self.answer([p.encoded for p in prepared], [p.labels for p in prepared],
+                      rows=batch_rows,
+                      prompt_len=prompt_len or max(p.prompt_len for p in prepared))
+    return Ranked([requests_lib.answer_row(p.request, text, result)
+                   for p, text, result in zip(prepared, got.texts, got.results, strict=True)],
+                  got)
+
   def answer(self, encoded: Sequence[batches.EncodedExample],
              labels: Sequence[tuple[str, ...]], *, rows: int, prompt_len: int = 0,
-             given_reasoning: bool = False, tokenizer_lock=None) -> Answers:
+             given_reasoning: bool = False) -> Answers:
     """Decodes encoded examples as one [rows, prompt_len] batch and reads their answers.
 
     Rows past the list repeat its last prompt (prompt_io.prompt_arrays) and are dropped from the
@@ -128,11 +214,8 @@ class Reranker:
       prompt_len: the static prompt width (0 = self.prompt_len).
       given_reasoning: decode only the answer after each example's own reasoning tokens
         (teacher forcing; block diffusion only; the examples must carry reasoning).
-      tokenizer_lock: held while the tokenizer is read (the server encodes on another thread);
-        None: no lock.
     """
-    policy, n = self.policy, len(encoded)
-    lock = tokenizer_lock or contextlib.nullcontext()
+    policy, n, lock = self.policy, len(encoded), self.tokenizer_lock
     tokens, lengths = prompt_io.prompt_arrays(encoded, rows, prompt_len or self.prompt_len,
                                               policy.config.pad_token_id)
     with lock:
@@ -182,7 +265,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
       inference bundle is incomplete, damaged or not the export's (bundle.read); it never had
       one and no workdir is given; the data build is not the export's
       (exports.check_data_build); with verify_with, a pair the lossless mode cannot decode,
-      named (another data build: speculative.check_same_build; a drafter without a mask token,
+      named (another data build: exports.check_same_build; a drafter without a mask token,
       a verifier that is not AR, decode.draft_k over the drafter's block size:
       speculative.check_pair); decode.constrained with a model that is not block diffusion.
   """
@@ -202,7 +285,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   exports.check_data_build(export, inference.data_build)
   verifier_config = None
   if verify_with:
-    speculative.check_same_build(export, verify_with)
+    exports.check_same_build(export, verify_with)
     verifier_config, verifier_params = load.load_model(verify_with)
     speculative.check_pair(f"the lossless mode (drafter {export}, verifier verify_with="
                            f"{verify_with}, decode.draft_k={decode.draft_k})", model_config,
@@ -211,7 +294,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   policy = policy_lib.make_policy(model_config, decode,
                                   max_new_tokens or inference.response_len,
                                   verifier_config=verifier_config)
-  if decode.constrained and not isinstance(policy, policy_lib.DiffusionPolicy):
+  if decode.constrained and policy.kind != "diffusion":
     raise ValueError("decode.constrained=True constrains a block-diffusion decoder's answers; "
                      + ("the lossless mode answers as its AR verifier" if verify_with else
                         f"{export} is an AR model") + ": pass decode.constrained=False")
@@ -241,38 +324,3 @@ def _from_data_build(export: str, data_config, workdir: str | None,
   _, sids = build_rendering.build_sids(summary)
   return bundle.Inference(tokenizer, rendering, *lengths_lib.static_lengths(summary),
                           exports.data_build_record(tokenizer, rendering.prompt, sids))
-
-
-def decode_requests(requests: list[requests_lib.Request], reranker: Reranker, *, batch_size: int,
-                    desc: str = "rerank") -> list[dict]:
-  """Renders, answers (Reranker.answer: batches of min(batch_size, len(requests)) rows, the last
-  padded; one static prompt width) and writes the rows of readable requests."""
-  if not requests:
-    return []
-  rendered = requests_lib.render(requests, reranker.rendering)
-  encoded = batches.encode_examples(rendered, [0] * len(rendered), reranker.tokenizer)
-  prompt_len = max(reranker.prompt_len,
-                   lengths_lib.round_up(max(len(e.prompt) for e in encoded)))
-  rows_per_batch = min(batch_size, len(encoded))
-  rows = []
-  bar = progress(len(requests), desc=desc, unit="request")
-  for first in range(0, len(requests), batch_size):
-    chunk = slice(first, first + batch_size)
-    got = reranker.answer(encoded[chunk], [r.labels for r in rendered[chunk]],
-                          rows=rows_per_batch, prompt_len=prompt_len)
-    rows += [requests_lib.answer_row(request, text, result)
-             for request, text, result in zip(requests[chunk], got.texts, got.results,
-                                              strict=True)]
-    bar.update(len(got.texts))
-  bar.close()
-  return rows
-
-
-def rerank_lines(lines: Iterable, reranker: Reranker, *, batch_size: int = 64) -> list[dict]:
-  """Every request line answered or an error row, in input order (data/requests.py formats)."""
-  rendering = reranker.rendering
-  parsed = requests_lib.read_requests(lines, rendering.catalogue, rendering.num_candidates,
-                                      rendering.needs_sids)
-  good = [r for r in parsed if isinstance(r, requests_lib.Request)]
-  answered = iter(decode_requests(good, reranker, batch_size=batch_size))
-  return [next(answered) if isinstance(r, requests_lib.Request) else r for r in parsed]

@@ -15,6 +15,7 @@ import gr2jax
 from gr2jax.apps import rerank
 from gr2jax.data import answer, prompts
 from gr2jax.data import evidence as evidence_lib
+from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import reranker as reranker_lib
@@ -94,13 +95,33 @@ def test_constrained_decoding_constrains_each_requests_answer(tok):
   """decode.constrained=True: every batch is decoded under the answer constraint built from its
   requests' candidates, as the evaluation builds it (it was silently dropped)."""
   reranker, policy = recording(_reranker(tok, True, spec=DecodeSpec(constrained=True)))
-  rows = reranker_lib.rerank_lines([json.dumps(_good(i)) for i in range(6)], reranker,
+  rows = rerank.rerank_lines([json.dumps(_good(i)) for i in range(6)], reranker,
                                    batch_size=4)
   assert [r["id"] for r in rows] == [f"r{i}" for i in range(6)]
   check_constrained(policy.steerings, tok, 6, 4)
   reranker, policy = recording(_reranker(tok, True))
-  reranker_lib.rerank_lines([json.dumps(_good(0))], reranker, batch_size=4)
+  rerank.rerank_lines([json.dumps(_good(0))], reranker, batch_size=4)
   assert all(s.empty for s in policy.steerings)  # unconstrained: nothing steers the decode
+
+
+def test_prepare_and_rows_are_the_offline_tools_path(tok):
+  """Reranker.prepare reads a request dict or line (a RequestError naming the field),
+  Reranker.rows answers prepared requests: the offline tool's rows; the tokenizer lock is the
+  Reranker's, kept by dataclasses.replace (a server's decoders share it)."""
+  reranker = _reranker(tok)
+  prepared = [reranker.prepare(_good(i), line=i + 1) for i in range(3)]
+  prepared.append(reranker.prepare(json.dumps(_good(3)), line=4))
+  assert prepared[0].prompt_len == lengths_lib.round_up(len(prepared[0].encoded.prompt)) > 16
+  got = reranker.rows(prepared, batch_rows=4)  # the mixed test's compiled shape
+  assert got.rows == rerank.rerank_lines([json.dumps(_good(i)) for i in range(4)], reranker,
+                                         batch_size=4)
+  assert [r["line"] for r in got.rows] == [1, 2, 3, 4] and len(got.answers.texts) == 4
+  with pytest.raises(requests_lib.RequestError) as e:
+    reranker.prepare(_good(0) | {"history": [1, True]})
+  assert (e.value.kind, e.value.field) == ("bad_field", "history[1]")
+  assert dataclasses.replace(reranker, prompt_len=8).tokenizer_lock is reranker.tokenizer_lock
+  with pytest.raises(ValueError, match="no request rendering"):
+    dataclasses.replace(reranker, rendering=None).prepare(_good(0))
 
 
 def _good(i):
@@ -132,7 +153,7 @@ def test_mixed_requests_good_answered_bad_named(tok, diffusion):
   # candidates by ASIN work as well, and come back as given
   asin = _good(99) | {"candidates": [f"B{i:09d}" for i in _good(99)["candidates"]]}
   lines.append(json.dumps(asin))
-  rows = reranker_lib.rerank_lines(lines, reranker, batch_size=4)
+  rows = rerank.rerank_lines(lines, reranker, batch_size=4)
   assert len(rows) == 2 * len(BAD) + 1  # blank lines skipped, nothing dropped
   good = [r for r in rows if "error" not in r]
   bad = [r for r in rows if "error" in r]

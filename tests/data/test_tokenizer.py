@@ -1,10 +1,12 @@
 """Tests for gr2jax/data/tokenizer.py: render -> tokenize -> decode round-trips, SID tokens."""
 
+import json
 import os
 import re
 import shutil
 
 import pytest
+import tokenizers
 import transformers
 
 from gr2jax.data import prompts, tokenizer
@@ -40,6 +42,65 @@ def test_autotokenizer_loads_with_specials(tok_dir):
     assert len(tok.encode(t, add_special_tokens=False)) == 1, t
   learned = [t for t in tok.get_vocab() if t.startswith("<a_") and t not in ("<a_255>",)]
   assert all(t in prompts.added_tokens(CODES, 10, 5) for t in learned)
+
+
+QWEN3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+"
+               r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")  # Qwen3's tokenizer.json pre-tokenizer
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory):
+  """An extended Qwen3-like tokenizer (the 8B path: extend_tokenizer of a base whose
+  tokenizer.json holds Qwen3's pipeline, saved as tokenizer_class Qwen2Tokenizer)."""
+  from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+
+  base, out = (str(tmp_path_factory.mktemp(name)) for name in ("qwen_base", "qwen_ext"))
+  tok = tokenizers.Tokenizer(models.BPE())
+  tok.normalizer = normalizers.NFC()
+  tok.pre_tokenizer = pre_tokenizers.Sequence([
+    pre_tokenizers.Split(Regex(QWEN3_SPLIT), behavior="isolated"),
+    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=600, show_progress=False,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator([r.prompt + r.reasoning for r in _rendered()], trainer=trainer)
+  tok.add_special_tokens([tokenizers.AddedToken(t, normalized=False, special=True)
+                          for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")])
+  transformers.PreTrainedTokenizerFast(
+    tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+    clean_up_tokenization_spaces=False).save_pretrained(base)
+  config_file = os.path.join(base, "tokenizer_config.json")
+  with open(config_file) as f:
+    config = json.load(f) | {"tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+  with open(config_file, "w") as f:
+    json.dump(config, f)
+  tokenizer.extend_tokenizer(base, out, codes_per_level=CODES, num_slots=10, evidence_levels=5)
+  return out
+
+
+@pytest.mark.parametrize("which", ["build", "qwen3"])
+def test_load_tokenizer_gives_autotokenizers_ids_without_torch(tok_dir, qwen_dir, which):
+  """load_tokenizer (PreTrainedTokenizerFast over tokenizer.json, no torch) encodes and decodes
+  as AutoTokenizer does, chat, SID, slot, evidence and mask tokens included: a build's tokenizer
+  and an extended Qwen3 one (AutoTokenizer's Qwen2Tokenizer class)."""
+  path = tok_dir if which == "build" else qwen_dir
+  auto = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+  tok = tokenizer.load_tokenizer(path)
+  assert (type(auto).__name__ == "Qwen2Tokenizer") == (which == "qwen3")
+  assert tok.get_vocab() == auto.get_vocab() and len(tok) == len(auto)
+  assert tok.all_special_tokens == auto.all_special_tokens
+  for name in ("eos_token_id", "pad_token_id", "unk_token_id"):
+    assert getattr(tok, name) == getattr(auto, name), name
+  specials = "".join(prompts.CHAT_TOKENS) + "<a_255><d_2><slot_9><path_4>"
+  texts = [piece for r in _rendered() for piece in (r.prompt, r.reasoning, r.answer)]
+  texts += [specials, "Caf\u00e9  na\u0131\u0308ve\r\n x's 12345 " + specials, "", " \n\n "]
+  ids = tok(texts, add_special_tokens=False)["input_ids"]
+  assert ids == auto(texts, add_special_tokens=False)["input_ids"]
+  assert tok.convert_tokens_to_ids(list(prompts.CHAT_TOKENS)) == auto.convert_tokens_to_ids(
+    list(prompts.CHAT_TOKENS))
+  for skip in (False, True):
+    assert ([tok.decode(i, skip_special_tokens=skip) for i in ids]
+            == [auto.decode(i, skip_special_tokens=skip) for i in ids])
 
 
 @pytest.mark.parametrize("missing", [["tokenizer.json"], ["tokenizer_config.json"],

@@ -1,8 +1,8 @@
 """The reranker's load path (gr2jax/decoding/reranker.py load_reranker): a bundled export loads
-alone and light (the server's imports and the load pull in no data pipeline, TFDS, sklearn or
-optax), an export that never had a bundle is refused unless the caller names the workdir of its
-data build, and a data build other than the export's is refused. Decoding and request handling
-are tested in tests/apps/test_rerank.py."""
+alone and light (the server's imports and the load pull in no data pipeline, TFDS, sklearn,
+optax or torch), an export that never had a bundle is refused unless the caller names the
+workdir of its data build, and a data build other than the export's is refused. Decoding and
+request handling are tested in tests/apps/test_rerank.py."""
 
 import os
 import re
@@ -22,18 +22,20 @@ from tests.smoke_workdir import REPO, env
 HEAVY = ("tensorflow_datasets", "sklearn", "optax", "gr2jax.data.pipeline")
 
 
-def test_a_bundled_export_loads_without_the_data_build_modules(bundled):
-  """In a fresh process: `import gr2jax.apps.serve.server`, then load_reranker of the export;
-  none of HEAVY is imported."""
+def test_a_bundled_export_loads_without_the_data_build_modules_or_torch(bundled):
+  """In a fresh process, as a serving replica starts: `import gr2jax.apps.serve.server` imports
+  neither transformers nor torch; then load_reranker of the export imports none of HEAVY and
+  not torch (its tokenizer is read without transformers' AutoTokenizer, data/tokenizer.py)."""
   code = ("import sys; import gr2jax.apps.serve.server; "
+          "print(sorted(m for m in ('transformers', 'torch') if m in sys.modules)); "
           "from gr2jax.decoding import reranker; "
           f"r = reranker.load_reranker({bundled.export!r}); "
           "assert r.prompt_len > 0; "
-          f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
+          f"print(sorted(m for m in {HEAVY + ('torch',)!r} if m in sys.modules))")
   out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env(), capture_output=True,
                        text=True, timeout=600)
   assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.strip().splitlines()[-1] == "[]"
+  assert out.stdout.strip().splitlines()[-2:] == ["[]", "[]"]
 
 
 def test_an_export_that_never_had_a_bundle_needs_its_workdir(bundled, tmp_path, monkeypatch):

@@ -1,5 +1,5 @@
-"""The decoder choice of the server: `Fixed` (serve.mode='fixed') or `Auto` (serve.mode='auto':
-the fastest exact decoder of each batch bucket, from a cost table).
+"""The decoder choice of the server (`Choice`): `Fixed` (serve.mode='fixed') or `Auto`
+(serve.mode='auto': the fastest exact decoder of each batch bucket, from a cost table).
 
 `Fixed` serves every batch bucket with the model's own decoder. `Auto` is described below; the
 engine asks its value which decoder serves a bucket (`decoder`), and nothing compares the mode's
@@ -85,8 +85,8 @@ class Fixed:
     del verify_with
 
   def decoders(self, reranker: reranker_lib.Reranker) -> dict[str, reranker_lib.Reranker]:
-    """{its decoder's name: the reranker}."""
-    return {decoder_name(reranker.policy): reranker}
+    """{its decoder's name (the policy's name): the reranker}."""
+    return {reranker.policy.name: reranker}
 
   def decoder(self, bucket: int, decoders: Mapping) -> str:
     """The one decoder there is, whatever the bucket."""
@@ -183,16 +183,9 @@ class Auto:
             "seconds": {str(b): c for b, c in self.costs.items()}}
 
 
-Decoding = Fixed | Auto
+Choice = Fixed | Auto  # the server's decoder choice (ServeSpec.choice, Engine.choice)
 FIXED = Fixed()  # the one fixed choice (the engine's default)
-DECODINGS = {"fixed": Fixed, "auto": Auto}  # serve.mode -> its type
-
-
-def decoder_name(policy) -> str:
-  """'ar', 'diffusion' or 'lossless_k<K>': the decoder a policy decodes with."""
-  if isinstance(policy, policy_lib.LosslessPolicy):
-    return f"lossless_k{policy.spec.draft_k}"
-  return "ar" if policy.config.mask_token_id is None else "diffusion"
+CHOICES = {"fixed": Fixed, "auto": Auto}  # serve.mode -> its type
 
 
 def exact_decoders(reranker: reranker_lib.Reranker,
@@ -204,24 +197,24 @@ def exact_decoders(reranker: reranker_lib.Reranker,
     draft_ks: the K's to draft with (each <= the drafter's block size).
 
   Returns:
-    {'ar': ..., 'lossless_k<K>': ...}, each a Reranker over the same param arrays.
+    {'ar': ..., 'lossless_k<K>': ...} (each policy's name), each a Reranker over the same param
+    arrays (and tokenizer lock).
 
   Raises:
     ValueError: the reranker is not lossless (naming serve.verify_with); a K the pair cannot
       draft (naming serve.draft_ks).
   """
   policy = reranker.policy
-  if not isinstance(policy, policy_lib.LosslessPolicy):
+  if policy.kind != "lossless":
     refuse_without_verifier()  # a model that decodes alone
-  out = {"ar": dataclasses.replace(
-    reranker, params=reranker.params["verifier"],
-    policy=policy_lib.ARPolicy(policy.verifier_config, policy.spec, policy.max_new_tokens))}
+  verifier = policy_lib.ARPolicy(policy.verifier_config, policy.spec, policy.max_new_tokens)
+  out = {verifier.name: dataclasses.replace(reranker, params=reranker.params["verifier"],
+                                            policy=verifier)}
   for k in draft_ks:
-    spec = dataclasses.replace(policy.spec, draft_k=k)
     speculative.check_pair(f"serve.draft_ks={tuple(draft_ks)!r}", policy.config,
                            policy.verifier_config, k)
-    out[f"lossless_k{k}"] = dataclasses.replace(
-      reranker, policy=dataclasses.replace(policy, spec=spec))
+    drafting = dataclasses.replace(policy, spec=dataclasses.replace(policy.spec, draft_k=k))
+    out[drafting.name] = dataclasses.replace(reranker, policy=drafting)
   return out
 
 

@@ -43,7 +43,7 @@ class Item:
   """One admitted request.
 
   Attributes:
-    payload: what the rank function decodes (the engine's Prepared request).
+    payload: what the rank function decodes (the engine's reranker.Prepared request).
     length: its prompt-length bucket (requests of one length are decoded together).
     arrival, deadline: time.monotonic() seconds.
     future: resolved with (row, queue_s, decode_s, batch_size) or an exception.

@@ -1,18 +1,18 @@
 """The server's one adapter onto the re-ranking library: load, parse, warm, rank.
 
-The server answers a request exactly as the offline tool (gr2jax/apps/rerank.py) does, through
-the same library: gr2jax/data/requests.py parses and validates it and renders it into the data
-build's prompt with its exact evidence thresholds, gr2jax/decoding/reranker.py's Reranker holds
-the model's policy (its decoder at the export's decode spec: AR, block diffusion, constrained
-answers) and answers the batch (Reranker.answer: decode, texts, parsed answers), and an invalid
-answer falls back to D's order (requests.answer_row).
+The server answers a request exactly as the offline tool (gr2jax/apps/rerank.py) does, with the
+same two calls of gr2jax/decoding/reranker.py's Reranker: `parse` is Reranker.prepare (read and
+validated by gr2jax/data/requests.py, rendered into the data build's prompt with its exact
+evidence thresholds, encoded) plus the compiled width that holds it, and `rank` is Reranker.rows
+(the model's policy decodes the batch at the export's decode spec: AR, block diffusion,
+constrained answers; texts, parsed answers, an invalid answer falling back to D's order).
 
-Shapes are static: `rank` answers a list of requests with Reranker.answer as one [bucket,
+Shapes are static: `rank` answers a list of requests with Reranker.rows as one [bucket,
 prompt_len] batch, rows past the list repeating its last prompt (as the offline tool pads its last
 batch); a repeated row finishes when its source does, so padding never lengthens the decode loop.
 `warm(bucket, prompt_len)` runs that very program once, so serving never compiles.
 
-The engine holds the serve spec's decoder choice (auto.py: `decoding`, auto.Fixed or auto.Auto)
+The engine holds the serve spec's decoder choice (auto.py: `choice`, auto.Fixed or auto.Auto)
 and asks it which decoder serves each bucket. serve.mode='auto': the engine holds its drafter and
 AR verifier once and decodes each bucket with the exact decoder a cost table chose for it
 (`use_costs`; `time_decoders` measures one bucket's); every row says which decoder wrote it.
@@ -21,7 +21,6 @@ AR verifier once and decodes each bucket with the exact decoder a cost table cho
 import dataclasses
 import logging
 import os
-import threading
 
 import jax
 import numpy as np
@@ -30,9 +29,7 @@ from gr2jax import exports
 from gr2jax import workdir as workdir_lib
 from gr2jax.apps.serve import auto
 from gr2jax.apps.serve import spec as spec_lib
-from gr2jax.data import batches
 from gr2jax.data import requests as requests_lib
-from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.model import decode_core
 
@@ -84,13 +81,6 @@ InputError = requests_lib.RequestError  # a request the model cannot answer: kin
 #                                        or 'prompt_too_long') and the field at fault
 
 
-def _models(policy) -> list[tuple[str, object]]:
-  """(how a message names it, its ModelConfig) of each model a policy decodes with."""
-  if isinstance(policy, policy_lib.LosslessPolicy):
-    return [("the verifier", policy.verifier_config), ("the drafter", policy.config)]
-  return [("the model", policy.config)]
-
-
 def check_fits(decoders: dict, prompt_lengths: tuple[int, ...], build_width: int) -> None:
   """The serve spec's prompt widths and response cap against the build and the models, before
   anything compiles: a server that starts can answer the build's prompts.
@@ -115,7 +105,7 @@ def check_fits(decoders: dict, prompt_lengths: tuple[int, ...], build_width: int
                      "prompt), so the build's longer prompts would fit no compiled width: "
                      f"include {build_width} (serve.prompt_lengths=() compiles P alone)")
   models = [(name, config, r.policy.max_new_tokens) for r in decoders.values()
-            for name, config in _models(r.policy)]
+            for name, config in r.policy.models]
   for name, config, n in models:
     need = decode_core.slots_needed(config, widest, n)
     if need > config.max_position_embeddings:
@@ -128,25 +118,6 @@ def check_fits(decoders: dict, prompt_lengths: tuple[int, ...], build_width: int
                        f"(max_position_embeddings): {fix}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Prepared:
-  """A validated request, rendered and tokenized.
-
-  Attributes:
-    request: the parsed request (requests.Request).
-    encoded: its tokenized prompt and candidate labels (batches.EncodedExample).
-    labels: [N] the candidates' answer labels.
-    prompt_len: the smallest compiled prompt length that holds it.
-    history_dropped: oldest history items cut, as the data build cuts to its max_history.
-  """
-
-  request: requests_lib.Request
-  encoded: batches.EncodedExample
-  labels: tuple
-  prompt_len: int
-  history_dropped: int
-
-
 class Engine:
   """A trained re-ranker and the data build it was trained on, behind four calls.
 
@@ -155,21 +126,23 @@ class Engine:
     prompt_lengths: the compiled prompt widths P, each a multiple of lengths.LENGTH_MULTIPLE;
       the widest at least the build's (check_fits).
     name: the model's name in answers.
-    decoding: the decoder choice (auto.py): auto.Fixed() (the reranker's own decoder) or
+    choice: the decoder choice (auto.py): auto.Fixed() (the reranker's own decoder) or
       auto.Auto (a lossless reranker's exact decoders, chosen per bucket by a cost table).
+
+  The event loop prepares requests (parse) while the worker decodes (rank): the reranker's
+  tokenizer lock, shared by its decoders, keeps their tokenizer reads apart.
   """
 
   def __init__(self, reranker: reranker_lib.Reranker, *, prompt_lengths: tuple[int, ...],
-               name: str, decoding: auto.Decoding = auto.FIXED):
+               name: str, choice: auto.Choice = auto.FIXED):
     if not prompt_lengths or any(p < 1 for p in prompt_lengths):
       raise ValueError(f"serve.prompt_lengths={prompt_lengths!r}: need prompt widths >= 1")
     self.reranker = reranker
     self.prompt_lengths = tuple(sorted(set(prompt_lengths)))
     self.name = name
-    self.decoding = decoding  # Auto: its costs replaced once settled (use_costs, settle)
-    self.decoders = decoding.decoders(reranker)
+    self.choice = choice  # Auto: its costs replaced once settled (use_costs, settle)
+    self.decoders = choice.decoders(reranker)
     check_fits(self.decoders, self.prompt_lengths, reranker.prompt_len)
-    self._tokenizer_lock = threading.Lock()  # encode on the event loop, decode on the worker
 
   @classmethod
   def load(cls, spec: spec_lib.ServeSpec, *, workdir: str, data_config=None,
@@ -181,7 +154,7 @@ class Engine:
       spec: the serve spec: its ckpt (the model export, AR or diffusion), prompt_lengths (() =
         the build's P, data/lengths.py), model_name ('' = from the export's metadata),
         items_file, max_new_tokens, verify_with (an AR export verifying ckpt's drafts: the
-        lossless mode) and decoding; '{workdir}' in its paths filled in with workdir
+        lossless mode) and choice; '{workdir}' in its paths filled in with workdir
         (workdir.fill_path).
       workdir: the workdir of the data build (of an export without an inference bundle).
       data_config, decode: reranker.load_reranker's (the recipe's data build and decode spec).
@@ -201,50 +174,34 @@ class Engine:
       name = (f"{meta['stage']}-step{meta['step']}" if "stage" in meta
               else os.path.basename(os.path.normpath(ckpt)))
     return cls(reranker, prompt_lengths=spec.prompt_lengths or (reranker.prompt_len,),
-               name=name, decoding=spec.decoding)
+               name=name, choice=spec.choice)
 
   @property
   def kind(self) -> str:
-    """'lossless' (draft and verify), 'diffusion' or 'ar'."""
-    policy = self.reranker.policy
-    if isinstance(policy, policy_lib.LosslessPolicy):
-      return "lossless"
-    return "ar" if policy.config.mask_token_id is None else "diffusion"
+    """'lossless' (draft and verify), 'diffusion' or 'ar' (the policy's kind)."""
+    return self.reranker.policy.kind
 
   @property
   def num_candidates(self) -> int:
     return self.reranker.rendering.num_candidates
 
-  def _render(self, obj: dict) -> tuple[requests_lib.Request, batches.EncodedExample, tuple]:
-    """The request, encoded as the offline tool encodes it (batches.encode_examples: its prompt
-    and its candidates' label tokens, what the answer constraint reads) and its candidates'
-    labels."""
-    r = self.reranker.rendering
-    [parsed] = requests_lib.read_requests([obj], r.catalogue, r.num_candidates, r.needs_sids)
-    if not isinstance(parsed, requests_lib.Request):
-      error = parsed["error"]
-      raise InputError(error["kind"], error["message"], error["field"])
-    [rendered] = requests_lib.render([parsed], r)
-    with self._tokenizer_lock:
-      [encoded] = batches.encode_examples([rendered], [0], self.reranker.tokenizer)
-    return parsed, encoded, rendered.labels
-
-  def parse(self, obj: dict) -> Prepared:
-    """Validates, renders and tokenizes one request object ({"id", "history", "candidates"}).
+  def parse(self, obj: dict) -> reranker_lib.Prepared:
+    """Validates, renders and tokenizes one request object ({"id", "history", "candidates"}):
+    Reranker.prepare, at the smallest compiled prompt width that holds it (its prompt_len).
 
     Raises:
       InputError: naming the field (requests.parse_request's checks, then a prompt longer than
         every compiled prompt length).
     """
-    parsed, encoded, labels = self._render(obj)
-    fits = [p for p in self.prompt_lengths if p >= len(encoded.prompt)]
+    prepared = self.reranker.prepare(obj)
+    length = len(prepared.encoded.prompt)
+    fits = [p for p in self.prompt_lengths if p >= length]
     if not fits:
       raise InputError("prompt_too_long",
-                       f"the request's prompt is {len(encoded.prompt)} tokens, longer than the "
+                       f"the request's prompt is {length} tokens, longer than the "
                        f"compiled prompt lengths {self.prompt_lengths} (serve.prompt_lengths); "
                        "send fewer history items", "history")
-    return Prepared(parsed, encoded, labels, fits[0],
-                    max(len(parsed.history) - self.reranker.rendering.max_history, 0))
+    return dataclasses.replace(prepared, prompt_len=fits[0])
 
   def example(self, index: int = 0) -> dict:
     """A valid request of the catalogue's items from its `index`-th on (the warm-up's and a
@@ -259,26 +216,24 @@ class Engine:
   def decoder(self, bucket: int) -> str:
     """The decoder of a bucket, as the decoder choice says (the one there is, or the cost
     table's cheapest)."""
-    return self.decoding.decoder(bucket, self.decoders)
+    return self.choice.decoder(bucket, self.decoders)
 
   def use_costs(self, table: auto.CostTable) -> None:
     """Decodes each bucket of the table with its cheapest decoder from now on (auto.Auto)."""
-    self.decoding = self.decoding.with_costs(table)
+    self.choice = self.choice.with_costs(table)
 
   def settle(self, injected: auto.CostTable | None, buckets: tuple[int, ...]) -> None:
     """After the warm-up: the decoder choice settled over the injected cost table, else each
     bucket's decoders timed at the first prompt width (the build's P by default); nothing to do
     for a fixed decoder."""
-    self.decoding = self.decoding.settled(
+    self.choice = self.choice.settled(
       injected, lambda b: self.time_decoders(b, self.prompt_lengths[0]), buckets)
 
-  def _answer(self, encoded: list, labels: list, bucket: int, prompt_len: int,
-              decoder: str) -> reranker_lib.Answers:
-    return self.decoders[decoder].answer(encoded, labels, rows=bucket, prompt_len=prompt_len,
-                                         tokenizer_lock=self._tokenizer_lock)
+  def _rows(self, batch: list, bucket: int, prompt_len: int, decoder: str) -> reranker_lib.Ranked:
+    return self.decoders[decoder].rows(batch, batch_rows=bucket, prompt_len=prompt_len)
 
-  def rank(self, batch: list[Prepared], bucket: int, prompt_len: int) -> list[dict]:
-    """Decodes requests together as one [bucket, prompt_len] batch.
+  def rank(self, batch: list[reranker_lib.Prepared], bucket: int, prompt_len: int) -> list[dict]:
+    """Decodes requests together as one [bucket, prompt_len] batch (Reranker.rows).
 
     Args:
       batch: at most `bucket` Prepared requests, each with prompt_len >= its own.
@@ -293,33 +248,30 @@ class Engine:
     if not 0 < len(batch) <= bucket:
       raise ValueError(f"rank: {len(batch)} requests for a batch of {bucket}")
     decoder = self.decoder(bucket)
-    got = self._answer([p.encoded for p in batch], [p.labels for p in batch], bucket,
-                       prompt_len, decoder)
-    rows = []
-    for i, (p, text, result) in enumerate(zip(batch, got.texts, got.results, strict=True)):
-      row = requests_lib.answer_row(p.request, text, result)
-      rows.append({"ranking": row["ranking"], "reasoning": row["reasoning"],
-                   "valid": row["kind"] == "valid", "fallback": row["fallback"],
-                   "response": text, "forwards": int(got.decoded.nfe[i]),
-                   "tokens": int(got.decoded.lengths[i]), "decoder": decoder})
-    return rows
+    got = self._rows(batch, bucket, prompt_len, decoder)
+    decoded = got.answers.decoded
+    return [{"ranking": row["ranking"], "reasoning": row["reasoning"],
+             "valid": row["kind"] == "valid", "fallback": row["fallback"],
+             "response": row["response"], "forwards": int(decoded.nfe[i]),
+             "tokens": int(decoded.lengths[i]), "decoder": decoder}
+            for i, row in enumerate(got.rows)]
 
-  def _examples(self, n: int, prompt_len: int) -> tuple[list, list]:
-    """n distinct example requests: (encoded, each prompt cut to prompt_len; their labels)."""
-    rendered = [self._render(self.example(i)) for i in range(n)]
-    return ([dataclasses.replace(e, prompt=e.prompt[:prompt_len]) for _, e, _ in rendered],
-            [labels for _, _, labels in rendered])
+  def _examples(self, n: int, prompt_len: int) -> list[reranker_lib.Prepared]:
+    """n distinct example requests, prepared, each prompt cut to prompt_len."""
+    prepared = [self.reranker.prepare(self.example(i)) for i in range(n)]
+    return [dataclasses.replace(p, encoded=dataclasses.replace(
+      p.encoded, prompt=p.encoded.prompt[:prompt_len]), prompt_len=prompt_len) for p in prepared]
 
   def warm(self, bucket: int, prompt_len: int) -> None:
     """Compiles (or loads from the persistent cache) each decoder's [bucket, prompt_len]
     program."""
-    encoded, labels = self._examples(1, prompt_len)
+    examples = self._examples(1, prompt_len)
     for decoder in self.decoders:
-      self._answer(encoded, labels, bucket, prompt_len, decoder)
+      self._rows(examples, bucket, prompt_len, decoder)
 
   def time_decoders(self, bucket: int, prompt_len: int) -> dict[str, float]:
     """Seconds per [bucket, prompt_len] batch of each decoder (warm), on a warm-up batch of
     `bucket` distinct requests (auto.measure)."""
-    encoded, labels = self._examples(bucket, prompt_len)
-    return auto.measure(lambda decoder: self._answer(encoded, labels, bucket, prompt_len,
-                                                     decoder), self.decoders)
+    examples = self._examples(bucket, prompt_len)
+    return auto.measure(lambda decoder: self._rows(examples, bucket, prompt_len, decoder),
+                        self.decoders)

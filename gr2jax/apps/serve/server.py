@@ -193,7 +193,7 @@ def make_app(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *, load_s:
                              window_s=settings.window_ms / 1e3, queue_bound=settings.queue_bound,
                              on_batch=metrics.on_batch)
   ids = itertools.count()
-  injected = engine.decoding.read_costs(batcher.buckets, engine.decoders)  # auto's file
+  injected = engine.choice.read_costs(batcher.buckets, engine.decoders)  # auto's file
 
   def warm():
     start, compiles, hits = (time.perf_counter(), engine_lib.compile_count(),
@@ -341,10 +341,10 @@ def make_app(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *, load_s:
     body = {"status": status, "model": engine.name, "kind": engine.kind,
             "batch_buckets": list(batcher.buckets), "prompt_lengths": list(engine.prompt_lengths),
             "queue_depth": batcher.depth, "startup": state["startup"],
-            "mode": engine.decoding.mode,
+            "mode": engine.choice.mode,
             "decoders": {str(b): d for b, d in
-                         engine.decoding.chosen(batcher.buckets, engine.decoders).items()},
-            "cost_table": engine.decoding.report()}
+                         engine.choice.chosen(batcher.buckets, engine.decoders).items()},
+            "cost_table": engine.choice.report()}
     return responses.JSONResponse(body, status_code=200 if status == "ready" else 503)
 
   @app.api_route("/metrics", methods=["GET", "HEAD"])
@@ -400,7 +400,7 @@ def serve(engine: engine_lib.Engine, settings: spec_lib.ServeSpec, *, load_s: fl
   sock = sock or bind(settings.host, settings.port)
   host, port = sock.getsockname()[:2]
   programs = len(settings.batch_buckets) * len(engine.prompt_lengths) * len(engine.decoders)
-  print(f"serving {engine.name} ({engine.kind}, mode {engine.decoding.mode}) on "
+  print(f"serving {engine.name} ({engine.kind}, mode {engine.choice.mode}) on "
         f"http://{host}:{port} "
         f"(warming up {programs} programs)", flush=True)
   server.run(sockets=[sock])

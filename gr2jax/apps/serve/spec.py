@@ -2,8 +2,8 @@
 the config (`from_config`) and passed whole to the server (server.py) and the engine (engine.py).
 
 gr2jax/recipes.py's `_serve_block` documents each field. The three fields serve.mode,
-serve.draft_ks and serve.cost_table become one typed decoder choice, `decoding`: auto.Fixed or
-auto.Auto (auto.py), which the engine asks which decoder serves a batch bucket.
+serve.draft_ks and serve.cost_table become one typed decoder choice, `choice` (auto.Choice:
+auto.Fixed or auto.Auto, auto.py), which the engine asks which decoder serves a batch bucket.
 
 A field is checked here on its own; what depends on the model and its build is checked when the
 engine is built, before anything compiles (engine.check_fits): serve.prompt_lengths' widest
@@ -38,7 +38,7 @@ def _ints(where: str, name: str, value, *, ascending: bool) -> None:
     raise ValueError(f"{where}{name}={value!r} must be ascending distinct ints >= 1")
 
 
-def _decoding(where: str, name: str, value) -> None:
+def _choice(where: str, name: str, value) -> None:
   if not isinstance(value, auto.Fixed | auto.Auto):
     raise validate.WrongKind(f"{where}{name}={value!r} must be auto.Fixed or auto.Auto")
 
@@ -59,7 +59,7 @@ _RULES = {  # ServeSpec field: its check, called as check("serve.", field, value
   "items_file": _text,
   "max_new_tokens": functools.partial(validate.integer, minimum=0),  # 0 = the build's R
   "verify_with": _text,
-  "decoding": _decoding,
+  "choice": _choice,
   "model_name": _text,
   "compilation_cache": _text,
 }
@@ -71,7 +71,7 @@ class ServeSpec:
   defaults: build it with `from_config`).
 
   Attributes:
-    decoding: the decoder choice (serve.mode with serve.draft_ks and serve.cost_table):
+    choice: the decoder choice (serve.mode with serve.draft_ks and serve.cost_table):
       auto.Fixed() or auto.Auto(draft_ks, cost_table).
     The others: the serve.<field> of the same name ('{workdir}' in ckpt, verify_with and
     compilation_cache is filled in by the caller).
@@ -92,33 +92,33 @@ class ServeSpec:
   items_file: str
   max_new_tokens: int
   verify_with: str
-  decoding: auto.Decoding
+  choice: auto.Choice
   model_name: str
   compilation_cache: str
 
   def __post_init__(self):
     for name, check in _RULES.items():
       check("serve.", name, getattr(self, name))
-    self.decoding.check_verifier(self.verify_with)
+    self.choice.check_verifier(self.verify_with)
 
   @classmethod
   def from_config(cls, c) -> "ServeSpec":
     """The spec of a `serve` config block (its field names: serve.mode, serve.draft_ks and
-    serve.cost_table give `decoding`).
+    serve.cost_table give `choice`).
 
     Raises:
       ValueError: naming the field (serve.<name>) and what it must be.
     """
-    values = {f.name: c[f.name] for f in dataclasses.fields(cls) if f.name != "decoding"}
+    values = {f.name: c[f.name] for f in dataclasses.fields(cls) if f.name != "choice"}
     for name in ("batch_buckets", "prompt_lengths"):
       if isinstance(values[name], list | tuple):
         values[name] = tuple(values[name])
-    return cls(**values, decoding=_decoding_of(c["mode"], c["draft_ks"], c["cost_table"]))
+    return cls(**values, choice=_choice_of(c["mode"], c["draft_ks"], c["cost_table"]))
 
 
-def _decoding_of(mode, draft_ks, cost_table) -> auto.Decoding:
+def _choice_of(mode, draft_ks, cost_table) -> auto.Choice:
   """The typed decoder choice of serve.mode, serve.draft_ks and serve.cost_table."""
-  validate.one_of("serve.", "mode", mode, tuple(auto.DECODINGS))
+  validate.one_of("serve.", "mode", mode, tuple(auto.CHOICES))
   draft_ks = auto.check_draft_ks(draft_ks)
   _text("serve.", "cost_table", cost_table)
-  return auto.DECODINGS[mode].of_block(draft_ks, cost_table)
+  return auto.CHOICES[mode].of_block(draft_ks, cost_table)

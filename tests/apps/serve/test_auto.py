@@ -93,10 +93,10 @@ def test_auto_without_a_verifier_is_refused_by_name_before_anything_loads(tmp_pa
     settings(mode="auto")
   with pytest.raises(ValueError, match=r"^serve\.mode='auto' .*set serve\.verify_with"):
     engine_lib.Engine(toy_engine(tok_dir).reranker, prompt_lengths=(PROMPT_LEN,), name="toy",
-                      decoding=auto.Auto())
+                      choice=auto.Auto())
 
 
-def _lossless_engine(tok_dir, decoding: auto.Auto | None = None) -> engine_lib.Engine:
+def _lossless_engine(tok_dir, choice: auto.Auto | None = None) -> engine_lib.Engine:
   """The toy AR model (toy_engine's) verifying a toy block-diffusion drafter, in mode 'auto'."""
   tok = tokenizer_lib.load_tokenizer(tok_dir)
   ar = _reranker(tok)
@@ -106,7 +106,7 @@ def _lossless_engine(tok_dir, decoding: auto.Auto | None = None) -> engine_lib.E
   lossless = dataclasses.replace(ar, params={"drafter": drafter, "verifier": ar.params},
                                  policy=policy)
   return engine_lib.Engine(lossless, prompt_lengths=(PROMPT_LEN,), name="toy",
-                           decoding=decoding or auto.Auto(DRAFT_KS))
+                           choice=choice or auto.Auto(DRAFT_KS))
 
 
 def test_every_exact_decoder_is_the_verifiers_decode_at_its_cap():
@@ -158,7 +158,7 @@ def test_server_reports_the_table_and_the_choice_and_counts_batches_by_decoder(t
   table = {"1": {"ar": 2.0, "lossless_k2": 1.0, "lossless_k8": 3.0}, "4": {"ar": 1.0}}
   spec = settings(batch_buckets=(1, 4), mode="auto", draft_ks=DRAFT_KS, verify_with="verifier",
                   cost_table=_table_file(tmp_path, table))
-  s = ThreadServer(_lossless_engine(tok_dir, spec.decoding), spec)
+  s = ThreadServer(_lossless_engine(tok_dir, spec.choice), spec)
   ar = toy_engine(tok_dir)
   try:
     health = s.health

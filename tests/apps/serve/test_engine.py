@@ -9,11 +9,11 @@ import re
 import numpy as np
 import pytest
 
+from gr2jax.apps import rerank
 from gr2jax.apps.serve import engine as engine_lib
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import tokenizer as tokenizer_lib
 from gr2jax.decoding import evaluation, prompt_io
-from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.policy import make_policy
 from gr2jax.decoding.spec import DecodeSpec
 from tests.apps.serve.toy_server import PROMPT_LEN, settings, toy_engine
@@ -72,7 +72,7 @@ def test_rank_in_padded_buckets_equals_the_offline_tool(tok_dir, diffusion):
   engine = toy_engine(tok_dir, diffusion)
   requests = [_good(i) for i in range(10)]
   requests[3] = requests[3] | {"candidates": [f"B{i:09d}" for i in requests[3]["candidates"]]}
-  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                 batch_size=4)
   longest = max(len(engine.parse(r).encoded.prompt) for r in requests)
   assert lengths_lib.round_up(longest) == PROMPT_LEN  # the offline tool's width is the server's
@@ -98,7 +98,7 @@ def test_evaluation_offline_tool_and_server_answer_identically(tok_dir, tmp_path
   identical responses, rankings and answer kinds."""
   engine = toy_engine(tok_dir, diffusion)
   requests = [_good(i) for i in range(6)]
-  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                       batch_size=4)
   prepared = [engine.parse(r) for r in requests]
   served = engine.rank(prepared[:4], 4, PROMPT_LEN) + engine.rank(prepared[4:], 4, PROMPT_LEN)
@@ -127,7 +127,7 @@ def test_constrained_engine_decodes_under_each_requests_answer_constraint(tok_di
   rows = engine.rank([engine.parse(r) for r in requests[:4]], 4, PROMPT_LEN)
   rows += engine.rank([engine.parse(requests[4])], 4, PROMPT_LEN)
   check_constrained(policy.steerings, tok, 5, 4)
-  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                       batch_size=4)
   assert [r["response"] for r in rows] == [r["response"] for r in offline]
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 
 from gr2jax import recipes
+from gr2jax.apps import rerank
 from gr2jax.apps.serve import server
 from gr2jax.apps.serve.client import scrape, wait_ready
-from gr2jax.decoding import reranker as reranker_lib
 from tests.apps.serve.toy_server import Gated, ThreadServer, settings, toy_engine
 from tests.apps.test_rerank import _good
 
@@ -105,7 +105,7 @@ def test_ready_after_warm_up(srv):
 def test_answers_are_the_offline_tools(srv, engine):
   requests = [_good(i) for i in range(9)]
   requests[2] = requests[2] | {"candidates": [f"B{i:09d}" for i in requests[2]["candidates"]]}
-  offline = reranker_lib.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
+  offline = rerank.rerank_lines([json.dumps(r) for r in requests], engine.reranker,
                                 batch_size=4)
   single = _post_all(srv.url, "/v1/rerank", requests[:6])
   batch = httpx.post(f"{srv.url}/v1/rerank:batch", json=requests[6:], timeout=60)

@@ -17,13 +17,13 @@ def _spec(**overrides) -> spec_lib.ServeSpec:
 def test_every_block_field_is_a_spec_field_or_the_decoder_choice():
   block = recipes.config("", "serve").serve
   fields = {f.name for f in spec_lib.dataclasses.fields(spec_lib.ServeSpec)}
-  assert set(block.keys()) == (fields - {"decoding"}) | {"mode", "draft_ks", "cost_table"}
+  assert set(block.keys()) == (fields - {"choice"}) | {"mode", "draft_ks", "cost_table"}
 
 
 def test_the_mode_becomes_a_typed_decoder_choice():
-  assert _spec().decoding == auto.Fixed()
+  assert _spec().choice == auto.Fixed()
   spec = _spec(mode="auto", verify_with="v", draft_ks=[2, 8], cost_table="t.json")
-  assert spec.decoding == auto.Auto((2, 8), "t.json") and spec.decoding.mode == "auto"
+  assert spec.choice == auto.Auto((2, 8), "t.json") and spec.choice.mode == "auto"
 
 
 @pytest.mark.parametrize("field,value", [
