@@ -286,7 +286,7 @@ def _sorted(fields: dict) -> dict:
 def _plain(value):
   """A view field as the ConfigDict views' to_dict() held it: a block (ConfigDict) or a settings
   dataclass as nested dicts in name order, anything else (the DecodeSpec, whole; a path; a
-  number) as it is (the run record writes a DecodeSpec's fields: run_checkpoints.json_value)."""
+  number) as it is (the run record writes a DecodeSpec's fields: run_identity.json_value)."""
   if isinstance(value, ml_collections.ConfigDict):
     return value.to_dict()
   return _sorted(dataclasses.asdict(value)) if isinstance(value, _SETTINGS) else value

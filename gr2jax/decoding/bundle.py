@@ -266,7 +266,7 @@ def _check_fields(record: dict, path: str, export: str) -> None:
 def _check_against_export(record: dict, path: str, export: str, data_config) -> None:
   """The settings are those of the data config this run passes (`data_config`: the recipe's, with
   its command-line overrides, or the export's own), P and R those it was trained with (its run
-  record's `lengths`, train/run_checkpoints.run_record; unchecked where it has none). A setting
+  record's `lengths`, run_identity.run_record; unchecked where it has none). A setting
   of this run's other than the bundle's, where the export's metadata records the bundle's, is this
   run's to change: the message names both sides."""
   metadata = exports.load_metadata(export)

@@ -373,7 +373,7 @@ def loop_step(params, config: ModelConfig, inputs: Inputs, static: _Static, s: L
     s: the state (loop_start's, or a loop_step's).
     count: None (the decoder: the threshold rule), or [B] int32 the commits of each row's
       denoising step (commit.select's `count`: a replay of a recorded schedule, e.g.
-      experiments/studies/emulate.py).
+      experiments/emulate.py).
 
   Returns:
     The next LoopState.
