@@ -38,7 +38,6 @@ re-renders without compiling.
 """
 
 import dataclasses
-import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -54,7 +53,7 @@ import ml_collections
 from absl import flags
 
 from experiments import targets
-from gr2jax import chunks, cli, stage_registry
+from gr2jax import chunks, cli, recipes, stage_registry
 from gr2jax import recipe as recipe_lib
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.spec import DecodeSpec
@@ -231,9 +230,9 @@ class Shapes:
 
 
 def recipe_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
-  """Recipe `variant` as stage `name`'s config (experiments/configs/<name>.py), what a run of
-  that stage reads."""
-  return importlib.import_module(f"experiments.configs.{name}").get_config(variant)
+  """Recipe `variant` as stage `name`'s config (`experiments/run.py --config=<name>.py`), what a
+  run of that stage reads."""
+  return recipes.config(variant, name)
 
 
 def stage_config(name: str, variant: str = "") -> ml_collections.ConfigDict:
@@ -276,13 +275,25 @@ def _presets() -> dict:
     # OPD / RL 2, rollout calls of 32 rows): the 8B plan's memory on one device.
     "qwen3_0_6b": _from_recipe("qwen3_8b", ModelConfig.qwen3_0_6b(
       attention_chunk_bytes=1 << 30, **train), per_device_of=DEVICES_8B),
-    # A compile-test shape (not a recipe): every program of the plan in seconds on CPU.
-    "tiny": dataclasses.replace(
-      _from_recipe("", ModelConfig.tiny(attention_chunk_bytes=1 << 24, **train)),
-      prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
-      batch_size=dict(sft=16, ar_rl=2, cft=16, opd=4, rl=2),
-      group=dict(sft=1, ar_rl=8, cft=1, opd=4, rl=8), steps=dict.fromkeys(STAGES, 10)),
+    "tiny": _compile_test(_from_recipe("", ModelConfig.tiny(attention_chunk_bytes=1 << 24,
+                                                             **train))),
   }
+
+
+# The compile-test preset's rows per step: a multiple of the 8 simulated devices.
+TINY_ROWS = 16
+
+
+def _compile_test(s: Shapes) -> Shapes:
+  """A compile-test shape (not a recipe) from the tiny recipe's Shapes `s`: every program of the
+  plan in seconds on CPU. P = 48, R = 16, B = 4, a step cap of 8, 10 steps per stage; each
+  stage's rows per prompt are the recipe's (its registry rows field, s.group), with the fewest
+  prompts whose rows are a multiple of TINY_ROWS (SFT 16 x 1, AR RL 2 x 8, OPD 4 x 4): shapes
+  for every stage of gr2jax/stage_registry.py, a new one included."""
+  return dataclasses.replace(
+    s, prompt_len=48, response_len=16, block_size=4, max_steps_per_block=8,
+    batch_size={name: TINY_ROWS // math.gcd(TINY_ROWS, g) for name, g in s.group.items()},
+    steps=dict.fromkeys(s.group, 10))
 
 
 PRESETS = _presets()

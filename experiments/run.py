@@ -3,14 +3,20 @@
 Usage:
   python experiments/run.py --config=data.py --workdir=workdir
   python experiments/run.py --config=experiments/configs/data.py --config.data.max_history=10
+  python experiments/run.py --config=cft.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B --workdir=W
   python experiments/run.py --config=table2.py:qwen3_8b --config.hf_dir=/models/Qwen3-8B --workdir=W
 
-`--config` takes a path, or a bare file name looked up in `experiments/configs/`. Every config
-file is a view of a recipe (gr2jax/recipes.py): `get_config(variant)` returns the
-recipe `variant` as an `ml_collections.ConfigDict` whose `stage` field names the stage to run (see
-STAGES); fields are locked, so a typo in `--config.<field>=...` is an error, not a silently ignored
-override. A stage whose upstream steps are not done in the workdir with the same recipe stops with
-one line naming them and the commands that make them (`--config.upstream=run` runs them first).
+`--config=PATH[:VARIANT]` takes a path, or a bare file name looked up in `experiments/configs/`
+(data.py, teacher.py, convert.py, eval.py, rerank.py, serve.py, table2.py, table3.py, table4.py,
+fig6.py). A training stage has no file of its own: `<stage>.py` for any stage registered in
+gr2jax/stage_registry.py (sft.py, ar_rl.py, cft.py, opd.py, rl.py) is
+`experiments/configs/stage.py:<stage>[:VARIANT]`, the one config file of every training stage
+(resolve_config); refusals show the flag as typed. Every config file is a view of a recipe
+(gr2jax/recipes.py): `get_config(variant)` returns the recipe `variant` as an
+`ml_collections.ConfigDict` whose `stage` field names the stage to run (see STAGES); fields are
+locked, so a typo in `--config.<field>=...` is an error, not a silently ignored override. A
+stage whose upstream steps are not done in the workdir with the same recipe stops with one line
+naming them and the commands that make them (`--config.upstream=run` runs them first).
 Multi-host runs pass `--multihost` so `jax.distributed.initialize()` joins the job: run the same
 command on every host; jax finds the coordinator, process count and index itself on SLURM, Open
 MPI (mpirun) and Cloud TPU pods (JAX_COORDINATOR_ADDRESS=host:port overrides the coordinator).
@@ -29,13 +35,17 @@ from gr2jax import stage_registry
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_DIR = os.path.join(REPO_ROOT, "experiments", "configs")
+STAGE_CONFIG = os.path.join(CONFIG_DIR, "stage.py")  # every training stage's config file
 
 _WORKDIR = flags.DEFINE_string("workdir", "workdir", "Directory for every artefact of the run.")
 _MULTIHOST = flags.DEFINE_bool(
     "multihost", False, "Call jax.distributed.initialize() (multi-host GPU/TPU jobs only).")
 _CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Stage config: a path or a file name in experiments/configs/.",
-    lock_config=True)
+    "config", None, "Stage config PATH[:VARIANT]: a path, a file name in experiments/configs/, "
+    "or <stage>.py for a training stage of gr2jax/stage_registry.py ("
+    + ", ".join(f"{name}.py" for name in stage_registry.names())
+    + ": experiments/configs/stage.py:<stage>); VARIANT a recipe of gr2jax/recipes.py "
+    "(qwen3_8b, smoke, qwen3_8b,smoke).", lock_config=True)
 
 
 def merge_xla_flags(current: str, flags) -> str:
@@ -184,39 +194,61 @@ STAGES = {
 }
 
 
+def _config_parts(value: str) -> tuple[str, str, str | None]:
+  """(directory, config name, variant or None) of a `--config` value as typed: `DIR/NAME.py`,
+  `DIR/NAME.py:VARIANT` or, for a training stage, `DIR/stage.py:NAME[:VARIANT]`."""
+  path, sep, variant = value.partition(":")
+  directory, name = os.path.split(path)
+  name = name.removesuffix(".py")
+  if name == "stage" and sep:
+    name, sep, variant = variant.partition(":")
+  return directory, name, variant if sep else None
+
+
 def upstream_commands(argv: list[str], missing: list[str]) -> str:
   """The commands that make the missing upstream steps: this command line with its config file
-  swapped for each step's (same variant and overrides)."""
+  swapped for each step's `<step>.py` (same directory, variant and overrides)."""
   commands = []
   for step in missing:
     args = []
     for arg in argv:
       if arg.startswith("--config="):
-        path, sep, variant = arg[len("--config="):].partition(":")
-        arg = "--config=" + os.path.join(os.path.dirname(path), f"{step}.py") + sep + variant
+        directory, _, variant = _config_parts(arg[len("--config="):])
+        arg = ("--config=" + os.path.join(directory, f"{step}.py")
+               + ("" if variant is None else f":{variant}"))
       args.append(arg)
     commands.append(" ".join(["python", *args]))
   return " && ".join(commands)
 
 
-def resolve_config_arg(argv: list[str]) -> list[str]:
-  """Rewrites `--config=NAME` to `experiments/configs/NAME` when NAME is not an existing path.
+def resolve_config(value: str) -> str:
+  """The config file and config string that `--config=value` loads (the module docstring):
+  an existing path as it is; else a file of experiments/configs/; else, where the file name is
+  `<stage>.py` of a training stage (gr2jax/stage_registry.py), experiments/configs/stage.py with
+  the stage first in its config string; else `value` unchanged (parse_flags refuses it).
 
   Args:
-    argv: the command line.
+    value: PATH[:VARIANT], as typed.
 
   Returns:
-    The command line with the config path resolved (unchanged when nothing matches).
+    PATH[:CONFIG_STRING] for ml_collections' config_flags.
   """
-  out = []
-  for arg in argv:
-    if arg.startswith("--config="):
-      value = arg[len("--config="):]
-      path, sep, override = value.partition(":")
-      if not os.path.exists(path) and os.path.exists(os.path.join(CONFIG_DIR, path)):
-        arg = "--config=" + os.path.join(CONFIG_DIR, path) + sep + override
-    out.append(arg)
-  return out
+  path, sep, variant = value.partition(":")
+  if os.path.exists(path):
+    return value
+  if os.path.exists(os.path.join(CONFIG_DIR, path)):
+    return os.path.join(CONFIG_DIR, path) + sep + variant
+  name = os.path.basename(path)
+  if name.endswith(".py") and name[:-3] in stage_registry.STAGES:
+    return f"{STAGE_CONFIG}:{name[:-3]}" + sep + variant
+  return value
+
+
+def resolve_config_arg(argv: list[str]) -> list[str]:
+  """The command line with each `--config=VALUE` resolved (resolve_config); every other
+  argument unchanged."""
+  return [("--config=" + resolve_config(arg[len("--config="):])) if arg.startswith("--config=")
+          else arg for arg in argv]
 
 
 def quiet_libraries() -> None:
@@ -226,16 +258,21 @@ def quiet_libraries() -> None:
     logging.set_verbosity(logging.WARNING)
 
 
-def _config_of(argv: list[str]):
-  """The config `--config=PATH[:VARIANT]` of argv names (loaded as config_flags loads it)."""
+def load_config(value: str):
+  """The config `--config=value` names (PATH[:VARIANT] as typed, resolve_config), loaded as
+  config_flags loads it, without the command line's overrides."""
   import importlib.util
 
-  arg = next(a for a in argv if a.startswith("--config="))
-  path, _, variant = arg[len("--config="):].partition(":")
+  path, sep, config_string = resolve_config(value).partition(":")
   spec = importlib.util.spec_from_file_location("gr2jax_config_file", path)
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
-  return module.get_config(variant) if variant else module.get_config()
+  return module.get_config(config_string) if sep else module.get_config()
+
+
+def _config_of(argv: list[str]):
+  """The config of argv's `--config=VALUE` (load_config)."""
+  return load_config(next(a for a in argv if a.startswith("--config="))[len("--config="):])
 
 
 def unknown_override(argv: list[str]) -> str:
@@ -257,15 +294,36 @@ def unknown_override(argv: list[str]) -> str:
   return "a --config.<field> override names no field of the config"
 
 
+def as_typed(line: str) -> str:
+  """`line` with each resolved `--config=...` of this command line (sys.argv, resolve_config_arg)
+  shown as the user typed it."""
+  for typed, resolved in zip(sys.argv, resolve_config_arg(sys.argv), strict=True):
+    if typed != resolved:
+      line = line.replace(resolved, typed)
+  return line
+
+
 def parse_flags(argv: list[str]) -> list[str]:
-  """absl's flag parsing with one-line refusals (cli.parse_flags: a config variant the config
-  file does not know is `--config=PATH:VARIANT: unknown variant ...`); an override of a field
-  the locked config lacks is one line naming the flag and the allowed fields (config_flags
-  raises an AttributeError there)."""
+  """absl's flag parsing with one-line refusals, each showing `--config` as typed (as_typed):
+  a config file that does not exist names the files and stages it may be; a config variant the
+  config file does not know is `--config=PATH:VARIANT: unknown variant ...` (cli.parse_flags);
+  an override of a field the locked config lacks is one line naming the flag and the allowed
+  fields (config_flags raises an AttributeError there)."""
   from gr2jax import cli
 
+  for arg in argv:
+    path = arg[len("--config="):].partition(":")[0] if arg.startswith("--config=") else None
+    if path and not os.path.exists(path):
+      files = sorted(f for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and f != "stage.py")
+      raise SystemExit(as_typed(
+        f"{arg}: no such config file (a path, one of experiments/configs/ {', '.join(files)}, "
+        f"or <stage>.py of a training stage: {', '.join(stage_registry.names())})"))
   try:
     return cli.parse_flags(argv)
+  except SystemExit as e:  # a refusal's line (str); --help's exit status (int) as it is
+    if not isinstance(e.code, str):
+      raise
+    raise SystemExit(as_typed(e.code)) from None
   except (AttributeError, KeyError):
     raise SystemExit(unknown_override(argv)) from None
 
@@ -283,7 +341,8 @@ def main(argv):
   quiet_libraries()
   config = _CONFIG.value
   if config is None:
-    raise app.UsageError("--config is required, e.g. --config=data.py (see experiments/configs/).")
+    raise app.UsageError("--config is required, e.g. --config=data.py or --config=cft.py (see "
+                         "--help)")
   stage = config.get("stage")
   if stage not in STAGES:
     raise app.UsageError(f"config.stage={stage!r} is not a known stage; known: {sorted(STAGES)}")

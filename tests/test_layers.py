@@ -1,18 +1,29 @@
 """The library's floors (WORKSPACE.md, Layout), read from the import statements of gr2jax/ with
-`ast` (function-local imports included): inference stands below training, and the applications,
-the reranker and the recipe import no training module, directly or through another module. Above
-the library: gr2jax/ imports nothing from experiments/, the tools of experiments/ import no study
-(experiments/studies/), and no file of experiments/ edits sys.path (the tools are a package of the
-editable install)."""
+`ast` (function-local imports included): data/ and diffusion/ stand side by side on model/,
+inference stands below training, run identity (run_identity.py) between the recipe and training,
+and the applications, the reranker and the recipe import no training module, directly or through
+another module; a fresh process importing an application (but table2.py) loads no training
+module, optax or orbax. Above the library: gr2jax/ imports nothing from experiments/, the tools of
+experiments/ import no study (experiments/studies/), the studies import the tools and the library
+but never one another (a helper two studies share is a tool, experiments/*.py), and no file of
+experiments/ edits sys.path (the tools are a package of the editable install)."""
 
 import ast
 import glob
+import json
 import os
+import subprocess
+import sys
+
+import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = "gr2jax.train"
 ABOVE_TRAIN = ("gr2jax.chain", "gr2jax.apps")  # what runs training stages / serves
-ABOVE_DECODING = (TRAIN, *ABOVE_TRAIN, "gr2jax.recipe", "gr2jax.recipes", "gr2jax.config_checks")
+IDENTITY = "gr2jax.run_identity"  # between the recipe and training
+ABOVE_DECODING = (TRAIN, *ABOVE_TRAIN, IDENTITY, "gr2jax.recipe", "gr2jax.recipes",
+                  "gr2jax.config_checks")
+TABLE2 = "gr2jax.apps.table2"  # the one application that runs training (through chain.py)
 
 
 def _module(path: str) -> str:
@@ -100,6 +111,64 @@ def test_the_server_the_offline_tool_and_the_recipe_never_reach_training():
     assert not bad, f"{start} reaches {bad}"
 
 
+def test_no_application_but_table2_reaches_training_or_the_step_runner():
+  """Not even through another module: the table writers and the results stamp (apps/report.py,
+  which reads run identity, not chain.py) load no training code, as the server does not."""
+  graph = _graph()
+  starts = [m for m in _named(graph, ("gr2jax.apps",)) if m != TABLE2]
+  assert {"gr2jax.apps.tables", "gr2jax.apps.report"} <= set(starts)
+  for start in starts:
+    bad = sorted(m for m in _reached(graph, start) if _under(m, (TRAIN, "gr2jax.chain")))
+    assert not bad, f"{start} reaches {bad}"
+
+
+def _applications() -> list[str]:
+  """Every module of gr2jax/apps/ but table2.py, by name."""
+  return sorted(m for m in map(_module, glob.glob(os.path.join(REPO, "gr2jax", "apps", "**",
+                                                               "*.py"), recursive=True))
+                if m != TABLE2)
+
+
+@pytest.mark.parametrize("module", _applications())
+def test_importing_an_application_loads_no_training_module_optax_or_orbax(module):
+  """In a fresh process: what the imports really load (optax and orbax are imported where a
+  model is trained, or params are written or restored, not with the modules that do it)."""
+  code = (f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if "
+          f"m == '{TRAIN}' or m.startswith(('{TRAIN}.', 'optax', 'orbax')))))")
+  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  loaded = json.loads(out.stdout.splitlines()[-1])
+  assert not loaded, f"import {module} loads {loaded[:10]} ({len(loaded)} in all)"
+
+
+def test_diffusion_exports_and_data_stand_side_by_side_on_the_model():
+  """None of diffusion/, exports.py and data/ (the batch type included) reaches another of them,
+  HF directories or inference, not even through another module."""
+  graph = _graph()
+  floors = ("gr2jax.diffusion", "gr2jax.exports", "gr2jax.data")
+  above = ("gr2jax.hf", "gr2jax.load", "gr2jax.decoding", *ABOVE_DECODING)
+  for floor in floors:
+    others = tuple(f for f in floors if f != floor)
+    for module in _named(graph, (floor,)):
+      bad = sorted(m for m in _reached(graph, module) if _under(m, (*others, *above)))
+      assert not bad, f"{module} reaches {bad}"
+
+
+def test_run_identity_stands_between_the_recipe_and_training():
+  """run_identity.py reads the recipe's views and reaches no training module, step runner,
+  application or named recipe; only those above it (train/, chain.py, apps/) import it."""
+  graph = _graph()
+  reached = _reached(graph, IDENTITY)
+  assert "gr2jax.recipe" in reached
+  bad = sorted(m for m in reached if _under(m, (TRAIN, *ABOVE_TRAIN, "gr2jax.recipes")))
+  assert not bad, f"{IDENTITY} reaches {bad}"
+  importers = sorted(m for m, targets in graph.items() if IDENTITY in targets)
+  assert {"gr2jax.train.run_checkpoints", "gr2jax.chain", "gr2jax.apps.report"} <= set(importers)
+  bad = [m for m in importers if not _under(m, (TRAIN, *ABOVE_TRAIN))]
+  assert not bad, f"{bad} import {IDENTITY} (a floor above them)"
+
+
 def test_no_import_circle():
   graph = _graph()
   for module in graph:
@@ -132,6 +201,16 @@ def test_the_library_imports_nothing_from_experiments():
 def test_the_tools_import_no_study():
   """experiments/*.py and its configs stand below experiments/studies/."""
   paths = _files("experiments", "*.py") + _files("experiments", "configs", "*.py")
+  for path in paths:
+    bad = sorted(n for n in _imports(path) if _under(n, ("experiments.studies",)))
+    assert not bad, f"{os.path.relpath(path, REPO)} imports the studies {bad}"
+
+
+def test_the_studies_import_no_other_study():
+  """experiments/studies/*.py stand side by side, as the applications do: each imports the tools
+  (experiments/*.py) and the library, never another study."""
+  paths = [p for p in _files("experiments", "studies", "*.py") if not p.endswith("__init__.py")]
+  assert len(paths) > 5
   for path in paths:
     bad = sorted(n for n in _imports(path) if _under(n, ("experiments.studies",)))
     assert not bad, f"{os.path.relpath(path, REPO)} imports the studies {bad}"

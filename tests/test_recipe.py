@@ -5,7 +5,6 @@ without its upstream names what is missing in one line."""
 import ast
 import dataclasses
 import glob
-import importlib
 import os
 import subprocess
 import sys
@@ -18,9 +17,6 @@ from gr2jax.data import lengths as lengths_lib
 from gr2jax.decoding.spec import DecodeSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG_DIR = os.path.join(REPO, "experiments", "configs")
-sys.path.insert(0, CONFIG_DIR)  # the config files, imported by name
-
 STAGE_FILES = ("data", "convert", "sft", "ar_rl", "cft", "opd", "rl", "eval", "rerank", "serve",
                "table2", "table3", "table4", "fig6")
 
@@ -33,8 +29,16 @@ def hf_dir(tmp_path_factory):
   return str(d)
 
 
+def _config(file: str, variant: str = ""):
+  """What `experiments/run.py --config=<file>.py:<variant>` loads (a training stage's file is
+  experiments/configs/stage.py)."""
+  from experiments import run
+
+  return run.load_config(f"{file}.py:{variant}")
+
+
 def _recipe(file: str, variant: str, hf_dir: str) -> recipe_lib.Recipe:
-  config = importlib.import_module(file).get_config(variant)
+  config = _config(file, variant)
   if config.recipe != "tiny":
     config.hf_dir = hf_dir
   return recipe_lib.from_config(config)
@@ -87,7 +91,7 @@ def test_an_llm_teacher_is_the_chains_first_step_and_the_data_builds_traces(hf_d
   the build without traces; traces given twice are refused."""
   from gr2jax.data import pipeline
 
-  config = importlib.import_module("table2").get_config("qwen3_8b")
+  config = _config("table2", "qwen3_8b")
   config.hf_dir, config.teacher.hf_dir = hf_dir, "/models/Qwen3-32B"
   r = recipe_lib.from_config(config)
   assert recipe_lib.chain(r)[:2] == (recipe_lib.TEACHER, recipe_lib.CONVERT)
@@ -106,18 +110,18 @@ def test_an_llm_teacher_is_the_chains_first_step_and_the_data_builds_traces(hf_d
 
 
 def test_hf_recipe_needs_an_hf_dir(tmp_path):
-  config = importlib.import_module("cft").get_config("qwen3_4b")
+  config = _config("cft", "qwen3_4b")
   r = recipe_lib.from_config(config)  # the settings are readable (the AOT plan reads them)
   with pytest.raises(ValueError, match="--config.hf_dir"):
     recipe_lib.stage_config(r, "cft", "W")
   config.hf_dir = str(tmp_path)
   with pytest.raises(FileNotFoundError, match="no config.json"):
     recipe_lib.from_config(config)
-  tiny = importlib.import_module("cft").get_config("")
+  tiny = _config("cft")
   tiny.data.tokenizer_base = str(tmp_path)
   with pytest.raises(ValueError, match="hf_dir"):
     recipe_lib.from_config(tiny)
-  assert isinstance(recipe_lib.from_config(importlib.import_module("sft").get_config()).decode,
+  assert isinstance(recipe_lib.from_config(_config("sft")).decode,
                     DecodeSpec)
 
 
@@ -178,7 +182,7 @@ def test_xla_flags_are_the_recipes_and_checked(hf_dir):
                      (["--xla_a=1", "--xla_a=2"], "twice")):
     with pytest.raises(ValueError, match=match):
       recipe_lib.parse_xla_flags(bad)
-  config = importlib.import_module("sft").get_config("")
+  config = _config("sft")
   config.xla_flags = ("--triton=off",)
   with pytest.raises(ValueError, match="xla_flags entry '--triton=off'"):
     recipe_lib.from_config(config)

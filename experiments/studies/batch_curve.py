@@ -15,7 +15,7 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            --targets: the AR step (one token after the cache), the block-diffusion step (a block
            of B = 32) and, per K of --spec_ks, the drafter's forward (a block of B, LM head at K
            queries) and the verifier's (K + 1 causal tokens), each compiled at every batch of
-           --batches (experiments/studies/roofline.py's compile_step; the cache of every row
+           --batches (experiments/roofline_steps.py compile_step; the cache of every row
            donated).
            A forward takes max(bytes / bandwidth, FLOPs / (peak x f)): bytes from the compiled
            program's memory_analysis (arguments + outputs not aliased: the weights and every
@@ -27,7 +27,7 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            Table 3; --taus narrows them), draft-and-verify's drafter and verifier forwards at
            tau_d of --spec_taus from --grid_json (bench_speculative.py's grid over the 1,615 test
            users: Table 3's lossless rows record the two models' forwards summed, not apart). Per
-           mode and batch N (roofline.decode_seconds): seconds per request = the prefills of N
+           mode and batch N (roofline_steps.decode_seconds): seconds per request = the prefills of N
            rows (two for draft-and-verify: drafter and verifier) + R x forwards per token x step
            time; tokens/s per replica = N R / seconds per request; speed-up = AR's seconds per
            request / the mode's at the same N. Resident memory: the mode's compiled forwards'
@@ -37,11 +37,12 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            AR GR2 at batch 1 on the H100 at peak and at f (its own forwards per token; a lossless
            row's drafter / verifier forwards from --grid_json at its K and tau_d); every other
            field of table3.json is kept.
-cpu        The same modes on this CPU: bench_speedup.replay of the recorded schedules
-           (--schedules; every row of a batch replays the representative user's schedule, so the
-           rows step together) on random weights of each --runs shape, at each batch of
-           --cpu_batches, timed with the prefill excluded; AR and the other modes interleaved in
-           each of --repeats rounds (fastest kept), so every ratio comes from one process.
+cpu        The same modes on this CPU: experiments/emulate.py timed_replay (bench_speedup.py's)
+           of the recorded schedules (--schedules; every row of a batch replays the
+           representative user's schedule, so the rows step together) on random weights of each
+           --runs shape, at each batch of --cpu_batches, timed with the prefill excluded; AR and
+           the other modes interleaved in each of --repeats rounds (fastest kept), so every
+           ratio comes from one process.
            Each run's curve is kept with its command: a later command adds or replaces runs.
 
 --nocompile uses compiled.json's records only: a forward it does not hold is an error naming it.
@@ -58,10 +59,7 @@ import sys
 
 from absl import app, flags, logging
 
-from experiments import plan, targets
-
-# its flags: --runs, --schedules, --taus, --spec_ks, ...
-from experiments.studies import bench_speedup, roofline
+from experiments import emulate, plan, roofline_steps, targets
 from gr2jax import cli, files
 from gr2jax.apps import tables
 
@@ -71,8 +69,10 @@ SECTIONS = ("predicted", "cpu")
 
 
 def define_flags() -> None:
-  """The command-line flags (beside bench_speedup's, imported), each value checked when absl
-  parses it, before anything is compiled or measured."""
+  """The command-line flags (with the replay flags: experiments/emulate.py define_replay_flags),
+  each value checked when absl parses it, before anything is compiled or measured."""
+  emulate.define_replay_flags()
+  flags.adopt_module_key_flags(emulate)
   cli.define_list("sections", list(SECTIONS), "Which parts to run.", cli.choice(SECTIONS))
   cli.define_list("targets", ["h100", "tpu_v5p"], "Compile targets of the prediction "
                   "(experiments/targets.py keys).", cli.choice(sorted(targets.TARGETS)))
@@ -98,7 +98,6 @@ def define_flags() -> None:
   FLAGS.set_default("spec_ks", [4, 8, 16])
   FLAGS.set_default("spec_taus", [0.0])
   FLAGS.set_default("block_sizes", [32])
-  FLAGS.set_default("hf_check", False)
 
 
 def read_json(path: str, note: str):
@@ -133,8 +132,8 @@ def predicted_modes(fpt: dict, spec_fpt: dict, taus: list[float], ks: list[int],
   """{mode name: {'forwards': {step name: forwards per output token}, 'prefills': n}}.
 
   Args:
-    fpt: roofline.forwards_per_token of Table 3 ({None: AR, tau: diffusion}).
-    spec_fpt: roofline.speculative_forwards_per_token of the grid ({(K, tau_d): ...}).
+    fpt: roofline_steps.forwards_per_token of Table 3 ({None: AR, tau: diffusion}).
+    spec_fpt: roofline_steps.speculative_forwards_per_token of the grid ({(K, tau_d): ...}).
     taus, ks, spec_taus: the modes asked for.
     block: the block size B (the label).
 
@@ -159,13 +158,13 @@ def predicted_modes(fpt: dict, spec_fpt: dict, taus: list[float], ks: list[int],
 
 
 def step_list(ks: list[int]) -> list[tuple[str, str, int | None]]:
-  """(name, roofline.compile_step kind, K) of every forward the modes run."""
+  """(name, roofline_steps.compile_step kind, K) of every forward the modes run."""
   return [("ar", "ar", None), ("block", "block", None)] + [
     (f"{kind}_k{k}", kind, k) for k in ks for kind in ("draft", "verify")]
 
 
 def bound(step: dict, target: targets.Target, fraction: float = 1.0) -> str:
-  """'memory' or 'compute': the larger term of roofline.step_seconds at `fraction` of peak."""
+  """'memory' or 'compute': the larger term of roofline_steps.step_seconds at `fraction` of peak."""
   memory = step["bytes"] / target.hbm_bytes_s >= step["flops"] / (target.peak_flops * fraction)
   return "memory" if memory else "compute"
 
@@ -190,11 +189,11 @@ def curve(steps: dict, modes: dict, s: plan.Shapes, target: targets.Target,
   card = min(target.cards.values())
   rows = []
   for batch in sorted(steps):
-    t = {name: roofline.step_seconds(x, target, fraction) for name, x in steps[batch].items()}
-    prefill = roofline.prefill_seconds(s, target, batch, fraction)
+    t = {name: roofline_steps.step_seconds(x, target, fraction) for name, x in steps[batch].items()}
+    prefill = roofline_steps.prefill_seconds(s, target, batch, fraction)
     ar_request = None
     for mode, m in modes.items():
-      per_token, request = roofline.decode_seconds(m["forwards"], t, m["prefills"], prefill,
+      per_token, request = roofline_steps.decode_seconds(m["forwards"], t, m["prefills"], prefill,
                                                    s.response_len)
       ar_request = request if mode == "AR" else ar_request
       used = [steps[batch][name] for name in m["forwards"]]
@@ -226,8 +225,8 @@ def table3_speedups(rows: list[dict], steps: dict, spec_fpt: dict, s: plan.Shape
     rows: Table 3's rows (gr2jax/apps/tables.py: AR GR2, Diffusion-GR2 at each tau, the
       lossless rows 'Draft + verify (lossless), K=k tau_d=t').
     steps: {step name: compiled record} at batch 1 ('ar', 'block', 'draft_kK', 'verify_kK').
-    spec_fpt: roofline.speculative_forwards_per_token of the grid (the lossless rows' drafter /
-      verifier split, which Table 3 does not record).
+    spec_fpt: roofline_steps.speculative_forwards_per_token of the grid (the lossless rows'
+      drafter / verifier split, which Table 3 does not record).
     s, target, fraction: the shapes, the target and the fraction of its peak FLOP/s.
 
   Returns:
@@ -235,20 +234,20 @@ def table3_speedups(rows: list[dict], steps: dict, spec_fpt: dict, s: plan.Shape
     lossless row the grid's draft and verify forwards at its (K, tau_d) and two prefills; None
     for a lossless row whose (K, tau_d) the grid or `steps` lack, and any other row.
   """
-  fpt = roofline.forwards_per_token(rows)
-  t = {name: roofline.step_seconds(x, target, fraction) for name, x in steps.items()}
-  prefill = roofline.prefill_seconds(s, target, 1, fraction)
+  fpt = roofline_steps.forwards_per_token(rows)
+  t = {name: roofline_steps.step_seconds(x, target, fraction) for name, x in steps.items()}
+  prefill = roofline_steps.prefill_seconds(s, target, 1, fraction)
 
   def request(forwards, prefills):
-    return roofline.decode_seconds(forwards, t, prefills, prefill, s.response_len)[1]
+    return roofline_steps.decode_seconds(forwards, t, prefills, prefill, s.response_len)[1]
 
   ar = request({"ar": fpt[None]}, 1)
   out = []
   for row in rows:
-    draft = roofline.lossless_draft(row)
-    if row["row"] == roofline.AR_ROW:
+    draft = roofline_steps.lossless_draft(row)
+    if row["row"] == roofline_steps.AR_ROW:
       out.append(1.0)
-    elif row["row"] == roofline.DIFFUSION_ROW:
+    elif row["row"] == roofline_steps.DIFFUSION_ROW:
       out.append(ar / request({"block": fpt[row["tau"]]}, 1))
     elif draft in spec_fpt and {f"draft_k{draft[0]}", f"verify_k{draft[0]}"} <= set(t):
       f, k = spec_fpt[draft], draft[0]
@@ -391,7 +390,7 @@ def compiled_steps(names: list[str], batches: list[int], ks: list[int], cache_pa
                  if stale else "")
           raise ValueError(f"--nocompile: {cache_path} holds no compiled {key}{why}")
         if key not in cache["steps"]:
-          _, record = roofline.compile_step(kind, s, name, batch, k)
+          _, record = roofline_steps.compile_step(kind, s, name, batch, k)
           cache["steps"][key] = {k2: v for k2, v in record.items() if k2 != "options"}
           files.atomic_write(cache_path, json.dumps(cache, indent=1, default=float))
           print(f"[compile] {key}: {record['bytes'] / 1e9:.2f} GB, "
@@ -406,7 +405,7 @@ def table3_lossless(rows: list[dict], spec_fpt: dict) -> list[dict]:
   (None where the grid has none)."""
   out = []
   for row in rows:
-    draft = roofline.lossless_draft(row)
+    draft = roofline_steps.lossless_draft(row)
     if draft:
       out.append({"row": row["row"], "k": draft[0], "tau_d": draft[1],
                   "forwards_per_token": (row["mean_nfe"] - 2) / row["mean_response_len"],
@@ -417,8 +416,8 @@ def table3_lossless(rows: list[dict], spec_fpt: dict) -> list[dict]:
 def run_predicted(batches: list[int], ks: list[int]) -> dict:
   """The predicted section (module doc), and Table 3's columns (--table3_columns)."""
   saved = read_json(FLAGS.table3, "the file of --table3")
-  fpt = roofline.forwards_per_token(saved["rows"])
-  spec_fpt = roofline.speculative_forwards_per_token(
+  fpt = roofline_steps.forwards_per_token(saved["rows"])
+  spec_fpt = roofline_steps.speculative_forwards_per_token(
     read_json(FLAGS.grid_json, "the file of --grid_json")["grid"]["rows"])
   taus = ([float(t) for t in FLAGS.taus] if FLAGS["taus"].present
           else sorted((t for t in fpt if t is not None), reverse=True))
@@ -463,7 +462,7 @@ def run_predicted(batches: list[int], ks: list[int]) -> dict:
 
 
 def cpu_rows(replayed: list[dict]) -> list[dict]:
-  """bench_speedup.replay's rows as curve rows (mode, batch, tok_s, speedup, request_s = the
+  """emulate.timed_replay's rows as curve rows (mode, batch, tok_s, speedup, request_s = the
   batch's decode, prefill excluded); AR's speed-up is 1."""
   return [dict(r, mode=mode_name(r["method"], r["tau"], r.get("k"), r["block"]),
                tok_s=r["tokens_per_s"],
@@ -477,16 +476,16 @@ def run_cpu(batches: list[int], runs: dict, save) -> None:
   import jax
 
   schedules = read_json(FLAGS.schedules, "the file of --schedules")
-  chosen = [bench_speedup.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
+  chosen = [emulate.run_entries(schedules, run) for run in FLAGS.runs]  # all checked first
   head = {"command": command_line(), "device": str(jax.devices()[0].device_kind),
           "schedules": shown_path(FLAGS.schedules), "repeats": FLAGS.repeats}
   for run, prompt_lens, entries, spec_entries in chosen:
-    config, params = bench_speedup.random_model(*run.split("/"))
+    config, params = emulate.random_model(*run.split("/"))
     for p in prompt_lens:
       rows = []
       for batch in batches:
-        rows += cpu_rows(bench_speedup.replay(config, params, run, entries, spec_entries, p,
-                                              batch))
+        rows += cpu_rows(emulate.timed_replay(config, params, run, entries, spec_entries, p,
+                                             batch))
         runs[f"{run} P={p}"] = dict(head, rows=rows, crossovers=crossovers(rows))
         save()
     del params

@@ -6,7 +6,7 @@ roofline.
 
 W is a workdir of the Table 2 chain (read only): its data build (summary.json), the AR GR2 export
 W/ar_rl/export (the verifier) and the Diffusion-GR2 export W/rl/export (the drafter), which must
-come from the same data build (speculative.check_same_build). Sections (--sections):
+come from the same data build (exports.check_same_build). Sections (--sections):
 
   grid      every (K, tau_d) of --ks x --taus decodes the whole --split (test_1615: all 1,615
             users) greedily at the evaluation's batch size (--batch_size) with
@@ -49,9 +49,8 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from experiments import plan, targets
-from experiments.studies import cft_validity, emulate, roofline
-from gr2jax import cli, load
+from experiments import emulate, export_reads, plan, roofline_steps, targets
+from gr2jax import cli, exports, load
 from gr2jax import recipe as recipe_lib
 from gr2jax.data import pipeline, prompts
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -109,10 +108,10 @@ def load_pair():
   for name, path in paths.items():
     if not os.path.isdir(path):
       raise app.UsageError(f"--{name}={path} does not exist (the {name}'s export)")
-  sp.check_same_build(paths["drafter"], paths["verifier"])
+  exports.check_same_build(paths["drafter"], paths["verifier"])
   summary = pipeline.read_summary(w)
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  cft_validity.check_build(paths["drafter"], summary, tok)  # the verifier's is the drafter's
+  export_reads.check_build(paths["drafter"], summary, tok)  # the verifier's is the drafter's
   models = {}
   for name, path in paths.items():
     config, params = load.load_model(path)
@@ -301,19 +300,19 @@ def run_roofline(grid_rows: list[dict]) -> dict:
   target_name = "h100"
   s = plan.PRESETS["qwen3_8b"]
   target = targets.get_target(target_name)
-  steps = {"ar": roofline.compile_step("ar", s, target_name)[1]}
+  steps = {"ar": roofline_steps.compile_step("ar", s, target_name)[1]}
   for k in sorted({r["k"] for r in grid_rows}):
     for kind in ("draft", "verify"):
-      steps[f"{kind}_k{k}"] = roofline.compile_step(kind, s, target_name, k=k)[1]
+      steps[f"{kind}_k{k}"] = roofline_steps.compile_step(kind, s, target_name, k=k)[1]
     print(f"[roofline] K={k}: draft {steps[f'draft_k{k}']['bytes'] / 1e9:.2f} GB, verify "
           f"{steps[f'verify_k{k}']['bytes'] / 1e9:.2f} GB", flush=True)
-  t = {name: roofline.step_seconds(x, target) for name, x in steps.items()}
-  prefill_s = roofline.prefill_seconds(s, target)
+  t = {name: roofline_steps.step_seconds(x, target) for name, x in steps.items()}
+  prefill_s = roofline_steps.prefill_seconds(s, target)
   r = s.response_len
-  _, ar_s = roofline.decode_seconds({"ar": 1.0}, t, 1, prefill_s, r)
+  _, ar_s = roofline_steps.decode_seconds({"ar": 1.0}, t, 1, prefill_s, r)
   rows = []
-  for (k, tau), fpt in roofline.speculative_forwards_per_token(grid_rows).items():
-    per_token, total = roofline.decode_seconds(
+  for (k, tau), fpt in roofline_steps.speculative_forwards_per_token(grid_rows).items():
+    per_token, total = roofline_steps.decode_seconds(
       {f"draft_k{k}": fpt["draft"], f"verify_k{k}": fpt["verify"]}, t, 2, prefill_s, r)
     rows.append(dict(k=k, tau=tau, verify_forwards_per_token=fpt["verify"],
                      draft_forwards_per_token=fpt["draft"], tok_s=r / total,

@@ -28,8 +28,9 @@ so one length L_s (the most common) serves every entry; each row's schedule = pe
 (denoising steps of its draft, drafts accepted) (emulate.schedule_from_output), and the
 representative user is the row of length L_s with the median forwards (draft + verify).
 
-Replay: for each --runs entry (shape/dtype) and prompt length of --prompt_lengths, random
-weights and a random prompt [1, P] are prefilled once; then, timed with the prefill excluded
+Replay (experiments/emulate.py `timed_replay`, which batch_curve.py's cpu section runs too): for
+each --runs entry (shape/dtype) and prompt length of --prompt_lengths, random weights and a random
+prompt [1, P] are prefilled once; then, timed with the prefill excluded
 (the paper's decode tok/s):
   - AR: `generate.decode` writes L tokens (L - 1 one-token forwards after the prefill), once per
     length L of the entries;
@@ -59,16 +60,17 @@ import dataclasses
 import json
 import os
 import tempfile
-import time
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import app, flags, logging
 
-from experiments import bench_decode  # its flags: --new_tokens, --torch_threads, --dtype
-from experiments.studies import cft_validity, emulate
-from gr2jax import cli, load
+from experiments import (
+  bench_decode,  # its flags: --new_tokens, --torch_threads, --dtype
+  emulate,
+  export_reads,
+)
+from gr2jax import cli, exports, load
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import pipeline
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -76,51 +78,27 @@ from gr2jax.decoding import prompt_io
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
-from gr2jax.model import generate as gen
-from gr2jax.model import params as params_lib
-from gr2jax.model import qwen3
-from gr2jax.model.cache import init_cache
-from gr2jax.model.config import ModelConfig
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json",
-                    "Recorded schedules (written with --record_ckpt, read otherwise).")
-flags.DEFINE_string("record_ckpt", None, "A trained diffusion export: record its schedules.")
-flags.DEFINE_string("record_workdir", None, "The data build (workdir) the checkpoint's prompts "
-                    "come from (read only: its summary.json paths).")
-flags.DEFINE_integer("record_users", 256, "test_1615 prompts decoded per (tau, B).",
-                     lower_bound=1)
-cli.define_list("taus", [0.9, 0.6, 0.4], "Commit thresholds recorded / replayed.",
-                cli.number(0, 1, low_open=True))
-cli.define_list("block_sizes", [4, 8, 16, 32], "Block sizes B.", cli.integer(1))
-flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
-                           "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
-                  "SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] replays; SHAPE = a ModelConfig preset "
-                  "or a key of HF_SHAPES; the @ fields narrow --prompt_lengths, --taus and "
-                  "--block_sizes for that run (empty = all).")
-cli.define_list("prompt_lengths", [256, 2200], "Random prompt lengths P of the replay.",
-                cli.integer(1))
-flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
-                     "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).", lower_bound=1)
-flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.",
-                     lower_bound=1)
-flags.DEFINE_string("report_dir", None, "JSON, table and plot (default: a fresh directory).")
-flags.DEFINE_string("record_verifier", None, "An AR export: also record draft-and-verify "
-                    "schedules with it verifying --record_ckpt.")
-cli.define_list("spec_ks", [4, 8, 16, 32], "Draft-and-verify K recorded / replayed.",
-                cli.integer(1))
-cli.define_list("spec_taus", [0.0, 0.6, 0.9], "Draft-and-verify tau_d recorded / replayed (0 = "
-                "one-step drafts).", cli.number(0, 1))
-flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
-flags.DEFINE_list("merge", [], "Replay nothing: merge these report dirs' bench_speedup.json "
-                  "(one schedules file, no configuration twice) into --report_dir's table, "
-                  "best-block lines and plot (each row keeps its source dir).")
 
-HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig preset
-  "qwen3_1_7b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=28,
-                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                     intermediate_size=6144, tie_word_embeddings=True, eos_token_id=151645),
-}
+
+def define_flags() -> None:
+  """The command line's flags: the replay flags (experiments/emulate.py define_replay_flags, shared
+  with batch_curve.py) and the recording's, the report's and the merge's."""
+  emulate.define_replay_flags()
+  flags.adopt_module_key_flags(emulate)
+  flags.DEFINE_string("record_ckpt", None, "A trained diffusion export: record its schedules.")
+  flags.DEFINE_string("record_workdir", None, "The data build (workdir) the checkpoint's prompts "
+                      "come from (read only: its summary.json paths).")
+  flags.DEFINE_integer("record_users", 256, "test_1615 prompts decoded per (tau, B).",
+                       lower_bound=1)
+  flags.DEFINE_string("report_dir", None, "JSON, table and plot (default: a fresh directory).")
+  flags.DEFINE_string("record_verifier", None, "An AR export: also record draft-and-verify "
+                      "schedules with it verifying --record_ckpt.")
+  flags.DEFINE_bool("hf_check", True, "Also time AR vs transformers generate (tiny, batch 1).")
+  flags.DEFINE_list("merge", [], "Replay nothing: merge these report dirs' bench_speedup.json "
+                    "(one schedules file, no configuration twice) into --report_dir's table, "
+                    "best-block lines and plot (each row keeps its source dir).")
 
 
 # ---- record -----------------------------------------------------------------------------------
@@ -134,7 +112,7 @@ def record_schedules() -> dict:
   summary = pipeline.read_summary(FLAGS.record_workdir)
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  cft_validity.check_build(FLAGS.record_ckpt, summary, tok)  # eval.py's check, before loading
+  export_reads.check_build(FLAGS.record_ckpt, summary, tok)  # eval.py's check, before loading
   config, params = load.load_model(FLAGS.record_ckpt)
   if config.mask_token_id is None:
     raise app.UsageError(f"--record_ckpt={FLAGS.record_ckpt} is not a diffusion model")
@@ -183,7 +161,7 @@ def record_schedules() -> dict:
 
 def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, data) -> list:
   """Draft-and-verify schedules of the trained pair at every (K, tau_d) (the module doc)."""
-  sp.check_same_build(FLAGS.record_ckpt, FLAGS.record_verifier)
+  exports.check_same_build(FLAGS.record_ckpt, FLAGS.record_verifier)
   config, params = load.load_model(FLAGS.record_verifier)
   verifier = sp.Model(params, config)
   decodes = []
@@ -215,137 +193,6 @@ def record_spec_schedules(drafter: sp.Model, prompts, lengths, response_len, dat
           f"forwards / token; user {entry['user']}: L={length} in {entry['verify_forwards']} "
           f"verify + {entry['draft_forwards']} draft forwards", flush=True)
   return entries
-
-
-# ---- replay -----------------------------------------------------------------------------------
-
-
-def shape_config(shape: str, dtype: str) -> ModelConfig:
-  """ModelConfig of a preset or an HF_SHAPES entry, with a mask token and no stop token."""
-  if shape in HF_SHAPES:
-    config = ModelConfig.from_hf_dict(HF_SHAPES[shape], param_dtype=dtype, compute_dtype=dtype)
-  elif hasattr(ModelConfig, shape):
-    config = getattr(ModelConfig, shape)(param_dtype=dtype, compute_dtype=dtype)
-  else:
-    raise app.UsageError(f"--runs: unknown shape {shape!r} (a ModelConfig preset or one of "
-                         f"{sorted(HF_SHAPES)})")
-  return dataclasses.replace(config, mask_token_id=config.vocab_size - 1, eos_token_ids=())
-
-
-def _timed(fn) -> tuple[float, object]:
-  start = time.perf_counter()
-  out = jax.block_until_ready(fn())
-  return time.perf_counter() - start, out
-
-
-def random_model(shape: str, dtype: str):
-  """(config, random params) of a shape, in the decoders' layout (params.layer_list: converted
-  once here, not by every timed call; the stored stack is freed, so one copy is resident)."""
-  config = shape_config(shape, dtype)
-  params = jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0))
-  return config, jax.block_until_ready(params_lib.layer_list(params))
-
-
-def replay(config, params, run: str, entries: list[dict], spec_entries: list[dict],
-           prompt_len: int, batch: int = 1) -> list[dict]:
-  """AR at each length, each diffusion entry's and each draft-and-verify entry's schedule
-  replayed on a model's weights (module doc); one row each. At `batch` > 1 every row of the
-  batch replays the same schedule (the rows step together; tokens/s counts every row's)."""
-  shape, dtype = run.split("/")
-  lengths = sorted({e["length"] for e in entries + spec_entries})
-  blocks = {e["block"] for e in entries} or {1}
-  cache_len = prompt_len + max(-(-n // b) * b for b in blocks for n in lengths)
-  prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 1, config.vocab_size - 1)
-  prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
-  t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
-    params, config, prompt, prompt_lengths, init_cache(config, batch, cache_len)))
-  copy = lambda x: jax.block_until_ready(jax.tree.map(jnp.copy, x))
-  print(f"[replay] {shape}/{dtype} P={prompt_len} batch {batch}: prefilled in {t_prefill:.1f} s",
-        flush=True)
-
-  def ar(length):
-    def run():
-      c, lg = copy((cache, logits))
-      out, _ = gen.decode(params, config, c, lg, jax.random.key(0),
-                          gen.ARDecoding(max_new_tokens=length, stop_token_ids=()))
-      return out.tokens, out.nfe
-    return run
-
-  def diffusion(entry):
-    cfg = dataclasses.replace(config, block_size=entry["block"])
-    length = entry["length"]
-    # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
-    steps = entry["schedule"]
-    schedule = jnp.asarray([steps + [1] * (length - len(steps))] * batch, jnp.int32)
-
-    def run():
-      out = emulate.replay(
-        params, cfg, prompt, prompt_lengths, decode.BlockDecoding(
-          threshold=entry["tau"], max_steps_per_block=64, max_new_tokens=length,
-          stop_token_ids=(), head_buckets=FLAGS.head_buckets),
-        schedule, prefilled=(cache, logits))
-      return out.tokens, jnp.max(out.num_forwards) - 1
-    return run
-
-  def draft_verify(entry):
-    drafter = sp.Model(params, dataclasses.replace(config, block_size=entry["block"]))
-    verifier = sp.Model(params, config)
-    # The recording's cap (the drafts' windows are those of the recording); padded to the
-    # cap's steps (one compile per K and tau_d, whatever the schedule).
-    cap, steps = entry["max_new_tokens"], entry["schedule"]
-    spec = sp.DraftDecoding(max_new_tokens=cap, k=entry["k"], draft_tau=entry["tau"],
-                            draft_steps=entry["draft_steps"])
-    schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))] * batch, jnp.int32)
-    prefilled = jax.block_until_ready(emulate.speculative_prefill(
-      drafter, verifier, prompt, prompt_lengths, spec))
-
-    def run():
-      out = emulate.speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
-                                       prefilled=copy(prefilled))
-      return out.tokens, jnp.max(out.verify_forwards + out.draft_forwards)
-    return run
-
-  cases = [(("AR", n), None, ar(n)) for n in lengths]
-  cases += [(("diffusion", (e["tau"], e["block"])), e, diffusion(e)) for e in entries]
-  cases += [(("draft_verify", (e["k"], e["tau"])), e, draft_verify(e)) for e in spec_entries]
-  first, best, forwards = {}, {}, {}
-  for key, _, fn in cases:  # warm-up (compile) calls
-    first[key], (_, nfe) = _timed(fn)
-    forwards[key] = int(nfe)
-    print(f"[replay] warm-up {key}: {first[key]:.1f} s", flush=True)
-  for _ in range(FLAGS.repeats):
-    for key, _, fn in cases:
-      seconds, _ = _timed(fn)
-      best[key] = min(best.get(key, np.inf), seconds)
-  base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
-              prompt_len=prompt_len, batch=batch, prefill_first_call_s=t_prefill,
-              load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
-  rows = []
-  for n in lengths:
-    s, fwd = best[("AR", n)], forwards[("AR", n)]
-    rows.append(dict(base, length=n, method="AR", block=1, tau=None, seconds=s, forwards=fwd,
-                     tokens_per_s=batch * n / s, ms_per_forward=1e3 * s / fwd,
-                     compile_s=max(first[("AR", n)] - s, 0.0)))
-  for key, entry, _ in cases:
-    if entry is None:
-      continue
-    method = key[0]
-    recorded = (entry["forwards"] if method == "diffusion" else
-                entry["verify_forwards"] + entry["draft_forwards"])
-    if forwards[key] != recorded:
-      raise AssertionError(f"replay of {key} ran {forwards[key]} forwards, the recording "
-                           f"{recorded}")
-    n, s = entry["length"], best[key]
-    ar_s, ar_fwd = best[("AR", n)], forwards[("AR", n)]
-    rows.append(dict(base, length=n, method=method, block=entry["block"], tau=entry["tau"],
-                     **({"k": entry["k"]} if method == "draft_verify" else {}), seconds=s,
-                     forwards=forwards[key], tokens_per_s=batch * n / s,
-                     ms_per_forward=1e3 * s / forwards[key],
-                     cost_ratio=(s / forwards[key]) / (ar_s / ar_fwd), speedup=ar_s / s,
-                     compile_s=max(first[key] - s, 0.0)))
-  for r in rows:
-    print(json.dumps(r), flush=True)
-  return rows
 
 
 def hf_check() -> dict:
@@ -487,52 +334,6 @@ def merged_result(report_dirs: list[str]) -> dict:
   return dict(device=device, schedules=schedules, rows=rows)
 
 
-def _numbers(flag: str, values, kind, allowed=None, low=None, high=None) -> list:
-  """The values of a list flag as numbers of `kind`, each allowed (a recorded one) or in
-  [low, high]; else one line naming the flag and what it allows."""
-  try:
-    out = [kind(v) for v in values]
-  except ValueError:
-    out = None
-  if allowed is not None:
-    ok = out is not None and set(out) <= set(allowed)
-    what = (f"no recorded schedule in {FLAGS.schedules} (recorded: "
-            f"{', '.join(map(str, sorted(allowed))) or 'none'})")
-  else:
-    ok = out is not None and all(low <= v <= high for v in out)
-    what = f"each must be a{'n' if kind is int else ''} {kind.__name__} in [{low}, {high}]"
-  if not ok:
-    raise app.UsageError(f"--{flag}={','.join(map(str, values))}: {what}")
-  return out
-
-
-def run_entries(schedules: dict, run: str) -> tuple[str, list[int], list, list]:
-  """One --runs entry: (SHAPE/DTYPE, prompt lengths, its diffusion entries, its draft-and-verify
-  entries), every tau / B / K checked against the recorded schedules."""
-  name, *narrow = run.split("@")
-  lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
-  shape, _, dtype = name.partition("/")
-  if dtype not in ("float32", "bfloat16") or len(narrow) > 3:
-    raise app.UsageError(f"--runs: {run!r} is not SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] with "
-                         "DTYPE float32 or bfloat16")
-  shape_config(shape, dtype)  # a known shape
-  entries, spec_entries = schedules["entries"], schedules.get("spec_entries", [])
-  taus = _numbers("taus", run_taus.split("+") if run_taus else FLAGS.taus, float,
-                  allowed={e["tau"] for e in entries})
-  blocks = _numbers("block_sizes", run_blocks.split("+") if run_blocks else FLAGS.block_sizes,
-                    int, allowed={e["block"] for e in entries})
-  prompt_lens = _numbers("prompt_lengths", lens.split("+") if lens else FLAGS.prompt_lengths,
-                         int, low=1, high=1 << 20)
-  chosen = [e for e in entries if e["tau"] in taus and e["block"] in blocks]
-  spec_chosen = []
-  if spec_entries or FLAGS["spec_ks"].present or FLAGS["spec_taus"].present:
-    ks = _numbers("spec_ks", FLAGS.spec_ks, int, allowed={e["k"] for e in spec_entries})
-    spec_taus = _numbers("spec_taus", FLAGS.spec_taus, float,
-                         allowed={e["tau"] for e in spec_entries})
-    spec_chosen = [e for e in spec_entries if e["k"] in ks and e["tau"] in spec_taus]
-  return name, prompt_lens, chosen, spec_chosen
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
@@ -557,19 +358,20 @@ def main(argv):
     raise app.UsageError(f"--schedules={FLAGS.schedules} does not exist (record it with "
                          "--record_ckpt)")
   schedules = json.load(open(FLAGS.schedules))
-  runs = [run_entries(schedules, run) for run in FLAGS.runs]  # every run checked first
+  runs = [emulate.run_entries(schedules, run) for run in FLAGS.runs]  # every run checked first
   fresh_report_dir()
   result = dict(device=str(jax.devices()[0].device_kind), schedules=FLAGS.schedules, rows=[])
   if FLAGS.hf_check:
     result["hf_check"] = hf_check()
   for run, prompt_lens, chosen, spec_chosen in runs:
-    config, params = random_model(*run.split("/"))
+    config, params = emulate.random_model(*run.split("/"))
     for p in prompt_lens:
-      result["rows"] += replay(config, params, run, chosen, spec_chosen, p)
+      result["rows"] += emulate.timed_replay(config, params, run, chosen, spec_chosen, p)
       write_report(result)  # after every run: a partial report survives an interruption
     del params  # else the next run's random weights are made beside these (1.7B fp32: 6.9 GB
     #             each: two of them and the replay's buffers were OOM-killed on 24 GB)
 
 
 if __name__ == "__main__":
+  define_flags()
   cli.run(main)

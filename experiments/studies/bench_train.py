@@ -14,7 +14,7 @@ GPU (random bf16 weights at qwen3_8b shapes, MFU against the chip's peak):
 
 Train steps (one row per preset x stage x micro-batch count): a fresh TrainState (random params,
 the stage config's optimiser), the stage's REAL loss (`stages.TRAINERS[name].make_loss` on the
-stage's experiments/configs/<name>.py) in the one step factory (gr2jax/train/step.py), on
+stage's view of the tiny recipe) in the one step factory (gr2jax/train/step.py), on
 synthetic rows with the shapes the stage's own batch has (`synthetic_batch`, a training Batch
 with every field; the step gets the fields its loss reads, `Loss.fields`, as the loop places
 them): the prompt / response arrays (SFT and CFT), OPD's and RL's decoded trajectories (a step
@@ -57,9 +57,7 @@ Replay attention, before / after (docs/results/benchmarks/replay_attention.md):
 
 import dataclasses
 import functools
-import importlib.util
 import json
-import os
 import sys
 import time
 
@@ -67,7 +65,7 @@ import jax
 import numpy as np
 from absl import flags
 
-from gr2jax import cli, recipe
+from gr2jax import cli, recipe, recipes
 from gr2jax.data.batches import Batch
 from gr2jax.diffusion import decode, layout, replay
 from gr2jax.model import attention
@@ -80,8 +78,6 @@ from gr2jax.train import step as step_lib
 from gr2jax.train.loop import Context
 from gr2jax.train.stages import TRAINERS
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                          "configs")
 FLAGS = flags.FLAGS
 
 # The stages this benchmark times (AR RL's step is RL's with an AR policy).
@@ -153,11 +149,7 @@ class Rows:
 
 def stage_config(name: str) -> recipe.StageView:
   """The tiny recipe's view of stage `name` (gr2jax/recipe.stage_config: its real settings)."""
-  spec = importlib.util.spec_from_file_location(f"_bench_config_{name}",
-                                                os.path.join(CONFIG_DIR, f"{name}.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return recipe.stage_config(recipe.from_config(module.get_config()), name, "")
+  return recipe.stage_config(recipes.get("tiny"), name, "")
 
 
 def diffusion_model(base: ModelConfig, block_size: int) -> ModelConfig:

@@ -16,7 +16,7 @@ from the decoded responses. W is read only (its summary.json paths). Every --spe
 checked before anything is loaded (TAU in (0, 1], ORDER one of commit.ORDERS, B an integer >= 1),
 --limit when absl parses it (>= 0, 0 = all). An export trained on another data build than W's
 (another tokenizer or other semantic IDs) is refused by name before its weights load, by the
-check eval.py makes (exports.check_data_build; `check_build`).
+check eval.py makes (exports.check_data_build; experiments/export_reads.py `check_build`).
 Prints a markdown table and writes every row to --out (JSON).
 """
 
@@ -30,23 +30,19 @@ from typing import NamedTuple
 import numpy as np
 from absl import app, flags, logging
 
-from gr2jax import cli, exports, load
-from gr2jax.data import lengths as lengths_lib
-from gr2jax.data import pipeline, prompts, rqvae
-from gr2jax.data import tokenizer as tokenizer_lib
-from gr2jax.decoding import evaluation, prompt_io
+from experiments import export_reads
+from gr2jax import cli
+from gr2jax.decoding import evaluation
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.diffusion import commit
-from gr2jax.model.config import ModelConfig
 
 FLAGS = flags.FLAGS
 
 
 def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
-  """The command line's flags (defined only when run as a script: experiments/
-  duplicate_commits.py imports this module's readers)."""
+  """The command line's flags (defined only when run as a script: tests import this module)."""
   f = {"flag_values": flag_values}
   flags.DEFINE_string("workdir", None, "A Table 2 workdir (its data build; read only).", **f)
   flags.DEFINE_string("ckpt", None, "A diffusion export (e.g. W/cft/export).", **f)
@@ -58,7 +54,6 @@ def define_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
   flags.mark_flags_as_required(["workdir", "ckpt", "out"], flag_values=flag_values)
 
 
-ANSWER_START = '{"ranking"'
 SPEC_FORM = "TAU:ORDER:B or TAU:ORDER:B:given, e.g. 0.9:confidence:32"
 
 
@@ -109,7 +104,7 @@ def answer_offsets(tok, rows: list[dict]) -> tuple[np.ndarray, np.ndarray]:
   before, valid = [], []
   for row in rows:
     text = row["response"]
-    cut = text.find(ANSWER_START)
+    cut = text.find(export_reads.ANSWER_START)
     before.append(-1 if cut < 0 else len(tok.encode(text[:cut], add_special_tokens=False)))
     valid.append(row["kind"] == "valid")
   return np.asarray(before), np.asarray(valid)
@@ -124,63 +119,11 @@ def by_group(keys: np.ndarray, valid: np.ndarray) -> dict:
   return out
 
 
-class DiffusionRead(NamedTuple):
-  """A block-diffusion export and a split of its data build, as the diagnostics read them."""
-  config: ModelConfig
-  params: dict
-  tokenizer: object
-  data: prompt_io.SplitData
-  prompt_len: int
-  response_len: int
-
-
-def check_build(ckpt: str, summary: dict, tokenizer) -> None:
-  """Refuses an export trained on another data build than the workdir's, by eval.py's check
-  (exports.check_data_build): the data build record of W's build (its tokenizer and semantic
-  IDs) against the one the export records. W's summary.json records no prompt format, so the
-  prompt compared is the export's own: a build differing in its prompt alone is not seen here.
-  An export that records no data build (a converted or HF checkpoint) is not checked.
-
-  Raises:
-    ValueError: naming the export and each field that differs (checkpoint vs W).
-  """
-  recorded = exports.load_metadata(ckpt).get("data_build") if os.path.isdir(ckpt) else None
-  if not recorded:
-    return
-  known = {field.name for field in dataclasses.fields(prompts.PromptConfig)}
-  prompt = prompts.PromptConfig(**{name: tuple(value) if isinstance(value, list) else value
-                                   for name, value in recorded["prompt"].items()
-                                   if name in known})
-  sids_file = summary["paths"].get("sids")  # a build summarised before the field: not compared
-  sids = rqvae.load_sids(sids_file) if sids_file else None
-  exports.check_data_build(ckpt, exports.data_build_record(tokenizer, prompt, sids))
-
-
-def read_diffusion(ckpt: str, workdir: str, split: str, limit: int) -> DiffusionRead:
-  """--ckpt's model and --split of W's data build (read only: its summary.json paths); the
-  export's data build is checked against W's before its weights load (check_build).
-
-  Raises:
-    app.UsageError: --workdir holds no data build, or --ckpt is not a block-diffusion model.
-    ValueError: --ckpt was trained on another data build (check_build).
-  """
-  if not os.path.isfile(os.path.join(workdir, "summary.json")):
-    raise app.UsageError(f"--workdir={workdir}: no summary.json (not a data build)")
-  summary = pipeline.read_summary(workdir)
-  tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
-  check_build(ckpt, summary, tok)
-  config, params = load.load_model(ckpt)
-  if config.mask_token_id is None:
-    raise app.UsageError(f"--ckpt={ckpt} is not a diffusion model")
-  data = prompt_io.load_split(summary["paths"]["tfds"], split, tok, limit=limit)
-  return DiffusionRead(config, params, tok, data, *lengths_lib.static_lengths(summary))
-
-
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
   specs = [parse_spec(text) for text in FLAGS.specs]
-  config, params, tok, data, prompt_len, response_len = read_diffusion(
+  config, params, tok, data, prompt_len, response_len = export_reads.read_diffusion(
     FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   out_dir = os.path.dirname(os.path.abspath(FLAGS.out))
   rows = []

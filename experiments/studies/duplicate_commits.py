@@ -7,13 +7,13 @@ r"""Where a diffusion model's duplicate answers come from: one denoising step, o
 Decodes --split with the checkpoint's own decoder (greedy, commit threshold --tau, commit order
 --order, no constraint) and, for every answer that names a candidate twice (answer.parse_answer's
 'duplicate'), reads the decoder's trace: the denoising step and block in which each answer-span
-occurrence of the repeated label was committed. `same_step`: two occurrences were committed by
-one forward (the parallel commit of places that cannot see each other); `other_steps`: each was
-committed by another step, so the later one was written with the earlier one in view. W is read
-only (its summary.json paths); an export trained on another data build than W's is refused by
-name before its weights load (cft_validity.check_build, eval.py's check). Every flag is checked
-when absl parses it (--limit >= 0, --batch_size >= 1, --tau in (0, 1]). Prints the counts as
-JSON and a markdown table, writes them to --out.
+occurrence of the repeated label was committed. `same_step`: two occurrences were committed by one
+forward (the parallel commit of places that cannot see each other); `other_steps`: each was
+committed by another step, so the later one was written with the earlier one in view. W is read only
+(its summary.json paths); an export trained on another data build than W's is refused by name before
+its weights load (experiments/export_reads.py check_build, eval.py's check). Every flag is checked
+when absl parses it (--limit >= 0, --batch_size >= 1, --tau in (0, 1]). Prints the counts as JSON
+and a markdown table, writes them to --out.
 """
 
 import collections
@@ -22,7 +22,7 @@ import json
 import numpy as np
 from absl import flags, logging
 
-from experiments.studies import cft_validity
+from experiments import export_reads
 from gr2jax import cli
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import prompt_io
@@ -85,7 +85,7 @@ def answer_start(tok, tokens: np.ndarray) -> int:
   """The response index of the token that completes the answer JSON's opening (len(tokens) when
   there is none): read off the decoded prefixes, so token merges cannot shift it."""
   for p in range(len(tokens)):
-    if cft_validity.ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
+    if export_reads.ANSWER_START in tok.decode(tokens[:p + 1].tolist(), skip_special_tokens=False):
       return p
   return len(tokens)
 
@@ -93,7 +93,7 @@ def answer_start(tok, tokens: np.ndarray) -> int:
 def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)
-  config, params, tok, data, prompt_len, response_len = cft_validity.read_diffusion(
+  config, params, tok, data, prompt_len, response_len = export_reads.read_diffusion(
     FLAGS.ckpt, FLAGS.workdir, FLAGS.split, FLAGS.limit)
   policy = policy_lib.make_policy(config, DecodeSpec(block_size=config.block_size,
                                                      eval_tau=FLAGS.tau,

@@ -5,10 +5,11 @@ r"""What a compiled decode step moves beyond its weights and KV cache, on the re
   python experiments/studies/step_traffic.py --preset=tiny --targets=cpu      (seconds)
 
 The AR step (one token after the cache) and the block-diffusion step (one block of B tokens) of
-Qwen3-8B (bf16, batch 1, the cache of the paper's 2,200-token prompt + 256 new tokens), compiled
-for one device of each target without hardware (experiments/targets.py; the same compile as
-roofline.py). A step at the memory limit reads its arguments (weights + the whole cache buffer)
-once and writes its outputs (logits; the donated cache in place), and nothing else. Per step:
+Qwen3-8B (bf16, batch 1, the cache of the paper's 2,200-token prompt + 256 new tokens), compiled for
+one device of each target without hardware (experiments/targets.py; roofline.py's compile:
+experiments/roofline_steps.py compile_step). A step at the memory limit reads its arguments (weights
++ the whole cache buffer) once and writes its outputs (logits; the donated cache in place), and
+nothing else. Per step:
 
   minimum     arguments + outputs not aliased (memory_analysis): the least traffic possible.
   temp        the compiler's scratch buffers (memory_analysis).
@@ -32,8 +33,7 @@ import re
 
 from absl import flags
 
-from experiments import plan, targets
-from experiments.studies import roofline
+from experiments import plan, roofline_steps, targets
 from gr2jax import cli
 from gr2jax.model.cache import init_cache
 
@@ -180,7 +180,7 @@ def extra_bytes(ops: dict) -> int:
 
 def measure(kind: str, s: plan.Shapes, target_name: str, min_bytes: int | None) -> dict:
   """One step compiled for one device of the target: its traffic (module docstring)."""
-  compiled, info = roofline.compile_step(kind, s, target_name)
+  compiled, info = roofline_steps.compile_step(kind, s, target_name)
   config = s.model if kind == "ar" else s.diffusion()
   if min_bytes is None:  # one layer's K buffer of this cache
     min_bytes = init_cache(config, 1, 1).k[0].dtype.itemsize * math.prod(

@@ -67,7 +67,6 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from gr2jax import exports
 from gr2jax.diffusion import commit, decode
 from gr2jax.model import decode_core, generate, qwen3, validate
 from gr2jax.model.cache import KVCache
@@ -289,7 +288,7 @@ def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array
 class Rules:
   """How a verify step drafts and accepts: the decoder's own rules (module docstring).
 
-  `decode_loop` calls these inside its while loop (traced); experiments/studies/emulate.py replays
+  `decode_loop` calls these inside its while loop (traced); experiments/emulate.py replays
   a recorded run with a subclass.
   """
 
@@ -632,20 +631,3 @@ def speculative_generate(drafter: Model, verifier: Model, prompt_tokens: jax.Arr
   """
   return _generate("speculative_generate", drafter, verifier, prompt_tokens, prompt_lengths,
                    decoding, key)[0]
-
-
-def check_same_build(drafter_path: str, verifier_path: str) -> None:
-  """Refuses a drafter and a verifier export trained on different data builds.
-
-  Both exports' gr2jax_metadata.json "data_build" records (exports.data_build_record: the
-  tokenizer digest and the prompt format) must be equal; an export without a record (older, or
-  converted) is not checked, as exports.check_data_build.
-
-  Raises:
-    ValueError: the tokenizers or prompt formats differ; names both exports and each difference.
-  """
-  records = [exports.load_metadata(p).get("data_build") for p in (drafter_path, verifier_path)]
-  problems = exports.data_build_differences(*records) if all(records) else []
-  if problems:
-    raise ValueError(f"drafter {drafter_path} and verifier {verifier_path} come from different "
-                     f"data builds (drafter vs verifier): {'; '.join(problems)}")

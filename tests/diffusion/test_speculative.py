@@ -10,8 +10,6 @@ batch 1, shape B, sampling end to end, the self-speculative mode and the replay 
 """
 
 import dataclasses
-import json
-import os
 
 import jax
 import jax.numpy as jnp
@@ -19,9 +17,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from experiments.studies import emulate
-from gr2jax import exports
-from gr2jax.data import tokenizer as tokenizer_lib
+from experiments import emulate
 from gr2jax.diffusion import decode
 from gr2jax.diffusion import speculative as sp
 from gr2jax.model import generate, masks, qwen3
@@ -29,7 +25,6 @@ from gr2jax.model.cache import init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.params import init_params
 from tests.diffusion import helpers
-from tests.train.toy import PROMPT, toy_tokenizer
 
 V = 256
 MASK = V - 1
@@ -313,40 +308,3 @@ def test_bad_arguments_are_named_before_tracing(pair_a, change, error, match):
 def test_bad_draft_decoding(fields, error, match):
   with pytest.raises(error, match=match):
     sp.DraftDecoding(**{"max_new_tokens": MAX_NEW, **fields})
-
-
-def _export(tmp_path, name, record):
-  path = tmp_path / name
-  path.mkdir()
-  if record is not None:
-    (path / exports.METADATA_FILE).write_text(json.dumps({"data_build": record}))
-  return str(path)
-
-
-@pytest.fixture(scope="module")
-def builds(tmp_path_factory):
-  """Two data build records as the exports' writer makes them (exports.data_build_record): the
-  toy build, and one with a token more and SID answers."""
-  out = str(tmp_path_factory.mktemp("tok"))
-  toy_tokenizer(out)
-  tok = tokenizer_lib.load_tokenizer(out)
-  build = exports.data_build_record(tok, PROMPT)
-  tok.add_tokens(["<another_token>"])
-  return build, exports.data_build_record(tok, dataclasses.replace(PROMPT, answer_format="sid"))
-
-
-def test_exports_of_different_data_builds_are_refused_by_name(tmp_path, builds):
-  build, other_build = builds
-  drafter = _export(tmp_path, "rl", build)
-  sp.check_same_build(drafter, _export(tmp_path, "same", build))
-  sp.check_same_build(drafter, _export(tmp_path, "older", None))  # no record: not checked
-  older_name = {("tokenizer_sha256" if k == "vocab_sha256" else k): v for k, v in build.items()}
-  sp.check_same_build(drafter, _export(tmp_path, "older_name", older_name))  # the field's old name
-  other = _export(tmp_path, "ar_rl", other_build)
-  digest, vocab = build["vocab_sha256"][:16], build["vocab"]
-  with pytest.raises(ValueError, match=(
-      rf"drafter {os.path.join(tmp_path, 'rl')} and verifier {os.path.join(tmp_path, 'ar_rl')} "
-      rf"come from different data builds .*tokenizer vocab_sha256 {digest} \(vocab {vocab}\) vs "
-      rf"{other_build['vocab_sha256'][:16]} \(vocab {vocab + 1}\); "
-      r"prompt.answer_format 'slot' vs 'sid'")):
-    sp.check_same_build(drafter, other)

@@ -47,9 +47,8 @@ def _refusal(define, *args: str) -> str:
   (plan.define_flags, ["--mfu=-1"], "--mfu=-1: '-1' is not a number in (0, 1]"),
   (plan.define_flags, ["--reserve=1"], "--reserve=1: '1' is not a number in [0, 1)"),
   (plan.define_flags, ["--points=0"], "--points=0: 0 is not a positive integer"),
-  (plan.define_flags, ["--stages=sft,cfft"],
-   "--stages=sft,cfft: 'cfft' is not one of sft, ar_rl, cft, opd, rl, ar_decode, "
-   "diffusion_decode, speculative_decode"),
+  (plan.define_flags, ["--stages=sft,cfft"],  # the registry's stages, then the decoders
+   f"--stages=sft,cfft: 'cfft' is not one of {', '.join(plan.PROGRAMS)}"),
   (plan.define_flags, ["--xla_options=xla_cpu_enable_fast_math=yes"],
    "--xla_options=xla_cpu_enable_fast_math=yes: 'xla_cpu_enable_fast_math=yes' is not "
    "name=true|false"),

@@ -28,6 +28,27 @@ def test_bare_config_name_resolves_to_configs_dir(run_module):
   assert argv[2] == "--workdir=w"
 
 
+def test_a_training_stage_resolves_to_stage_py_with_its_name(run_module):
+  """`<stage>.py` of any registered stage, bare or under a directory (an upstream command built
+  from `--config=experiments/configs/rl.py`), is stage.py with the stage in its config string."""
+  stage_py = os.path.join(REPO, "experiments", "configs", "stage.py")
+  assert run_module.resolve_config("cft.py") == f"{stage_py}:cft"
+  assert run_module.resolve_config("cft.py:qwen3_8b,smoke") == f"{stage_py}:cft:qwen3_8b,smoke"
+  assert run_module.resolve_config("experiments/configs/rl.py:smoke") == f"{stage_py}:rl:smoke"
+  assert run_module.resolve_config("stage.py:opd") == f"{stage_py}:opd"
+  assert run_module.resolve_config("nope.py:smoke") == "nope.py:smoke"  # refused by parse_flags
+  assert not os.path.exists(os.path.join(REPO, "experiments", "configs", "cft.py"))
+
+
+def test_upstream_commands_name_each_steps_file_as_the_user_would(run_module):
+  for typed, want in (("--config=rl.py:smoke", "--config=opd.py:smoke"),
+                      ("--config=stage.py:rl:smoke", "--config=opd.py:smoke"),
+                      ("--config=configs/rl.py", "--config=configs/opd.py")):
+    argv = ["experiments/run.py", typed, "--workdir=W", "--config.eval.limit=4"]
+    assert run_module.upstream_commands(argv, ["opd"]) == (
+      f"python experiments/run.py {want} --workdir=W --config.eval.limit=4")
+
+
 def test_existing_path_and_other_args_unchanged(run_module, tmp_path):
   path = tmp_path / "mine.py"
   path.write_text("")
@@ -51,12 +72,29 @@ def test_a_misspelt_config_variant_is_one_line_naming_the_known_ones(tmp_path):
   """The recipe's refusal (recipes.parse_variant), not ml_collections' quoted traceback under
   absl's 'FATAL Flags parsing error' (cli.parse_flags); nothing is made in the workdir."""
   result = _run("--config=cft.py:tinyy", f"--workdir={tmp_path / 'W'}")
-  config = os.path.join(REPO, "experiments", "configs", "cft.py")
   assert result.returncode == 1 and result.stdout == ""
-  assert result.stderr == (
-    f"--config={config}:tinyy: unknown variant 'tinyy'; expected RECIPE[,smoke] with RECIPE in "
+  assert result.stderr == (  # the flag as typed, not the file it resolved to
+    "--config=cft.py:tinyy: unknown variant 'tinyy'; expected RECIPE[,smoke] with RECIPE in "
     "['tiny', 'qwen3_0_6b', 'qwen3_1_7b', 'qwen3_4b', 'qwen3_8b'], or 'smoke'\n")
   assert not (tmp_path / "W").exists()
+
+
+def test_a_config_that_is_no_file_and_no_stage_is_one_line_naming_both(tmp_path):
+  result = _run("--config=cfft.py", f"--workdir={tmp_path / 'W'}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert result.stderr.startswith("--config=cfft.py: no such config file (a path, one of "
+                                  "experiments/configs/ convert.py, data.py,")
+  assert result.stderr.rstrip().endswith("or <stage>.py of a training stage: sft, ar_rl, cft, "
+                                         "opd, rl)")
+  assert not (tmp_path / "W").exists()
+
+
+def test_help_names_every_training_stage():
+  result = _run("--help")  # absl prints the help and exits (status 1)
+  assert "Traceback" not in result.stderr, result.stderr[-2000:]
+  text = " ".join(result.stdout.split())
+  assert "--config: Stage config PATH[:VARIANT]" in text
+  assert "(sft.py, ar_rl.py, cft.py, opd.py, rl.py: experiments/configs/stage.py:<stage>)" in text
 
 
 def test_unknown_stage_is_an_error(tmp_path):

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from experiments import plan, targets
-from experiments.studies import batch_curve, roofline
+from experiments import plan, roofline_steps, targets
+from experiments.studies import batch_curve
 from gr2jax.apps import tables
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -38,7 +38,7 @@ def test_curve_times_each_mode_at_the_roofline_of_its_forwards():
   rows = {(r["mode"], r["batch"]): r for r in batch_curve.curve(steps, modes, s, H100)}
   r = s.response_len
   for batch, ar_t, block_t in ((1, 0.01, 0.01), (64, 0.02, 0.1)):
-    prefill = roofline.prefill_seconds(s, H100, batch)
+    prefill = roofline_steps.prefill_seconds(s, H100, batch)
     ar = rows[("AR", batch)]
     assert ar["request_s"] == pytest.approx(prefill + r * ar_t)
     assert ar["tok_s"] == pytest.approx(batch * r / ar["request_s"]) and ar["speedup"] == 1.0
@@ -119,7 +119,7 @@ def test_table3_speedups_price_each_row_with_its_own_forwards(tmp_path):
   rows = _table3(tmp_path)["rows"]
   spec = {(8, 0.0): {"draft": 0.25, "verify": 0.2}}
   at = batch_curve.table3_speedups(rows, steps[1], spec, s, H100, 0.7)
-  t, prefill = 0.01, roofline.prefill_seconds(s, H100, 1, 0.7)  # every step 10 ms
+  t, prefill = 0.01, roofline_steps.prefill_seconds(s, H100, 1, 0.7)  # every step 10 ms
   ar = prefill + s.response_len * (34 / 34) * t
   assert at[0] == 1.0
   assert at[1] == pytest.approx(ar / (prefill + s.response_len * (13.6 / 34) * t))

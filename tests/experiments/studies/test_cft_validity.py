@@ -1,6 +1,6 @@
 """experiments/studies/cft_validity.py: its --specs entries, parsed and checked before anything
-loads; an export of another data build than the workdir's refused by eval.py's check before its
-weights load (the decodes themselves are a run, not a test)."""
+loads; an export of another data build than the workdir's refused in one line before its weights
+load (experiments/export_reads.py; the decodes themselves are a run, not a test)."""
 
 import os
 import subprocess
@@ -56,24 +56,6 @@ def test_a_bad_spec_is_refused_before_the_model_and_split_load(tmp_path):
 
 def _no_load(path, *args, **kwargs):
   raise AssertionError(f"{path} was loaded")
-
-
-def test_an_export_of_another_data_build_is_refused_by_name_before_it_loads(two_builds,
-                                                                           monkeypatch):
-  """W's build has another tokenizer than the export's: the line eval.py gives for the pair
-  (exports.check_data_build), naming the export and both tokenizers; no weights load."""
-  monkeypatch.setattr(load, "load_model", _no_load)
-  with pytest.raises(ValueError) as e:
-    cft_validity.read_diffusion(two_builds.export, two_builds.other, "test_1615", 2)
-  assert str(e.value).startswith(
-    f"{two_builds.export} was trained on another data build than this one (checkpoint vs this "
-    "run): tokenizer vocab_sha256 ")
-  assert "(vocab 749) vs " in str(e.value) and "(vocab 600)" in str(e.value)
-
-
-def test_the_exports_own_build_passes_the_check_and_loads(two_builds):
-  read = cft_validity.read_diffusion(two_builds.export, two_builds.workdir, "test_1615", 2)
-  assert read.config.mask_token_id is not None and len(read.data) == 2
 
 
 def test_the_study_refuses_the_pair_in_one_line_and_writes_nothing(two_builds, tmp_path,

@@ -2,26 +2,38 @@
 
 A benchmark times a bigger model than the one trained by running the trained model's recorded
 commit schedule on the bigger model's (random) weights, from a prefill done beforehand so that a
-timing covers the decode alone (experiments/studies/bench_speedup.py). These emulations run the
-decoders' own steps (decode.loop_step with a recorded commit count, in a loop of their own;
-speculative.decode_loop with replaying Rules), so they cost what a decode costs, but their tokens
-are not a model's output. The production decoders' jitted loops carry none of it.
-`first_divergence` is the benchmarks' (and tests') check of where two decodes that should agree
-part.
+timing covers the decode alone. These emulations run the decoders' own steps (decode.loop_step
+with a recorded commit count, in a loop of their own; speculative.decode_loop with replaying
+Rules), so they cost what a decode costs, but their tokens are not a model's output. The
+production decoders' jitted loops carry none of it. `first_divergence` is the benchmarks' (and
+tests') check of where two decodes that should agree part.
+
+The timed replays on random weights (`random_model`, `run_entries`, `timed_replay`; the flags
+of `define_replay_flags`) serve both studies that time them: experiments/studies/bench_speedup.py
+(batch 1, over model sizes) and experiments/studies/batch_curve.py (its cpu section, over batch
+sizes). bench_speculative.py replays draft-and-verify schedules with `speculative_replay`.
 """
 
 import dataclasses
 import functools
+import json
+import os
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from absl import app, flags
 
+from gr2jax import cli
 from gr2jax.diffusion import commit, decode, speculative
+from gr2jax.model import generate as gen
 from gr2jax.model import params as params_lib
 from gr2jax.model import qwen3, validate
-from gr2jax.model.cache import KVCache
+from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
+
+FLAGS = flags.FLAGS
 
 # ---- block diffusion -----------------------------------------------------------------------
 
@@ -294,3 +306,214 @@ def first_divergence(verifier: speculative.Model, prompt_tokens, prompt_lengths,
     found.append({"row": int(row), "index": j, "reference": a, "token": b,
                   "margin": float(abs(last[a] - last[b]))})
   return found
+
+
+# ---- timed replays on random weights (bench_speedup.py, batch_curve.py) ---------------------
+
+
+def define_replay_flags(flag_values: flags.FlagValues = flags.FLAGS) -> None:
+  """The flags the replays read (run_entries, timed_replay) and a recording writes (bench_speedup.py
+  --record_ckpt), defined by each study that replays (under its name: adopt_module_key_flags)."""
+  f = {"flag_values": flag_values}
+  flags.DEFINE_string("schedules", "docs/results/benchmarks/speedup/schedules.json",
+                      "Recorded schedules (written with --record_ckpt, read otherwise).", **f)
+  cli.define_list("taus", [0.9, 0.6, 0.4], "Commit thresholds recorded / replayed.",
+                  cli.number(0, 1, low_open=True), **f)
+  cli.define_list("block_sizes", [4, 8, 16, 32], "Block sizes B.", cli.integer(1), **f)
+  flags.DEFINE_list("runs", ["tiny/float32", "small/float32", "qwen3_0_6b/float32",
+                             "qwen3_0_6b/bfloat16", "qwen3_1_7b/bfloat16"],
+                    "SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] replays; SHAPE = a ModelConfig preset "
+                    "or a key of HF_SHAPES; the @ fields narrow --prompt_lengths, --taus and "
+                    "--block_sizes for that run (empty = all).", **f)
+  cli.define_list("prompt_lengths", [256, 2200], "Random prompt lengths P of the replay.",
+                  cli.integer(1), **f)
+  flags.DEFINE_integer("head_buckets", 1, "LM-head widths of the diffusion decode (1 = all B "
+                       "queries, the decoder's default; k adds B/2, ... B/2^(k-1)).",
+                       lower_bound=1, **f)
+  flags.DEFINE_integer("repeats", 2, "Timed rounds (fastest kept) after the warm-up call.",
+                       lower_bound=1, **f)
+  cli.define_list("spec_ks", [4, 8, 16, 32], "Draft-and-verify K recorded / replayed.",
+                  cli.integer(1), **f)
+  cli.define_list("spec_taus", [0.0, 0.6, 0.9], "Draft-and-verify tau_d recorded / replayed (0 = "
+                  "one-step drafts).", cli.number(0, 1), **f)
+
+
+HF_SHAPES = {  # HF config.json shapes of Qwen3 sizes without a ModelConfig preset
+  "qwen3_1_7b": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=28,
+                     num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+                     intermediate_size=6144, tie_word_embeddings=True, eos_token_id=151645),
+}
+
+
+def shape_config(shape: str, dtype: str) -> ModelConfig:
+  """ModelConfig of a preset or an HF_SHAPES entry, with a mask token and no stop token."""
+  if shape in HF_SHAPES:
+    config = ModelConfig.from_hf_dict(HF_SHAPES[shape], param_dtype=dtype, compute_dtype=dtype)
+  elif hasattr(ModelConfig, shape):
+    config = getattr(ModelConfig, shape)(param_dtype=dtype, compute_dtype=dtype)
+  else:
+    raise app.UsageError(f"--runs: unknown shape {shape!r} (a ModelConfig preset or one of "
+                         f"{sorted(HF_SHAPES)})")
+  return dataclasses.replace(config, mask_token_id=config.vocab_size - 1, eos_token_ids=())
+
+
+def _timed(fn) -> tuple[float, object]:
+  start = time.perf_counter()
+  out = jax.block_until_ready(fn())
+  return time.perf_counter() - start, out
+
+
+def random_model(shape: str, dtype: str):
+  """(config, random params) of a shape, in the decoders' layout (params.layer_list: converted
+  once here, not by every timed call; the stored stack is freed, so one copy is resident)."""
+  config = shape_config(shape, dtype)
+  params = jax.jit(params_lib.init_params, static_argnums=0)(config, jax.random.key(0))
+  return config, jax.block_until_ready(params_lib.layer_list(params))
+
+
+def timed_replay(config, params, run: str, entries: list[dict], spec_entries: list[dict],
+                 prompt_len: int, batch: int = 1) -> list[dict]:
+  """AR at each length, each diffusion entry's and each draft-and-verify entry's schedule
+  replayed on a model's weights (module doc); one row each. At `batch` > 1 every row of the
+  batch replays the same schedule (the rows step together; tokens/s counts every row's)."""
+  shape, dtype = run.split("/")
+  lengths = sorted({e["length"] for e in entries + spec_entries})
+  blocks = {e["block"] for e in entries} or {1}
+  cache_len = prompt_len + max(-(-n // b) * b for b in blocks for n in lengths)
+  prompt = jax.random.randint(jax.random.key(1), (batch, prompt_len), 1, config.vocab_size - 1)
+  prompt_lengths = jnp.full((batch,), prompt_len, jnp.int32)
+  t_prefill, (logits, cache) = _timed(lambda: jax.jit(qwen3.ragged_prefill, static_argnums=1)(
+    params, config, prompt, prompt_lengths, init_cache(config, batch, cache_len)))
+  copy = lambda x: jax.block_until_ready(jax.tree.map(jnp.copy, x))
+  print(f"[replay] {shape}/{dtype} P={prompt_len} batch {batch}: prefilled in {t_prefill:.1f} s",
+        flush=True)
+
+  def ar(length):
+    def run():
+      c, lg = copy((cache, logits))
+      out, _ = gen.decode(params, config, c, lg, jax.random.key(0),
+                          gen.ARDecoding(max_new_tokens=length, stop_token_ids=()))
+      return out.tokens, out.nfe
+    return run
+
+  def diffusion(entry):
+    cfg = dataclasses.replace(config, block_size=entry["block"])
+    length = entry["length"]
+    # Padded to L steps (a row never takes more): one compile per B, whatever the schedule.
+    steps = entry["schedule"]
+    schedule = jnp.asarray([steps + [1] * (length - len(steps))] * batch, jnp.int32)
+
+    def run():
+      out = replay(
+        params, cfg, prompt, prompt_lengths, decode.BlockDecoding(
+          threshold=entry["tau"], max_steps_per_block=64, max_new_tokens=length,
+          stop_token_ids=(), head_buckets=FLAGS.head_buckets),
+        schedule, prefilled=(cache, logits))
+      return out.tokens, jnp.max(out.num_forwards) - 1
+    return run
+
+  def draft_verify(entry):
+    drafter = speculative.Model(params, dataclasses.replace(config, block_size=entry["block"]))
+    verifier = speculative.Model(params, config)
+    # The recording's cap (the drafts' windows are those of the recording); padded to the
+    # cap's steps (one compile per K and tau_d, whatever the schedule).
+    cap, steps = entry["max_new_tokens"], entry["schedule"]
+    spec = speculative.DraftDecoding(max_new_tokens=cap, k=entry["k"], draft_tau=entry["tau"],
+                            draft_steps=entry["draft_steps"])
+    schedule = jnp.asarray([steps + [[-1, -1]] * (cap - len(steps))] * batch, jnp.int32)
+    prefilled = jax.block_until_ready(speculative_prefill(
+      drafter, verifier, prompt, prompt_lengths, spec))
+
+    def run():
+      out = speculative_replay(drafter, verifier, prompt, prompt_lengths, spec, schedule,
+                                       prefilled=copy(prefilled))
+      return out.tokens, jnp.max(out.verify_forwards + out.draft_forwards)
+    return run
+
+  cases = [(("AR", n), None, ar(n)) for n in lengths]
+  cases += [(("diffusion", (e["tau"], e["block"])), e, diffusion(e)) for e in entries]
+  cases += [(("draft_verify", (e["k"], e["tau"])), e, draft_verify(e)) for e in spec_entries]
+  first, best, forwards = {}, {}, {}
+  for key, _, fn in cases:  # warm-up (compile) calls
+    first[key], (_, nfe) = _timed(fn)
+    forwards[key] = int(nfe)
+    print(f"[replay] warm-up {key}: {first[key]:.1f} s", flush=True)
+  for _ in range(FLAGS.repeats):
+    for key, _, fn in cases:
+      seconds, _ = _timed(fn)
+      best[key] = min(best.get(key, np.inf), seconds)
+  base = dict(shape=shape, dtype=dtype, params=params_lib.param_count(config),
+              prompt_len=prompt_len, batch=batch, prefill_first_call_s=t_prefill,
+              load_avg_1min=os.getloadavg()[0])  # the shared machine's load after the rounds
+  rows = []
+  for n in lengths:
+    s, fwd = best[("AR", n)], forwards[("AR", n)]
+    rows.append(dict(base, length=n, method="AR", block=1, tau=None, seconds=s, forwards=fwd,
+                     tokens_per_s=batch * n / s, ms_per_forward=1e3 * s / fwd,
+                     compile_s=max(first[("AR", n)] - s, 0.0)))
+  for key, entry, _ in cases:
+    if entry is None:
+      continue
+    method = key[0]
+    recorded = (entry["forwards"] if method == "diffusion" else
+                entry["verify_forwards"] + entry["draft_forwards"])
+    if forwards[key] != recorded:
+      raise AssertionError(f"replay of {key} ran {forwards[key]} forwards, the recording "
+                           f"{recorded}")
+    n, s = entry["length"], best[key]
+    ar_s, ar_fwd = best[("AR", n)], forwards[("AR", n)]
+    rows.append(dict(base, length=n, method=method, block=entry["block"], tau=entry["tau"],
+                     **({"k": entry["k"]} if method == "draft_verify" else {}), seconds=s,
+                     forwards=forwards[key], tokens_per_s=batch * n / s,
+                     ms_per_forward=1e3 * s / forwards[key],
+                     cost_ratio=(s / forwards[key]) / (ar_s / ar_fwd), speedup=ar_s / s,
+                     compile_s=max(first[key] - s, 0.0)))
+  for r in rows:
+    print(json.dumps(r), flush=True)
+  return rows
+
+
+def _numbers(flag: str, values, kind, allowed=None, low=None, high=None) -> list:
+  """The values of a list flag as numbers of `kind`, each allowed (a recorded one) or in
+  [low, high]; else one line naming the flag and what it allows."""
+  try:
+    out = [kind(v) for v in values]
+  except ValueError:
+    out = None
+  if allowed is not None:
+    ok = out is not None and set(out) <= set(allowed)
+    what = (f"no recorded schedule in {FLAGS.schedules} (recorded: "
+            f"{', '.join(map(str, sorted(allowed))) or 'none'})")
+  else:
+    ok = out is not None and all(low <= v <= high for v in out)
+    what = f"each must be a{'n' if kind is int else ''} {kind.__name__} in [{low}, {high}]"
+  if not ok:
+    raise app.UsageError(f"--{flag}={','.join(map(str, values))}: {what}")
+  return out
+
+
+def run_entries(schedules: dict, run: str) -> tuple[str, list[int], list, list]:
+  """One --runs entry: (SHAPE/DTYPE, prompt lengths, its diffusion entries, its draft-and-verify
+  entries), every tau / B / K checked against the recorded schedules."""
+  name, *narrow = run.split("@")
+  lens, run_taus, run_blocks = (narrow + ["", "", ""])[:3]
+  shape, _, dtype = name.partition("/")
+  if dtype not in ("float32", "bfloat16") or len(narrow) > 3:
+    raise app.UsageError(f"--runs: {run!r} is not SHAPE/DTYPE[@P1+P2[@T1+T2[@B1+B2]]] with "
+                         "DTYPE float32 or bfloat16")
+  shape_config(shape, dtype)  # a known shape
+  entries, spec_entries = schedules["entries"], schedules.get("spec_entries", [])
+  taus = _numbers("taus", run_taus.split("+") if run_taus else FLAGS.taus, float,
+                  allowed={e["tau"] for e in entries})
+  blocks = _numbers("block_sizes", run_blocks.split("+") if run_blocks else FLAGS.block_sizes,
+                    int, allowed={e["block"] for e in entries})
+  prompt_lens = _numbers("prompt_lengths", lens.split("+") if lens else FLAGS.prompt_lengths,
+                         int, low=1, high=1 << 20)
+  chosen = [e for e in entries if e["tau"] in taus and e["block"] in blocks]
+  spec_chosen = []
+  if spec_entries or FLAGS["spec_ks"].present or FLAGS["spec_taus"].present:
+    ks = _numbers("spec_ks", FLAGS.spec_ks, int, allowed={e["k"] for e in spec_entries})
+    spec_taus = _numbers("spec_taus", FLAGS.spec_taus, float,
+                         allowed={e["tau"] for e in spec_entries})
+    spec_chosen = [e for e in spec_entries if e["k"] in ks and e["tau"] in spec_taus]
+  return name, prompt_lens, chosen, spec_chosen

@@ -1,4 +1,5 @@
-"""The studies' shared fixture: two data builds of one toy dataset whose tokenizers differ, and a
+"""The tools' and studies' shared fixture (experiments/export_reads.py and the studies that read
+an export through it): two data builds of one toy dataset whose tokenizers differ, and a
 block-diffusion export of the first recorded as a training stage records it."""
 
 import copy

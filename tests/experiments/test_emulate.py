@@ -1,4 +1,4 @@
-"""experiments/studies/emulate.py: recorded runs replayed through the decoders' own steps."""
+"""experiments/emulate.py: recorded runs replayed through the decoders' own steps."""
 
 import dataclasses
 import inspect
@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.studies import emulate
+from experiments import emulate
 from gr2jax.diffusion import decode, speculative
 from gr2jax.model import qwen3
 from gr2jax.model.cache import init_cache
