@@ -239,6 +239,9 @@ def _opd() -> ml_collections.ConfigDict:
   2e-5 collapses by 100 (.78 -> .51) (docs/results/onpolicy_ablation.md)."""
   s = _stage(20, 8, 20, 5e-6, 2, constant=True, opd=dict(
     group_size=4,  # G' student trajectories per prompt (paper: 4)
+    rollout_tau=0.9,  # the student rollouts' commit threshold (paper: 0.9)
+    temperature=1.0,  # the student rollouts' sampling temperature (> 0; the KL compares the
+    #                   untempered policies, train/opd.py)
     context="commit_step",  # the student's context of token t: 'commit_step' (its decoding
     #                         canvas when t was committed) | 'left_clean' (the paper's (P, o_<t):
     #                         o_<t clean, the rest masked; B - 1 replay rounds); train/opd.py
@@ -268,7 +271,7 @@ def _rl() -> ml_collections.ConfigDict:
   s = _stage(120, 4, 20, 2e-5, 2, constant=True, rl=dict(
     group_size=8, eps_low=0.2, eps_high=0.2, alpha=0.2,  # as AR RL (paper: G 8, eps 0.2)
     temperature=1.0,
-    rollout_tau=0.9,  # the rollouts' commit threshold (paper: 0.9; OPD's is decode.rollout_tau)
+    rollout_tau=0.9,  # the rollouts' commit threshold (paper: 0.9)
     valid_weight=0.0, speed_weight=0.0))  # the fast-decode rewards' weights, as AR RL's
   s.train.micro_batches = 4
   return s
@@ -323,8 +326,8 @@ def _tiny() -> ml_collections.ConfigDict:
   c.model.attention_chunk_bytes = 8 << 20  # f32 attention scores per query chunk (8 MiB: CPU)
   c.model.param_dtype = ""  # '' keeps the checkpoint's dtype; 'bfloat16' (fp32 moments) / 'float32'
   # the one decode spec: its fields, defaults (the paper's) and meaning are DecodeSpec's
-  # (gr2jax/decoding/spec.py): block_size, eval_tau, rollout_tau, max_steps_per_block,
-  # temperature, constrained, commit_order
+  # (gr2jax/decoding/spec.py): block_size, eval_tau, max_steps_per_block, constrained,
+  # commit_order, the lossless draft (the on-policy stages' rollouts: their own settings)
   c.decode = ml_collections.ConfigDict(dataclasses.asdict(DecodeSpec()))
   c.decode.commit_order = "distinct"  # the tiny model commits a token new to the block at one
   #   place per step (gr2jax/diffusion/commit.py): tau-0.9 validity +.0065 on validation users
@@ -538,7 +541,8 @@ def parse_variant(variant: str) -> tuple[str, bool]:
 def config(variant: str = "", stage: str = "table2") -> ml_collections.ConfigDict:
   """The recipe `variant` (`RECIPE[,smoke]`, '' = tiny) as the ConfigDict of `stage`.
 
-  What every experiments/configs/<stage>.py returns; the command line overrides its fields.
+  What every config file of experiments/configs/ returns (stage.py for each training stage);
+  the command line overrides its fields.
 
   Args:
     variant: the recipe name, optionally followed by ',smoke'.

@@ -28,6 +28,7 @@ import os
 from gr2jax import exports, files
 from gr2jax import recipe as recipe_lib
 from gr2jax import workdir as workdir_lib
+from gr2jax.decoding.spec import DecodeSpec
 
 # Record fields a resume may change: how often to save / keep / evaluate, the evaluation itself,
 # the mesh and the memory knobs (exact: micro-batches sum before dividing, remat and attention
@@ -50,7 +51,10 @@ ADDED_AT_DEFAULT = {"data.drop_unusable_users": False, "opd.context": "commit_st
                     "cft.pivot_align": False, "cft.answer_pair": False,  # both retired
                     "rl.temperature": 1.0, "rl.rollout_tau": 0.9,
                     "rl.valid_weight": 0.0, "rl.speed_weight": 0.0,
-                    "opd.objective": "kl", "opd.certainty": 0.0}
+                    "opd.objective": "kl", "opd.certainty": 0.0,
+                    # OPD's rollouts were the decode spec's (it records them at their retired
+                    # values, DecodeSpec.record): now OPD's own settings
+                    "opd.rollout_tau": 0.9, "opd.temperature": 1.0}
 STARTED_FILE, DONE_FILE = "started.json", "done.json"  # W/<step>/: a step's record
 _TEACHER_NEUTRAL = ("batch_size", "mesh", "restart")  # how, not what, the teacher samples
 
@@ -75,7 +79,10 @@ def run_record(config, *, workdir: str, data_build: dict, init_sha256: str,
 
 
 def json_value(value):
-  """A dataclass (the view's DecodeSpec) as its fields, anything else as its str()."""
+  """The view's DecodeSpec as its record (DecodeSpec.record: its retired fields kept), another
+  dataclass as its fields, anything else as its str()."""
+  if isinstance(value, DecodeSpec):
+    return value.record()
   return dataclasses.asdict(value) if dataclasses.is_dataclass(value) else str(value)
 
 

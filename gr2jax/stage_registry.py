@@ -12,8 +12,10 @@ diffusion), its teacher, its block of own settings (the ConfigDict key under
 that multiplies the rows of a step (the group size). From `STAGES`, the recipe derives the
 chain, the inits and the stage views (gr2jax/recipe.py), the recipes loop over it for their
 values (gr2jax/recipes.py, whose `STAGE_VALUES` holds each stage's values per scale),
-config_checks.py checks the rows of a step, experiments/run.py and experiments/plan.py take
-their stages from it, and gr2jax/train/stages.py keys its trainers by the same names.
+config_checks.py checks the rows of a step, experiments/run.py runs every stage from one config
+file (`--config=<stage>.py`: experiments/configs/stage.py), experiments/plan.py takes its stages
+and their shapes from it, and each trainer registers itself under the same name where it is
+defined (gr2jax/train/stages.py `@trainer`).
 
 A settings class's fields carry their bounds (`integer`, `real`, `flag`, `choice`, `text`
 below); its `__post_init__` checks them with gr2jax/model/validate.py's scalar checks, so a
@@ -24,7 +26,6 @@ must be >= 2`; recipe.from_config prefixes `stages.<stage>.<block>.`).
 import dataclasses
 import functools
 
-from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model import validate
 
 
@@ -67,9 +68,11 @@ class Settings:
       if check is not None:
         check("", f.name, getattr(self, f.name))
 
-  def rollout_spec(self, spec: DecodeSpec) -> DecodeSpec:
-    """The decode spec of this stage's rollouts (and their log-probs): the run's, by default."""
-    return spec
+  def rollout(self) -> dict:
+    """This stage's rollout settings (train/rollout.make_rollout's keywords: the sampling
+    temperature, a diffusion rollout's commit threshold `tau`); {} for a stage without
+    rollouts."""
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,8 +88,8 @@ class ARRLSettings(Settings):
   valid_weight: float = real(low=0.0)
   speed_weight: float = real(low=0.0)
 
-  def rollout_spec(self, spec: DecodeSpec) -> DecodeSpec:
-    return dataclasses.replace(spec, temperature=self.temperature)
+  def rollout(self) -> dict:
+    return {"temperature": self.temperature}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +97,8 @@ class RLSettings(ARRLSettings):
   """Diffusion RL: AR RL's settings and the rollouts' commit threshold."""
   rollout_tau: float = real(low=0.0, high=1.0, low_open=True)
 
-  def rollout_spec(self, spec: DecodeSpec) -> DecodeSpec:
-    return dataclasses.replace(spec, temperature=self.temperature, rollout_tau=self.rollout_tau)
+  def rollout(self) -> dict:
+    return {"temperature": self.temperature, "tau": self.rollout_tau}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,17 +111,23 @@ class CFTSettings(Settings):
 
 @dataclasses.dataclass(frozen=True)
 class OPDSettings(Settings):
-  """OPD (train/opd.py): G' student trajectories per prompt, the student's context, the cached
-  teacher log-probs' dtype, the objective ('kl': the forward KL to the AR teacher on the
+  """OPD (train/opd.py): G' student trajectories per prompt, their commit threshold and
+  sampling temperature, the student's context, the cached teacher log-probs' dtype, the
+  objective ('kl': the forward KL to the AR teacher on the
   student's rollouts; 'self': the model's own valid slow-decode answers, train/self_distill.py)
   and its certainty-forcing weight; `teacher` is derived (the teacher stage's export,
   stage_config)."""
   group_size: int = integer(1)
+  rollout_tau: float = real(low=0.0, high=1.0, low_open=True)
+  temperature: float = real(low=0.0, low_open=True)  # rollouts sample
   context: str = text()
   teacher_dtype: str = text()
   objective: str = choice("kl", "self")
   certainty: float = real(low=0.0)
   teacher: str = text(default="")
+
+  def rollout(self) -> dict:
+    return {"temperature": self.temperature, "tau": self.rollout_tau}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +135,8 @@ class StageSpec:
   """One training stage (module docstring).
 
   Attributes:
-    name: the stage (its directory under the workdir, its config file, its trainer's key).
+    name: the stage (its directory under the workdir, its `--config=<name>.py`, its trainer's
+      key).
     init: the stage whose export it starts from; None: the model (a preset, or the converted
       HF checkpoint).
     diffusion: it trains a block-diffusion model (an AR init is converted); False: AR.

@@ -5,30 +5,35 @@ the size checks, the recipes' loops and run.py's entries are derived.
    registry replaced the hand-written tables, so existing workdirs and committed results keep
    matching. Changing a recipe on purpose changes them: recompute with `_digests()` and say why
    in the commit. Retiring a field at its default (cft.pivot_align, cft.answer_pair: listed in
-   run_checkpoints.ADDED_AT_DEFAULT) changes the ConfigDict's digest and no step digest.
+   run_identity.ADDED_AT_DEFAULT) changes the ConfigDict's digest and no step digest.
 2. A new stage is its declaration (stage_registry.STAGES), its settings class, its trainer
-   (train/stages.py TRAINERS) and its values per scale (recipes.py STAGE_VALUES): the toy stage
-   below touches exactly those four and nothing else (README "How to extend").
+   (a loss builder registered where it is defined, train/stages.py `@trainer`) and its values
+   per scale (recipes.py STAGE_VALUES): the toy stage below touches exactly those four and
+   nothing else (README "How to extend"): no config file (experiments/run.py takes
+   `--config=toy.py`), no shapes in experiments/plan.py (its presets derive them), no test pin
+   (the pinned config paths below are the existing stages'; a new stage's are its settings
+   class's fields).
 """
 
 import dataclasses
+import importlib
 import json
 import os
 
 import pytest
 
-from gr2jax import chain, config_checks, files, recipe, recipes, stage_registry
+from gr2jax import chain, config_checks, files, recipe, recipes, run_identity, stage_registry
 from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("3aa077c0349bb931", {
+  "tiny": ("f24a68c18b2a9c75", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
     "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
-  "smoke": ("513f857854383017", {
+  "smoke": ("0bec3af4a0d98c16", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("fd3ce494993e1fd7", {
+  "qwen3_8b": ("a100beea3eb8253d", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }
@@ -42,7 +47,8 @@ BLOCKS = {  # stage: (its block, the block's fields): --config.stages.<stage>.<b
   "ar_rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "speed_weight", "temperature",
                    "valid_weight")),
   "cft": ("cft", ("complementary", "eps", "rate_power")),
-  "opd": ("opd", ("certainty", "context", "group_size", "objective", "teacher_dtype")),
+  "opd": ("opd", ("certainty", "context", "group_size", "objective", "rollout_tau",
+                  "teacher_dtype", "temperature")),
   "rl": ("rl", ("alpha", "eps_high", "eps_low", "group_size", "rollout_tau", "speed_weight",
                 "temperature", "valid_weight")),
 }
@@ -56,12 +62,12 @@ def _flat(tree: dict, prefix: str = "") -> list[str]:
 
 
 def _digests(variant: str, workdir: str) -> tuple[str, dict]:
-  """(digest of the recipe's ConfigDict, its paths portable; chain.step_digests)."""
+  """(digest of the recipe's ConfigDict, its paths portable; run_identity.step_digests)."""
   c = recipes.config(variant, "table2")
   if variant.startswith("qwen3"):
     c.hf_dir = os.path.join(workdir, "hf")
   config = workdir_lib.portable(json.loads(json.dumps(c.to_dict(), default=str)), workdir)
-  return files.json_digest(config), chain.step_digests(recipe.from_config(c), workdir)
+  return files.json_digest(config), run_identity.step_digests(recipe.from_config(c), workdir)
 
 
 @pytest.mark.parametrize("variant", list(DIGESTS))
@@ -71,25 +77,60 @@ def test_recipe_digests_are_pinned(variant, tmp_path):
   assert _digests(variant, str(tmp_path)) == DIGESTS[variant]
 
 
-def test_stage_config_paths_are_pinned():
+def _block(stage: str) -> tuple[str, tuple[str, ...]]:
+  """(block, its fields) of a stage: BLOCKS' pin for the stages pinned there; for any other (a
+  new stage) its declaration's block and its settings class's fields (the derived ones, those
+  with a default, left out)."""
+  if stage in BLOCKS:
+    return BLOCKS[stage]
+  spec = stage_registry.spec(stage)
+  fields = () if spec.settings is None else tuple(
+    f.name for f in dataclasses.fields(spec.settings) if f.default is dataclasses.MISSING)
+  return spec.block, fields
+
+
+def _check_stage_config_paths() -> None:
   paths = {p for p in _flat(recipes.config("tiny", "table2").to_dict()) if p.startswith("stages.")}
   want = set()
-  for stage, (block, fields) in BLOCKS.items():
+  for stage in stage_registry.names():
+    block, fields = _block(stage)
     want |= {f"stages.{stage}.train.{f}" for f in TRAIN}
     want |= {f"stages.{stage}.optimizer.{f}" for f in OPTIMIZER}
     want |= {f"stages.{stage}.{block}.{f}" for f in fields}
   assert paths == want
 
 
-def test_every_stage_has_a_trainer_values_and_a_config_view():
+def test_stage_config_paths_are_pinned():
+  assert set(BLOCKS) == set(stage_registry.names())  # every stage of today pinned
+  _check_stage_config_paths()
+
+
+def _check_every_stage_has_a_trainer_values_and_a_config() -> None:
+  from experiments import run
+
   names = stage_registry.names()
-  assert tuple(train_stages.TRAINERS) == names == tuple(recipes.STAGE_VALUES)
+  assert set(train_stages.TRAINERS) == set(names) == set(recipes.STAGE_VALUES)
   for name in names:
-    assert os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(__file__)),
-                                       "experiments", "configs", f"{name}.py"))
+    assert run.load_config(f"{name}.py").stage == name  # experiments/configs/stage.py
     spec = stage_registry.spec(name)
     assert spec.init is None or spec.init in names[:names.index(name)]
     assert train_stages.stage(name).diffusion == spec.diffusion
+
+
+def test_every_stage_has_a_trainer_values_and_a_config():
+  _check_every_stage_has_a_trainer_values_and_a_config()
+
+
+def test_a_trainer_registers_once_for_a_declared_stage(monkeypatch):
+  monkeypatch.setattr(train_stages, "TRAINERS", dict(train_stages.TRAINERS))
+  with pytest.raises(ValueError, match="'cft' has a trainer already"):
+    train_stages.trainer("cft")(train_stages._sft_loss)
+  with pytest.raises(ValueError, match="'nope' is not a training stage"):
+    train_stages.trainer("nope")(train_stages._sft_loss)
+  del train_stages.TRAINERS["cft"]
+  with pytest.raises(ValueError, match=r"stage 'cft' has no trainer: register its loss builder "
+                                       r"with @trainer\('cft'\)"):
+    train_stages.stage("cft")
 
 
 def test_settings_check_their_fields_at_construction():
@@ -107,13 +148,13 @@ def test_settings_check_their_fields_at_construction():
 
 def test_rollout_settings_are_read_from_the_typed_block():
   r = recipes.get("tiny")
-  decode = r.decode
   rl = recipe.stage_config(r, "rl", "W").settings
-  assert rl.rollout_spec(decode) == dataclasses.replace(decode, temperature=rl.temperature,
-                                                        rollout_tau=rl.rollout_tau)
-  ar = recipe.stage_config(r, "ar_rl", "W").settings
-  assert ar.rollout_spec(decode).rollout_tau == decode.rollout_tau
-  assert recipe.stage_config(r, "opd", "W").settings.rollout_spec(decode) == decode
+  assert rl.rollout() == {"temperature": rl.temperature, "tau": rl.rollout_tau}
+  assert recipe.stage_config(r, "ar_rl", "W").settings.rollout() == {"temperature": 1.0}
+  opd = recipe.stage_config(r, "opd", "W").settings
+  assert opd.rollout() == {"temperature": 1.0, "tau": 0.9}
+  assert recipe.stage_config(r, "cft", "W").settings.rollout() == {}
+  assert not hasattr(r.decode, "rollout_tau") and not hasattr(r.decode, "temperature")
 
 
 # ---- a toy stage: the four places a new stage takes ------------------------------------------
@@ -123,6 +164,11 @@ def test_rollout_settings_are_read_from_the_typed_block():
 class ToySettings(stage_registry.Settings):
   """The toy stage's own block: SFT's loss on `copies` rows per training row."""
   copies: int = stage_registry.integer(1)
+
+
+def _toy_loss(ctx):
+  """The toy stage's loss builder: SFT's loss."""
+  return train_stages._sft_loss(ctx)
 
 
 def _toy() -> object:
@@ -142,8 +188,8 @@ def toy_stage(monkeypatch):
   registry = dict(stage_registry.STAGES)
   ordered = {"sft": registry.pop("sft"), "toy": entry, **registry}
   monkeypatch.setattr(stage_registry, "STAGES", ordered)  # 1. its declaration
-  monkeypatch.setitem(train_stages.TRAINERS, "toy",  # 2. its trainer
-                      train_stages.Trainer(train_stages._sft_loss))
+  monkeypatch.setattr(train_stages, "TRAINERS", dict(train_stages.TRAINERS))
+  train_stages.trainer("toy")(_toy_loss)  # 2. its trainer: `@trainer("toy")` on its loss builder
   monkeypatch.setitem(recipes.STAGE_VALUES, "toy",  # 3. its values per scale
                       recipes.StageValues(_toy, _toy_hf, smoke_rows=1))
   return entry  # 4. its settings class: ToySettings above
@@ -158,8 +204,14 @@ def test_a_toy_stage_is_its_registry_entry_settings_trainer_and_values(toy_stage
   assert view.to_dict()["toy"] == {"copies": 1}
   assert recipe.stage_config(recipes.get("qwen3_8b", hf_dir=_hf(tmp_path)), "toy",
                              "W").settings == ToySettings(copies=2)
-  assert train_stages.stage("toy").make_loss is train_stages._sft_loss
-  assert list(chain.step_digests(r, str(tmp_path))) == list(recipe.chain(r))
+  assert train_stages.stage("toy").make_loss is _toy_loss
+  assert train_stages.stage("toy").make_prepare is None
+  _check_every_stage_has_a_trainer_values_and_a_config()  # `--config=toy.py` without a file
+  _check_stage_config_paths()  # no pin to add: the toy's paths are its settings class's
+  from experiments import run
+
+  assert run.load_config("toy.py:smoke").stages.toy.toy.copies == 1
+  assert list(run_identity.step_digests(r, str(tmp_path))) == list(recipe.chain(r))
   c = recipes.config("", "table2")
   c.stages.toy.toy.copies = 0
   with pytest.raises(ValueError, match=r"stages.toy.toy.copies=0 must be >= 1"):
@@ -170,6 +222,26 @@ def test_a_toy_stage_is_its_registry_entry_settings_trainer_and_values(toy_stage
   with pytest.raises(ValueError, match=r"12 rows per step .*x copies=3"):
     recipe.from_config(c)
   config_checks.check_stage_config(view)
+
+
+def test_the_plan_gives_the_toy_stage_its_shapes(toy_stage, monkeypatch):
+  """experiments/plan.py, loaded with the toy stage registered, plans it with no edit: its tiny
+  preset's shapes from the recipe's values (copies 2: 8 prompts x 2 = 16 rows, as every stage's)
+  and its loss as its trainer builds it."""
+  from experiments import plan
+
+  importlib.reload(plan)  # its stages and presets are read from the registry as it loads
+  try:
+    s = plan.PRESETS["tiny"]
+    assert (s.batch_size["toy"], s.group["toy"], s.steps["toy"], s.rows("toy")) == (8, 2, 10, 16)
+    assert plan.STAGES[:2] == ("sft", "toy") and "toy" not in plan.ON_POLICY
+    stages = plan.train_stages(s)
+    toy = stages["toy"]
+    assert toy.rows == 16 and toy.config == s.model and toy.rollout is None
+    assert toy.batch(16) == stages["sft"].batch(16)  # SFT's loss: SFT's fields
+  finally:
+    monkeypatch.undo()
+    importlib.reload(plan)
 
 
 def _hf(tmp_path) -> str:

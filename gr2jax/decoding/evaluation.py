@@ -123,13 +123,14 @@ def evaluate(reranker: reranker_lib.Reranker, data: prompt_io.SplitData, *, batc
 def cache_key(model_id: str, policy: policy_lib.Policy, data: prompt_io.SplitData, *,
               batch_size: int, prompt_len: int, given_reasoning: bool = False) -> str:
   """What decides an evaluation's result: the model (its params digest `model_id` and config),
-  the data read, the decode spec, P, R and the batch size. The config's retired fields count at
-  their retired value (model/config.py RETIRED_FIELDS), so a key stays the key it was."""
+  the data read, the decode spec, P, R and the batch size. The config's and the spec's retired
+  fields count at their retired value (model/config.py RETIRED_FIELDS, DecodeSpec.record), so a
+  key stays the key it was."""
   if not data.source:
     raise ValueError("cache_key: the split has no source (prompt_io.load_split sets it)")
   config = {**config_lib.retired_defaults(), **dataclasses.asdict(policy.config)}
   return files.json_digest([model_id, config,
-                            dataclasses.asdict(policy.spec), policy.max_new_tokens, data.source,
+                            policy.spec.record(), policy.max_new_tokens, data.source,
                             prompt_len, batch_size, given_reasoning])
 
 

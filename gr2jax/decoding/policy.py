@@ -191,7 +191,8 @@ class DiffusionPolicy(_OneModel):
   Attributes:
     config: the diffusion model (a mask token; config.block_size is B).
     spec: the decode spec: evaluations commit at spec.eval_tau (rollouts, train/rollout.py, at
-      spec.rollout_tau and spec.temperature), at most spec.max_steps_per_block steps per block.
+      the stage's own threshold and temperature), at most spec.max_steps_per_block steps per
+      block.
     max_new_tokens: M, the response cap.
   """
 

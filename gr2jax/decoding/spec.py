@@ -1,11 +1,12 @@
-"""The decode spec: how every evaluation, rollout and served request of a recipe decodes.
+"""The decode spec: how every evaluation and served request of a recipe decodes.
 
 `DecodeSpec` is one frozen value per recipe (gr2jax/recipe.py carries it whole into every stage
 view, `view.decode`, and a stage's export records it), so two stages of one recipe, the tables
 and a server of its export cannot decode differently. Its defaults are the paper's decoding
-settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality mode), rollouts at
-tau = 0.9, at most 64 denoising steps per block; gr2jax/recipes.py takes them from here. Its
-lossless-mode fields give the draft-and-verify settings (`spec.draft(max_new_tokens)`,
+settings (Diffusion-GR2, arXiv 2607.01170): B = 32, eval tau = 1.0 (quality mode), at most 64
+denoising steps per block (rollouts use the same cap; their threshold and temperature are each
+on-policy stage's own settings, gr2jax/stage_registry.py); gr2jax/recipes.py takes them from
+here. Its lossless-mode fields give the draft-and-verify settings (`spec.draft(max_new_tokens)`,
 diffusion/speculative.DraftDecoding); policy.py turns the rest into the other decoders' settings
 (model/decode_core.Decoding's convention).
 """
@@ -15,10 +16,15 @@ import dataclasses
 from gr2jax.diffusion import commit, speculative
 from gr2jax.model import validate
 
+# Fields the spec had while it also described OPD's rollouts (now OPD's own settings,
+# stage_registry.OPDSettings), at the value every spec then held by default: `record` keeps them,
+# so a run record, a step digest and an evaluation cache key stay what they were.
+RETIRED_FIELDS = {"rollout_tau": 0.9, "temperature": 1.0}
+
 
 @dataclasses.dataclass(frozen=True)
 class DecodeSpec:
-  """How every evaluation and on-policy rollout of a recipe decodes (the one place these
+  """How every evaluation and served request of a recipe decodes (the one place these
   settings and their defaults are written; gr2jax/recipes.py's `decode` block is built from it).
 
   Attributes:
@@ -26,11 +32,7 @@ class DecodeSpec:
       of this block size (paper: 32); every decoder then reads the model's config.block_size.
     eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
       paper's Table 2 quality mode).
-    rollout_tau: commit threshold of OPD's rollouts, in (0, 1] (diffusion RL commits at its own
-      rl.rollout_tau).
     max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
-    temperature: OPD's rollout sampling temperature (>= 0; rollout log-probs use the same; the
-      RL stages sample at their own rl.temperature); evaluations are greedy.
     constrained: evaluations decode the answer under the answer constraint
       (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
     commit_order: the diffusion commit order's recorded name ('confidence' = the paper's;
@@ -44,9 +46,7 @@ class DecodeSpec:
   """
   block_size: int = 32
   eval_tau: float = 1.0
-  rollout_tau: float = 0.9
   max_steps_per_block: int = 64
-  temperature: float = 1.0
   constrained: bool = False
   commit_order: str = commit.CONFIDENCE.name
   draft_k: int = speculative.DraftDecoding.k
@@ -56,13 +56,16 @@ class DecodeSpec:
   def __post_init__(self):
     for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
       validate.integer("decode.", name, getattr(self, name), minimum=1)
-    for name in ("eval_tau", "rollout_tau"):
-      validate.real("decode.", name, getattr(self, name), low=0, high=1, low_open=True)
-    validate.real("decode.", "temperature", self.temperature, low=0)
+    validate.real("decode.", "eval_tau", self.eval_tau, low=0, high=1, low_open=True)
     validate.boolean("decode.", "constrained", self.constrained)
     validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)  # a name
     validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
                   note=" (0 = a one-step draft)")
+
+  def record(self) -> dict:
+    """The spec as run records, step digests and evaluation cache keys hold it: its fields and
+    the retired ones at their retired values (RETIRED_FIELDS)."""
+    return {**RETIRED_FIELDS, **dataclasses.asdict(self)}
 
   @property
   def order(self) -> commit.CommitOrder:

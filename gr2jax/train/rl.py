@@ -10,7 +10,7 @@ GR2 (arXiv 2602.07774) and Diffusion-GR2 (arXiv 2607.01170) RL, TraceRL (Gen-Ver
     rl.speed_weight and each z-scored on its own, R_valid and R_speed = tokens per forward of a
     valid rollout: RL aimed at the fast decode, LightningRL arXiv 2603.13319), G rollouts per
     prompt at the stage's
-    rl.temperature > 0 (the rollout's spec.temperature, train/stages.py).
+    rl.temperature > 0 (the rollout's temperature, train/stages.py).
   - rho_it = exp(clip(log pi_theta - log pi_old, -10, 10)) per response token, both log-probs
     from the SAME `rollout.log_probs` (train/rollout.py): for an AR policy the causal scorer over
     [prompt | response], for a diffusion policy the differentiable replay of the trace

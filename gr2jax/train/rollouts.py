@@ -57,7 +57,7 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, gro
     batch: a training batch of Bp prompts (inputs.make_batch: prompt_tokens, prompt_lengths,
       example_mask and what reward_fn reads); its row fields are repeated G times.
     key: the step's PRNG key.
-    rollout: the trained policy's rollout (train/rollout.py); it needs spec.temperature > 0.
+    rollout: the trained policy's rollout (train/rollout.py); it needs a temperature > 0.
     group_size: G rollouts per prompt (paper: 8 for RL, 4 for OPD).
     reward_fn: RL: the rollouts' rewards (RewardFn).
     reward_weights: RL: the weight of each of reward_fn's components, one per column (None:
@@ -72,10 +72,10 @@ def prepare(params: dict, batch: Batch, key: jax.Array, *, rollout: Rollout, gro
   """
   if reward_fn is None and teacher is None:
     raise ValueError("rollouts.prepare: give reward_fn (RL) or teacher (OPD), or both")
-  if not rollout.spec.temperature > 0:
+  if not rollout.temperature > 0:
     raise ValueError("rollouts.prepare: on-policy rollouts need a sampling temperature > 0 "
-                     "(OPD: decode.temperature, AR RL / RL: rl.temperature), got "
-                     f"{rollout.spec.temperature}")
+                     "(OPD: opd.temperature, AR RL / RL: rl.temperature), got "
+                     f"{rollout.temperature}")
   bp = batch.num_rows
   prompts = batch.replace(response_tokens=None, response_lengths=None, response_weights=None)
   rows = jax.tree.map(lambda x: np.repeat(np.asarray(x), group_size, axis=0), prompts)

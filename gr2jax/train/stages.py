@@ -10,13 +10,15 @@ Stage values for the one loop (gr2jax/train/loop.py).
   rl     trace-replay GRPO (train/rl.py), from the OPD export
 
 A trainer is a loss builder and, for an on-policy stage, a prepare builder (`Trainer`); each
-reads the stage's typed settings as `ctx.config.settings`. Each loss is a train/step.py `Loss`:
-the function and the Batch fields it reads (only those go to the device). The on-policy stages
-(ar_rl, opd, rl) sample and score with the rollout of the model's own policy built from the
-run's decode spec as the stage's settings change it (`Settings.rollout_spec`: AR RL and RL sample
-at their own `rl.temperature`, RL commits at its `rl.rollout_tau`, OPD at the spec's;
-train/rollout.py `make_rollout`) and share one prepare (train/rollouts.py): AR RL and RL bind the
-GR2 reward, OPD the teacher.
+reads the stage's typed settings as `ctx.config.settings`. A loss builder registers itself as the
+trainer of its stages where it is defined (`@trainer("cft")`, `@trainer("ar_rl", "rl",
+prepare=_rl_prepare)`): `TRAINERS` is filled as this module loads; nothing else lists them. Each
+loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go to the
+device). The on-policy stages (ar_rl, opd, rl) sample and score with the rollout of the model's
+own policy at the run's decode spec and the stage's own rollout settings
+(`Settings.rollout`: AR RL samples at its `rl.temperature`, RL and OPD at their `temperature`
+and commit at their `rollout_tau`; train/rollout.py `make_rollout`) and share one prepare
+(train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
 
 import dataclasses
@@ -31,14 +33,42 @@ from gr2jax.train.loop import Context, Stage
 from gr2jax.train.step import Loss
 
 
+@dataclasses.dataclass(frozen=True)
+class Trainer:
+  """How a stage trains: Context -> step.Loss, and Context -> prepare (rollouts) or None
+  (loop.Stage's make_loss / make_prepare)."""
+  make_loss: Callable
+  make_prepare: Callable | None = None
+
+
+TRAINERS: dict[str, Trainer] = {}  # the stages of gr2jax/stage_registry.py, by name (@trainer)
+
+
+def trainer(*names: str, prepare: Callable | None = None) -> Callable:
+  """Registers the decorated loss builder (Context -> step.Loss), with its prepare builder
+  (Context -> prepare) for an on-policy stage, as the trainer of the stages `names`.
+
+  Raises:
+    ValueError: a name that is not a stage of gr2jax/stage_registry.py, or has a trainer.
+  """
+  def register(make_loss: Callable) -> Callable:
+    for name in names:
+      stage_registry.spec(name)  # a declared stage (ValueError naming the stages)
+      if name in TRAINERS:
+        raise ValueError(f"stage {name!r} has a trainer already")
+      TRAINERS[name] = Trainer(make_loss, prepare)
+    return make_loss
+  return register
+
+
 def _rollout(ctx: Context) -> rollout_lib.Rollout:
-  """The trained model's rollout: its own decoder at the run's decode spec as the stage's
-  settings change it (an RL stage's rollouts and their log-probs at its own temperature,
-  diffusion RL's at its rollout_tau), responses of R tokens."""
+  """The trained model's rollout: its own decoder at the run's decode spec and the stage's
+  rollout settings (their temperature, and a diffusion stage's commit threshold), responses of
+  R tokens."""
   shrink = ctx.config.replay_shrink  # None in an AR stage's view: its rollout replays nothing
-  spec = ctx.config.settings.rollout_spec(ctx.config.decode)
-  return rollout_lib.make_rollout(ctx.model_config, spec, ctx.response_len,
-                                  1 if shrink is None else shrink)
+  return rollout_lib.make_rollout(ctx.model_config, ctx.config.decode, ctx.response_len,
+                                  1 if shrink is None else shrink,
+                                  **ctx.config.settings.rollout())
 
 
 def _chunks(ctx: Context) -> dict:
@@ -48,14 +78,9 @@ def _chunks(ctx: Context) -> dict:
               sharding=mesh_lib.batch_sharding(ctx.mesh))
 
 
+@trainer("sft")
 def _sft_loss(ctx: Context) -> Loss:
   return Loss(functools.partial(sft.sft_loss, config=ctx.model_config), sft.FIELDS)
-
-
-def _rl_loss(ctx: Context) -> Loss:
-  rollout = _rollout(ctx)
-  return Loss(functools.partial(rl.rl_loss, rollout=rollout, eps_low=ctx.config.settings.eps_low,
-                                eps_high=ctx.config.settings.eps_high), rl.fields(rollout))
 
 
 def _rl_prepare(ctx: Context):
@@ -67,19 +92,19 @@ def _rl_prepare(ctx: Context):
                            reward_fn=reward_fn, reward_weights=weights, **_chunks(ctx))
 
 
+@trainer("ar_rl", "rl", prepare=_rl_prepare)
+def _rl_loss(ctx: Context) -> Loss:
+  rollout = _rollout(ctx)
+  return Loss(functools.partial(rl.rl_loss, rollout=rollout, eps_low=ctx.config.settings.eps_low,
+                                eps_high=ctx.config.settings.eps_high), rl.fields(rollout))
+
+
+@trainer("cft")
 def _cft_loss(ctx: Context) -> Loss:
   c = ctx.config.settings
   return Loss(functools.partial(cft.cft_loss, config=ctx.model_config, eps=c.eps,
                                 complementary=c.complementary, rate_power=c.rate_power),
               cft.FIELDS)
-
-
-def _opd_loss(ctx: Context) -> Loss:
-  if ctx.config.settings.objective == "self":  # CFT's loss on its own answers
-    return Loss(functools.partial(cft.cft_loss, config=ctx.model_config,
-                                  certainty=ctx.config.settings.certainty), cft.FIELDS)
-  rollout = _rollout(ctx)
-  return Loss(functools.partial(opd.opd_loss, rollout=rollout), opd.fields(rollout))
 
 
 def _opd_prepare(ctx: Context):
@@ -102,25 +127,24 @@ def _opd_prepare(ctx: Context):
   return prepare
 
 
-@dataclasses.dataclass(frozen=True)
-class Trainer:
-  """How a stage trains: Context -> step.Loss, and Context -> prepare (rollouts) or None
-  (loop.Stage's make_loss / make_prepare)."""
-  make_loss: Callable
-  make_prepare: Callable | None = None
-
-
-TRAINERS = {  # the stages of gr2jax/stage_registry.py, by name
-  "sft": Trainer(_sft_loss),
-  "ar_rl": Trainer(_rl_loss, _rl_prepare),
-  "cft": Trainer(_cft_loss),
-  "opd": Trainer(_opd_loss, _opd_prepare),
-  "rl": Trainer(_rl_loss, _rl_prepare),
-}
+@trainer("opd", prepare=_opd_prepare)
+def _opd_loss(ctx: Context) -> Loss:
+  if ctx.config.settings.objective == "self":  # CFT's loss on its own answers
+    return Loss(functools.partial(cft.cft_loss, config=ctx.model_config,
+                                  certainty=ctx.config.settings.certainty), cft.FIELDS)
+  rollout = _rollout(ctx)
+  return Loss(functools.partial(opd.opd_loss, rollout=rollout), opd.fields(rollout))
 
 
 def stage(name: str) -> Stage:
-  """The loop's Stage of a training stage: its trainer, its kind from its declaration."""
-  trainer = TRAINERS[name]
-  return Stage(name, trainer.make_loss, trainer.make_prepare,
-               diffusion=stage_registry.spec(name).diffusion)
+  """The loop's Stage of a training stage: its trainer, its kind from its declaration.
+
+  Raises:
+    ValueError: `name` is not a stage, or no loss builder registered itself for it (@trainer).
+  """
+  declared = stage_registry.spec(name)
+  if name not in TRAINERS:
+    raise ValueError(f"stage {name!r} has no trainer: register its loss builder with "
+                     f"@trainer({name!r}) (gr2jax/train/stages.py)")
+  found = TRAINERS[name]
+  return Stage(name, found.make_loss, found.make_prepare, diffusion=declared.diffusion)

@@ -327,18 +327,17 @@ def test_prepare_chunk_must_split_over_the_batch_shards(tmp_path, tok):
 
 @pytest.mark.parametrize("stage", ["ar_rl", "opd", "rl"])
 def test_each_on_policy_stage_samples_at_its_temperature_and_tau(tmp_path, tok, stage):
-  """AR RL and RL sample (and score) at their rl.temperature, OPD at the decode spec's; RL
-  commits at its rl.rollout_tau, OPD at the spec's rollout_tau."""
+  """Each on-policy stage samples (and scores) at its own temperature; RL and OPD commit at
+  their own rollout_tau (the decode spec is the evaluations')."""
   config = toy_config(stage)
-  assert config.decode.temperature != 0.5 and config.decode.rollout_tau != 0.7
-  if stage != "opd":
-    config = dataclasses.replace(config, settings=dataclasses.replace(
-      config.settings, temperature=0.5, **(dict(rollout_tau=0.7) if stage == "rl" else {})))
-  context = dataclasses.replace(toy_context(config, tok, str(tmp_path)),
-                                model_config=toy_policy.DIFFUSION)
-  spec = stages._rollout(context).spec
-  assert spec.temperature == (config.decode.temperature if stage == "opd" else 0.5)
-  assert spec.rollout_tau == (0.7 if stage == "rl" else config.decode.rollout_tau)
+  taus = dict(rollout_tau=0.7) if stage != "ar_rl" else {}
+  config = dataclasses.replace(config, settings=dataclasses.replace(
+    config.settings, temperature=0.5, **taus))
+  model = toy_policy.DIFFUSION if stage != "ar_rl" else toy_policy.AR
+  context = dataclasses.replace(toy_context(config, tok, str(tmp_path)), model_config=model)
+  rollout = stages._rollout(context)
+  assert rollout.temperature == 0.5 and rollout.spec == config.decode
+  assert getattr(rollout, "tau", None) == taus.get("rollout_tau")
 
 
 @pytest.mark.slow  # the same path by default: tests/test_reproduce.py's HF-layout run (AR RL and

@@ -28,8 +28,9 @@ TEACHER = dataclasses.replace(CONFIG, block_size=1, mask_token_id=None)  # the A
 PROMPTS = np.array([[5, 6, 7, 8, 9, 0], [10, 11, 12, 0, 0, 0]], np.int32)
 LENGTHS = np.array([5, 3], np.int32)
 BATCH = Batch(prompt_tokens=PROMPTS, prompt_lengths=LENGTHS, example_mask=np.ones(2, bool))
-SPEC = DecodeSpec(block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0)
-STUDENT = DiffusionRollout(DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10))
+SPEC = DecodeSpec(block_size=4, max_steps_per_block=8)
+STUDENT = DiffusionRollout(DiffusionPolicy(CONFIG, SPEC, max_new_tokens=10), temperature=1.0,
+                           tau=0.03)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +51,7 @@ def _prepare(params, key, teacher_params, policy=STUDENT, group_size=1, chunk_ro
 def test_kl_is_zero_when_the_student_is_the_teacher_with_block_size_one(params):
   student = DiffusionRollout(DiffusionPolicy(dataclasses.replace(CONFIG, block_size=1),
                                              dataclasses.replace(SPEC, block_size=1),
-                                             max_new_tokens=10))
+                                             max_new_tokens=10), temperature=1.0, tau=0.03)
   train, stats = _prepare(params, jax.random.key(2), params, policy=student)
   assert train.teacher_log_probs.shape == (2, 10, 64) and stats["response_len"] == 10
   assert train.replay_rounds == replay.Rounds(0)
@@ -77,8 +78,7 @@ def test_gradient_moves_a_toy_student_toward_the_teacher(params):
 
 
 def test_prepare_refuses_greedy_rollouts(params):
-  greedy = DiffusionRollout(DiffusionPolicy(CONFIG, dataclasses.replace(SPEC, temperature=0.0),
-                                            10))
+  greedy = DiffusionRollout(DiffusionPolicy(CONFIG, SPEC, 10), temperature=0.0, tau=0.03)
   with pytest.raises(ValueError, match="temperature"):
     _prepare(params, jax.random.key(0), params, policy=greedy)
   with pytest.raises(ValueError, match="AR"):

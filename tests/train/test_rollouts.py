@@ -110,7 +110,7 @@ def test_prepare_needs_a_target_and_sampled_rollouts(prepared):
   ar_params = prepared["params"][0]
   with pytest.raises(ValueError, match="reward_fn"):
     rollouts.prepare(ar_params, BATCH, jax.random.key(0), rollout=AR_POLICY, group_size=2)
-  greedy = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1, temperature=0.0), 10))
+  greedy = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1), 10), temperature=0.0)
   with pytest.raises(ValueError, match="temperature"):
     rollouts.prepare(ar_params, BATCH, jax.random.key(0), rollout=greedy, group_size=2,
                      reward_fn=REWARDS)

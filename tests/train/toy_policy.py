@@ -53,9 +53,9 @@ def toy_params():
     TEACHER, jax.random.key(1))
 
 
-AR_POLICY = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1, temperature=1.0), max_new_tokens=10))
+AR_POLICY = ARRollout(ARPolicy(AR, DecodeSpec(block_size=1), max_new_tokens=10), temperature=1.0)
 STUDENT = DiffusionRollout(DiffusionPolicy(DIFFUSION, DecodeSpec(
-  block_size=4, rollout_tau=0.03, max_steps_per_block=8, temperature=1.0), 10))
+  block_size=4, max_steps_per_block=8), 10), temperature=1.0, tau=0.03)
 REWARDS = rl.answer_rewards(AnswerTokenizer(), [LABELS, LABELS], STOP, alpha=0.2)
 
 
