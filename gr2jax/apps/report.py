@@ -11,7 +11,6 @@ The stamp is two fields, written at the top of each results JSON and on a line o
 `check_results` reads a results directory and lists where the four files disagree.
 """
 
-import dataclasses
 import json
 import os
 import re
@@ -48,7 +47,7 @@ def _digest(chain_digest: str, view: TablesView) -> str:
   _CHAIN_FIELDS]."""
   fields = {k: v for k, v in view.to_dict().items()
             if k not in RESULTS_NEUTRAL + _CHAIN_FIELDS}
-  fields["decode"] = dataclasses.asdict(fields["decode"])
+  fields["decode"] = fields["decode"].record()  # its retired fields kept (DecodeSpec.record)
   return files.json_digest([chain_digest, fields])
 
 

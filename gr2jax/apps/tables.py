@@ -225,7 +225,7 @@ def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> l
 
       path = _timings_path(workdir, f"{name}_{_setting_name(model, spec)}_b1", model.id,
                            len(inp.data), inp.prompt_len, inp.response_len, tau,
-                           table.speed_examples, dataclasses.asdict(spec))
+                           table.speed_examples, spec.record())
       row |= timings_cached(path, measure, table.remeasure)
     paper = PAPER_TABLE3.get(tau)
     row["paper"] = (f"{paper[0]:.4f} / {paper[1]} tok/s / {paper[2]:g}x" if paper else None)

@@ -278,7 +278,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
     data_config = ml_collections.ConfigDict(data_config)
   decode = _recorded(export, "decode", decode)
   if not isinstance(decode, DecodeSpec):
-    decode = DecodeSpec(**decode)
+    decode = DecodeSpec.from_record(decode)
   inference = (bundle.read(export, data_config, items)
                or _from_data_build(export, data_config, workdir, items))
   model_config, params = load.load_model(export)

@@ -67,6 +67,12 @@ class DecodeSpec:
     the retired ones at their retired values (RETIRED_FIELDS)."""
     return {**RETIRED_FIELDS, **dataclasses.asdict(self)}
 
+  @classmethod
+  def from_record(cls, fields: dict) -> "DecodeSpec":
+    """The spec of a recorded one (an export's metadata `decode`): the retired fields, which
+    older exports still hold, are left out (they described OPD's rollouts, not a decode)."""
+    return cls(**{k: v for k, v in fields.items() if k not in RETIRED_FIELDS})
+
   @property
   def order(self) -> commit.CommitOrder:
     """The commit order object of `commit_order` (checked when the spec was built)."""

@@ -1,5 +1,7 @@
 """DecodeSpec, the policies' construction and their decode, and the one causal scorer."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -10,6 +12,15 @@ from gr2jax.decoding.spec import DecodeSpec
 from gr2jax.model import generate
 from gr2jax.model.params import init_params
 from tests.train.toy_policy import AR, DIFFUSION, STOP
+
+
+def test_retired_fields_stay_in_records_and_older_records_load():
+  """rollout_tau / temperature left the spec (OPD's own settings now): records and cache keys
+  keep them at their retired values, and an older export's recorded spec still loads."""
+  spec = DecodeSpec(eval_tau=0.9)
+  assert spec.record() == {**dataclasses.asdict(spec), "rollout_tau": 0.9, "temperature": 1.0}
+  older = {**dataclasses.asdict(spec), "rollout_tau": 0.5, "temperature": 0.7}
+  assert DecodeSpec.from_record(older) == spec
 
 
 def test_paper_defaults():
