@@ -2,11 +2,14 @@
 
 A benchmark times a bigger model than the one trained by running the trained model's recorded
 commit schedule on the bigger model's (random) weights, from a prefill done beforehand so that a
-timing covers the decode alone. These emulations run the decoders' own steps (decode.loop_step
-with a recorded commit count, in a loop of their own; speculative.decode_loop with replaying
-Rules), so they cost what a decode costs, but their tokens are not a model's output. The
-production decoders' jitted loops carry none of it. `first_divergence` is the benchmarks' (and
-tests') check of where two decodes that should agree part.
+timing covers the decode alone. These emulations run the decoders' own loops with a recorded
+strategy in place of the decoder's (decode.decode_loop with `RecordedCounts` as its commit
+schedule; speculative.loop_step with `RecordedRules`, in a loop of their own that ends each row
+after its recorded verify steps), so they cost what a decode costs, but their tokens are not a
+model's output. The strategies live here: the library's decoders know only their interfaces
+(decode.CommitSchedule, speculative.Rules) and build their own (decode.Threshold,
+speculative.DecoderRules). `first_divergence` is the benchmarks' (and tests') check of where two
+decodes that should agree part.
 
 The timed replays on random weights (`random_model`, `run_entries`, `timed_replay`; the flags
 of `define_replay_flags`) serve both studies that time them: experiments/studies/bench_speedup.py
@@ -20,6 +23,7 @@ import json
 import os
 import time
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,33 +42,37 @@ FLAGS = flags.FLAGS
 # ---- block diffusion -----------------------------------------------------------------------
 
 
-def _schedule_count(schedule: jax.Array, inputs: decode.Inputs, s: decode.LoopState,
-                    block_size: int) -> jax.Array:
-  """[B] int32 commits of each row's denoising step in state `s`: row b's denoising step i
-  commits schedule[b, i] tokens; past the schedule's end, and at the capped step, every open
-  position."""
-  capped, _ = commit.capped_threshold(s.step, inputs.traced.max_steps_per_block,
-                                      inputs.traced.threshold)
-  at = jnp.minimum(s.denoise_steps, schedule.shape[1] - 1)[:, None]
-  n = jnp.take_along_axis(schedule, at, axis=1)[:, 0]
-  return jnp.where(capped | (s.denoise_steps >= schedule.shape[1]), block_size, n)
+@flax.struct.dataclass
+class RecordedCounts(decode.CommitSchedule):
+  """A recorded commit schedule (decode.CommitSchedule): row b's i-th denoising step, counted
+  across its blocks, commits the first counts[b, i] open positions in the decode's commit order;
+  past the schedule's end, and at the capped step, every open position.
+
+  Attributes:
+    counts: [B, S] int32 >= 0.
+  """
+
+  counts: jax.Array
+
+  def select(self, proposed, open_, s, max_steps_per_block, order):
+    """decode.CommitSchedule.select: the recorded count."""
+    capped, tau = commit.capped_threshold(s.step, max_steps_per_block, -1.0)
+    steps = self.counts.shape[1]
+    at = jnp.minimum(s.denoise_steps, steps - 1)[:, None]
+    n = jnp.take_along_axis(self.counts, at, axis=1)[:, 0]
+    count = jnp.where(capped | (s.denoise_steps >= steps), s.canvas.shape[1], n)
+    return commit.select(*proposed, s.canvas, open_, tau, order=order, count=count)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "static"))
-def _replay(params, config, inputs, schedule, prefilled, *, static):
-  """decode.decode_loop with each step's commits taken from `schedule`."""
+def _replay(params, config, inputs, prefilled, *, static):
+  """decode.decode_loop (inputs carry the recorded schedule), after the prefill or from
+  `prefilled`."""
   if prefilled is None:
     logits, cache = decode.prefill(params, config, inputs, static)
   else:
     cache, logits = prefilled
-
-  def body(s):
-    count = _schedule_count(schedule, inputs, s, config.block_size)
-    return decode.loop_step(params, config, inputs, static, s, count)
-
-  s = decode.loop_start(config, inputs, static, logits, cache)
-  s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), body, s)
-  return decode.loop_output(config, static, s)
+  return decode.decode_loop(params, config, inputs, static, logits, cache)
 
 
 def replay(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
@@ -115,8 +123,8 @@ def replay(params: dict, config: ModelConfig, prompt_tokens: jax.Array,
     if getattr(logits, "shape", None) != (b, config.vocab_size):
       raise ValueError(f"{where}: prefilled[1] must be logits [{b}, {config.vocab_size}], got "
                        f"{getattr(logits, 'shape', None)}")
-  return _replay(params_lib.layer_list(params), config, inputs, schedule.astype(jnp.int32),
-                 prefilled, static=static)
+  inputs = inputs._replace(schedule=RecordedCounts(schedule.astype(jnp.int32)))
+  return _replay(params_lib.layer_list(params), config, inputs, prefilled, static=static)
 
 
 def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]]:
@@ -149,25 +157,26 @@ def schedule_from_trace(commit_step, lengths, block_size: int) -> list[list[int]
 # ---- draft-and-verify ----------------------------------------------------------------------
 
 
-class _Replayed(speculative.Rules):
+class RecordedRules(speculative.Rules):
   """speculative.Rules replaying a recorded schedule [B, S, 2] int32: (denoising steps,
-  accepted drafts) of each verify step, -1 past the row's last."""
+  accepted drafts) of each verify step, -1 past the row's last (where the replay's loop ends
+  the row: `end_rows`)."""
 
-  def __init__(self, schedule: jax.Array, spec: speculative.DraftDecoding, mask_token_id):
-    super().__init__(spec, mask_token_id)
-    self.schedule = schedule
+  def __init__(self, schedule: jax.Array, spec: speculative.DraftDecoding,
+               mask_token_id: int | None):
+    self.schedule, self.spec, self.mask_token_id = schedule, spec, mask_token_id
 
   def _recorded(self, step, field):
     at = jnp.minimum(step, self.schedule.shape[1] - 1)[:, None]
     return jnp.take_along_axis(self.schedule[:, :, field], at, axis=1)[:, 0]
 
-  def draft_steps(self, step):
-    """The draft's recorded denoising steps (past the schedule: one)."""
-    return jnp.maximum(jnp.where(step < self.schedule.shape[1], self._recorded(step, 0), 1), 1)
-
-  def draft_count(self, capped):
-    """One token per denoising step; the capped (last) step the rest."""
-    return jnp.where(capped, self.spec.k, 1)
+  def draft_select(self, step, draft_step, proposed, window, open_):
+    """The draft's recorded denoising steps (past the schedule: one), one token per step; the
+    last step commits the rest."""
+    cap = jnp.maximum(jnp.where(step < self.schedule.shape[1], self._recorded(step, 0), 1), 1)
+    capped, tau = commit.capped_threshold(draft_step, cap, self.spec.draft_tau)
+    return commit.select(*proposed, window, open_, tau, order=self.spec.commit_order,
+                         count=jnp.where(capped, self.spec.k, 1))
 
   def accept(self, step, logits, drafts, q_logp, k_eff, key):
     """The recorded acceptances (at most K_eff), then the verifier's greedy token."""
@@ -175,9 +184,9 @@ class _Replayed(speculative.Rules):
     greedy = speculative.verifier_greedy(logits, self.mask_token_id)
     return a, jnp.take_along_axis(greedy, a[:, None], axis=1)[:, 0]
 
-  def ended(self, steps):
-    """After the row's recorded verify steps."""
-    return steps >= jnp.sum(self.schedule[:, :, 0] >= 0, axis=1)
+  def end_rows(self, s: speculative.LoopState) -> speculative.LoopState:
+    """s with the rows that have run their recorded verify steps done."""
+    return s._replace(done=s.done | (s.step >= jnp.sum(self.schedule[:, :, 0] >= 0, axis=1)))
 
 
 _STATIC = ("config_d", "config_v", "caches")
@@ -187,13 +196,18 @@ _prefills = jax.jit(speculative.prefills, static_argnames=_STATIC)
 @functools.partial(jax.jit, static_argnames=(*_STATIC, "spec"))
 def _speculative_replay(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key,
                         schedule, prefilled, *, config_d, config_v, spec, caches):
+  """speculative.decode_loop's loop with RecordedRules, each row ending after its recorded
+  verify steps."""
   if prefilled is None:
     prefilled = speculative.prefills(params_d, params_v, prompt_tokens, prompt_lengths,
                                      config_d=config_d, config_v=config_v, caches=caches)
-  return speculative.decode_loop(
-    params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
-    _Replayed(schedule, spec, config_v.mask_token_id),
-    speculative.Settings(config_d, config_v, spec))[0]
+  rules = RecordedRules(schedule, spec, config_v.mask_token_id)
+  settings = speculative.Settings(config_d, config_v, spec)
+  s = rules.end_rows(speculative.loop_start(prompt_lengths, stop_ids, key, prefilled, settings))
+  step = lambda s: rules.end_rows(speculative.loop_step(params_d, params_v, prompt_lengths,
+                                                         stop_ids, rules, settings, s))
+  s = jax.lax.while_loop(lambda s: ~jnp.all(s.done), step, s)
+  return speculative.loop_output(settings, s)[0]
 
 
 def speculative_prefill(drafter: speculative.Model, verifier: speculative.Model, prompt_tokens,

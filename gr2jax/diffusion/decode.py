@@ -9,9 +9,10 @@ Conventions (WORKSPACE.md "Masks and block alignment"):
     starts as one *seed* token -- the proposal of the previous forward's last logit (the prefill
     for block 0, the previous block's commit forward afterwards) -- plus B - 1 mask tokens.
     With B = 1 every block is a seed and decoding is exactly AR decoding.
-  - A denoising step proposes a token for every still-masked position and commits per
-    `commit.select`. When a block has no masks left, one *commit forward* of the clean block
-    writes its K/V into the cache and its last logit seeds the next block.
+  - A denoising step proposes a token for every still-masked position and commits per the
+    decode's CommitSchedule (the decoder's: `Threshold`, commit.select's threshold rule). When
+    a block has no masks left, one *commit forward* of the clean block writes its K/V into the
+    cache and its last logit seeds the next block.
 
 One forward per loop iteration serves every row: rows still denoising run a denoising step,
 rows whose block just completed run their commit forward, so rows never wait for each other.
@@ -40,10 +41,12 @@ forward + proposal (query plan, row writes, commit selection, prefill amortised)
 iteration; removing each piece in turn measured within noise.
 """
 
+import abc
 import dataclasses
 import functools
 from typing import NamedTuple
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -109,6 +112,51 @@ class LoopState(NamedTuple):
   logp_rec: jax.Array | None = None  # [B, T]
   start: jax.Array | None = None  # [B] response index of the block's first token
   step: jax.Array | None = None  # [B] denoising steps done in this block
+
+
+class CommitSchedule(abc.ABC):
+  """Which open positions a denoising step commits: the strategy `loop_step` runs.
+
+  A pytree carried in Inputs beside the other traced inputs: its class is part of the compiled
+  loop, its arrays are inputs. The decoder's is `Threshold` (check_inputs builds it); a replay
+  of a recorded run brings its own (experiments/emulate.py).
+  """
+
+  @abc.abstractmethod
+  def select(self, proposed: tuple[jax.Array, jax.Array], open_: jax.Array, s: LoopState,
+             max_steps_per_block: jax.Array, order: commit.CommitOrder) -> commit.CommitResult:
+    """The commits of a denoising step.
+
+    Args:
+      proposed: (tokens [B, T] int32, their log-probs [B, T] f32) shifted onto the block
+        (position i's proposal).
+      open_: [B, T] bool the positions that may commit (still masked, in denoising rows).
+      s: the state before the step (s.canvas; s.step, the steps done in the block;
+        s.denoise_steps, the row's steps across its blocks).
+      max_steps_per_block: [] int32 the step cap (the step with index cap - 1 commits every
+        open position).
+      order: the decode's commit.CommitOrder.
+
+    Returns:
+      commit.CommitResult of the block.
+    """
+
+
+@flax.struct.dataclass
+class Threshold(CommitSchedule):
+  """The decoder's schedule: commit.select's threshold rule at tau (commit.py), every open
+  position at the capped step (commit.capped_threshold).
+
+  Attributes:
+    tau: [] f32 the decoding's threshold.
+  """
+
+  tau: jax.Array
+
+  def select(self, proposed, open_, s, max_steps_per_block, order):
+    """CommitSchedule.select: the threshold rule."""
+    _, tau = commit.capped_threshold(s.step, max_steps_per_block, self.tau)
+    return commit.select(*proposed, s.canvas, open_, tau, order=order)
 
 
 def block_forward(
@@ -263,7 +311,6 @@ class _Static(NamedTuple):
 class _Traced(NamedTuple):
   """The traced inputs of `_generate` besides the prompts (None = not given)."""
 
-  threshold: jax.Array  # [] f32
   max_steps_per_block: jax.Array  # [] int32
   stop_ids: jax.Array  # [S] int32
   key: jax.Array
@@ -272,11 +319,20 @@ class _Traced(NamedTuple):
 
 
 class Inputs(NamedTuple):
-  """The checked traced inputs of a decode (`check_inputs`; its `_Static` goes beside them)."""
+  """The checked traced inputs of a decode (`check_inputs`; its `_Static` goes beside them).
 
-  prompt_tokens: jax.Array  # [B, P] int32
-  prompt_lengths: jax.Array  # [B] int32
+  Attributes:
+    prompt_tokens: [B, P] int32.
+    prompt_lengths: [B] int32.
+    traced: the decoding's traced settings.
+    schedule: the commit schedule of the denoising steps (check_inputs: Threshold at the
+      decoding's threshold; a replay replaces it, e.g. `inputs._replace(schedule=...)`).
+  """
+
+  prompt_tokens: jax.Array
+  prompt_lengths: jax.Array
   traced: _Traced
+  schedule: CommitSchedule
 
 
 def prefill(params, config: ModelConfig, inputs: Inputs,
@@ -335,7 +391,7 @@ def loop_start(config: ModelConfig, inputs: Inputs, static: _Static, logits: jax
   """The loop's first state (traceable): block 0 seeded from the prefill's `logits` [B, V],
   `cache` the prefilled cache; arguments as decode_loop's."""
   prompt_lengths = inputs.prompt_lengths
-  _, _, stop_ids, key, _, prefix = inputs.traced
+  stop_ids, key, prefix = inputs.traced.stop_ids, inputs.traced.key, inputs.traced.prefix
   max_new_tokens = static.max_new_tokens
   b = prompt_lengths.shape[0]
   t = config.block_size
@@ -364,22 +420,20 @@ def loop_start(config: ModelConfig, inputs: Inputs, static: _Static, logits: jax
   return _enter(blank, cache, block, start, start, stop_ids, max_new_tokens)
 
 
-def loop_step(params, config: ModelConfig, inputs: Inputs, static: _Static, s: LoopState,
-              count: jax.Array | None = None) -> LoopState:
-  """One iteration of the loop (traceable): one forward serving every row (module docstring).
+def loop_step(params, config: ModelConfig, inputs: Inputs, static: _Static,
+              s: LoopState) -> LoopState:
+  """One iteration of the loop (traceable): one forward serving every row (module docstring);
+  the denoising rows commit per inputs.schedule.
 
   Args:
     params, config, inputs, static: as decode_loop's.
     s: the state (loop_start's, or a loop_step's).
-    count: None (the decoder: the threshold rule), or [B] int32 the commits of each row's
-      denoising step (commit.select's `count`: a replay of a recorded schedule, e.g.
-      experiments/emulate.py).
 
   Returns:
     The next LoopState.
   """
   prompt_lengths = inputs.prompt_lengths
-  threshold, max_steps_per_block, stop_ids, _, _, prefix = inputs.traced
+  max_steps_per_block, stop_ids, _, _, prefix = inputs.traced
   max_new_tokens = static.max_new_tokens
   t = config.block_size
   mask_id = config.mask_token_id
@@ -402,12 +456,11 @@ def loop_step(params, config: ModelConfig, inputs: Inputs, static: _Static, s: L
     bucket_sizes,
     lambda lg, idx: propose_fn(lg, idx, s.out_tokens, s.start, step_key),
   )
-  # Denoising rows: shifted proposals (query i - 1 -> token i), then the threshold rule.
+  # Denoising rows: shifted proposals (query i - 1 -> token i), then the commit schedule.
   shift_tok = jnp.concatenate([s.canvas[:, :1], q_tok[:, :-1]], axis=1)
   shift_logp = jnp.concatenate([s.logp_rec[:, :1], q_logp[:, :-1]], axis=1)
-  _, tau = commit.capped_threshold(s.step, max_steps_per_block, threshold)
-  res = commit.select(shift_tok, shift_logp, s.canvas, open_, tau, order=static.commit_order,
-                      count=count)
+  res = inputs.schedule.select((shift_tok, shift_logp), open_, s, max_steps_per_block,
+                               static.commit_order)
   d_step_rec = jnp.where(res.committed, s.step[:, None], s.step_rec)
   d_logp_rec = jnp.where(res.committed, res.logprob, s.logp_rec)
   # Committing rows: the K/V are written, the last query seeds the next block.
@@ -538,7 +591,8 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   """The arguments of block_diffusion_generate, checked before anything is traced.
 
   Returns:
-    (Inputs: the prompts as int32 arrays and the traced settings, the static settings).
+    (Inputs: the prompts as int32 arrays, the traced settings and the decoder's commit schedule
+    (Threshold at decoding.threshold), the static settings).
 
   Raises:
     TypeError / ValueError starting with `where`, naming the argument: prompts or lengths
@@ -591,7 +645,6 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   if cache_size < needed:
     raise ValueError(f"{where}: cache_size={cache_size} < P + blocks*B={needed}")
   traced = _Traced(
-    threshold=jnp.asarray(decoding.threshold, jnp.float32),
     max_steps_per_block=jnp.asarray(decoding.max_steps_per_block, jnp.int32),
     stop_ids=decode_core.stop_id_array(stop),
     key=key,
@@ -599,5 +652,6 @@ def check_inputs(where: str, config: ModelConfig, prompt_tokens, prompt_lengths,
   static = _Static(max_new_tokens=max_new_tokens, temperature=decoding.temperature,
                    cache_size=cache_size, head_buckets=decoding.head_buckets,
                    commit_order=decoding.commit_order)
-  return Inputs(prompt_tokens, prompt_lengths, traced), static
+  return (Inputs(prompt_tokens, prompt_lengths, traced,
+                 Threshold(jnp.asarray(decoding.threshold, jnp.float32))), static)
 

@@ -59,6 +59,7 @@ test_speculative.py and experiments/studies/bench_speculative.py report where a 
 `generate`'s (first divergent token, logit margin); the GPU check measures the bf16 flip rate.
 """
 
+import abc
 import dataclasses
 import functools
 from typing import NamedTuple
@@ -262,7 +263,7 @@ class _Draft(NamedTuple):
   key: jax.Array
 
 
-class _State(NamedTuple):
+class LoopState(NamedTuple):
   """The outer (verify) loop's carry; R = response slots."""
 
   v_cache: KVCache  # every accepted token but the last
@@ -285,29 +286,55 @@ def _at_step(buf: jax.Array, step: jax.Array, value: jax.Array, write: jax.Array
   return buf.at[rows, step].set(jnp.where(write[:, None], value, buf[rows, step]), mode="drop")
 
 
-class Rules:
-  """How a verify step drafts and accepts: the decoder's own rules (module docstring).
-
-  `decode_loop` calls these inside its while loop (traced); experiments/emulate.py replays
-  a recorded run with a subclass.
+class Rules(abc.ABC):
+  """How a verify step drafts and accepts: the strategy `loop_step` runs (traced, inside the
+  while loops). The decoder's is DecoderRules; a replay of a recorded run brings its own
+  (experiments/emulate.py).
   """
+
+  @abc.abstractmethod
+  def draft_select(self, step: jax.Array, draft_step: jax.Array,
+                   proposed: tuple[jax.Array, jax.Array], window: jax.Array,
+                   open_: jax.Array) -> commit.CommitResult:
+    """The commits of one denoising step of a draft.
+
+    Args:
+      step: [B] int32 the row's verify step.
+      draft_step: [B] int32 denoising steps this draft has run.
+      proposed: (tokens [B, W] int32, their log-confidences [B, W] f32: the proposals'
+        log-probs, or when sampling the log of their distributions' maxima, module docstring).
+      window: [B, W] int32 the draft window (mask token where open).
+      open_: [B, W] bool the window slots that may commit.
+
+    Returns:
+      commit.CommitResult of the window.
+    """
+
+  @abc.abstractmethod
+  def accept(self, step: jax.Array, logits: jax.Array, drafts: jax.Array,
+             q_logp: jax.Array | None, k_eff: jax.Array,
+             key: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(accepted drafts a [B] in 0..k_eff, the token committed after them [B]) of verify step
+    `step` [B] from the verifier's logits [B, K + 1, V], the drafts [B, K], the distributions
+    they were drawn from (q_logp [B, K, V], sampling only) and K_eff [B]."""
+
+
+class DecoderRules(Rules):
+  """The decoder's rules (module docstring): a draft commits by commit.select's threshold rule
+  at spec.draft_tau, its step with index spec.draft_steps - 1 the rest; a verify step accepts
+  by greedy_accept, or by speculative_accept when sampling."""
 
   def __init__(self, spec: DraftDecoding, mask_token_id: int | None):
     self.spec, self.mask_token_id = spec, mask_token_id
 
-  def draft_steps(self, step: jax.Array) -> jax.Array:
-    """[B] int32 denoising-step budget of each row's draft at its verify step `step` [B]."""
-    return jnp.full(step.shape, self.spec.draft_steps, jnp.int32)
-
-  def draft_count(self, capped: jax.Array) -> jax.Array | None:
-    """commit.select's `count` of a denoising step (capped [B]: the draft's last step); None:
-    the threshold rule at spec.draft_tau."""
-    del capped
-    return None
+  def draft_select(self, step, draft_step, proposed, window, open_):
+    """Rules.draft_select: the threshold at draft_tau under the draft_steps cap."""
+    del step
+    _, tau = commit.capped_threshold(draft_step, self.spec.draft_steps, self.spec.draft_tau)
+    return commit.select(*proposed, window, open_, tau, order=self.spec.commit_order)
 
   def accept(self, step, logits, drafts, q_logp, k_eff, key):
-    """(accepted drafts a [B], the token after them [B]) of verify step `step` [B] from the
-    verifier's logits [B, K + 1, V]: greedy_accept, or speculative_accept when sampling."""
+    """Rules.accept: greedy_accept, or speculative_accept when sampling."""
     del step
     if self.spec.temperature > 0:
       return speculative_accept(commit.token_log_probs(logits, self.mask_token_id,
@@ -315,14 +342,9 @@ class Rules:
                                 q_logp, drafts, k_eff, key)
     return greedy_accept(verifier_greedy(logits, self.mask_token_id), drafts, k_eff)
 
-  def ended(self, steps: jax.Array) -> jax.Array | bool:
-    """Whether a row that has run `steps` [B] verify steps ends there whatever it committed
-    (the decoder: never; its rows end on a stop token or the length cap)."""
-    del steps
-    return False
 
-
-def _draft(params, config, s: _State, prompt_lengths, spec: DraftDecoding, rules: Rules, key):
+def _draft(params, config, s: LoopState, prompt_lengths, spec: DraftDecoding, rules: Rules,
+           key):
   """The drafts of one verify step (inner while loop, module docstring).
 
   Returns:
@@ -346,7 +368,6 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftDecoding, rules
   block_idx = jnp.arange(t, dtype=jnp.int32)[None, :]
   prefix = jnp.where(start[:, None] + block_idx < s.n[:, None],
                      decode_core.read_rows(s.out, start, t), mask_id)  # [B, T] accepted, masks
-  cap = rules.draft_steps(s.step)
   rows = jnp.arange(b)[:, None]
   queries = jnp.clip(j[:, None] - 1 + slots, 0, t - 1)  # query i - 1 predicts window slot i
 
@@ -367,11 +388,9 @@ def _draft(params, config, s: _State, prompt_lengths, spec: DraftDecoding, rules
     seed = (d.committing & (j == 0))[:, None] & (slots == 0)
     window = jnp.where(seed, tokens[:, :1], d.window)
     open_ = d.open & ~seed
-    # Denoising step: the rules' (the threshold at draft_tau); the capped step commits all.
-    capped, tau = commit.capped_threshold(d.step, cap, spec.draft_tau)
-    res = commit.select(tokens, token_logp if conf is None else conf, window,
-                        open_ & drafting[:, None], tau, order=spec.commit_order,
-                        count=rules.draft_count(capped))
+    # Denoising step: the rules' (the decoder's: the threshold at draft_tau, capped).
+    res = rules.draft_select(s.step, d.step, (tokens, token_logp if conf is None else conf),
+                             window, open_ & drafting[:, None])
     q_logp = d.q_logp
     if temperature > 0:
       q_logp = jnp.where((seed | res.committed)[..., None], logp, q_logp)
@@ -414,7 +433,8 @@ def _decode(params_d, params_v, prompt_tokens, prompt_lengths, stop_ids, key, *,
   prefilled = prefills(params_d, params_v, prompt_tokens, prompt_lengths, config_d=config_d,
                        config_v=config_v, caches=caches)
   return decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled,
-                     Rules(spec, config_v.mask_token_id), Settings(config_d, config_v, spec))
+                     DecoderRules(spec, config_v.mask_token_id),
+                     Settings(config_d, config_v, spec))
 
 
 class Settings(NamedTuple):
@@ -427,7 +447,8 @@ class Settings(NamedTuple):
 
 def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, rules: Rules,
                 settings: Settings):
-  """The decode after the prefills (traceable; module docstring): the verify while loop.
+  """The decode after the prefills (traceable; module docstring): one while_loop of
+  `loop_step` from `loop_start`, read out by `loop_output`.
 
   Args:
     params_d, params_v: the drafter's and the verifier's params (the decoders' layout).
@@ -435,12 +456,21 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
     stop_ids: [S] int32 (-1 for none).
     key: PRNG key.
     prefilled: `prefills(...)` of the prompts.
-    rules: how each verify step drafts and accepts (Rules: the decoder's).
+    rules: how each verify step drafts and accepts (the decoder's: DecoderRules).
     settings: the static settings (the configs, the DraftDecoding).
 
   Returns:
     (SpecOutput, the verifier cache, the drafter cache).
   """
+  s = loop_start(prompt_lengths, stop_ids, key, prefilled, settings)
+  s = lax.while_loop(lambda s: ~jnp.all(s.done), lambda s: loop_step(
+    params_d, params_v, prompt_lengths, stop_ids, rules, settings, s), s)
+  return loop_output(settings, s)
+
+
+def loop_start(prompt_lengths, stop_ids, key, prefilled, settings: Settings) -> LoopState:
+  """The loop's first state (traceable): the verifier's first token from its prefill's logits;
+  arguments as decode_loop's."""
   config_d, config_v, spec = settings
   max_new_tokens, temperature = spec.max_new_tokens, spec.temperature
   b = prompt_lengths.shape[0]
@@ -456,50 +486,60 @@ def decode_loop(params_d, params_v, prompt_lengths, stop_ids, key, prefilled, ru
   else:
     first = verifier_greedy(v_logits, mask_v)
   zeros = jnp.zeros((b,), jnp.int32)
-  state = _State(
+  return LoopState(
     v_cache=v_cache, d_cache=d_cache, last=first, n=jnp.ones((b,), jnp.int32), d_start=zeros,
-    done=jnp.isin(first, stop_ids) | (n_max == 1) | rules.ended(zeros),
+    done=jnp.isin(first, stop_ids) | (n_max == 1),
     out=jnp.zeros((b, r), jnp.int32).at[:, 0].set(first),
     token_step=jnp.full((b, r), NO_STEP, jnp.int32).at[:, 0].set(FIRST_STEP), step=zeros,
     step_rec=jnp.zeros((b, n_max, 3), jnp.int32), num_forwards=jnp.zeros((2,), jnp.int32),
     key=key)
 
-  def body(s: _State) -> _State:
-    key, draft_key, verify_key = jax.random.split(s.key, 3)
-    active = ~s.done
-    drafts, q_logp, k_eff, d_cache, d_start, d_fwd, d_num = _draft(
-      params_d, config_d, s, prompt_lengths, spec, rules, draft_key)
-    logits, v_written = qwen3.forward(params_v, config_v,
-                                      jnp.concatenate([s.last[:, None], drafts], axis=1),
-                                      cache=s.v_cache, update_cache=True)  # [B, K + 1, V]
-    a, bonus = rules.accept(s.step, logits, drafts, q_logp, k_eff, verify_key)
-    slots = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
-    committed = jnp.where(slots < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), bonus[:, None])
-    kept = slots <= a[:, None]  # [B, K + 1]
-    stop_at = decode_core.first_stop(committed, kept, stop_ids)  # [B], K + 1 where none
-    count = jnp.minimum(a + 1, stop_at + 1)  # tokens this step commits
-    n = jnp.where(active, s.n + count, s.n)
-    keep = active[:, None] & (slots < count[:, None])
-    window = decode_core.read_rows(s.out, s.n, k + 1)
-    place = decode_core.write_rows
-    out = place(s.out, jnp.where(keep, committed, window), s.n)
-    old_steps = decode_core.read_rows(s.token_step, s.n, k + 1)
-    token_step = place(s.token_step, jnp.where(keep, s.step[:, None], old_steps), s.n)
-    accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
-    done = s.done | (stop_at <= a) | (n >= n_max) | rules.ended(s.step + 1)
-    return s._replace(
-      v_cache=v_written.replace(lengths=s.v_cache.lengths + jnp.where(active, count, 0)),
-      d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
-      done=done, out=out, token_step=token_step,
-      step=s.step + active,
-      step_rec=_at_step(s.step_rec, s.step, jnp.stack([k_eff, accepted, d_fwd], -1), active),
-      num_forwards=s.num_forwards + jnp.stack([jnp.int32(1), d_num]), key=key)
 
-  s = lax.while_loop(lambda s: ~jnp.all(s.done), body, state)
+def loop_step(params_d, params_v, prompt_lengths, stop_ids, rules: Rules, settings: Settings,
+              s: LoopState) -> LoopState:
+  """One verify step of every active row (traceable; module docstring): draft, verify, roll
+  back; arguments as decode_loop's, s the state (loop_start's or a loop_step's)."""
+  config_d, config_v, spec = settings
+  k, n_max = spec.k, spec.max_new_tokens
+  key, draft_key, verify_key = jax.random.split(s.key, 3)
+  active = ~s.done
+  drafts, q_logp, k_eff, d_cache, d_start, d_fwd, d_num = _draft(
+    params_d, config_d, s, prompt_lengths, spec, rules, draft_key)
+  logits, v_written = qwen3.forward(params_v, config_v,
+                                    jnp.concatenate([s.last[:, None], drafts], axis=1),
+                                    cache=s.v_cache, update_cache=True)  # [B, K + 1, V]
+  a, bonus = rules.accept(s.step, logits, drafts, q_logp, k_eff, verify_key)
+  slots = jnp.arange(k + 1, dtype=jnp.int32)[None, :]
+  committed = jnp.where(slots < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), bonus[:, None])
+  kept = slots <= a[:, None]  # [B, K + 1]
+  stop_at = decode_core.first_stop(committed, kept, stop_ids)  # [B], K + 1 where none
+  count = jnp.minimum(a + 1, stop_at + 1)  # tokens this step commits
+  n = jnp.where(active, s.n + count, s.n)
+  keep = active[:, None] & (slots < count[:, None])
+  window = decode_core.read_rows(s.out, s.n, k + 1)
+  place = decode_core.write_rows
+  out = place(s.out, jnp.where(keep, committed, window), s.n)
+  old_steps = decode_core.read_rows(s.token_step, s.n, k + 1)
+  token_step = place(s.token_step, jnp.where(keep, s.step[:, None], old_steps), s.n)
+  accepted = jnp.minimum(a, count)  # drafts kept (a stop token among them ends the row)
+  done = s.done | (stop_at <= a) | (n >= n_max)
+  return s._replace(
+    v_cache=v_written.replace(lengths=s.v_cache.lengths + jnp.where(active, count, 0)),
+    d_cache=d_cache, last=jnp.where(active, bonus, s.last), n=n, d_start=d_start,
+    done=done, out=out, token_step=token_step,
+    step=s.step + active,
+    step_rec=_at_step(s.step_rec, s.step, jnp.stack([k_eff, accepted, d_fwd], -1), active),
+    num_forwards=s.num_forwards + jnp.stack([jnp.int32(1), d_num]), key=key)
+
+
+def loop_output(settings: Settings, s: LoopState):
+  """(SpecOutput, the verifier cache, the drafter cache) of the loop's last state
+  (traceable)."""
+  n_max, pad = settings.spec.max_new_tokens, settings.config_v.pad_token_id
   keep = jnp.arange(n_max)[None, :] < s.n[:, None]
   drafted, accepted, d_forwards = (s.step_rec[..., i] for i in range(3))
   out = SpecOutput(
-    tokens=jnp.where(keep, s.out[:, :n_max], config_v.pad_token_id), lengths=s.n,
+    tokens=jnp.where(keep, s.out[:, :n_max], pad), lengths=s.n,
     verify_forwards=s.step, draft_forwards=jnp.sum(d_forwards, -1),
     accepted=jnp.sum(accepted, -1), token_step=jnp.where(keep, s.token_step[:, :n_max], NO_STEP),
     step_drafted=drafted, step_accepted=accepted, step_draft_forwards=d_forwards,

@@ -44,9 +44,17 @@ def test_production_decoders_carry_no_emulation():
                                                                    "response_prefix"]
   for name in ("speculative_replay", "prefill", "schedule_from_output", "first_divergence"):
     assert not hasattr(speculative, name), name
-  # The production loop takes no commit hook: a replay runs decode.loop_step in a loop of its own.
+  # The loops take no commit hook: a replay is a strategy of its own (emulate.RecordedCounts,
+  # emulate.RecordedRules) where the decoder's goes (decode.Threshold, speculative.DecoderRules).
   assert list(inspect.signature(decode.decode_loop).parameters) == [
     "params", "config", "inputs", "static", "logits", "cache"]
+  assert list(inspect.signature(decode.loop_step).parameters) == [
+    "params", "config", "inputs", "static", "s"]
+  assert speculative.Rules.__abstractmethods__ == {"draft_select", "accept"}
+  for name in ("draft_steps", "draft_count", "ended"):
+    assert not hasattr(speculative.DecoderRules, name), name
+  assert issubclass(emulate.RecordedCounts, decode.CommitSchedule)
+  assert issubclass(emulate.RecordedRules, speculative.Rules)
 
 
 def test_speculative_replay_checks_its_schedule_and_prefill():
