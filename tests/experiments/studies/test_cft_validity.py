@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from absl import app, flags
+from absl import app
 
 from experiments.studies import cft_validity
-from gr2jax import cli, exports, load
+from gr2jax import exports
+from tests.experiments import study_main
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))))
@@ -54,25 +55,13 @@ def test_a_bad_spec_is_refused_before_the_model_and_split_load(tmp_path):
     f"--specs: '1.0:confidence' has 2 fields, not 3 or 4{FORM}")
 
 
-def _no_load(path, *args, **kwargs):
-  raise AssertionError(f"{path} was loaded")
-
-
 def test_the_study_refuses_the_pair_in_one_line_and_writes_nothing(two_builds, tmp_path,
                                                                   monkeypatch, capsys):
-  """main, as `cft_validity.py --workdir=W2 --ckpt=E --out=OUT` runs it (cli.run: flags parsed
-  by cli.parse_flags, main under cli.one_line_refusals)."""
-  flag_values = flags.FlagValues()
-  cft_validity.define_flags(flag_values)
+  """main, as `cft_validity.py --workdir=W2 --ckpt=E --out=OUT` runs it (cli.run)."""
   out = tmp_path / "rows.json"
-  cli.parse_flags(["cft_validity.py", f"--workdir={two_builds.other}",
-                   f"--ckpt={two_builds.export}", f"--out={out}"], flag_values)
-  monkeypatch.setattr(cft_validity, "FLAGS", flag_values)
-  monkeypatch.setattr(load, "load_model", _no_load)
-  with pytest.raises(SystemExit) as e:
-    cli.one_line_refusals()(cft_validity.main)([])
-  err = capsys.readouterr().err
-  assert e.value.code == 1 and len(err.splitlines()) == 1
+  err = study_main.refusal(cft_validity, ["cft_validity.py", f"--workdir={two_builds.other}",
+                                          f"--ckpt={two_builds.export}", f"--out={out}"],
+                           monkeypatch, capsys)
   assert err.startswith(f"{two_builds.export} was trained on another data build")
   assert not out.exists() and os.listdir(tmp_path) == []
   metadata = exports.load_metadata(two_builds.export)["data_build"]

@@ -5,11 +5,9 @@ decode itself is a run, not a test)."""
 import os
 
 import numpy as np
-import pytest
-from absl import flags
 
 from experiments.studies import duplicate_commits
-from gr2jax import cli, load
+from tests.experiments import study_main
 
 LABELS = np.array([[7, 8], [7, 9], [6, 9]], np.int32)  # two-token labels sharing a first token
 
@@ -51,21 +49,10 @@ def test_an_export_of_another_data_build_is_one_line_before_it_loads(two_builds,
                                                                     monkeypatch, capsys):
   """main, as `duplicate_commits.py --workdir=W2 --ckpt=E --out=OUT` runs it (cli.run): W2's
   tokenizer is not the export's; the line names the export (exports.check_data_build)."""
-  flag_values = flags.FlagValues()
-  duplicate_commits.define_flags(flag_values)
   out = tmp_path / "counts.json"
-  cli.parse_flags(["duplicate_commits.py", f"--workdir={two_builds.other}",
-                   f"--ckpt={two_builds.export}", f"--out={out}"], flag_values)
-  monkeypatch.setattr(duplicate_commits, "FLAGS", flag_values)
-
-  def no_load(path, *args, **kwargs):
-    raise AssertionError(f"{path} was loaded")
-
-  monkeypatch.setattr(load, "load_model", no_load)
-  with pytest.raises(SystemExit) as e:
-    cli.one_line_refusals()(duplicate_commits.main)([])
-  err = capsys.readouterr().err
-  assert e.value.code == 1 and len(err.splitlines()) == 1
+  err = study_main.refusal(duplicate_commits, [
+    "duplicate_commits.py", f"--workdir={two_builds.other}", f"--ckpt={two_builds.export}",
+    f"--out={out}"], monkeypatch, capsys)
   assert err.startswith(f"{two_builds.export} was trained on another data build than this one "
                         "(checkpoint vs this run): tokenizer vocab_sha256 ")
   assert os.listdir(tmp_path) == []
