@@ -32,10 +32,11 @@ class DiffusionRead(NamedTuple):
 
 def check_build(ckpt: str, summary: dict, tokenizer) -> None:
   """Refuses an export trained on another data build than the workdir's, by eval.py's check
-  (exports.check_data_build): the data build record of W's build (its tokenizer and semantic
-  IDs) against the one the export records. W's summary.json records no prompt format, so the
-  prompt compared is the export's own: a build differing in its prompt alone is not seen here.
-  An export that records no data build (a converted or HF checkpoint) is not checked.
+  (exports.check_data_build): the data build record of W's build (its tokenizer, prompt format
+  and semantic IDs) against the one the export records. A summary.json written before it
+  recorded the prompt format compares the export's own prompt (a build differing in its prompt
+  alone is then not seen). An export that records no data build (a converted or HF checkpoint)
+  is not checked.
 
   Raises:
     ValueError: naming the export and each field that differs (checkpoint vs W).
@@ -45,7 +46,8 @@ def check_build(ckpt: str, summary: dict, tokenizer) -> None:
     return
   known = {field.name for field in dataclasses.fields(prompts.PromptConfig)}
   prompt = prompts.PromptConfig(**{name: tuple(value) if isinstance(value, list) else value
-                                   for name, value in recorded["prompt"].items()
+                                   for name, value in summary.get("prompt",
+                                                                  recorded["prompt"]).items()
                                    if name in known})
   sids_file = summary["paths"].get("sids")  # a build summarised before the field: not compared
   sids = rqvae.load_sids(sids_file) if sids_file else None

@@ -676,6 +676,7 @@ def _run(config, workdir: str, read_only: bool = False) -> dict:
     "splits": {name: len(exs) for name, exs in by_split.items()},
     "sids": {"unique": int(len(np.unique(sids, axis=0))), **sid_stats},
     "tokenizer": {"vocab": len(tok)},
+    "prompt": dataclasses.asdict(prompts.prompt_config(config)),  # the build's prompt format
     "prompt_lengths": prompt_lengths,
     "static_lengths": static_lengths,
     "timings": steps.timings,

@@ -27,3 +27,18 @@ def test_an_export_of_another_data_build_is_refused_by_name_before_it_loads(two_
 def test_the_exports_own_build_passes_the_check_and_loads(two_builds):
   read = export_reads.read_diffusion(two_builds.export, two_builds.workdir, "test_1615", 2)
   assert read.config.mask_token_id is not None and len(read.data) == 2
+
+
+def test_a_build_that_differs_in_its_prompt_alone_is_refused(two_builds, monkeypatch):
+  """The workdir's summary records its build's prompt format: an export trained on another
+  prompt (here: the summary says 'raw' evidence, the export's build 'flags') is refused."""
+  from gr2jax.data import pipeline
+  from gr2jax.data import tokenizer as tokenizer_lib
+
+  summary = pipeline.read_summary(two_builds.workdir)
+  assert summary["prompt"]["evidence"] != "raw"
+  tokenizer = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
+  export_reads.check_build(two_builds.export, summary, tokenizer)  # its own build: passes
+  other = dict(summary, prompt=dict(summary["prompt"], evidence="raw"))
+  with pytest.raises(ValueError, match="was trained on another data build"):
+    export_reads.check_build(two_builds.export, other, tokenizer)
