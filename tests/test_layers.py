@@ -15,8 +15,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = "gr2jax.train"
 ABOVE_TRAIN = ("gr2jax.chain", "gr2jax.apps")  # what runs training stages / serves
@@ -129,17 +127,21 @@ def _applications() -> list[str]:
                 if m != TABLE2)
 
 
-@pytest.mark.parametrize("module", _applications())
-def test_importing_an_application_loads_no_training_module_optax_or_orbax(module):
-  """In a fresh process: what the imports really load (optax and orbax are imported where a
-  model is trained, or params are written or restored, not with the modules that do it)."""
-  code = (f"import json, sys, {module}; print(json.dumps(sorted(m for m in sys.modules if "
-          f"m == '{TRAIN}' or m.startswith(('{TRAIN}.', 'optax', 'orbax')))))")
-  out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                       timeout=300)
-  assert out.returncode == 0, out.stderr[-2000:]
-  loaded = json.loads(out.stdout.splitlines()[-1])
-  assert not loaded, f"import {module} loads {loaded[:10]} ({len(loaded)} in all)"
+def test_importing_an_application_loads_no_training_module_optax_or_orbax():
+  """Each module in a fresh process of its own (the processes run side by side): what the
+  imports really load (optax and orbax are imported where a model is trained, or params are
+  written or restored, not with the modules that do it)."""
+  procs = {module: subprocess.Popen(
+    [sys.executable, "-c", f"import json, sys, {module}; print(json.dumps(sorted(m for m in "
+     f"sys.modules if m == '{TRAIN}' or m.startswith(('{TRAIN}.', 'optax', 'orbax')))))"],
+    cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for module in _applications()}
+  assert len(procs) >= 10
+  for module, proc in procs.items():
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    loaded = json.loads(stdout.splitlines()[-1])
+    assert not loaded, f"import {module} loads {loaded[:10]} ({len(loaded)} in all)"
 
 
 def test_diffusion_exports_and_data_stand_side_by_side_on_the_model():
