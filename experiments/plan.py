@@ -172,7 +172,7 @@ class LossView:
   (train/stages.py TRAINERS' make_loss: `ctx.config.settings`, `.decode`, `.replay_shrink`), a
   recipe's; a plan has no workdir, so no init path or teacher export."""
 
-  settings: stage_registry.Settings | None
+  settings: stage_registry.StageBlock | None
   decode: DecodeSpec
   replay_shrink: int | None
 
@@ -251,17 +251,17 @@ def _from_recipe(variant: str, model: ModelConfig, per_device_of: int = 1) -> Sh
   st = c.stages
   train = {name: st[name].train for name in STAGES}
   recipe = recipe_lib.from_config(c)
-  settings = recipe.settings
+  own = {name: recipe.stages[name].own for name in STAGES}
   return Shapes(
     model=model, prompt_len=2200, response_len=256, block_size=c.decode.block_size,
     max_steps_per_block=c.decode.max_steps_per_block,
     batch_size={name: t.batch_size for name, t in train.items()},
-    group={name: stage_registry.spec(name).rows_per_prompt(settings[name]) for name in STAGES},
+    group={name: stage_registry.spec(name).rows_per_prompt(own[name]) for name in STAGES},
     steps={name: t.steps for name, t in train.items()},
     teacher_dtype=st.opd.opd.teacher_dtype, xla_flags=tuple(c.xla_flags),
     prepare_chunk={name: train[name].prepare_chunk // per_device_of for name in ON_POLICY},
     micro_batches={name: t.micro_batches * per_device_of for name, t in train.items()},
-    views={name: LossView(settings[name], recipe.decode, recipe.replay_shrink
+    views={name: LossView(own[name], recipe.decode, recipe.replay_shrink
                           if stage_registry.spec(name).diffusion else None) for name in STAGES})
 
 
@@ -386,7 +386,7 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
   p, r = s.prompt_len, s.response_len
   i32, f32 = jnp.int32, jnp.float32
   ar, diff = s.model, s.diffusion()
-  teacher_dtype = opd.teacher_dtype(s.teacher_dtype)
+  teacher_dtype = opd.TEACHER_DTYPES[s.teacher_dtype]
   rp = layout.padded_width(r, s.block_size)
 
   # Each Batch field's (shape, dtype) at n rows; a stage's batch holds the fields its loss reads
@@ -445,10 +445,8 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
 
 
 def _optimizer():
-  cfg = ml_collections.ConfigDict(dict(
-    learning_rate=1e-5, warmup_steps=10, total_steps=1000, schedule="cosine", end_lr_factor=0.1,
-    b1=0.9, b2=0.98, eps=1e-8, weight_decay=0.01, clip_norm=1.0))
-  return optim.make_optimizer(cfg)
+  return optim.make_optimizer(stage_registry.OptimizerSettings(
+    learning_rate=1e-5, warmup_steps=10, total_steps=1000))
 
 
 def _memory(compiled) -> dict:

@@ -128,14 +128,14 @@ def eval_checkpoint(evaluate, workdir: str) -> str:
 def _run_eval(config, workdir):
   import json
 
-  from gr2jax import config_checks, exports, recipe
+  from gr2jax import exports, recipe
+  from gr2jax.tool_settings import EvaluateSettings
   from gr2jax.train import loop
 
-  e = config.evaluate
+  e = EvaluateSettings.of(config.evaluate, "evaluate.")
   ckpt = eval_checkpoint(e, workdir)
   r = _recipe(config)
   view = recipe.evaluation_config(r)
-  config_checks.check_stage_config(view)
   ctx = loop.load_context(view, workdir)
   exports.check_data_build(ckpt, ctx.data_build)  # the checkpoint's inputs are this build's
   block_size = r.decode.block_size if e.convert else 0

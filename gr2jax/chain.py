@@ -365,7 +365,8 @@ def _run_one(recipe, name: str, workdir: str, contexts: dict) -> None:
       raise StepError(f"[chain] teacher: {e}") from None
   else:
     config = recipe_lib.stage_config(recipe, name, workdir)
-    config.train.restart = False  # the chain moved a changed run aside itself (_plan_step)
+    config = dataclasses.replace(  # the chain moved a changed run aside itself (_plan_step)
+      config, train=config.train.replace(restart=False))
     if config.train.limit not in contexts:  # one data build and eval split for all stages
       contexts[config.train.limit] = loop.load_context(config, workdir)
     ctx = dataclasses.replace(contexts[config.train.limit], config=config)

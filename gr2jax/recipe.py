@@ -36,10 +36,10 @@ import re
 import types
 from collections.abc import Mapping
 
-import ml_collections
-
-from gr2jax import config_checks, stage_registry
+from gr2jax import settings, stage_registry
+from gr2jax.data.build_settings import DataSettings, TeacherSettings
 from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.table_settings import Fig6Settings, TableSettings
 
 CONVERT = "convert"  # the HF checkpoint converted with the project's tokens added
 TEACHER = "teacher"  # the LLM-teacher step (teacher.hf_dir set): traces for the data build
@@ -47,24 +47,72 @@ TEACHER_TRACES = os.path.join("{workdir}", TEACHER, "traces.jsonl")  # its outpu
 #                                                   resolves {workdir})
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelSpec:
-  """The model a recipe starts from.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSettings(settings.Settings):
+  """The training memory knobs of the model (what a stage view records as `model`)."""
+  WHERE = "model."
+  remat: str = settings.choice("none", doc="'none' | 'full' (recompute each layer in the "
+                               "backward pass)", choices=("none", "full"))
+  attention_chunk_bytes: int = settings.integer(8 << 20, doc="f32 attention scores per query "
+                                                "chunk (8 MiB: CPU)", minimum=1)
+  param_dtype: str = settings.choice("", doc="'' keeps the checkpoint's dtype; 'bfloat16' "
+                                     "(fp32 Adam moments) / 'float32'",
+                                     choices=("", "float32", "bfloat16"))
 
-  Attributes:
-    preset: a gr2jax ModelConfig preset trained from scratch (sized to the data build's
-      tokenizer), used when hf_dir is ''.
-    hf_dir: a local HF Qwen3 directory (config.json + weights + tokenizer); its tokenizer is
-      extended with the project's tokens and the checkpoint converted with them added.
-    remat: 'none' | 'full' (training).
-    param_dtype: '' (the checkpoint's) | 'float32' | 'bfloat16' (training; fp32 Adam moments).
-    attention_chunk_bytes: f32 attention scores per query chunk (training).
-  """
-  preset: str
-  hf_dir: str
-  remat: str
-  param_dtype: str
-  attention_chunk_bytes: int
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelBlock(ModelSettings):
+  """The recipe's `model` block: the preset trained from scratch and the memory knobs."""
+  preset: str = settings.text("tiny_deep", doc="gr2jax ModelConfig preset sized to the "
+                              "tokenizer, used when hf_dir is ''")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ModelSpec(ModelBlock):
+  """The model a recipe starts from: the block, with the preset '' under an HF recipe."""
+  hf_dir: str = settings.text("", doc="a local HF Qwen3 directory (config.json + weights + "
+                              "tokenizer); its tokenizer is extended with the project's tokens")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Mesh(settings.Settings):
+  """The device mesh (train/mesh.make_mesh): each axis's size, -1 = the remaining devices."""
+  WHERE = "mesh."
+  data: int = settings.integer(1, doc="data-parallel replicas", minimum=-1)
+  fsdp: int = settings.integer(-1, doc="parameter-sharded data parallelism (-1 = the remaining "
+                               "devices)", minimum=-1)
+  tp: int = settings.integer(1, doc="tensor parallelism", minimum=-1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalSettings(settings.Settings):
+  """How stages evaluate: the split, its first `limit` examples (0 = all), the decode batch."""
+  WHERE = "eval."
+  split: str = settings.choice("test_1615", doc="'test_1615' (the paper's 1,615 users) | "
+                               "'test' | 'validation'",
+                               choices=("test_1615", "test", "validation"))
+  limit: int = settings.integer(0, doc="evaluate only the first N examples (0 = all)",
+                                minimum=0)
+  batch_size: int = settings.integer(256, doc="decode batch size", minimum=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunSettings(settings.Settings):
+  """The recipe's top-level settings."""
+  recipe: str = settings.text("tiny", doc="the recipe's name (gr2jax/recipes.py RECIPES)")
+  hf_dir: str = settings.text("", doc="a local HF Qwen3 directory to start from ('' = "
+                              "model.preset from scratch)")
+  upstream: str = settings.choice("check", doc="a stage whose upstream stages are not done: "
+                                  "'check' names them and their commands, 'run' runs them "
+                                  "first", choices=("check", "run"))
+  stage: str = settings.text("table2", doc="what experiments/run.py runs (its STAGES key; the "
+                             "config file sets it)")
+  replay_shrink: int = settings.integer(1, doc="OPD / RL replay step shrinkage (1 = exact; k "
+                                        "merges k steps per round)", minimum=1)
+  xla_flags: tuple = settings.value(
+    (), doc="XLA flags every compile of the run needs ('--xla_<name>=<value>'): run.py merges "
+    "them into XLA_FLAGS before JAX starts, plan.py --target compiles with them",
+    what="tuple of '--xla_<name>=<value>'", check=lambda w, n, v: _check_xla_flags(w, n, v))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,35 +121,41 @@ class Recipe:
 
   Attributes:
     name: the recipe's name (gr2jax/recipes.py).
-    data: the data build (experiments/configs/data.py fields; the prompt in data.prompt).
+    data: the data build (the prompt in data.prompt).
     model: the starting model.
-    decode: how every evaluation and on-policy rollout of the recipe decodes.
+    decode: how every evaluation and served request of the recipe decodes.
     mesh: the device mesh (data, fsdp, tp; -1 = the remaining devices).
     eval: split, limit (first N users; 0 = all) and decode batch size of stage evaluations.
-    stages: {stage: its training settings (train, optimizer, and its own block: rl, cft, opd)}.
-    settings: {stage: its own block, typed (gr2jax/stage_registry.py; None: it has none)}.
+    stages: {stage: its settings (train, optimizer and its own block, `.own`: rl, cft, opd;
+      gr2jax/stage_registry.StageSettings)}.
     replay_shrink: OPD / RL replay step shrinkage (1 = exact; k merges k steps per round).
-    table: Table 2's splits, diffusion_splits and results_dir.
+    table: Table 2's splits, diffusion_splits and results_dir; Table 3 / 4, Figure 6.
     teacher: the LLM-teacher step's settings (teacher_spec; hf_dir '' = the rule teacher).
     xla_flags: XLA flags every compile of the run needs, as XLA_FLAGS entries '--name=value'
       (parse_xla_flags): experiments/run.py merges them into XLA_FLAGS before JAX starts its
       backend; experiments/plan.py compiles its targets with them.
   """
   name: str
-  data: ml_collections.FrozenConfigDict
+  data: DataSettings
   model: ModelSpec
   decode: DecodeSpec
-  mesh: ml_collections.FrozenConfigDict
-  eval: ml_collections.FrozenConfigDict
-  stages: Mapping[str, ml_collections.FrozenConfigDict]
-  settings: Mapping[str, stage_registry.Settings | None]
+  mesh: Mesh
+  eval: EvalSettings
+  stages: Mapping[str, stage_registry.StageSettings]
   replay_shrink: int
-  table: ml_collections.FrozenConfigDict
-  teacher: ml_collections.FrozenConfigDict
+  table: TableSettings
+  teacher: TeacherSettings
   xla_flags: tuple[str, ...]
 
 
 _XLA_FLAG = re.compile(r"--(xla_\w+)=(\S+)")
+
+
+def _check_xla_flags(where: str, name: str, flags) -> None:
+  if not isinstance(flags, (tuple, list)):
+    raise settings.WrongKind(f"{settings.label(where, name)}={flags!r} must be a tuple of "
+                             "strings")
+  parse_xla_flags(flags)
 
 
 def parse_xla_flags(flags) -> dict[str, str]:
@@ -135,12 +189,12 @@ def from_config(config) -> Recipe:
       a bad size or rate (config_checks.py; the error names the field).
     FileNotFoundError: hf_dir without a config.json.
   """
-  hf_dir = config.hf_dir
+  run = RunSettings.of({f: config[f] for f in settings.defaults(RunSettings)}, "")
   if config.data.tokenizer_base:
     raise ValueError("data.tokenizer_base is derived from --config.hf_dir; set that instead")
-  if hf_dir and not os.path.isfile(os.path.join(hf_dir, "config.json")):
-    raise FileNotFoundError(f"--config.hf_dir={hf_dir}: no config.json there (expected a local "
-                            "HF Qwen3 directory)")
+  if run.hf_dir and not os.path.isfile(os.path.join(run.hf_dir, "config.json")):
+    raise FileNotFoundError(f"--config.hf_dir={run.hf_dir}: no config.json there (expected a "
+                            "local HF Qwen3 directory)")
   stages = stage_registry.names()
   missing = [s for s in stages if s not in config.stages]
   if missing:
@@ -149,37 +203,21 @@ def from_config(config) -> Recipe:
     raise ValueError(f"data.teacher_traces={config.data.teacher_traces!r} and teacher.hf_dir="
                      f"{config.teacher.hf_dir!r} are both set: the teacher step writes the "
                      "traces; set one of them")
-  settings = {}
-  for s in stages:  # every size and rate, a ValueError naming the field
-    spec = stage_registry.STAGES[s]
-    block = config.stages[s][spec.block].to_dict() if spec.block else None
-    settings[s] = stage_registry.settings_of(spec, block, f"stages.{s}.{spec.block}.")
-    config_checks.check_stage_config(config.stages[s], f"stages.{s}.", s, settings[s])
-  config_checks.check_stage_config(config)  # eval.*, and rerank.* in rerank.py's view
-  parse_xla_flags(config.xla_flags)
-  m = config.model
+  model = ModelBlock.of(config.model.to_dict(), "model.")
   return Recipe(
-    name=config.recipe,
-    data=ml_collections.FrozenConfigDict(config.data),
-    model=ModelSpec(preset=m.preset if not hf_dir else "", hf_dir=hf_dir, remat=m.remat,
-                    param_dtype=m.param_dtype, attention_chunk_bytes=m.attention_chunk_bytes),
-    decode=DecodeSpec(**config.decode.to_dict()),
-    mesh=ml_collections.FrozenConfigDict(config.mesh),
-    eval=ml_collections.FrozenConfigDict(config.eval),
-    stages=types.MappingProxyType({s: ml_collections.FrozenConfigDict(config.stages[s])
-                                   for s in stages}),
-    settings=types.MappingProxyType(settings),
-    replay_shrink=config.replay_shrink,
-    table=ml_collections.FrozenConfigDict(config.table),
-    teacher=ml_collections.FrozenConfigDict(config.teacher),
-    xla_flags=tuple(config.xla_flags))
-
-
-def _editable(frozen: ml_collections.FrozenConfigDict) -> ml_collections.ConfigDict:
-  """An unlocked ConfigDict copy of a frozen block (a view adds derived fields to it)."""
-  c = frozen.as_configdict()
-  c.unlock()
-  return c
+    name=run.recipe,
+    data=DataSettings.of(config.data.to_dict(), "data."),
+    model=ModelSpec(**{**model.to_dict(), "preset": "" if run.hf_dir else model.preset},
+                    hf_dir=run.hf_dir),
+    decode=DecodeSpec.of(config.decode.to_dict(), "decode."),
+    mesh=Mesh.of(config.mesh.to_dict(), "mesh."),
+    eval=EvalSettings.of(config.eval.to_dict(), "eval."),
+    stages=types.MappingProxyType({s: stage_registry.StageSettings.of_stage(
+      s, config.stages[s].to_dict(), f"stages.{s}.") for s in stages}),
+    replay_shrink=run.replay_shrink,
+    table=TableSettings.of(config.table.to_dict(), "table."),
+    teacher=TeacherSettings.of(config.teacher.to_dict(), "teacher."),
+    xla_flags=tuple(run.xla_flags))
 
 
 def chain(recipe: Recipe) -> tuple[str, ...]:
@@ -221,8 +259,8 @@ def _hf_dir(recipe: Recipe) -> str:
   return recipe.model.hf_dir
 
 
-def data_config(recipe: Recipe, traces: bool = True) -> ml_collections.ConfigDict:
-  """The data build's config: recipe.data with `tokenizer_base` = the HF directory whose
+def data_config(recipe: Recipe, traces: bool = True) -> DataSettings:
+  """The data build's settings: recipe.data with `tokenizer_base` = the HF directory whose
   tokenizer the build extends ('' = train the tiny BPE) and, when the recipe has an LLM teacher
   (teacher.hf_dir), `teacher_traces` = the teacher step's output (TEACHER_TRACES).
 
@@ -230,10 +268,9 @@ def data_config(recipe: Recipe, traces: bool = True) -> ml_collections.ConfigDic
     recipe: the recipe.
     traces: False gives the build the teacher itself reads (its training lists, no traces).
   """
-  data = _editable(recipe.data)
-  data.tokenizer_base = _hf_dir(recipe)
+  data = recipe.data.replace(tokenizer_base=_hf_dir(recipe))
   if recipe.teacher.hf_dir:
-    data.teacher_traces = TEACHER_TRACES if traces else ""
+    data = data.replace(teacher_traces=TEACHER_TRACES if traces else "")
   return data
 
 
@@ -242,40 +279,14 @@ def teacher_spec(recipe: Recipe):
   from gr2jax.data import llm_teacher
 
   m = recipe.mesh
-  return llm_teacher.TeacherSpec(**recipe.teacher.to_dict(), mesh=(m.data, m.fsdp, m.tp))
+  return llm_teacher.TeacherSpec(**dataclasses.asdict(recipe.teacher),
+                                 mesh=(m.data, m.fsdp, m.tp))
 
 
-@dataclasses.dataclass(frozen=True)
-class Mesh:
-  """The device mesh (train/mesh.make_mesh): each axis's size, -1 = the remaining devices."""
-  data: int
-  fsdp: int
-  tp: int
-
-
-@dataclasses.dataclass(frozen=True)
-class EvalSettings:
-  """How stages evaluate: the split, its first `limit` examples (0 = all), the decode batch."""
-  split: str
-  limit: int
-  batch_size: int
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSettings:
-  """The training memory knobs of the model (ModelSpec's)."""
-  remat: str
-  attention_chunk_bytes: int
-  param_dtype: str
-
-
-@dataclasses.dataclass(frozen=True)
-class TrainExamples:
-  """The training examples a run reads: the first `limit` (0 = all)."""
-  limit: int
-
-
-_SETTINGS = (Mesh, EvalSettings, ModelSettings, TrainExamples, stage_registry.Settings)
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainExamples(settings.Settings):
+  """The training examples an evaluation's run reads: the first `limit` (0 = all)."""
+  limit: int = settings.integer(0, doc="the first N training examples (0 = all)", minimum=0)
 
 
 def _sorted(fields: dict) -> dict:
@@ -284,12 +295,12 @@ def _sorted(fields: dict) -> dict:
 
 
 def _plain(value):
-  """A view field as the ConfigDict views' to_dict() held it: a block (ConfigDict) or a settings
-  dataclass as nested dicts in name order, anything else (the DecodeSpec, whole; a path; a
-  number) as it is (the run record writes a DecodeSpec's fields: run_identity.json_value)."""
-  if isinstance(value, ml_collections.ConfigDict):
+  """A view field as the ConfigDict views' to_dict() held it: a settings block as nested dicts in
+  name order, anything else (the DecodeSpec, whole; a path; a number) as it is (the run record
+  writes a DecodeSpec's fields: run_identity.json_value)."""
+  if isinstance(value, settings.Settings) and not isinstance(value, DecodeSpec):
     return value.to_dict()
-  return _sorted(dataclasses.asdict(value)) if isinstance(value, _SETTINGS) else value
+  return value
 
 
 class _View:
@@ -311,25 +322,25 @@ class StageView(_View):
 
   Attributes:
     stage: the stage's name.
-    data: the data build's config (data_config; read by the data pipeline).
+    data: the data build's settings (data_config; read by the data pipeline).
     init: the previous step's export, or `preset:NAME` for the first.
     mesh, model, eval, decode: the recipe's (decode: its DecodeSpec, whole).
-    train, optimizer: the stage's blocks (gr2jax/recipes.py; locked ConfigDicts).
-    settings: the stage's own block, typed (gr2jax/stage_registry.py; its `teacher`: the teacher
+    train, optimizer: the stage's blocks (stage_registry.TrainSettings, OptimizerSettings).
+    settings: the stage's own block (gr2jax/stage_registry.py; its `teacher`: the teacher
       stage's export), None for a stage without one; recorded under the block's name (rl, cft,
       opd).
     replay_shrink: the diffusion stages' replay shrinkage, None for the AR stages.
   """
   stage: str
-  data: ml_collections.ConfigDict
+  data: DataSettings
   init: str
   mesh: Mesh
   model: ModelSettings
-  train: ml_collections.ConfigDict
-  optimizer: ml_collections.ConfigDict
+  train: stage_registry.TrainSettings
+  optimizer: stage_registry.OptimizerSettings
   eval: EvalSettings
   decode: DecodeSpec
-  settings: stage_registry.Settings | None = None
+  settings: stage_registry.StageBlock | None = None
   replay_shrink: int | None = None
 
   def to_dict(self) -> dict:
@@ -345,7 +356,7 @@ class EvaluationView(_View):
   """What a standalone evaluation reads (loop.load_context / run_evaluation, stage 'eval'):
   `evaluation_config`. Fields as StageView's; train: every training example (limit 0)."""
   stage: str
-  data: ml_collections.ConfigDict
+  data: DataSettings
   mesh: Mesh
   eval: EvalSettings
   decode: DecodeSpec
@@ -364,10 +375,10 @@ class TablesView(_View):
       fields (gr2jax/recipes.py).
     ar_ckpt, diffusion_ckpt: the AR GR2 (AR RL export) and the final diffusion model (RL
       export).
-    fig6: Figure 6's settings (a locked ConfigDict).
+    fig6: Figure 6's settings.
   """
   stage: str
-  data: ml_collections.ConfigDict
+  data: DataSettings
   eval: EvalSettings
   decode: DecodeSpec
   split: str
@@ -377,21 +388,8 @@ class TablesView(_View):
   taus: tuple
   lossless_drafts: tuple
   speed_examples: int
-  fig6: ml_collections.ConfigDict
+  fig6: Fig6Settings
   remeasure: bool
-
-
-def _locked(config) -> ml_collections.ConfigDict:
-  """A block as a view holds it: a locked ConfigDict (a frozen block's copy), whose fields can
-  be read and set but not added."""
-  c = _editable(config) if isinstance(config, ml_collections.FrozenConfigDict) else config
-  c.lock()
-  return c
-
-
-def _settings(cls, block):
-  """A typed settings dataclass of a recipe block with the same fields."""
-  return cls(**block.to_dict())
 
 
 def stage_config(recipe: Recipe, stage: str, workdir: str) -> StageView:
@@ -399,25 +397,23 @@ def stage_config(recipe: Recipe, stage: str, workdir: str) -> StageView:
   the recipe: nothing in it is set anywhere else (StageView's fields)."""
   spec = stage_registry.spec(stage)
   s = recipe.stages[stage]
-  settings = recipe.settings[stage]
+  own = s.own
   if spec.teacher is not None:
-    settings = dataclasses.replace(settings, teacher=export(workdir, spec.teacher))
+    own = own.replace(teacher=export(workdir, spec.teacher))
   m = recipe.model
   return StageView(
-    stage=stage, data=_locked(data_config(recipe)), init=init_of(recipe, stage, workdir),
-    mesh=_settings(Mesh, recipe.mesh),
+    stage=stage, data=data_config(recipe), init=init_of(recipe, stage, workdir),
+    mesh=recipe.mesh,
     model=ModelSettings(remat=m.remat, attention_chunk_bytes=m.attention_chunk_bytes,
                         param_dtype=m.param_dtype),
-    train=_locked(s.train), optimizer=_locked(s.optimizer),
-    eval=_settings(EvalSettings, recipe.eval), decode=recipe.decode,
-    settings=settings, replay_shrink=recipe.replay_shrink if spec.diffusion else None)
+    train=s.train, optimizer=s.optimizer, eval=recipe.eval, decode=recipe.decode,
+    settings=own, replay_shrink=recipe.replay_shrink if spec.diffusion else None)
 
 
 def evaluation_config(recipe: Recipe) -> EvaluationView:
   """What a standalone evaluation reads (EvaluationView's fields)."""
-  return EvaluationView(stage="eval", data=_locked(data_config(recipe)),
-                        mesh=_settings(Mesh, recipe.mesh),
-                        eval=_settings(EvalSettings, recipe.eval), decode=recipe.decode,
+  return EvaluationView(stage="eval", data=data_config(recipe),
+                        mesh=recipe.mesh, eval=recipe.eval, decode=recipe.decode,
                         train=TrainExamples(limit=0))
 
 
@@ -425,8 +421,8 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> TablesView:
   """What Table 3, Table 4 and Figure 6 read (TablesView's fields)."""
   t = recipe.table
   return TablesView(
-    stage=stage, data=_locked(data_config(recipe)), eval=_settings(EvalSettings, recipe.eval),
+    stage=stage, data=data_config(recipe), eval=recipe.eval,
     decode=recipe.decode, split=t.split, ar_ckpt=export(workdir, "ar_rl"),
     diffusion_ckpt=export(workdir, "rl"), results_dir=t.results_dir, taus=t.taus,
     lossless_drafts=t.lossless_drafts, speed_examples=t.speed_examples,
-    fig6=_locked(t.fig6), remeasure=t.remeasure)
+    fig6=t.fig6, remeasure=t.remeasure)

@@ -123,15 +123,17 @@ def check_text(where: str, name: str, value, *, nonempty: str = "") -> None:
 class _Kind:
   """A field's declaration: its doc, its bounds as text (for describe), its check(where, name,
   value) -> the value to keep (a list made a tuple; anything else as given, so records keep
-  the values' own types), and the block class of a nested block."""
+  the values' own types), the block class of a nested block, and whether the code derives it
+  (no recipe sets it: it is in no ConfigDict; `defaults` and `describe` leave it out)."""
   doc: str
   bounds: str
   check: Callable[[str, str, Any], Any]
   block: type | None = None
+  derived: bool = False
 
 
-def _field(default, doc: str, bounds: str, check, block=None):
-  kind = _Kind(doc=doc, bounds=bounds, check=check, block=block)
+def _field(default, doc: str, bounds: str, check, block=None, derived=False):
+  kind = _Kind(doc=doc, bounds=bounds, check=check, block=block, derived=derived)
   metadata = {_KEY: kind}
   if block is not None:
     return dataclasses.field(default_factory=block, metadata=metadata)
@@ -232,6 +234,12 @@ def texts(default=_NO, *, doc: str, choices: tuple | None = None):
                item=item)
 
 
+def derived(default, *, doc: str):
+  """A string the code fills in from other settings (a path derived from the workdir), never
+  set by a recipe or the command line."""
+  return _field(default, doc, "str, derived", _keep(check_text), derived=True)
+
+
 def value(default=_NO, *, doc: str, what: str, check: Callable[[str, str, Any], None]):
   """A value of another kind (an object the code builds), `check(where, name, value)`."""
   return _field(default, doc, what, _keep(check))
@@ -309,8 +317,10 @@ class Settings:
 
 
 def declared(cls: type) -> list[tuple[str, dataclasses.Field]]:
-  """(name, field) of a block's declared fields (those made by a field kind), in order."""
-  return [(f.name, f) for f in dataclasses.fields(cls) if _KEY in f.metadata]
+  """(name, field) of a block's settings (the fields made by a field kind but `derived`), in
+  order: what a recipe's ConfigDict block holds."""
+  return [(f.name, f) for f in dataclasses.fields(cls)
+          if _KEY in f.metadata and not f.metadata[_KEY].derived]
 
 
 def kind_of(f: dataclasses.Field) -> _Kind:

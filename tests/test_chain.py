@@ -276,13 +276,16 @@ def test_step_digests_do_not_depend_on_where_the_workdir_lives(tmp_path, monkeyp
   assert digests(".", "../elsewhere/export") != absolute  # another teacher model
 
 
-def _at_checkout(monkeypatch, root) -> None:
-  """gr2jax as if imported from a checkout at `root` (its shipped data under it)."""
+def _at_checkout(monkeypatch, root):
+  """The tiny recipe's SFT config of gr2jax as if imported from a checkout at `root` (its
+  shipped data under it, the data block's default data_dir)."""
   from gr2jax import recipes
   from gr2jax import workdir as workdir_lib
 
   monkeypatch.setattr(workdir_lib, "CHECKOUT_DIR", str(root))
-  monkeypatch.setattr(recipes, "DATA_DIR", str(root / "data" / "amazon_beauty"))
+  c = recipes.config("", "sft")
+  c.data.data_dir = str(root / "data" / "amazon_beauty")
+  return c
 
 
 def _done_sft(workdir: str, digest: str, upstream: str, view: dict) -> None:
@@ -304,16 +307,14 @@ def test_a_moved_or_cloned_checkout_reuses_its_workdirs_steps(tmp_path, monkeypa
   from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
-  _at_checkout(monkeypatch, tmp_path / "clone_a")
-  made = recipe.from_config(recipes.config("", "sft"))
+  made = recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_a"))
   keys = run_identity.step_digests(made, workdir)
   _done_sft(workdir, keys["sft"], run_identity.data_digest(made, workdir),
             run_identity.step_view(made, "sft", workdir))
   assert run_identity.step_view(made, "sft", workdir)["config"]["data"]["data_dir"] == (
     "{checkout}/data/amazon_beauty")
 
-  _at_checkout(monkeypatch, tmp_path / "clone_b")
-  moved = recipe.from_config(recipes.config("", "sft"))
+  moved = recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_b"))
   assert run_identity.step_digests(moved, workdir) == keys
   assert [(p.step, p.action) for p in chain.plan_chain(moved, workdir, ("sft",))] == [
     ("sft", "reuse")]
@@ -351,8 +352,7 @@ def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritte
   from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
-  _at_checkout(monkeypatch, tmp_path / "clone_a")
-  r = recipe.from_config(recipes.config("", "sft"))
+  r = recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_a"))
   old = run_identity.step_digests(r, workdir, checkout=False)
   assert old != run_identity.step_digests(r, workdir)
   view = run_identity.step_view(r, "sft", workdir, checkout=False)
@@ -362,9 +362,9 @@ def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritte
   chain.run_chain(r, workdir, upto="sft")
   done = json.load(open(os.path.join(workdir, "sft", "done.json")))
   assert done["digest"] == run_identity.step_digests(r, workdir)["sft"] and done["seconds"] == 1.0
-  _at_checkout(monkeypatch, tmp_path / "clone_b")
-  assert [p.action for p in chain.plan_chain(recipe.from_config(recipes.config("", "sft")),
-                                             workdir, ("sft",))] == ["reuse"]
+  assert [p.action for p in chain.plan_chain(
+    recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_b")), workdir,
+    ("sft",))] == ["reuse"]
 
 
 def _done_stage_export(workdir: str, recipe) -> str:
@@ -432,8 +432,7 @@ def test_an_upstream_made_with_another_data_dir_names_the_field_and_a_working_co
   from gr2jax import chain, recipe, recipes, run_identity
 
   workdir = str(tmp_path / "W")
-  _at_checkout(monkeypatch, tmp_path / "clone_a")
-  made = recipe.from_config(recipes.config("", "sft"))
+  made = recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_a"))
   _done_sft(workdir, run_identity.step_digests(made, workdir)["sft"],
             run_identity.data_digest(made, workdir), run_identity.step_view(made, "sft", workdir))
   c = recipes.config("", "sft")

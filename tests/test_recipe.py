@@ -186,3 +186,66 @@ def test_xla_flags_are_the_recipes_and_checked(hf_dir):
   config.xla_flags = ("--triton=off",)
   with pytest.raises(ValueError, match="xla_flags entry '--triton=off'"):
     recipe_lib.from_config(config)
+
+
+# ---- every setting is checked when the recipe is typed (gr2jax/settings.py) -------------------
+
+STAGE_CONFIGS = [(n, v) for n in ("sft", "ar_rl", "cft", "opd", "rl")
+                 for v in ("", "smoke", "qwen3_8b", "qwen3_0_6b")]
+
+
+@pytest.mark.parametrize("name,variant", STAGE_CONFIGS + [("eval", "")])
+def test_shipped_recipes_type(name, variant):
+  recipe_lib.from_config(recipes.config(variant, name))
+
+
+@pytest.mark.parametrize("field,value,message", [
+  ("stages.sft.train.steps", 0, r"stages.sft.train.steps=0 must be >= 1"),
+  ("stages.sft.train.steps", -5, r"stages.sft.train.steps=-5"),
+  ("stages.sft.train.micro_batches", 0, r"stages.sft.train.micro_batches=0"),
+  ("stages.sft.train.micro_batches", 3, r"stages.sft.train.micro_batches=3 must be a divisor "
+                                        r"of the 32 rows"),
+  ("stages.sft.train.save_every", 0, r"stages.sft.train.save_every=0"),
+  ("stages.sft.train.keep", 0, r"stages.sft.train.keep=0"),
+  ("stages.sft.train.batch_size", 0, r"stages.sft.train.batch_size=0"),
+  ("stages.sft.train.prepare_chunk", -1, r"stages.sft.train.prepare_chunk=-1"),
+  ("stages.sft.optimizer.learning_rate", float("nan"),
+   r"stages.sft.optimizer.learning_rate=nan must be finite"),
+  ("stages.sft.optimizer.learning_rate", -1e-3,
+   r"stages.sft.optimizer.learning_rate=-0.001 must be > 0"),
+  ("stages.sft.optimizer.learning_rate", 0.0, r"stages.sft.optimizer.learning_rate=0.0"),
+  ("stages.sft.optimizer.clip_norm", float("inf"), r"stages.sft.optimizer.clip_norm=inf"),
+  ("eval.batch_size", 0, r"eval.batch_size=0"),
+  ("eval.batch_size", -8, r"eval.batch_size=-8"),
+  ("decode.eval_tau", 0.0, r"decode.eval_tau=0.0"),
+  ("stages.ar_rl.rl.group_size", 0, r"stages.ar_rl.rl.group_size=0 must be >= 2"),
+  ("stages.ar_rl.rl.group_size", 1, r"stages.ar_rl.rl.group_size=1"),
+  ("stages.rl.train.micro_batches", 3,
+   r"rows per step \(stages.rl.train.batch_size=4 x group_size=8\)"),
+  ("stages.opd.opd.group_size", 0, r"stages.opd.opd.group_size=0"),
+  ("stages.rl.rl.temperature", 0.0, r"stages.rl.rl.temperature=0.0"),
+  ("stages.ar_rl.rl.temperature", -1.0, r"stages.ar_rl.rl.temperature=-1.0"),
+  ("stages.rl.rl.rollout_tau", 0.0, r"stages.rl.rl.rollout_tau=0.0"),
+  ("stages.rl.rl.rollout_tau", 1.5, r"stages.rl.rl.rollout_tau=1.5"),
+  ("decode.block_size", 0, r"decode.block_size=0"),
+  ("decode.max_steps_per_block", 0, r"decode.max_steps_per_block=0"),
+])
+def test_bad_field_is_named(field, value, message):
+  config = recipes.config("", "table2")
+  *path, name = field.split(".")
+  target = config
+  for part in path:
+    target = target[part]
+  with target.ignore_type():
+    target[name] = value
+  with pytest.raises(ValueError, match=message):
+    recipe_lib.from_config(config)
+
+
+def test_a_block_it_does_not_declare_is_named():
+  config = recipes.config("", "table2")
+  with config.stages.sft.train.ignore_type():
+    config.stages.sft.train.unlock()
+    config.stages.sft.train.stepz = 3
+  with pytest.raises(ValueError, match=r"stages.sft.train.stepz is not a setting"):
+    recipe_lib.from_config(config)

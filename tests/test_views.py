@@ -10,9 +10,9 @@
      code's convention named `ctx`),
    - a name bound to any of these or to a block of one (`cfg = ctx.config`, `tcfg = config.train`),
    and each step of a read (`view.eval.split`) is checked against the fields of the value there:
-   a view's or a settings dataclass's fields, a block's (ConfigDict) keys, the DecodeSpec's
-   fields, taken from the tiny recipe's views (blocks merged over the stages). Reads through
-   `getattr(config, "name")` (gr2jax/config_checks.py, which takes any object) are not checked.
+   a view's or a settings block's fields (gr2jax/settings.py), the DecodeSpec's fields, taken
+   from the tiny recipe's views (blocks merged over the stages). Reads through
+   `getattr(config, "name")` are not checked.
 2. A view's `to_dict()` is the run record's `config` and feeds the chain's digests: the records
    and digests of every view of the tiny and qwen3_8b recipes equal tests/view_records.json,
    written by `_records` below at commit 2ca5333, before the views were typed (its ConfigDict
@@ -321,7 +321,7 @@ def test_the_checker_finds_stale_reads(views):
     "view.eval.tau: EvalSettings has no field 'tau'",
     "c.eps_lo: ARRLSettings | CFTSettings | OPDSettings | RLSettings has no field 'eps_lo'",
     "view.optimizer: EvaluationView has no field 'optimizer'",
-    "cfg.taus: ConfigDict has no field 'taus'"]
+    "cfg.taus: Fig6Settings has no field 'taus'"]
   assert result.checked >= 6  # view.eval, .split, ctx.config, .settings, c.eps_low, t.fig6, cfg.tau
 
 

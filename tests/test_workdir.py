@@ -71,9 +71,9 @@ def test_a_path_in_the_checkout_is_written_relative_to_it(tmp_path, monkeypatch)
   """The shipped data is "{checkout}/data/amazon_beauty" wherever the checkout lives (a clone, a
   moved checkout); a path inside the workdir stays "{workdir}/...", any other path absolute; a
   record that wrote a path of this checkout absolute reads as the same value (in_checkout)."""
-  from gr2jax import recipes
+  from gr2jax.data import build_settings
 
-  assert workdir.portable(recipes.DATA_DIR, "W") == "{checkout}/data/amazon_beauty"
+  assert workdir.portable(build_settings.DATA_DIR, "W") == "{checkout}/data/amazon_beauty"
   records = []
   for clone in ("a", "b"):
     root = tmp_path / clone

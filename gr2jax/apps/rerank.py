@@ -23,6 +23,7 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.progress import progress
+from gr2jax.tool_settings import RerankSettings
 
 
 def _lines_of(requests) -> Iterable:
@@ -143,16 +144,16 @@ def run(recipe, c, workdir: str) -> dict:
 
   Args:
     recipe: the gr2jax.recipe.Recipe the model was trained with.
-    c: the `rerank` block (ckpt, requests, out, items_file, batch_size, max_new_tokens,
-      verify_with; '{workdir}' in its paths filled in: workdir.fill_path).
+    c: the `rerank` block: a tool_settings.RerankSettings, or the command line's ConfigDict
+      block (read with RerankSettings.of: every field checked, before anything loads);
+      '{workdir}' in its paths filled in: workdir.fill_path.
     workdir: the workdir of the recipe's data build.
   """
-  from gr2jax import config_checks
   from gr2jax import recipe as recipe_lib
 
+  c = c if isinstance(c, RerankSettings) else RerankSettings.of(c, "rerank.")
   if not c.requests:
     raise ValueError("rerank.py needs --config.rerank.requests=<JSONL of requests>")
-  config_checks.check_stage_config(types.SimpleNamespace(rerank=c))  # sizes, named
   out = c.out or os.path.splitext(c.requests)[0] + ".ranked.jsonl"
   check_out_path(out, c.requests)
   ckpt, verify_with = (workdir_lib.fill_path(p, workdir) for p in (c.ckpt, c.verify_with))

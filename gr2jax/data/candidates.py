@@ -16,10 +16,9 @@ import numpy as np
 
 from gr2jax import metrics
 from gr2jax.data import retriever as retriever_lib
+from gr2jax.data.build_settings import POOLS
 from gr2jax.data.records import SPLITS
 from gr2jax.data.split import SplitExamples
-
-POOLS = ("catalogue", "topk")
 
 
 class PositionLeakError(ValueError):

@@ -18,6 +18,7 @@ from gr2jax.data import headroom as headroom_lib
 from gr2jax.data import retriever as retriever_lib
 from gr2jax.data import split as split_lib
 from gr2jax.data import teacher as teacher_lib
+from gr2jax.data.build_settings import RetrieverSettings
 from gr2jax.data.records import SPLITS, Catalog, RerankExample
 
 
@@ -80,7 +81,7 @@ class ExampleSpec:
   accept_position_leak: bool
   evidence_decay: float
   evidence_window: int
-  retriever: retriever_lib.RetrieverConfig
+  retriever: RetrieverSettings
   subset_size: int
   learned_headroom: bool
 

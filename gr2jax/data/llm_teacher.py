@@ -81,13 +81,11 @@ from collections.abc import Callable, Sequence
 import jax
 import numpy as np
 
-from gr2jax import files, metrics
-from gr2jax.data import answer, prompts
+from gr2jax import files, metrics, settings
+from gr2jax.data import answer, build_settings, prompts
 from gr2jax.data.records import Catalog, RerankExample
 from gr2jax.progress import progress
 
-PROMPT_FORMATS = ("chat", "data")
-PARAM_DTYPES = ("auto", "float32", "bfloat16")
 KINDS = ("accepted", "wrong_top1", "no_reasoning") + tuple(k for k in answer.KINDS
                                                            if k != "valid")
 ATTEMPTS_DIR = "attempts"
@@ -103,65 +101,20 @@ class NoTracesError(RuntimeError):
 SampleFn = Callable[[Sequence[np.ndarray], jax.Array], tuple[list[str], np.ndarray]]
 
 
-@dataclasses.dataclass(frozen=True)
-class TeacherSpec:
-  """The teacher stage's settings: recipe.teacher_spec builds it from the recipe's `teacher` block
-  (gr2jax/recipes.py sets and comments every value; no defaults here).
+def _mesh_shape(values: tuple) -> str:
+  """'' for a mesh of three sizes, else what it must be (settings.items' rule)."""
+  return "" if len(values) == 3 else "(data, fsdp, tp)"
 
-  Attributes:
-    hf_dir: the teacher model: a local HF Qwen3 directory or a gr2jax checkpoint ('' only with
-      an injected sample_fn).
-    tokenizer_dir: the teacher's tokenizer; '' = hf_dir's own when it has one, else the data
-      build's (a model trained by this project).
-    prompt: 'chat' (GR2's rejection prompt, chat template, thinking off) or 'data' (the data
-      build's own prompt).
-    attempts: k, the most samples per user.
-    temperature: sampling temperature (0 = greedy, then attempts must be 1).
-    top_p: nucleus sampling mass (1 = off).
-    max_new_tokens: response cap per attempt.
-    batch_size: rows per generate call (a multiple of the mesh's batch shards).
-    num_users: users sampled from the training lists (0 = all), seeded by `seed`.
-    seed: user sample and sampling keys.
-    param_dtype: 'auto' (bf16 on accelerators, the checkpoint's dtype on CPU), 'float32' or
-      'bfloat16'.
-    mesh: (data, fsdp, tp) sizes; one may be -1 (the remaining devices).
-    restart: the chain's teacher step moves a previous output made with other settings aside
-      (W/teacher.<its digest>) instead of refusing it (gr2jax/chain.py).
-  """
 
-  hf_dir: str
-  tokenizer_dir: str
-  prompt: str
-  attempts: int
-  temperature: float
-  top_p: float
-  max_new_tokens: int
-  batch_size: int
-  num_users: int
-  seed: int
-  param_dtype: str
-  mesh: tuple[int, int, int]
-  restart: bool
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TeacherSpec(build_settings.TeacherSettings):
+  """The teacher stage's settings: a recipe's `teacher` block (TeacherSettings) on the recipe's
+  mesh; recipe.teacher_spec builds it."""
 
-  def __post_init__(self):
-    if self.prompt not in PROMPT_FORMATS:
-      raise ValueError(f"teacher.prompt={self.prompt!r}; expected one of {PROMPT_FORMATS}")
-    if self.param_dtype not in PARAM_DTYPES:
-      raise ValueError(f"teacher.param_dtype={self.param_dtype!r}; expected one of "
-                       f"{PARAM_DTYPES}")
-    for name in ("attempts", "max_new_tokens", "batch_size"):
-      if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-        raise ValueError(f"teacher.{name}={getattr(self, name)!r} must be an int >= 1")
-    if self.num_users < 0:
-      raise ValueError(f"teacher.num_users={self.num_users} must be >= 0 (0 = all)")
-    if self.temperature < 0 or not 0 < self.top_p <= 1:
-      raise ValueError(f"teacher.temperature={self.temperature} must be >= 0 and "
-                       f"teacher.top_p={self.top_p} in (0, 1]")
-    if self.temperature == 0 and self.attempts > 1:
-      raise ValueError(f"teacher.attempts={self.attempts} with temperature 0: greedy decoding "
-                       "repeats its first answer; set attempts=1 or a temperature > 0")
-    if len(self.mesh) != 3:
-      raise ValueError(f"teacher.mesh={self.mesh} must be (data, fsdp, tp)")
+  mesh: tuple[int, int, int] = settings.items(
+    doc="(data, fsdp, tp) sizes; one may be -1 (the remaining devices)", what="3 mesh sizes",
+    item=lambda where, name, v: settings.check_int(where, name, v, minimum=-1),
+    rule=_mesh_shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,11 +222,11 @@ def model_digest(path: str) -> str:
 def teacher_digest(spec: TeacherSpec, model: str, data_config) -> str:
   """The digest rows carry: the model's content digest, what shapes its samples (prompt format,
   tokenizer, sampling settings, attempts) and the data build's config."""
-  settings = {f: getattr(spec, f) for f in ("prompt", "attempts", "temperature", "top_p",
+  sampling = {f: getattr(spec, f) for f in ("prompt", "attempts", "temperature", "top_p",
                                             "max_new_tokens", "param_dtype", "seed")}
   tok = (model_digest(spec.tokenizer_dir) if spec.tokenizer_dir else "")
   data = data_config.to_dict() if hasattr(data_config, "to_dict") else data_config
-  return files.json_digest([model, tok, settings, data])
+  return files.json_digest([model, tok, sampling, data])
 
 
 def _jsonl(rows: Sequence[dict]) -> str:

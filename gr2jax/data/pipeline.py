@@ -32,6 +32,7 @@ import numpy as np
 from gr2jax import files, metrics
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import (
+  build_settings,
   candidates,
   embeddings,
   evidence,
@@ -214,8 +215,8 @@ class _Steps:
 
 
 def rqvae_config(config) -> rqvae.RQVAEConfig:
-  """The RQVAEConfig of `config.rqvae`."""
-  return rqvae.RQVAEConfig(**config.rqvae.to_dict())
+  """The RQVAEConfig of `config.rqvae` (its block of RQVAESettings)."""
+  return rqvae.RQVAEConfig.of(config.rqvae.to_dict(), build_settings.RQVAESettings.WHERE)
 
 
 def _codes_per_level(sids: np.ndarray, config) -> tuple[int, ...]:
@@ -224,9 +225,9 @@ def _codes_per_level(sids: np.ndarray, config) -> tuple[int, ...]:
   return tuple(max(config.rqvae.codebook_size, int(n)) for n in used[:-1]) + (int(used[-1]),)
 
 
-def example_spec(config) -> examples.ExampleSpec:
-  """The examples' settings of a data config (all training lists kept when LLM traces replace
-  the rule teacher: their own rejection filter runs in `run`)."""
+def example_spec(config: build_settings.DataSettings) -> examples.ExampleSpec:
+  """The examples' settings of a data build's settings (all training lists kept when LLM traces
+  replace the rule teacher: their own rejection filter runs in `run`)."""
   return examples.ExampleSpec(
     max_history=config.max_history, num_candidates=config.num_candidates,
     negative_pool=config.negative_pool, pool_size=config.pool_size, seed=config.seed,
@@ -234,7 +235,7 @@ def example_spec(config) -> examples.ExampleSpec:
     all_training_targets=config.all_training_targets,
     accept_position_leak=config.accept_position_leak, evidence_decay=config.evidence_decay,
     evidence_window=config.evidence_window,
-    retriever=retriever.RetrieverConfig(**config.retriever.to_dict()),
+    retriever=config.retriever,
     subset_size=config.eval_subset_size, learned_headroom=config.learned_headroom)
 
 
@@ -277,6 +278,7 @@ def _catalog_path(config) -> str:
 
 
 def _tokenizer_key(config, examples_key: str, traces_digest: str, sids_key: str) -> str:
+  """The tokenizer step's key: its settings, its parents' keys and its code."""
   base = config.tokenizer_base
   if base:
     return _key(sids_key, config.num_candidates, _code(prompts, tokenizer),
@@ -384,12 +386,11 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
       return sids, rqvae.code_stats(sids[:, :-1], config.rqvae.codebook_size)
 
     return *steps.value("sids", key, load), key
+  emb_key = _embeddings_key(config, raw_key)
   if config.item_embeddings:
-    emb_key = _key(files.file_sha256(config.item_embeddings), _code(embeddings))
     item_emb = steps.value("embeddings", emb_key, lambda: embeddings.load_item_embeddings(
       config.item_embeddings, catalog.num_items))
   else:
-    emb_key = _key(raw_key, config.embedding_dim, config.seed, _code(embeddings))
     item_emb = steps.value("embeddings", emb_key, lambda: embeddings.item_embeddings(
       catalog, config.embedding_dim, config.seed))
 
@@ -399,8 +400,20 @@ def _semantic_ids(steps: _Steps, config, catalog, raw_key: str) -> tuple[np.ndar
     sids = rqvae.semantic_ids(rqvae.encode_codes(params, rq_config, item_emb))
     return sids, {k: v for k, v in stats.items() if k != "loss_history"}
 
-  key = _key(emb_key, config.rqvae.to_dict(), config.seed, _code(rqvae))
+  key = _rqvae_key(config, emb_key)
   return *steps.value("sids", key, train), key
+
+
+def _embeddings_key(config, raw_key: str) -> str:
+  """The item embeddings step's key: the file's content, or TF-IDF's settings on the raw data."""
+  if config.item_embeddings:
+    return _key(files.file_sha256(config.item_embeddings), _code(embeddings))
+  return _key(raw_key, config.embedding_dim, config.seed, _code(embeddings))
+
+
+def _rqvae_key(config, embeddings_key: str) -> str:
+  """The trained SIDs step's key: the RQ-VAE's settings on the item embeddings."""
+  return _key(embeddings_key, config.rqvae.to_dict(), config.seed, _code(rqvae))
 
 
 def _save_sids(out: str, sids: np.ndarray) -> None:
@@ -440,7 +453,8 @@ def run(config, workdir: str) -> dict:
   """Builds (or loads from cache) every data artefact into `workdir`.
 
   Args:
-    config: the `data` ConfigDict of experiments/configs/data.py.
+    config: the data build's settings: build_settings.DataSettings, or a ConfigDict of its fields
+      (a recipe's `data` block: build_settings.data_settings reads it, naming a bad field).
     workdir: output directory.
 
   Returns:
@@ -475,17 +489,12 @@ def run(config, workdir: str) -> dict:
     return _run(config, workdir)
 
 
-def resolve_workdir(config, workdir: str):
-  """`config` with `{workdir}` (and `{checkout}`) in data.teacher_traces replaced by the build's
-  workdir (workdir.fill_path; a recipe's LLM-teacher step writes its traces there:
-  gr2jax/recipe.TEACHER_TRACES)."""
-  filled = workdir_lib.fill_path(config.teacher_traces, workdir)
-  if filled == config.teacher_traces:
-    return config
-  config = config.copy_and_resolve_references()
-  with config.unlocked():
-    config.teacher_traces = filled
-  return config
+def resolve_workdir(config, workdir: str) -> build_settings.DataSettings:
+  """The DataSettings of `config` (build_settings.data_settings) with `{workdir}` (and
+  `{checkout}`) in data.teacher_traces replaced by the build's workdir (workdir.fill_path; a
+  recipe's LLM-teacher step writes its traces there: gr2jax/recipe.TEACHER_TRACES)."""
+  config = build_settings.data_settings(config)
+  return config.replace(teacher_traces=workdir_lib.fill_path(config.teacher_traces, workdir))
 
 
 def _raw(steps: _Steps, config) -> tuple:
@@ -520,7 +529,7 @@ def _usable_users(config, catalog: Catalog, sequences: list[np.ndarray],
   if not bad:
     return sequences, 0
   named = raw.name_users(path, bad)
-  if not config.get("drop_unusable_users", False):
+  if not config.drop_unusable_users:
     raise raw.RawDataError(
       f"{len(bad)} of {len(sequences)} users cannot be used: {named}. Set "
       "--config.data.drop_unusable_users=True to drop them (counted in the build's summary)")
@@ -558,14 +567,18 @@ def _example_field(config, name: str):
     return config.retriever.to_dict()
   if name == "teacher_traces":
     return config.teacher_traces and "set"
-  return config.get(name)
+  return getattr(config, name)
+
+
+def _examples_key(config, raw_key: str) -> str:
+  """The examples step's key: its fields (EXAMPLE_FIELDS) on the raw data, and its code."""
+  return _key(raw_key, [_example_field(config, k) for k in EXAMPLE_FIELDS],
+              _code(examples, split, retriever, candidates, evidence, teacher, headroom, metrics))
 
 
 def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
   """(examples by split, their stats, cache key): the cached examples step of `config`."""
-  examples_key = _key(raw_key, [_example_field(config, k) for k in EXAMPLE_FIELDS],
-                      _code(examples, split, retriever, candidates, evidence, teacher, headroom,
-                            metrics))
+  examples_key = _examples_key(config, raw_key)
   by_split, example_stats = steps.value("examples", examples_key,
                                         lambda: examples.build_examples(catalog, sequences,
                                                                         example_spec(config)))
@@ -573,18 +586,17 @@ def _examples(steps: _Steps, config, catalog, sequences, raw_key: str) -> tuple:
 
 
 def training_lists(config, workdir: str) -> tuple[Catalog, list[RerankExample]]:
-  """The catalogue and EVERY training list of the build of `config`, none dropped by the rule
-  teacher's rejection: the lists an LLM teacher writes `data.teacher_traces` for (a build that
-  reads traces keeps exactly these lists, then only the traced users; data/llm_teacher.py).
+  """The catalogue and EVERY training list of the build of `config` (DataSettings, or a ConfigDict
+  of its fields), none dropped by the rule teacher's rejection: the lists an LLM teacher writes
+  `data.teacher_traces` for (a build that reads traces keeps exactly these lists, then only the
+  traced users; data/llm_teacher.py).
 
   Raises:
     gr2jax.workdir.InUseError: another live run holds the workdir.
   """
-  unfiltered = config.copy_and_resolve_references()
-  unfiltered.unlock()
-  unfiltered.rejection = False
-  unfiltered.teacher_traces = ""
-  unfiltered.learned_headroom = False  # a statistic only (headroom.py), not needed for the lists
+  config = build_settings.data_settings(config)
+  # learned_headroom: a statistic only (headroom.py), not needed for the lists
+  unfiltered = config.replace(rejection=False, teacher_traces="", learned_headroom=False)
   with workdir_lib.lock_workdir(workdir):
     steps = _Steps(workdir)
     catalog, sequences, raw_key, _ = _raw(steps, config)
@@ -621,6 +633,12 @@ def load_traces(config, train: list[RerankExample]) -> tuple[list, dict]:
   return traces, stats
 
 
+def _tfds_key(config, examples_key: str, traces_digest: str, sids_key: str) -> str:
+  """The TFDS step's key: the prompt format (PromptConfig) on its parents' keys, and its code."""
+  return _key(examples_key, traces_digest, sids_key,
+              dataclasses.asdict(prompts.prompt_config(config)), _code(prompts, tfds_builder))
+
+
 def _run(config, workdir: str, read_only: bool = False) -> dict:
   steps = _Steps(workdir, read_only)
   start = time.perf_counter()
@@ -647,8 +665,7 @@ def _run(config, workdir: str, read_only: bool = False) -> dict:
   tok = tokenizer.load_tokenizer(tok_dir)
 
   pc = prompts.prompt_config(config)
-  tfds_key = _key(examples_key, traces_digest, sids_key, dataclasses.asdict(pc),
-                  _code(prompts, tfds_builder))
+  tfds_key = _tfds_key(config, examples_key, traces_digest, sids_key)
 
   def render(name):
     return [prompts.render_example(e, catalog, sids, pc, reasonings.get(e.user))

@@ -26,6 +26,7 @@ import json
 
 import numpy as np
 
+from gr2jax import settings
 from gr2jax.data import evidence
 from gr2jax.data.records import Catalog, RerankExample
 
@@ -55,62 +56,53 @@ REJECTION_SYSTEM = (  # GR2 principle (1), domain-knowledge priming (GR2, arXiv 
   "a shopper stays with a brand, and when they move on to a neighbouring category.")
 
 
-@dataclasses.dataclass(frozen=True)
-class PromptConfig:
-  """How an example is shown to the model.
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptSettings(settings.Settings):
+  """How an example is shown to the model: a recipe's `data.prompt` block.
 
-  Defaults are the tiny CPU setting (docs/calibration_tiny_prompt.md); the 8B/paper prompt is
-  style='chat', answer_format='sid', evidence='raw', fields=FIELDS, history_items=20.
-
-  Attributes:
-    style: 'chat' (system turn, section headers, instruction line, citations with their text) or
-      'terse' (chat markup only, no headers or instruction, citations as label + evidence token).
-    answer_format: 'sid' (the answer lists candidate SIDs; 8B default) or 'slot' (slot labels;
-      tiny default).
-    evidence: 'raw' (history items with their fields; the paper's prompt) or 'flags' (each
-      candidate also carries its [brand, leaf, path] evidence bucket tokens).
-    fields: item fields shown, a subset of FIELDS, rendered in FIELDS order.
-    title_words: titles are cut to this many words.
-    history_items: the most recent items of the history shown (0 = no history block).
-    evidence_levels: number of evidence buckets per kind (bucket 0 = no match).
-    max_citations: at most this many teacher citations are rendered in the reasoning.
+  Defaults are the tiny CPU setting (docs/calibration_tiny_prompt.md): a terse prompt of slot +
+  evidence flags only (57 prompt / 29-35 response tokens), what a from-scratch tiny model learns
+  to use in a CPU budget. The 8B/paper prompt: style 'chat', answer_format 'sid', evidence 'raw',
+  fields FIELDS, history_items 20, max_citations 3.
   """
 
-  style: str = "terse"
-  answer_format: str = "slot"
-  evidence: str = "flags"
-  fields: tuple[str, ...] = ()
-  title_words: int = 6
-  history_items: int = 0
-  evidence_levels: int = 5
-  max_citations: int = 2
+  WHERE = "data.prompt."
 
-  def __post_init__(self):
-    if self.style not in STYLES:
-      raise ValueError(f"style={self.style!r}; expected one of {STYLES}")
-    if self.answer_format not in ANSWER_FORMATS:
-      raise ValueError(f"answer_format={self.answer_format!r}; expected one of {ANSWER_FORMATS}")
-    if self.evidence not in EVIDENCE_MODES:
-      raise ValueError(f"evidence={self.evidence!r}; expected one of {EVIDENCE_MODES}")
-    unknown = set(self.fields) - set(FIELDS)
-    if unknown:
-      raise ValueError(f"fields has unknown entries {sorted(unknown)}; "
-                       f"expected a subset of {FIELDS}")
-    if self.title_words < 1 or self.history_items < 0 or self.evidence_levels < 2:
-      raise ValueError(f"bad lengths in {self}: need title_words >= 1, history_items >= 0, "
-                       "evidence_levels >= 2")
+  style: str = settings.choice("terse", doc="'terse' (chat markup + one line per item, no "
+                               "system turn, headers or instruction; citations = slot + "
+                               "evidence token) or 'chat'", choices=STYLES)
+  answer_format: str = settings.choice("slot", doc="'slot' (tiny: slot labels) or 'sid' (8B; "
+                                       "the paper's: candidate SIDs)", choices=ANSWER_FORMATS)
+  evidence: str = settings.choice("flags", doc="'flags' (tiny: per-candidate match buckets) or "
+                                  "'raw' (8B: history items with their fields)",
+                                  choices=EVIDENCE_MODES)
+  fields: tuple[str, ...] = settings.texts((), doc="item fields shown, rendered in FIELDS order "
+                                           "(tiny: none, the flags carry the evidence; 8B: all "
+                                           "4)", choices=FIELDS)
+  title_words: int = settings.integer(6, doc="title truncation (words) when 'title' is shown",
+                                      minimum=1)
+  history_items: int = settings.integer(0, doc="history items shown (0 = no history block; "
+                                        "tiny: none, flags summarise 20; 8B: 20)", minimum=0)
+  max_citations: int = settings.integer(2, doc="teacher citations rendered in the reasoning "
+                                        "(8B: 3+)", minimum=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptConfig(PromptSettings):
+  """What the renderer reads: the build's PromptSettings and its evidence bucket count (fixed by
+  data/evidence.py, not a recipe's choice; records and the TFDS step's key hold it)."""
+
+  evidence_levels: int = settings.integer(evidence.NUM_BUCKETS, doc="evidence buckets per kind "
+                                          "(bucket 0 = no match)", minimum=2)
 
 
 def prompt_config(data_config, answer_format: str | None = None,
                   evidence_mode: str | None = None) -> PromptConfig:
-  """The PromptConfig of a data build config's `prompt` section (the recipe's data build),
+  """The PromptConfig of a data build's `prompt` block (DataSettings or its ConfigDict),
   optionally with another answer format / evidence mode."""
   p = data_config.prompt
-  return PromptConfig(
-    style=p.style,
-    answer_format=answer_format or p.answer_format, evidence=evidence_mode or p.evidence,
-    fields=tuple(p.fields), title_words=p.title_words, history_items=p.history_items,
-    evidence_levels=evidence.NUM_BUCKETS, max_citations=p.max_citations)
+  return PromptConfig.of({**p.to_dict(), "answer_format": answer_format or p.answer_format,
+                          "evidence": evidence_mode or p.evidence}, PromptSettings.WHERE)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,26 +18,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from gr2jax import metrics
+from gr2jax.data.build_settings import RetrieverSettings
 from gr2jax.data.split import PAD
 
 _ZERO = 1e-9  # |score| below this is exactly 0 (float64 leave-own-out residue; real scores >~1e-6)
-
-
-@dataclasses.dataclass(frozen=True)
-class RetrieverConfig:
-  """Hyperparameters (defaults: the measured ones).
-
-  Attributes:
-    window: max gap between two items of a sequence that counts as a transition.
-    reverse: weight of the backward direction relative to the forward one.
-    history: how many of the most recent history items score a user.
-    decay: recency decay per history step (newest item weight 1).
-  """
-
-  window: int = 5
-  reverse: float = 0.3
-  history: int = 20
-  decay: float = 0.7
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +29,7 @@ class CoocRetriever:
   """A fitted retriever.
 
   Attributes:
-    config: its RetrieverConfig.
+    config: its RetrieverSettings.
     counts: [I, I] CSR float64 transition weights C.
     freq: [I] float64 training-sequence frequency of each item.
     own_keys: [P] int64 sorted keys user * I + src of each user's own contributions to C.
@@ -54,7 +38,7 @@ class CoocRetriever:
     user_item_keys: [T] int64 sorted keys user * I + item of the training interactions.
   """
 
-  config: RetrieverConfig
+  config: RetrieverSettings
   counts: sp.csr_matrix
   freq: np.ndarray
   own_keys: np.ndarray
@@ -68,18 +52,18 @@ class CoocRetriever:
 
 
 def fit(train_sequences: list[np.ndarray], num_items: int,
-        config: RetrieverConfig | None = None) -> CoocRetriever:
+        config: RetrieverSettings | None = None) -> CoocRetriever:
   """Counts the transitions of the training sequences (one per user, user index = list index).
 
   Args:
     train_sequences: per user int32 items, oldest first (training part only).
     num_items: I.
-    config: the hyperparameters (RetrieverConfig() when None).
+    config: the hyperparameters (RetrieverSettings() when None).
 
   Returns:
     The fitted CoocRetriever.
   """
-  config = RetrieverConfig() if config is None else config
+  config = RetrieverSettings() if config is None else config
   lengths = np.array([len(s) for s in train_sequences])
   flat = np.concatenate(train_sequences).astype(np.int64)
   if flat.size and (flat.min() < 0 or flat.max() >= num_items):

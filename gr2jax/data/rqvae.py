@@ -27,58 +27,35 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr2jax import settings
+from gr2jax.data import build_settings
 from gr2jax.progress import progress
 
 if TYPE_CHECKING:
   import optax
 
 MAX_COLLISIONS = 256  # size cap of the 4th (collision) vocabulary
+OPTIMIZERS = ("adam", "adagrad")
 
 
-@dataclasses.dataclass(frozen=True)
-class RQVAEConfig:
-  """RQ-VAE architecture and training settings (defaults: TIGER's design, sized for 2 CPU cores).
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RQVAEConfig(build_settings.RQVAESettings):
+  """RQ-VAE architecture and training settings: a recipe's `data.rqvae` block (RQVAESettings)
+  and the architecture the recipes leave at TIGER's design (defaults sized for 2 CPU cores).
 
   TIGER trains 20k epochs with Adagrad lr 0.4; in a 100-epoch CPU budget that diverges on Beauty,
   and Adam at 1e-2 collapses the codebooks, so the default is Adam 3e-3 (measured on the shipped
   catalogue with TF-IDF embeddings: utilisation >= 99.6% per level, ~13% collisions; 150 epochs
-  gave no gain).
-
-  Attributes:
-    hidden: encoder hidden widths (the decoder mirrors them).
-    latent_dim: latent / code dimension d.
-    num_levels: residual quantisation levels L.
-    codebook_size: codes per level K.
-    beta: commitment weight.
-    epochs: passes over the items.
-    batch_size: items per step (the remainder of each shuffled epoch is dropped).
-    learning_rate: optimizer learning rate.
-    optimizer: 'adam' or 'adagrad' (TIGER: adagrad, lr 0.4).
-    kmeans_iters: Lloyd iterations of the k-means codebook initialisation.
-    reset_every: epochs between dead-code resets (0 disables them).
-    reset_fraction: resets happen only during this leading fraction of the epochs, so the codes
-      settle before the end.
+  gave no gain). Hashable: the config is a jit static argument.
   """
 
-  hidden: tuple[int, ...] = (512, 256, 128)
-  latent_dim: int = 32
-  num_levels: int = 3
-  codebook_size: int = 256
-  beta: float = 0.25
-  epochs: int = 100
-  batch_size: int = 1024
-  learning_rate: float = 3e-3
-  optimizer: str = "adam"
-  kmeans_iters: int = 25
-  reset_every: int = 20
-  reset_fraction: float = 0.7
-
-  def __post_init__(self):
-    object.__setattr__(self, "hidden", tuple(self.hidden))  # hashable: the config is a jit static
-    if self.optimizer not in ("adam", "adagrad"):
-      raise ValueError(f"RQVAEConfig.optimizer must be 'adam' or 'adagrad', got {self.optimizer!r}")
-    if self.num_levels < 1 or self.codebook_size < 1 or self.latent_dim < 1:
-      raise ValueError(f"RQVAEConfig: num_levels, codebook_size, latent_dim must be >= 1: {self}")
+  hidden: tuple[int, ...] = settings.ints((512, 256, 128), doc="encoder hidden widths (the "
+                                          "decoder mirrors them)", minimum=1)
+  optimizer: str = settings.choice("adam", doc="'adam' or 'adagrad' (TIGER: adagrad, lr 0.4)",
+                                   choices=OPTIMIZERS)
+  reset_fraction: float = settings.real(0.7, doc="dead-code resets happen only during this "
+                                        "leading fraction of the epochs, so the codes settle "
+                                        "before the end", low=0.0, high=1.0)
 
 
 class MLP(nn.Module):

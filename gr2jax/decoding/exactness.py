@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gr2jax import settings
 from gr2jax.decoding import policy
 from gr2jax.diffusion import layout, speculative
 from gr2jax.model import masks, validate
@@ -115,12 +116,12 @@ def summary(check: Check, tolerance: float = TOLERANCE) -> dict:
 
   Raises:
     TypeError: check is not a Check (teacher_forced_check's). ValueError / TypeError: tolerance
-      is not a finite real >= 0 (validate.real).
+      is not a finite real >= 0 (settings.check_real).
   """
   if not isinstance(check, Check):
     raise TypeError(f"summary: check must be an exactness.Check (teacher_forced_check's), got "
                     f"{type(check).__name__}")
-  tolerance = validate.real("summary", "tolerance", tolerance, low=0)
+  tolerance = settings.check_real("summary", "tolerance", tolerance, low=0)
   margins, scales = check.margin[check.flipped], check.scale[check.flipped]
   positions = int(check.valid.sum())
   top = lambda x: float(x.max()) if x.size else None

@@ -13,8 +13,8 @@ diffusion/speculative.DraftDecoding); policy.py turns the rest into the other de
 
 import dataclasses
 
+from gr2jax import settings
 from gr2jax.diffusion import commit, speculative
-from gr2jax.model import validate
 
 # Fields the spec had while it also described OPD's rollouts (now OPD's own settings,
 # stage_registry.OPDSettings), at the value every spec then held by default: `record` keeps them,
@@ -22,45 +22,43 @@ from gr2jax.model import validate
 RETIRED_FIELDS = {"rollout_tau": 0.9, "temperature": 1.0}
 
 
-@dataclasses.dataclass(frozen=True)
-class DecodeSpec:
+_DRAFT = speculative.DraftDecoding  # the draft fields' defaults: its own (the floor below)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeSpec(settings.Settings):
   """How every evaluation and served request of a recipe decodes (the one place these
   settings and their defaults are written; gr2jax/recipes.py's `decode` block is built from it).
 
-  Attributes:
-    block_size: B of the diffusion stages: an AR init is converted to a block-diffusion model
-      of this block size (paper: 32); every decoder then reads the model's config.block_size.
-    eval_tau: commit threshold of every evaluation, in (0, 1] (1.0 = one token per step; the
-      paper's Table 2 quality mode).
-    max_steps_per_block: denoising-step cap per block, evaluation and rollouts alike.
-    constrained: evaluations decode the answer under the answer constraint
-      (gr2jax/diffusion/constrain.py; diffusion models only; the ablation row, off by default).
-    commit_order: the diffusion commit order's recorded name ('confidence' = the paper's;
-      commit.ORDERS); `order` is its commit.CommitOrder, which the decoders take.
-    draft_k, draft_tau, draft_steps: the lossless mode (a block-diffusion drafter verified by an
-      AR model, LosslessPolicy; diffusion/speculative.py DraftDecoding): tokens drafted per verify
-      forward, the drafter's commit threshold (0 = a one-step draft) and its step budget per
-      draft. The defaults are the best predicted H100 speed-up of the trained tiny pair's
-      acceptance (docs/results/lossless/), K = 16 with one-step drafts; they are written once,
-      as DraftDecoding's field defaults (the floor below), and read here.
+  block_size is B of the diffusion stages: an AR init is converted to a block-diffusion model of
+  this block size; every decoder then reads the model's config.block_size. commit_order is the
+  commit order's recorded name; `order` is its commit.CommitOrder, which the decoders take. The
+  draft fields are the lossless mode (a block-diffusion drafter verified by an AR model,
+  LosslessPolicy; diffusion/speculative.py DraftDecoding): their defaults are the best predicted
+  H100 speed-up of the trained tiny pair's acceptance (docs/results/lossless/), K = 16 with
+  one-step drafts, written once as DraftDecoding's field defaults and read here.
   """
-  block_size: int = 32
-  eval_tau: float = 1.0
-  max_steps_per_block: int = 64
-  constrained: bool = False
-  commit_order: str = commit.CONFIDENCE.name
-  draft_k: int = speculative.DraftDecoding.k
-  draft_tau: float = speculative.DraftDecoding.draft_tau
-  draft_steps: int = speculative.DraftDecoding.draft_steps
 
-  def __post_init__(self):
-    for name in ("block_size", "max_steps_per_block", "draft_k", "draft_steps"):
-      validate.integer("decode.", name, getattr(self, name), minimum=1)
-    validate.real("decode.", "eval_tau", self.eval_tau, low=0, high=1, low_open=True)
-    validate.boolean("decode.", "constrained", self.constrained)
-    validate.one_of("decode.", "commit_order", self.commit_order, commit.ORDERS)  # a name
-    validate.real("decode.", "draft_tau", self.draft_tau, low=0, high=1,
-                  note=" (0 = a one-step draft)")
+  WHERE = "decode."
+
+  block_size: int = settings.integer(32, doc="B of the diffusion stages (an AR init is converted "
+                                     "to this block size; paper: 32)", minimum=1)
+  eval_tau: float = settings.real(1.0, doc="commit threshold of every evaluation (1.0 = one "
+                                  "token per step; Table 2's quality mode)", low=0, high=1,
+                                  low_open=True)
+  max_steps_per_block: int = settings.integer(64, doc="denoising-step cap per block, evaluation "
+                                              "and rollouts alike", minimum=1)
+  constrained: bool = settings.flag(False, doc="evaluations decode the answer under the answer "
+                                    "constraint (diffusion models only; the ablation row)")
+  commit_order: str = settings.choice(commit.CONFIDENCE.name, doc="the diffusion commit order "
+                                      "('confidence' = the paper's)", choices=commit.ORDERS)
+  draft_k: int = settings.integer(_DRAFT.k, doc="lossless mode: tokens drafted per verify "
+                                  "forward", minimum=1)
+  draft_tau: float = settings.real(_DRAFT.draft_tau, doc="lossless mode: the drafter's commit "
+                                   "threshold (0 = a one-step draft)", low=0, high=1,
+                                   note=" (0 = a one-step draft)")
+  draft_steps: int = settings.integer(_DRAFT.draft_steps, doc="lossless mode: the drafter's "
+                                      "step budget per draft", minimum=1)
 
   def record(self) -> dict:
     """The spec as run records, step digests and evaluation cache keys hold it: its fields and

@@ -23,7 +23,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from gr2jax.model import generate, validate
+from gr2jax import settings
+from gr2jax.model import generate
 
 
 class CommitResult(NamedTuple):
@@ -228,12 +229,19 @@ def lookup(where: str, name: str, order: "str | CommitOrder") -> CommitOrder:
   """The commit order named `order` (a CommitOrder is returned as is): the one check of a name.
 
   Raises:
-    ValueError: `{where}: {name}=... not in ORDERS` (validate.one_of).
+    ValueError: `{where}: {name}=... not in ORDERS` (settings.check_choice).
   """
   if isinstance(order, CommitOrder):
     return order
-  validate.one_of(where, name, order, ORDERS)
+  settings.check_choice(where, name, order, ORDERS)
   return BY_NAME[order]
+
+
+def order_field(*, doc: str):
+  """A decoder settings field holding a CommitOrder or its name (default CONFIDENCE), checked by
+  `lookup`; the decoder's `check` then holds the object (decode_core.keep)."""
+  return settings.value(CONFIDENCE, doc=doc, what=f"a CommitOrder or one of {ORDERS}",
+                        check=lookup)
 
 
 def capped_threshold(step: jax.Array, max_steps: jax.Array | int,

@@ -51,6 +51,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gr2jax import settings
 from gr2jax.diffusion import commit, constrain
 from gr2jax.model import attention, decode_core, masks, qwen3, validate
 from gr2jax.model import params as params_lib
@@ -500,37 +501,33 @@ class BlockDecoding(decode_core.Decoding):
   """How one block-diffusion decode runs (decode_core.Decoding's fields, then these; built from
   a DecodeSpec by gr2jax/decoding/policy.py). Its fields are checked when it is built.
 
-  Attributes:
-    threshold: tau of the commit rule, in (0, 1]: every masked position whose confidence is
-      strictly above tau commits, plus the most confident one; tau = 1.0 is one token per step.
-    max_steps_per_block: denoising-step cap per block (the last allowed step commits the rest).
-    commit_order: a commit.CommitOrder or its name ('confidence', the paper's rule,
-      'left_to_right' or 'distinct'; commit.ORDERS), looked up once, here: the field then holds
-      the object.
-    head_buckets: number of LM-head widths (B, B/2, ...) to choose from per step; 1 = LM head
-      at all B queries every step.
-    cache_size: KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum).
-  Stop ids (decode_core.Decoding.stop_token_ids) are never the mask token.
+  The commit rule at threshold tau: every masked position whose confidence is strictly above
+  tau commits, plus the most confident one. commit_order is looked up once, here: the field
+  then holds the commit.CommitOrder. Stop ids (decode_core.Decoding.stop_token_ids) are never
+  the mask token.
   """
 
-  threshold: float
-  max_steps_per_block: int
-  commit_order: "str | commit.CommitOrder" = commit.CONFIDENCE
-  head_buckets: int = 1
-  cache_size: int | None = None
+  WHERE = "BlockDecoding"
 
-  def __post_init__(self):
-    super().__post_init__()
-    where = "BlockDecoding"
-    object.__setattr__(self, "threshold", validate.real(
-      where, "threshold", self.threshold, low=0, high=1, low_open=True,
-      note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per step)"))
-    validate.integer(where, "max_steps_per_block", self.max_steps_per_block, minimum=1)
-    validate.integer(where, "head_buckets", self.head_buckets, minimum=1)
-    if self.cache_size is not None:
-      validate.integer(where, "cache_size", self.cache_size, minimum=1)
-    object.__setattr__(self, "commit_order",
-                       commit.lookup(where, "commit_order", self.commit_order))
+  threshold: float = settings.real(
+    doc="tau of the commit rule (1.0 = one token per step)", low=0, high=1, low_open=True,
+    note=" (tau <= 0 would commit whole blocks at once; 1.0 = one token per step)")
+  max_steps_per_block: int = settings.integer(doc="denoising-step cap per block (the last "
+                                              "allowed step commits the rest)", minimum=1)
+  commit_order: "str | commit.CommitOrder" = commit.order_field(
+    doc="a commit.CommitOrder or its name ('confidence', the paper's rule, 'left_to_right' or "
+    "'distinct')")
+  head_buckets: int = settings.integer(1, doc="LM-head widths (B, B/2, ...) to choose from per "
+                                       "step; 1 = LM head at all B queries every step",
+                                       minimum=1)
+  cache_size: int | None = decode_core.optional_int(
+    doc="KV slots per row; None = P + ceil(max_new_tokens / B) * B (the minimum)", minimum=1)
+
+  def check(self, where: str) -> None:
+    """Keeps tau a float and the commit order its object."""
+    super().check(where)
+    decode_core.keep(self, threshold=float(self.threshold),
+                     commit_order=commit.lookup(where, "commit_order", self.commit_order))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gr2jax import settings
 from gr2jax.diffusion import commit, decode
 from gr2jax.model import decode_core, generate, qwen3, validate
 from gr2jax.model.cache import KVCache
@@ -86,36 +87,30 @@ class DraftDecoding(decode_core.Decoding):
 
   The draft defaults are the recipe defaults: gr2jax/decoding/spec.py's DecodeSpec takes its
   draft_k, draft_tau and draft_steps defaults from here (the one place they are written; this
-  floor cannot import that one).
-
-  Attributes:
-    k: K, tokens drafted per verify step, 1 <= K <= the drafter's block size.
-    draft_tau: the drafter's commit threshold in [0, 1]; 0 = a one-step draft (every position of
-      the window from one forward).
-    draft_steps: denoising-step budget of one draft (>= 1); the last allowed step commits the
-      rest of the window.
-    commit_order: a commit.CommitOrder or its name (looked up once, here: the field then holds
-      the object); with temperature > 0 only a left-to-right order or a one-step draft keep the
-      output the verifier's (module docstring).
+  floor cannot import that one). commit_order is looked up once, here (the field then holds the
+  commit.CommitOrder); with temperature > 0 only a left-to-right order or a one-step draft keep
+  the output the verifier's (module docstring).
   """
 
-  k: int = 16
-  draft_tau: float = 0.0
-  draft_steps: int = 8
-  commit_order: commit.CommitOrder = commit.CONFIDENCE
+  WHERE = "DraftDecoding"
 
-  def __post_init__(self):
-    super().__post_init__()
-    where = "DraftDecoding"
-    validate.integer(where, "k", self.k, minimum=1)
-    validate.real(where, "draft_tau", self.draft_tau, low=0, high=1,
-                  note=" (0 = a one-step draft)")
-    validate.integer(where, "draft_steps", self.draft_steps, minimum=1)
-    object.__setattr__(self, "commit_order",
-                       commit.lookup(where, "commit_order", self.commit_order))
+  k: int = settings.integer(16, doc="K, tokens drafted per verify step (<= the drafter's block "
+                            "size)", minimum=1)
+  draft_tau: float = settings.real(0.0, doc="the drafter's commit threshold (0 = a one-step "
+                                   "draft: every position of the window from one forward)",
+                                   low=0, high=1, note=" (0 = a one-step draft)")
+  draft_steps: int = settings.integer(8, doc="denoising-step budget of one draft (the last "
+                                      "allowed step commits the rest of the window)", minimum=1)
+  commit_order: commit.CommitOrder = commit.order_field(
+    doc="the drafter's commit order, a commit.CommitOrder or its name")
+
+  def check(self, where: str) -> None:
+    """Holds the commit order's object; refuses a sampled draft that is not lossless."""
+    super().check(where)
+    decode_core.keep(self, commit_order=commit.lookup(where, "commit_order", self.commit_order))
     if self.temperature > 0 and not (self.commit_order.left_to_right or self.one_step):
       raise ValueError(
-        f"{where}: temperature={self.temperature} with commit_order="
+        f"{settings.label(where, 'temperature')}={self.temperature} with commit_order="
         f"{self.commit_order.name!r} and {self.draft_steps} draft steps is not lossless (a later"
         " position commits first, so a draft's distribution conditions on the drafts after "
         "it); use commit_order='left_to_right', draft_tau=0 or draft_steps=1")

@@ -20,36 +20,54 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gr2jax import settings
 from gr2jax.model import validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
 from gr2jax.model.qwen3 import ragged_prefill
 
 
+def optional_int(*, doc: str, minimum: int):
+  """A field holding None (the default) or an int >= minimum (settings.integer's check)."""
+  def check(where: str, name: str, value) -> None:
+    if value is not None:
+      settings.check_int(where, name, value, minimum=minimum)
+  return settings.value(None, doc=doc, what=f"None or int >= {minimum}", check=check)
+
+
+def _stop_ids(where: str, name: str, value) -> None:
+  if value is not None:
+    validate.token_ids(where, name, value, vocab_size=None)
+
+
+def keep(decoding: settings.Settings, **values) -> None:
+  """Sets a frozen settings block's checked fields to the forms the decoders hold (an int, a
+  float, a commit order object): only in a decoder's `check`, so jit's static hashing sees one
+  value whatever type it was given in."""
+  for name, value in values.items():
+    object.__setattr__(decoding, name, value)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Decoding:
-  """The settings every decoder shares (module docstring); hashable, static under jit.
+class Decoding(settings.Settings):
+  """The settings every decoder shares (module docstring); hashable, static under jit. Each
+  subclass's WHERE is its name, which starts its messages (`ARDecoding: top_k=...`); stop ids
+  None are the model's config.eos_token_ids (for draft-and-verify, the verifier's)."""
 
-  Attributes:
-    max_new_tokens: N, the most response tokens per row (>= 1).
-    temperature: 0 = greedy; > 0 samples at that temperature (the decoder then needs a key).
-    stop_token_ids: ids that end a row (the stop token is kept in its length); None = the
-      model's config.eos_token_ids (for draft-and-verify, the verifier's).
-  """
+  WHERE = "Decoding"
 
-  max_new_tokens: int
-  temperature: float = 0.0
-  stop_token_ids: tuple[int, ...] | None = None
+  max_new_tokens: int = settings.integer(doc="N, the most response tokens per row", minimum=1)
+  temperature: float = settings.real(0.0, doc="0 = greedy; > 0 samples at that temperature (the "
+                                     "decoder then needs a key)", low=0, note=" (0 = greedy)")
+  stop_token_ids: tuple[int, ...] | None = settings.value(
+    None, doc="ids that end a row (kept in its length); None = the model's eos ids",
+    what="None or token ids >= 0", check=_stop_ids)
 
-  def __post_init__(self):
-    where = type(self).__name__
-    object.__setattr__(self, "max_new_tokens",
-                       validate.integer(where, "max_new_tokens", self.max_new_tokens, minimum=1))
-    object.__setattr__(self, "temperature", validate.real(
-      where, "temperature", self.temperature, low=0, note=" (0 = greedy)"))
+  def check(self, where: str) -> None:
+    """Keeps N an int, the temperature a float and the stop ids a tuple of ints."""
+    keep(self, max_new_tokens=int(self.max_new_tokens), temperature=float(self.temperature))
     if self.stop_token_ids is not None:
-      object.__setattr__(self, "stop_token_ids", validate.token_ids(
-        where, "stop_token_ids", self.stop_token_ids, vocab_size=None))
+      keep(self, stop_token_ids=tuple(int(i) for i in self.stop_token_ids))
 
 
 def check_call(where: str, decoding: Decoding, kind: type, config: ModelConfig,

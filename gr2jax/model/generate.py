@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from gr2jax import settings
 from gr2jax.model import decode_core, validate
 from gr2jax.model.cache import KVCache, init_cache
 from gr2jax.model.config import ModelConfig
@@ -23,24 +24,16 @@ from gr2jax.model.qwen3 import forward
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ARDecoding(decode_core.Decoding):
-  """How an AR decode runs (decode_core.Decoding's fields, then these; static under jit).
+  """How an AR decode runs (decode_core.Decoding's fields, then these; static under jit)."""
 
-  Attributes:
-    top_k: keep only the k most likely tokens when sampling (0 = off).
-    top_p: keep the smallest set of most likely tokens whose probability reaches p (1 = off).
-    cache_size: KV cache slots per row; None = P + max_new_tokens.
-  """
+  WHERE = "ARDecoding"
 
-  top_k: int = 0
-  top_p: float = 1.0
-  cache_size: int | None = None
-
-  def __post_init__(self):
-    super().__post_init__()
-    validate.integer("ARDecoding", "top_k", self.top_k, minimum=0)
-    validate.real("ARDecoding", "top_p", self.top_p, low=0, high=1, low_open=True)
-    if self.cache_size is not None:
-      validate.integer("ARDecoding", "cache_size", self.cache_size, minimum=1)
+  top_k: int = settings.integer(0, doc="keep only the k most likely tokens when sampling (0 = "
+                                "off)", minimum=0)
+  top_p: float = settings.real(1.0, doc="keep the smallest set of most likely tokens whose "
+                               "probability reaches p (1 = off)", low=0, high=1, low_open=True)
+  cache_size: int | None = decode_core.optional_int(doc="KV cache slots per row; None = P + "
+                                                    "max_new_tokens", minimum=1)
 
 
 @flax.struct.dataclass

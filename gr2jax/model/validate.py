@@ -12,18 +12,16 @@ caller the contract is the caller's: ids outside [0, V) give NaN logits (jnp.tak
 negative ids wrap around), so jitted code must be fed checked values (`generate` and
 `block_diffusion_generate` check before they trace).
 
-The scalar checks (`integer`, `real`, `one_of`, `boolean`) are the project's one set of scalar
-checks: the decode specs' and the stage settings' `__post_init__` (gr2jax/stage_registry.py),
-gr2jax/config_checks.py, the decoders' arguments and the server's settings call them, with
-`where` the entry point (`block_diffusion_generate: threshold=...`), a config block with its dot
-(`decode.` gives `decode.eval_tau=...`) or '' (the bare field, which a caller prefixes).
+The scalar checks (an int, a real in an interval, a choice, a bool) are gr2jax/settings.py's,
+the project's one set: settings blocks declare their fields with them, and `token_ids` here
+checks each id with them.
 """
-
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from gr2jax.settings import WrongKind, check_int, label
 
 
 def _is_tracer(x) -> bool:
@@ -135,86 +133,21 @@ def check_range(where: str, name: str, x, low: int, high: int, what: str = "") -
                    f"{what + ' ' if what else ''}[{low}, {high - 1}]")
 
 
-class WrongKind(TypeError, ValueError):
-  """A value of the wrong kind (a str or a bool for a number, ...): a TypeError, and also a
-  ValueError, as the config blocks' checks have always reported every bad setting."""
-
-
-def _label(where: str, name: str) -> str:
-  """`where: name`, or `block.name` when `where` is a config block with its dot ('decode.'), or
-  the bare name when `where` is ''."""
-  return f"{where}{name}" if not where or where.endswith(".") else f"{where}: {name}"
-
-
-def integer(where: str, name: str, value, *, minimum: int | None = None,
-            maximum: int | None = None) -> int:
-  """A Python / numpy integer scalar (bool refused) in [minimum, maximum], returned as int."""
-  label = _label(where, name)
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-    raise WrongKind(f"{label} must be an int, got {type(value).__name__} {value!r}")
-  if minimum is not None and value < minimum:
-    raise ValueError(f"{label}={value} must be >= {minimum}")
-  if maximum is not None and value > maximum:
-    raise ValueError(f"{label}={value} must be <= {maximum}")
-  return int(value)
-
-
-def real(where: str, name: str, value, *, low: float | None = None, high: float | None = None,
-         low_open: bool = False, high_open: bool = False, note: str = "") -> float:
-  """A finite real scalar (Python / numpy; bool refused) in an interval, returned as float.
-
-  Args:
-    where: the entry point, or a config block with its dot.
-    name: the argument or field name.
-    value: the value.
-    low: the smallest allowed value (None: no lower bound); excluded when low_open.
-    high: the largest allowed value (None: no upper bound).
-    low_open: low itself is refused (`(0, 1]`, `> 0`).
-    high_open: high itself is refused (`[0, 1)`).
-    note: appended to the out-of-interval message, e.g. " (0 = greedy)".
+def token_ids(where: str, name: str, values, vocab_size: int | None) -> tuple[int, ...]:
+  """A sequence of token ids (e.g. stop ids): ints in [0, vocab_size), as a tuple of ints
+  (vocab_size None: ints >= 0, before a vocab is known). `where` as settings.label's.
 
   Raises:
-    WrongKind: not a real number. ValueError: not finite, or outside the interval.
+    WrongKind: not a sequence, or an id that is not an int. ValueError: an id out of range.
   """
-  label = _label(where, name)
-  if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                   np.floating)):
-    raise WrongKind(f"{label} must be a real number, got {type(value).__name__} {value!r}")
-  if not math.isfinite(value):
-    raise ValueError(f"{label}={value} must be finite")
-  below = low is not None and (value <= low if low_open else value < low)
-  above = high is not None and (value >= high if high_open else value > high)
-  if below or above:
-    if high is None:
-      must = f"{'>' if low_open else '>='} {low}"
-    else:
-      must = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-    raise ValueError(f"{label}={value} must be {must}{note}")
-  return float(value)
-
-
-def one_of(where: str, name: str, value, choices: tuple) -> None:
-  """Raises ValueError naming the field unless value is one of choices."""
-  if value not in choices:
-    raise ValueError(f"{_label(where, name)}={value!r} not in {choices}")
-
-
-def boolean(where: str, name: str, value) -> None:
-  """Raises WrongKind naming the field unless value is a bool."""
-  if not isinstance(value, bool):
-    raise WrongKind(f"{_label(where, name)} must be a bool, got {type(value).__name__} "
-                    f"{value!r}")
-
-
-def token_ids(where: str, name: str, values, vocab_size: int | None) -> tuple[int, ...]:
-  """A sequence of token ids (e.g. stop ids): ints in [0, vocab_size), as a tuple (vocab_size
-  None: ints >= 0, before a vocab is known)."""
   if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
-    raise TypeError(f"{where}: {name} must be a sequence of ints, got {type(values).__name__}")
-  out = tuple(integer(where, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
+    raise WrongKind(f"{label(where, name)} must be a sequence of ints, got "
+                    f"{type(values).__name__}")
+  out = tuple(check_int(where, f"{name}[{i}]", v, minimum=0) for i, v in enumerate(values))
   for i, v in enumerate(out):
     if vocab_size is not None and v >= vocab_size:
-      raise ValueError(f"{where}: {name}[{i}] = {v} is outside the vocab [0, {vocab_size - 1}]")
+      raise ValueError(f"{label(where, f'{name}[{i}]')} = {v} is outside the vocab "
+                       f"[0, {vocab_size - 1}]")
   return out
 
 

@@ -7,8 +7,8 @@ Layout under the run's workdir:
   workdir/<stage>/logs/                           metrics.jsonl, TensorBoard events, config.txt
   workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
 
-The config is validated first (gr2jax/config_checks.py); the stage directory is locked for the
-whole run (a second run of the stage gets `InUseError`). A stage starts from its own newest
+The config is a view of a checked recipe (every setting checked when the recipe was typed:
+gr2jax/settings.py); the stage directory is locked for the whole run (a second run of the stage gets `InUseError`). A stage starts from its own newest
 readable checkpoint, else from `config.init` (a preset or the previous stage's export); a
 checkpoint written with other run-altering settings is refused (run_checkpoints.py), and
 `train.restart=True` moves the previous run aside first. An AR stage refuses a diffusion init. A
@@ -30,7 +30,7 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from gr2jax import config_checks, exports, files, load, run_identity
+from gr2jax import exports, files, load, run_identity
 from gr2jax import workdir as workdir_lib
 from gr2jax.data import build_rendering, pipeline, prompts
 from gr2jax.data import lengths as lengths_lib
@@ -211,13 +211,12 @@ def train(config: StageView, workdir: str, stage: Stage, ctx: Context | None = N
     ctx: the data context; default load_context(config, workdir) (the data build).
 
   Raises:
-    ValueError: a bad size or rate (gr2jax/config_checks.py), an AR stage given a diffusion init.
+    ValueError: an AR stage given a diffusion init.
     gr2jax.workdir.InUseError: another live run holds the stage directory.
     run_checkpoints.RunChangedError: the checkpoints were written with other settings.
     run_checkpoints.UnreadableCheckpointsError: checkpoints exist but none restores.
     FloatingPointError: a non-finite loss or state (the last finite checkpoint is kept).
   """
-  config_checks.check_stage_config(config)
   stage_dir = os.path.join(workdir, stage.name)
   os.makedirs(stage_dir, exist_ok=True)
   lock = (workdir_lib.lock_workdir(stage_dir) if jax.process_index() == 0

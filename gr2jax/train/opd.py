@@ -45,30 +45,10 @@ from gr2jax.model.config import ModelConfig
 from gr2jax.train import rollouts
 from gr2jax.train.rollout import DiffusionRollout
 
-# config.opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V].
+# opd.teacher_dtype -> the storage dtype of the cached teacher log-probs [B, M, V] (the setting's
+# choices, stage_registry.OPDSettings; bf16 halves them: at the paper's shapes [512, 256, 151,936]
+# 80 GB per step in f32; the loss reads them back as f32).
 TEACHER_DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16)}
-
-
-def teacher_dtype(name: str) -> np.dtype:
-  """The storage dtype named by config.opd.teacher_dtype (TEACHER_DTYPES); ValueError otherwise.
-
-  bf16 halves the cached [B, M, V] distributions (at the paper's shapes [512, 256, 151,936]: 80
-  GB per step in f32); the loss reads them back as f32.
-  """
-  if name not in TEACHER_DTYPES:
-    raise ValueError(f"opd.teacher_dtype={name!r}: expected one of {sorted(TEACHER_DTYPES)}")
-  return TEACHER_DTYPES[name]
-
-
-# config.opd.context: the student's context of each distilled token (module docstring).
-CONTEXTS = ("commit_step", "left_clean")
-
-
-def check_context(name: str) -> str:
-  """config.opd.context, checked (CONTEXTS); ValueError naming the field otherwise."""
-  if name not in CONTEXTS:
-    raise ValueError(f"opd.context={name!r}: expected one of {list(CONTEXTS)}")
-  return name
 
 
 def left_to_right_steps(commit_step: np.ndarray, block_size: int) -> np.ndarray:
@@ -95,7 +75,7 @@ def student_context(batch: Batch, context: str, rollout: DiffusionRollout) -> Ba
   """The prepared batch with the trace replayed in `context` (module docstring): unchanged for
   'commit_step'; 'left_clean' replaces commit_step by `left_to_right_steps` and the replay's
   round count by the bucket those steps need."""
-  if check_context(context) == "commit_step":
+  if context == "commit_step":
     return batch
   steps = left_to_right_steps(batch.commit_step, rollout.config.block_size)
   rounds = replay.round_bucket(steps, rollout.max_rounds, rollout.shrink)
@@ -149,7 +129,7 @@ def teacher(teacher_params: dict, teacher_config: ModelConfig, *, mask_token_id:
     teacher_params: the frozen AR teacher's params.
     teacher_config: the teacher (block_size 1, the student's vocabulary).
     mask_token_id: the student's mask token.
-    dtype: storage dtype of the cached distributions (`teacher_dtype(name)`: float32, or
+    dtype: storage dtype of the cached distributions (`TEACHER_DTYPES[name]`: float32, or
       bfloat16 to halve the [B, M, V] cache).
   """
   def fn(chunk: Batch):

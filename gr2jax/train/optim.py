@@ -5,24 +5,21 @@ updates an fp32 view of the params and casts back (bf16 params, fp32 moments).
 """
 
 import jax
-import ml_collections
 import optax
 
-SCHEDULES = ("cosine", "constant")
+from gr2jax.stage_registry import OptimizerSettings
 
 
-def learning_rate_schedule(cfg: ml_collections.ConfigDict) -> optax.Schedule:
+def learning_rate_schedule(cfg: OptimizerSettings) -> optax.Schedule:
   """Linear warm-up from 0 to cfg.learning_rate over cfg.warmup_steps, then cosine decay to
   cfg.learning_rate * cfg.end_lr_factor at cfg.total_steps, or constant.
 
   Args:
-    cfg: the `optimizer` config (experiments/configs/common.py).
+    cfg: a stage's optimizer settings (checked: its schedule is one of the two).
 
   Returns:
     step -> learning rate.
   """
-  if cfg.schedule not in SCHEDULES:
-    raise ValueError(f"optimizer.schedule={cfg.schedule!r}; expected one of {SCHEDULES}")
   warmup = optax.linear_schedule(0.0, cfg.learning_rate, max(cfg.warmup_steps, 1))
   if cfg.schedule == "constant":
     after = optax.constant_schedule(cfg.learning_rate)
@@ -38,7 +35,7 @@ def decay_mask(params) -> dict:
     lambda path, _: "norm" not in str(getattr(path[-1], "key", "")), params)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict) -> optax.GradientTransformation:
+def make_optimizer(cfg: OptimizerSettings) -> optax.GradientTransformation:
   """AdamW (decoupled weight decay, masked off norms) after global-norm clipping.
 
   Args:

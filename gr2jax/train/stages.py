@@ -111,8 +111,8 @@ def _opd_prepare(ctx: Context):
   if ctx.config.settings.objective == "self":
     return self_distill.targets(_rollout(ctx).policy, ctx.tokenizer, ctx.train.labels,
                                 pad_id=ctx.model_config.pad_token_id)
-  dtype = opd.teacher_dtype(ctx.config.settings.teacher_dtype)  # checked before loading
-  context = opd.check_context(ctx.config.settings.context)
+  dtype = opd.TEACHER_DTYPES[ctx.config.settings.teacher_dtype]
+  context = ctx.config.settings.context
   teacher_config, teacher_params = load.load_model(ctx.config.settings.teacher)
   teacher = opd.teacher(teacher_params, teacher_config,
                         mask_token_id=ctx.model_config.mask_token_id, dtype=dtype)

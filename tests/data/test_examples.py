@@ -20,7 +20,7 @@ def beauty():
 
 def _spec(**fields) -> examples.ExampleSpec:
   """The tiny recipe's example settings with `fields` changed."""
-  return dataclasses.replace(pipeline.example_spec(recipes.data_config()), **fields)
+  return dataclasses.replace(pipeline.example_spec(recipes.config().data), **fields)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ def _write_dataset(path):
 
 
 def _config(data_dir, sids_file=""):
-  config = recipes.data_config()
+  config = recipes.config().data
   config.data_dir = str(data_dir)
   config.sids_file = str(sids_file)
   config.eval_subset_size = 40

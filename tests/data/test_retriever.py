@@ -13,7 +13,7 @@ def _toy_sequences(num_users=30, num_items=25, seed=0):
 
 
 def test_counts_by_hand():
-  cfg = retriever.RetrieverConfig(window=2, reverse=0.5)
+  cfg = retriever.RetrieverSettings(window=2, reverse=0.5)
   r = retriever.fit([np.array([0, 1, 2], np.int32)], 4, cfg)
   expected = np.zeros((4, 4))
   expected[0, 1] = expected[1, 2] = 1.0
@@ -24,7 +24,7 @@ def test_counts_by_hand():
 
 
 def test_score_recency_and_normalisation():
-  cfg = retriever.RetrieverConfig(window=1, reverse=0.0, decay=0.5)
+  cfg = retriever.RetrieverSettings(window=1, reverse=0.0, decay=0.5)
   r = retriever.fit([np.array([0, 2], np.int32), np.array([0, 3], np.int32),
                      np.array([1, 3], np.int32)], 4, cfg)
   hist = np.array([[split.PAD, 0, 1]], np.int32)  # newest: item 1 (weight 1), then item 0 (0.5)

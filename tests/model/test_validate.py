@@ -35,53 +35,21 @@ def test_helpers_name_the_argument():
     validate.check_range("f", "x", jnp.array([[0, 1], [9, 2]]), 0, 5)
   traced = jax.jit(lambda x: validate.check_range("f", "x", x, 0, 1) or x)  # traced: skipped
   np.testing.assert_array_equal(traced(jnp.array([5, 6])), [5, 6])
-  with pytest.raises(TypeError, match="f: n must be an int, got bool"):
-    validate.integer("f", "n", True)
-  with pytest.raises(ValueError, match="f: r=inf must be finite"):
-    validate.real("f", "r", float("inf"))
   with pytest.raises(TypeError, match="f: k must be a PRNG key"):
     validate.prng_key("f", "k", np.zeros(2, np.int32))
   validate.prng_key("f", "k", jax.random.PRNGKey(0))  # legacy uint32[2] keys are keys too
 
 
-@pytest.mark.parametrize("check, error, match", [
-  (lambda: validate.integer("decode.", "k", 0, minimum=1), ValueError,
-   r"^decode\.k=0 must be >= 1$"),
-  (lambda: validate.integer("f", "port", 70000, maximum=65535), ValueError,
-   r"^f: port=70000 must be <= 65535$"),
-  (lambda: validate.integer("f", "n", 2.0), TypeError, r"^f: n must be an int, got float 2.0$"),
-  (lambda: validate.real("f", "tau", 0.0, low=0, high=1, low_open=True, note=" (why)"),
-   ValueError, r"^f: tau=0.0 must be in \(0, 1\] \(why\)$"),
-  (lambda: validate.real("f", "tau", 1.5, low=0, high=1), ValueError,
-   r"^f: tau=1.5 must be in \[0, 1\]$"),
-  (lambda: validate.real("s.", "t", -1.0, low=0), ValueError, r"^s\.t=-1.0 must be >= 0$"),
-  (lambda: validate.real("s.", "t", 0, low=0, low_open=True), ValueError, r"^s\.t=0 must be > 0$"),
-  (lambda: validate.real("s.", "t", float("nan"), low=0), ValueError, r"^s\.t=nan must be finite"),
-  (lambda: validate.real("f", "t", "0.9"), TypeError, r"^f: t must be a real number, got str"),
-  (lambda: validate.one_of("f", "order", "x", ("a", "b")), ValueError,
-   r"^f: order='x' not in \('a', 'b'\)$"),
-  (lambda: validate.boolean("d.", "on", 1), TypeError, r"^d\.on must be a bool, got int 1$"),
-])
-def test_scalar_checks_name_the_field(check, error, match):
-  with pytest.raises(error, match=match):
-    check()
-
-
-def test_a_wrong_kind_is_both_a_type_and_a_value_error():
-  """Config blocks report every bad setting as a ValueError, entry points a wrong kind as a
-  TypeError: the one error is both."""
-  for check in (lambda: validate.integer("f", "n", "1"), lambda: validate.boolean("f", "b", 0)):
-    with pytest.raises(TypeError):
-      check()
-    with pytest.raises(ValueError):
-      check()
-
-
-def test_scalar_checks_return_the_value_inside_the_bounds():
-  assert validate.integer("f", "n", np.int64(3), minimum=1, maximum=3) == 3
-  assert validate.real("f", "t", 1, low=0, high=1, low_open=True) == 1.0
-  validate.one_of("f", "o", "a", ("a",))
-  validate.boolean("f", "b", False)
+def test_token_ids_are_ints_in_the_vocab_named_by_index():
+  assert validate.token_ids("f", "stop", [np.int64(3), 1], vocab_size=4) == (3, 1)
+  for values, vocab, error, match in [
+    ("12", None, TypeError, r"^f: stop must be a sequence of ints, got str$"),
+    ([1, 2.0], None, TypeError, r"^f: stop\[1\] must be an int, got float 2.0$"),
+    ([1, -1], None, ValueError, r"^f: stop\[1\]=-1 must be >= 0$"),
+    ([4], 4, ValueError, r"^d\.stop\[0\] = 4 is outside the vocab \[0, 3\]$"),
+  ]:
+    with pytest.raises(error, match=match):
+      validate.token_ids("d." if vocab else "f", "stop", values, vocab)
 
 
 def test_responses_are_integer_rows_with_lengths_in_0_to_m():

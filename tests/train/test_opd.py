@@ -11,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+from gr2jax import stage_registry
 from gr2jax.data.batches import Batch
 from gr2jax.decoding.policy import DiffusionPolicy
 from gr2jax.decoding.spec import DecodeSpec
@@ -85,11 +86,13 @@ def test_prepare_refuses_greedy_rollouts(params):
     opd.teacher_log_probs(params, CONFIG, PROMPTS, LENGTHS, PROMPTS, LENGTHS, mask_token_id=MASK)
 
 
-def test_teacher_dtype_names():
-  assert opd.teacher_dtype("float32") == np.float32
-  assert opd.teacher_dtype("bfloat16") == jax.numpy.bfloat16
-  with pytest.raises(ValueError, match=r"opd.teacher_dtype='fp16': expected one of \['bfloat16'"):
-    opd.teacher_dtype("fp16")
+def test_teacher_dtypes_are_the_settings_choices():
+  assert opd.TEACHER_DTYPES["float32"] == np.float32
+  assert opd.TEACHER_DTYPES["bfloat16"] == jax.numpy.bfloat16
+  for name in opd.TEACHER_DTYPES:  # every storage dtype is a value of the setting
+    assert stage_registry.OPDSettings(teacher_dtype=name).teacher_dtype == name
+  with pytest.raises(ValueError, match=r"opd.teacher_dtype='fp16' not in \('float32', 'bfloat16'\)"):
+    stage_registry.OPDSettings.of({"teacher_dtype": "fp16"}, "opd.")
 
 
 def test_chunked_prepare_scores_like_one_call(params):
@@ -104,7 +107,7 @@ def test_chunked_prepare_scores_like_one_call(params):
                                 train.response_lengths, mask_token_id=MASK)
   np.testing.assert_allclose(train.teacher_log_probs, whole, atol=1e-6)
   half, _ = _prepare(params, jax.random.key(3), teacher_params, group_size=3, chunk_rows=4,
-                     dtype=opd.teacher_dtype("bfloat16"))
+                     dtype=opd.TEACHER_DTYPES["bfloat16"])
   assert half.teacher_log_probs.dtype == jax.numpy.bfloat16
   np.testing.assert_array_equal(half.trace_tokens, train.trace_tokens)  # same rollouts
   np.testing.assert_array_equal(half.teacher_log_probs,
@@ -116,8 +119,8 @@ def test_left_to_right_steps_keep_seeds_and_never_committed_slots():
   steps = np.array([[seed, 2, 0, 1, seed, 0, never, never]])
   np.testing.assert_array_equal(opd.left_to_right_steps(steps, 4),
                                 [[seed, 0, 1, 2, seed, 0, never, never]])
-  with pytest.raises(ValueError, match="opd.context='left'"):
-    opd.check_context("left")
+  with pytest.raises(ValueError, match="opd.context='left' not in"):
+    stage_registry.OPDSettings.of({"context": "left"}, "opd.")
 
 
 def test_left_clean_context_reads_each_token_with_its_left_context_clean(params):

@@ -133,9 +133,8 @@ def test_a_moved_checkout_resumes_and_another_data_dir_is_refused(tmp_path, monk
 
   def record(root, data_dir=None):
     monkeypatch.setattr(workdir_lib, "CHECKOUT_DIR", str(root))
-    monkeypatch.setattr(recipes, "DATA_DIR", str(root / "data" / "amazon_beauty"))
     c = recipes.config("", "sft")
-    c.data.data_dir = data_dir or c.data.data_dir
+    c.data.data_dir = data_dir or str(root / "data" / "amazon_beauty")
     return record_of(recipe.stage_config(recipe.from_config(c), "sft", "W"), workdir="W")
 
   saved = record(tmp_path / "clone_a")

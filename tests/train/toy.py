@@ -42,11 +42,10 @@ def toy_config(stage="sft", **train) -> recipe.StageView:
   """The tiny recipe's view of `stage` with toy step counts, from a fresh toy model (a test
   names another init or swaps a block with dataclasses.replace)."""
   config = recipe.stage_config(recipe.from_config(recipes.config("", stage)), stage, "workdir")
-  config.train.update(dict(steps=6, batch_size=8, save_every=2, keep=5, async_save=False))
-  config.train.update(train)
-  config.optimizer.warmup_steps = 2
   return dataclasses.replace(
-    config, init="preset:tiny",
+    config, train=config.train.replace(**{**dict(steps=6, batch_size=8, save_every=2, keep=5,
+                                                  async_save=False), **train}),
+    optimizer=config.optimizer.replace(warmup_steps=2), init="preset:tiny",
     model=dataclasses.replace(config.model, attention_chunk_bytes=8 << 20),
     eval=dataclasses.replace(config.eval, batch_size=8))
 

@@ -34,7 +34,6 @@ from typing import ClassVar
 from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import reranker as reranker_lib
 from gr2jax.diffusion import speculative
-from gr2jax.model import validate
 
 TIMING_REPEATS = 3  # a decoder's cost is the fastest of this many timed warm-up batches
 
@@ -50,18 +49,6 @@ def refuse_without_verifier() -> None:
   raise ValueError("serve.mode='auto' chooses among the exact decoders of a drafter and its AR "
                    "verifier: set serve.verify_with (an AR export of the same data build, e.g. "
                    "'{workdir}/ar_rl/export'), or serve.mode='fixed'")
-
-
-def check_draft_ks(value) -> tuple[int, ...]:
-  """serve.draft_ks: ascending distinct ints >= 1, as a tuple (checked in either mode)."""
-  value = tuple(value) if isinstance(value, list | tuple) else value
-  if not isinstance(value, tuple):
-    raise validate.WrongKind(f"serve.draft_ks={value!r} must be a tuple of ints")
-  for i, k in enumerate(value):
-    validate.integer("serve.", f"draft_ks[{i}]", k, minimum=1)
-  if not value or list(value) != sorted(set(value)):
-    raise ValueError(f"serve.draft_ks={value!r} must be ascending distinct ints >= 1")
-  return tuple(int(k) for k in value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +105,7 @@ class Fixed:
 @dataclasses.dataclass(frozen=True)
 class Auto:
   """serve.mode='auto': per bucket the cheapest of the verifier alone and draft-and-verify at
-  each of draft_ks, from a cost table.
+  each of draft_ks, from a cost table (built from the checked serve block: spec.ServeSpec).
 
   Attributes:
     draft_ks: the K's of draft-and-verify it chooses among (serve.draft_ks).
@@ -126,7 +113,7 @@ class Auto:
     costs: the cost table the choice comes from ({} until the warm-up settles it).
   """
 
-  draft_ks: tuple[int, ...] = (4, 8, 16)
+  draft_ks: tuple[int, ...]
   cost_table: str = ""
   costs: Mapping[int, Mapping[str, float]] = dataclasses.field(default_factory=dict)
 
@@ -136,11 +123,6 @@ class Auto:
   def of_block(cls, draft_ks: tuple[int, ...], cost_table: str) -> "Auto":
     """serve.mode='auto' with serve.draft_ks and serve.cost_table."""
     return cls(draft_ks, cost_table)
-
-  def __post_init__(self):
-    object.__setattr__(self, "draft_ks", check_draft_ks(self.draft_ks))
-    if not isinstance(self.cost_table, str):
-      raise validate.WrongKind(f"serve.cost_table={self.cost_table!r} must be a path string")
 
   def check_verifier(self, verify_with: str) -> None:
     """Refuses 'auto' without a verifier, before any model loads."""

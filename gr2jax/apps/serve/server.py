@@ -414,14 +414,15 @@ def run(recipe, c, workdir: str) -> None:
 
   Args:
     recipe: the gr2jax.recipe.Recipe the model was trained with.
-    c: the `serve` block (gr2jax/recipes.py).
+    c: the `serve` block: a spec.ServeSpec, or the command line's ConfigDict block (read
+      with ServeSpec.of: every field checked, before the port and the model).
     workdir: the workdir of the recipe's data build (the persistent compilation cache too).
   """
   import os
 
   from gr2jax import recipe as recipe_lib
 
-  spec = spec_lib.ServeSpec.from_config(c)  # every field checked, before the port and the model
+  spec = c if isinstance(c, spec_lib.ServeSpec) else spec_lib.ServeSpec.of(c, "serve.")
   for field in ("ckpt", "verify_with"):  # a misspelt export, before the port or a data build
     if getattr(spec, field):
       load.check_model_dir(workdir_lib.fill_path(getattr(spec, field), workdir), f"serve.{field}")

@@ -93,7 +93,7 @@ def test_auto_without_a_verifier_is_refused_by_name_before_anything_loads(tmp_pa
     settings(mode="auto")
   with pytest.raises(ValueError, match=r"^serve\.mode='auto' .*set serve\.verify_with"):
     engine_lib.Engine(toy_engine(tok_dir).reranker, prompt_lengths=(PROMPT_LEN,), name="toy",
-                      choice=auto.Auto())
+                      choice=auto.Auto(DRAFT_KS))
 
 
 def _lossless_engine(tok_dir, choice: auto.Auto | None = None) -> engine_lib.Engine:

@@ -24,7 +24,7 @@ def settings(**overrides) -> spec_lib.ServeSpec:
   block = recipes.config("", "serve").serve
   block.update(dict(port=0, batch_buckets=(4,), window_ms=2.0, queue_bound=64, timeout_s=20.0))
   block.update(overrides)
-  return spec_lib.ServeSpec.from_config(block)
+  return spec_lib.ServeSpec.of(block, "serve.")
 
 
 def toy_engine(tok_dir: str, diffusion: bool = False) -> engine_lib.Engine:
