@@ -349,7 +349,7 @@ def test_a_step_recorded_with_the_checkouts_absolute_path_is_reused_and_rewritte
   """A done step recorded before "{checkout}/..." (the shipped data's absolute path, the checkout
   where it was): reused, and its done.json rewritten the current way, so it then survives a move
   of the checkout."""
-  from gr2jax import chain, recipe, recipes, run_identity
+  from gr2jax import chain, recipe, run_identity
 
   workdir = str(tmp_path / "W")
   r = recipe.from_config(_at_checkout(monkeypatch, tmp_path / "clone_a"))

@@ -8,15 +8,15 @@ Layout under the run's workdir:
   workdir/<stage>/eval_<step>.json, eval_final.json, eval_final.jsonl (per example)
 
 The config is a view of a checked recipe (every setting checked when the recipe was typed:
-gr2jax/settings.py); the stage directory is locked for the whole run (a second run of the stage gets `InUseError`). A stage starts from its own newest
-readable checkpoint, else from `config.init` (a preset or the previous stage's export); a
-checkpoint written with other run-altering settings is refused (run_checkpoints.py), and
-`train.restart=True` moves the previous run aside first. An AR stage refuses a diffusion init. A
-non-finite loss, or a non-finite state about to be saved or exported, stops the run with an error;
-every checkpoint on disk is finite (the last finite state is kept). SIGTERM / SIGINT save a
-checkpoint, then exit. A rerun of a finished run with the same record does nothing and says so. The
-export records the stage, its kind, the data build and the run record (checkpoint.py
-gr2jax_metadata.json).
+gr2jax/settings.py); the stage directory is locked for the whole run (a second run of the stage gets
+`InUseError`). A stage starts from its own newest readable checkpoint, else from `config.init` (a
+preset or the previous stage's export); a checkpoint written with other run-altering settings is
+refused (run_checkpoints.py), and `train.restart=True` moves the previous run aside first. An AR
+stage refuses a diffusion init. A non-finite loss, or a non-finite state about to be saved or
+exported, stops the run with an error; every checkpoint on disk is finite (the last finite state is
+kept). SIGTERM / SIGINT save a checkpoint, then exit. A rerun of a finished run with the same record
+does nothing and says so. The export records the stage, its kind, the data build and the run record
+(checkpoint.py gr2jax_metadata.json).
 """
 
 import contextlib

@@ -91,7 +91,7 @@ def test_teacher_dtypes_are_the_settings_choices():
   assert opd.TEACHER_DTYPES["bfloat16"] == jax.numpy.bfloat16
   for name in opd.TEACHER_DTYPES:  # every storage dtype is a value of the setting
     assert stage_registry.OPDSettings(teacher_dtype=name).teacher_dtype == name
-  with pytest.raises(ValueError, match=r"opd.teacher_dtype='fp16' not in \('float32', 'bfloat16'\)"):
+  with pytest.raises(ValueError, match=r"opd.teacher_dtype='fp16' not in \('float32', "):
     stage_registry.OPDSettings.of({"teacher_dtype": "fp16"}, "opd.")
 
 
