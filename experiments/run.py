@@ -303,6 +303,24 @@ def as_typed(line: str) -> str:
   return line
 
 
+HELP_FLAGS = {"--help", "-h", "-?", "--helpshort", "--helpfull"}
+
+
+def add_settings_help(argv: list[str]) -> None:
+  """--help: every setting of the config (`--config=...` as given, else the tiny recipe's
+  table2.py) appended to the usage, one line each from the schema (gr2jax/settings.py): its
+  path, value, bounds and doc, what `--config.<path>=` overrides."""
+  from gr2jax import recipes
+
+  given = [a for a in argv if a.startswith("--config=")]
+  config = _config_of(given) if given else recipes.config()
+  lines = recipes.describe(config)
+  sys.modules["__main__"].__doc__ = (
+    f"{__doc__}\nSettings of {as_typed(given[0]) if given else '--config=table2.py'} "
+    f"({len(lines)}; "
+    "override any with --config.<path>=<value>):\n  " + "\n  ".join(lines) + "\n")
+
+
 def parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing with one-line refusals, each showing `--config` as typed (as_typed):
   a config file that does not exist names the files and stages it may be; a config variant the
@@ -311,6 +329,8 @@ def parse_flags(argv: list[str]) -> list[str]:
   fields (config_flags raises an AttributeError there)."""
   from gr2jax import cli
 
+  if HELP_FLAGS & set(argv):
+    add_settings_help(argv)
   for arg in argv:
     path = arg[len("--config="):].partition(":")[0] if arg.startswith("--config=") else None
     if path and not os.path.exists(path):

@@ -218,6 +218,7 @@ def _qwen3(c: ml_collections.ConfigDict, name: str) -> None:
   for stage in stage_registry.names():
     STAGE_VALUES[stage].hf(c.stages[stage], lr_factor, divisor)
 
+
 def _smoke(c: ml_collections.ConfigDict) -> None:
   """Every stage, the teacher step and every row on a few examples with a handful of steps
   (CI)."""
@@ -302,6 +303,35 @@ def config(variant: str = "", stage: str = "table2") -> ml_collections.ConfigDic
     field, block = _BLOCKS[stage]
     c[field] = settings.to_config(block)
   return c
+
+
+def schema(c: ml_collections.ConfigDict) -> list[tuple[str, type]]:
+  """(block path, its settings class) of every block of a recipe's ConfigDict `c` ('' = the
+  top-level fields; a nested block, e.g. data.prompt, is its parent's): the declarations the
+  ConfigDict was built from and is read back into (recipe.from_config)."""
+  out = [("", recipe_lib.RunSettings), ("data", build_settings.DataSettings),
+         ("model", recipe_lib.ModelBlock), ("decode", DecodeSpec), ("mesh", recipe_lib.Mesh),
+         ("eval", recipe_lib.EvalSettings), ("table", table_settings.TableSettings),
+         ("teacher", build_settings.TeacherSettings)]
+  for name in stage_registry.names():
+    spec = stage_registry.spec(name)
+    out += [(f"stages.{name}.train", stage_registry.TrainSettings),
+            (f"stages.{name}.optimizer", stage_registry.OptimizerSettings)]
+    if spec.settings is not None:
+      out.append((f"stages.{name}.{spec.block}", spec.settings))
+  return out + [(field, cls) for field, cls in _BLOCKS.values() if field in c]
+
+
+def describe(c: ml_collections.ConfigDict) -> list[str]:
+  """Every setting of a recipe's ConfigDict `c`, one line each from the schema: `path = value
+  (bounds) doc`, the value c's (experiments/run.py --help)."""
+  lines = []
+  for path, cls in schema(c):
+    block = c
+    for part in path.split(".") if path else ():
+      block = block[part]
+    lines += settings.describe(cls, f"{path}." if path else "", block.to_dict())
+  return lines
 
 
 def get(variant: str = "tiny", *, hf_dir: str = ""):

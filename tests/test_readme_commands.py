@@ -22,6 +22,9 @@ Covered (README command -> how it runs):
                                              :smoke, steps=3 (the smoke's CFT run moved aside)
   python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export
                                              :smoke; writes W/cft/export/eval_*_tau1.json
+  python experiments/run.py --config=cft.py:qwen3_8b --help
+                                             not run here: tests/experiments/test_run.py's help
+                                             test runs it
   python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B
       --out_dir=/models/q8b_gr2jax [...]     as written
   python weights_conversion/export_hf.py --ckpt=W/ar_rl/export --out_dir=/models/gr2_ar
@@ -82,6 +85,9 @@ COMMANDS = {
     ("tiny", {"config": SMOKE, "replace": ("steps=100", "steps=3")}),
   "python experiments/run.py --config=eval.py --workdir=W --config.evaluate.ckpt=W/cft/export":
     ("tiny", {"config": SMOKE}),
+  "python experiments/run.py --config=cft.py:qwen3_8b --help": (
+    None, "tests/experiments/test_run.py::test_help_names_every_training_stage_and_every_setting "
+    "runs it"),
   "python weights_conversion/convert_hf.py --hf_dir=/models/Qwen3-8B "
   "--out_dir=/models/q8b_gr2jax [--param_dtype=bfloat16] "
   "[--add_tokens=W/tokenizer-*/added_tokens.txt]": ("tiny", {}),

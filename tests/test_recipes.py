@@ -32,3 +32,29 @@ def test_a_new_recipe_is_a_function_in_recipes(monkeypatch):
   assert r.name == "toy" and r.stages["cft"].train.steps == 7
   with pytest.raises(ValueError, match="unknown variant 'toys'"):
     recipes.config("toys")
+
+
+@pytest.mark.parametrize("variant", ["", "smoke", "qwen3_8b"])
+def test_every_setting_is_one_declared_documented_field(variant):
+  """One settings style: every leaf of every config (each stage's, the tools' blocks included)
+  is exactly one field declared on the schema (gr2jax/settings.py), with a one-line doc."""
+  from gr2jax import settings
+  from experiments import run
+
+  for stage in run.STAGES:
+    c = recipes.config(variant, stage)
+    leaves = set(_leaves(c.to_dict()))
+    lines = recipes.describe(c)
+    described = [line.split(" = ")[0] for line in lines]
+    assert len(described) == len(set(described)) and set(described) == leaves, stage
+    for _, cls in recipes.schema(c):
+      documented, total = settings.count_fields(cls)
+      assert documented == total, cls
+
+
+def _leaves(tree: dict, prefix: str = ""):
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield prefix + key

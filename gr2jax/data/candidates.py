@@ -16,7 +16,6 @@ import numpy as np
 
 from gr2jax import metrics
 from gr2jax.data import retriever as retriever_lib
-from gr2jax.data.build_settings import POOLS
 from gr2jax.data.records import SPLITS
 from gr2jax.data.split import SplitExamples
 
@@ -27,7 +26,8 @@ class PositionLeakError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class CandidateConfig:
-  """How D is built.
+  """How D is built: the data build's settings of the same names (data.*; their bounds and the
+  pool's rule are checked there, build_settings.DataSettings).
 
   Attributes:
     num_candidates: N, the list length (target + N-1 negatives).
@@ -43,14 +43,6 @@ class CandidateConfig:
   pool_size: int = 3000
   seed: int = 0
   accept_position_leak: bool = False
-
-  def __post_init__(self):
-    if self.negative_pool not in POOLS:
-      raise ValueError(f"negative_pool must be one of {POOLS}, got {self.negative_pool!r}")
-    if self.num_candidates < 2:
-      raise ValueError(f"num_candidates must be >= 2, got {self.num_candidates}")
-    if self.negative_pool == "topk" and self.pool_size < self.num_candidates - 1:
-      raise ValueError(f"pool_size {self.pool_size} < num_candidates - 1")
 
 
 @dataclasses.dataclass(frozen=True)

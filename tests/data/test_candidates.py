@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gr2jax.data import candidates, raw, retriever, split
+from gr2jax.data import build_settings, candidates, raw, retriever, split
 
 
 @pytest.fixture(scope="module")
@@ -93,5 +93,8 @@ def test_too_few_unseen_items_stop_at_once_naming_the_user():
 
 
 def test_config_errors():
-  with pytest.raises(ValueError, match="negative_pool"):
-    candidates.CandidateConfig(negative_pool="popular")
+  """The lists' settings are the data build's, checked there (build_settings.DataSettings)."""
+  with pytest.raises(ValueError, match="data.negative_pool='popular' not in"):
+    build_settings.DataSettings(negative_pool="popular")
+  with pytest.raises(ValueError, match="pool_size"):
+    build_settings.DataSettings(negative_pool="topk", pool_size=5)

@@ -95,12 +95,18 @@ def test_a_config_that_is_no_file_and_no_stage_is_one_line_naming_both(tmp_path)
   assert not (tmp_path / "W").exists()
 
 
-def test_help_names_every_training_stage():
-  result = _run("--help")  # absl prints the help and exits (status 1)
+def test_help_names_every_training_stage_and_every_setting():
+  result = _run("--config=cft.py:qwen3_8b", "--help")  # the README's; absl prints the help
   assert "Traceback" not in result.stderr, result.stderr[-2000:]
   text = " ".join(result.stdout.split())
   assert "--config: Stage config PATH[:VARIANT]" in text
   assert "(sft.py, ar_rl.py, cft.py, opd.py, rl.py: experiments/configs/stage.py:<stage>)" in text
+  # each setting from the schema: its path, this config's value, bounds and doc
+  assert "Settings of --config=cft.py:qwen3_8b (235; override any with --config.<path>=<value>)"\
+    in text
+  assert ("stages.opd.opd.teacher_dtype = 'bfloat16' (one of ('float32', 'bfloat16')) storage "
+          "of the cached teacher log-probs") in text
+  assert "stages.cft.train.steps = 860 (int >= 1) optimiser steps" in text
 
 
 def test_unknown_stage_is_an_error(tmp_path):
