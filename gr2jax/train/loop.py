@@ -308,9 +308,9 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
   model_config = _model_config_for_training(model_config, config)
   ctx.model_config = model_config
   for field in ("batch_size", "prepare_chunk"):
-    if tcfg[field] % mesh_lib.batch_size_multiple(ctx.mesh):
-      raise ValueError(f"train.{field}={tcfg[field]} is not a multiple of the mesh's batch axes "
-                       f"({mesh_lib.batch_size_multiple(ctx.mesh)})")
+    if getattr(tcfg, field) % mesh_lib.batch_size_multiple(ctx.mesh):
+      raise ValueError(f"train.{field}={getattr(tcfg, field)} is not a multiple of the mesh's "
+                       f"batch axes ({mesh_lib.batch_size_multiple(ctx.mesh)})")
 
   optimizer = optim.make_optimizer(config.optimizer)
   abstract = state_lib.abstract_state(params_lib.abstract_params(model_config), optimizer)
