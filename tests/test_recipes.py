@@ -38,8 +38,8 @@ def test_a_new_recipe_is_a_function_in_recipes(monkeypatch):
 def test_every_setting_is_one_declared_documented_field(variant):
   """One settings style: every leaf of every config (each stage's, the tools' blocks included)
   is exactly one field declared on the schema (gr2jax/settings.py), with a one-line doc."""
-  from gr2jax import settings
   from experiments import run
+  from gr2jax import settings
 
   for stage in run.STAGES:
     c = recipes.config(variant, stage)
