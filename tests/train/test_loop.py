@@ -139,9 +139,11 @@ def test_no_readable_checkpoint_is_an_error_that_deletes_nothing(tmp_path, unint
 
 
 def _edit(config, **fields):
+  """The view with `section__name=value` fields changed (its blocks are frozen: replaced)."""
   for field, value in fields.items():
     section, name = field.split("__")
-    getattr(config, section)[name] = value
+    config = dataclasses.replace(config, **{section: getattr(config, section).replace(
+      **{name: value})})
   return config
 
 
