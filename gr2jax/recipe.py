@@ -147,6 +147,16 @@ class Recipe:
   teacher: TeacherSettings
   xla_flags: tuple[str, ...]
 
+  def __post_init__(self):
+    """The rules between blocks: the data build's tokenizer base is the model's (hf_dir), and
+    an LLM-teacher step (teacher.hf_dir) writes the traces the build reads."""
+    if self.data.tokenizer_base:
+      raise ValueError("data.tokenizer_base is derived from --config.hf_dir; set that instead")
+    if self.teacher.hf_dir and self.data.teacher_traces:
+      raise ValueError(f"data.teacher_traces={self.data.teacher_traces!r} and teacher.hf_dir="
+                       f"{self.teacher.hf_dir!r} are both set: the teacher step writes the "
+                       "traces; set one of them")
+
 
 _XLA_FLAG = re.compile(r"--(xla_\w+)=(\S+)")
 
@@ -184,14 +194,11 @@ def from_config(config) -> Recipe:
   plan); data_config / init_of / stage_config then raise, naming --config.hf_dir.
 
   Raises:
-    ValueError: data.tokenizer_base set (it is hf_dir's), data.teacher_traces set beside
-      teacher.hf_dir (the teacher step writes them), a stage missing from config.stages,
-      a bad size or rate (config_checks.py; the error names the field).
+    ValueError: a bad setting (its block's declaration: the error names the field's path), a
+      rule between blocks broken (Recipe's), a stage missing from config.stages.
     FileNotFoundError: hf_dir without a config.json.
   """
   run = RunSettings.of({f: config[f] for f in settings.defaults(RunSettings)}, "")
-  if config.data.tokenizer_base:
-    raise ValueError("data.tokenizer_base is derived from --config.hf_dir; set that instead")
   if run.hf_dir and not os.path.isfile(os.path.join(run.hf_dir, "config.json")):
     raise FileNotFoundError(f"--config.hf_dir={run.hf_dir}: no config.json there (expected a "
                             "local HF Qwen3 directory)")
@@ -199,10 +206,6 @@ def from_config(config) -> Recipe:
   missing = [s for s in stages if s not in config.stages]
   if missing:
     raise ValueError(f"recipe {config.recipe!r}: config.stages lacks {missing}")
-  if config.teacher.hf_dir and config.data.teacher_traces:
-    raise ValueError(f"data.teacher_traces={config.data.teacher_traces!r} and teacher.hf_dir="
-                     f"{config.teacher.hf_dir!r} are both set: the teacher step writes the "
-                     "traces; set one of them")
   model = ModelBlock.of(config.model.to_dict(), "model.")
   return Recipe(
     name=run.recipe,
