@@ -272,7 +272,7 @@ def _check_against_export(record: dict, path: str, export: str, data_config) -> 
   metadata = exports.load_metadata(export)
   recorded = metadata.get("data_config") or {}
   for name in requests_lib.RENDERING_SETTINGS:
-    want = data_config.get(name)
+    want = getattr(data_config, name, None)
     if want is None or record[name] == want:
       continue
     if recorded.get(name) == record[name]:  # the export agrees with itself: this run differs

@@ -32,11 +32,10 @@ import time
 from collections.abc import Sequence
 from typing import NamedTuple
 
-import ml_collections
 import numpy as np
 
 from gr2jax import exports, load
-from gr2jax.data import answer, batches
+from gr2jax.data import answer, batches, build_settings
 from gr2jax.data import lengths as lengths_lib
 from gr2jax.data import requests as requests_lib
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -273,9 +272,7 @@ def load_reranker(export: str, *, workdir: str | None = None, data_config=None,
   load.check_model_dir(export, "export")  # before a data build for a misspelt path
   if verify_with:
     load.check_model_dir(verify_with, "verify_with")
-  data_config = _recorded(export, "data_config", data_config)
-  if not isinstance(data_config, ml_collections.ConfigDict):
-    data_config = ml_collections.ConfigDict(data_config)
+  data_config = build_settings.data_settings(_recorded(export, "data_config", data_config))
   decode = _recorded(export, "decode", decode)
   if not isinstance(decode, DecodeSpec):
     decode = DecodeSpec.from_record(decode)

@@ -282,6 +282,18 @@ def _stop_non_finite(stage: Stage, manager, what: str):
   raise FloatingPointError(f"[{stage.name}] {what}; stopped. {kept}")
 
 
+def _settings_text(config) -> str:
+  """A view's settings, one `path: value` line each (logs/config.txt)."""
+  def lines(tree, prefix):
+    for key, value in tree.items():
+      if isinstance(value, dict):
+        yield from lines(value, f"{prefix}{key}.")
+      else:
+        yield f"{prefix}{key}: {value}\n"
+  return "".join(lines(json.loads(json.dumps(config.to_dict(), default=lambda v: v.to_dict())),
+                       ""))
+
+
 def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
            stage_dir: str) -> dict:
   tcfg = config.train
@@ -337,8 +349,9 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
   del init_params
 
   writer = MetricsWriter(os.path.join(stage_dir, "logs"))
-  writer.write_text("config", f"{config}\nmodel: {model_config}\nP={ctx.prompt_len} "
-                              f"R={ctx.response_len}\ndevices: {jax.devices()}\nmesh: {ctx.mesh}")
+  writer.write_text("config", f"{_settings_text(config)}model: {model_config}\n"
+                              f"P={ctx.prompt_len} R={ctx.response_len}\ndevices: {jax.devices()}"
+                              f"\nmesh: {ctx.mesh}")
   loss_fn = stage.make_loss(ctx)
   prepare = stage.make_prepare(ctx) if stage.make_prepare else None
   batch_sharding = mesh_lib.batch_sharding(ctx.mesh)
