@@ -19,8 +19,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = "gr2jax.train"
 ABOVE_TRAIN = ("gr2jax.chain", "gr2jax.apps")  # what runs training stages / serves
 IDENTITY = "gr2jax.run_identity"  # between the recipe and training
-ABOVE_DECODING = (TRAIN, *ABOVE_TRAIN, IDENTITY, "gr2jax.recipe", "gr2jax.recipes",
-                  "gr2jax.config_checks")
+ABOVE_DECODING = (TRAIN, *ABOVE_TRAIN, IDENTITY, "gr2jax.recipe", "gr2jax.recipes")
 TABLE2 = "gr2jax.apps.table2"  # the one application that runs training (through chain.py)
 
 

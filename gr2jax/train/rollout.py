@@ -1,6 +1,6 @@
 """THE rollout: the one interface of the on-policy stages (AR RL, OPD, RL), built on the model's
 own decoder (decoding/policy.py) at the stage's own rollout settings (its sampling temperature
-and, for a diffusion model, its commit threshold tau; stage_registry `Settings.rollout`).
+and, for a diffusion model, its commit threshold tau; stage_registry `StageBlock.rollout`).
 
 A rollout (the anchors: tunix `BaseRollout.generate` / `get_per_token_logps`, kept apart from
 its `generate/`) samples what a policy learns from and scores it again, behind two methods and

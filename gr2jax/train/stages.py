@@ -16,7 +16,7 @@ prepare=_rl_prepare)`): `TRAINERS` is filled as this module loads; nothing else 
 loss is a train/step.py `Loss`: the function and the Batch fields it reads (only those go to the
 device). The on-policy stages (ar_rl, opd, rl) sample and score with the rollout of the model's
 own policy at the run's decode spec and the stage's own rollout settings
-(`Settings.rollout`: AR RL samples at its `rl.temperature`, RL and OPD at their `temperature`
+(`StageBlock.rollout`: AR RL samples at its `rl.temperature`, RL and OPD at their `temperature`
 and commit at their `rollout_tau`; train/rollout.py `make_rollout`) and share one prepare
 (train/rollouts.py): AR RL and RL bind the GR2 reward, OPD the teacher.
 """
