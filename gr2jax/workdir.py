@@ -28,7 +28,8 @@ from collections.abc import Iterator
 LOCK_FILE = ".lock"
 WORKDIR = "{workdir}"  # how a record writes a run's workdir (portable)
 CHECKOUT = "{checkout}"  # how a record writes the checkout gr2jax is imported from (portable)
-# the checkout: the directory holding gr2jax/ and the shipped data/amazon_beauty (data/build_settings.py DATA_DIR)
+# the checkout: the directory holding gr2jax/ and the shipped data/amazon_beauty
+# (data/build_settings.py DATA_DIR)
 CHECKOUT_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 
 _TEMPLATE = re.compile(re.escape(WORKDIR) + "|" + re.escape(CHECKOUT))
