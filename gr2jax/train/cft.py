@@ -166,7 +166,10 @@ def certainty_entropy(log_probs: jax.Array) -> jax.Array:
     [...] f32 entropies (a -inf column counts 0).
   """
   sharp = jax.nn.log_softmax(log_probs / CERTAINTY_TEMPERATURE, axis=-1)
-  return -jnp.sum(jnp.where(jnp.isfinite(sharp), jnp.exp(sharp) * sharp, 0.0), axis=-1)
+  # exp(-inf) * -inf is nan, and so is its gradient even where a jnp.where drops it: the -inf
+  # column's log-prob is replaced by 0 before the product (its probability is 0 either way).
+  finite = jnp.where(jnp.isfinite(sharp), sharp, 0.0)
+  return -jnp.sum(jnp.exp(sharp) * finite, axis=-1)
 
 
 def cft_loss_from_noisy(params: dict, batch: Batch, noisy: jax.Array, *, config: ModelConfig,

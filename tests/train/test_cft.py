@@ -221,3 +221,28 @@ def test_certainty_term_is_the_entropy_of_the_masked_tokens_predicted_right(para
   np.testing.assert_allclose(weight, base[1])
   logp = jnp.log(jnp.array([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))
   np.testing.assert_allclose(cft.certainty_entropy(logp), [np.log(2), 0.0], atol=1e-6)
+
+
+def test_certainty_gradient_is_finite_with_the_mask_column_at_minus_inf(params):
+  """The mask token's log-prob is -inf in every row: the entropy's gradient must still be finite
+  (exp(-inf) * -inf is nan, and a jnp.where around it does not stop the nan reaching the
+  gradient), and equal the analytic one, -sum_v q_v (log q_v + H) d log q_v, on a finite row."""
+  batch = _batch()
+  noisy = _sample(jax.random.key(3), jnp.asarray(RESPONSE_LENGTHS), width=12, block_size=B)
+
+  def f(p):
+    return cft.cft_loss_from_noisy(p, batch, noisy, config=CONFIG, certainty=2.0)[0]
+
+  grads = jax.grad(f)(params)
+  assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
+  row = jnp.array([0.3, -1.0, 2.0, -jnp.inf])
+  g = jax.grad(lambda x: cft.certainty_entropy(jax.nn.log_softmax(x)))(row)
+  t = cft.CERTAINTY_TEMPERATURE
+  finite = row[:3]
+  q = jax.nn.softmax(jax.nn.log_softmax(finite) / t)
+  h = -jnp.sum(q * jnp.log(q))
+  # dH/dz for H(softmax(z)), z = log_softmax(x) / t; dz/dx = (I - softmax(x) 1^T) / t.
+  dh_dz = -q * (jnp.log(q) + h)
+  expected = (dh_dz - jax.nn.softmax(finite) * dh_dz.sum()) / t
+  np.testing.assert_allclose(g[:3], expected, rtol=1e-5, atol=1e-6)
+  assert g[3] == 0.0
