@@ -369,9 +369,10 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
 
   if start_step == 0:
     run_probe(0)
-  bar = progress(tcfg.steps, initial=start_step, desc=stage.name)
   tokens_seen, t_start = 0, time.perf_counter()
-  with run_checkpoints.StopFlag() as stop:
+  # The bar closes (its line ended) before a refusal raised inside is printed after it.
+  with progress(tcfg.steps, initial=start_step, desc=stage.name) as bar, \
+       run_checkpoints.StopFlag() as stop:
     while int(jax.device_get(state.step)) < tcfg.steps and not stop:
       step_now = int(jax.device_get(state.step))
       batch = next(iterator)
@@ -408,7 +409,6 @@ def _train(config: StageView, workdir: str, stage: Stage, ctx: Context | None,
       if tcfg.eval_every and done % tcfg.eval_every == 0 and done < tcfg.steps:
         result = run_evaluation(ctx, state.params, done, str(done), stage_dir)
         writer.write(done, {k: v for k, v in result.items() if isinstance(v, float)}, "eval/")
-  bar.close()
   manager.wait_until_finished()
   if stop:
     raise SystemExit(f"[{stage.name}] stopped by signal {stop.signum} at step "

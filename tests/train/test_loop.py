@@ -230,9 +230,11 @@ def test_a_second_run_of_the_stage_is_refused(tmp_path, tok):
   assert not os.path.exists(os.path.join(workdir, "sft", "checkpoints"))
 
 
-def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok):
+def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok, monkeypatch, capsys):
   """Class 2: an update that makes the params non-finite (lr 1e39 is inf in float32) stops the
-  run before the save; no checkpoint holds it, no export is written."""
+  run before the save; no checkpoint holds it, no export is written. The progress bar's line is
+  ended first, so the refusal printed after it is a line of its own."""
+  monkeypatch.setenv("GR2JAX_PROGRESS", "1")
   workdir = str(tmp_path)
   config = toy_config(steps=1, save_every=1)
   config = dataclasses.replace(config, optimizer=config.optimizer.replace(
@@ -240,6 +242,8 @@ def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok):
   with pytest.raises(FloatingPointError, match="non-finite params .* after step 1, not saved.*"
                                                "No checkpoint was saved"):
     loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
+  err = capsys.readouterr().err
+  assert "sft:" in err and err.endswith("\n")
   assert os.listdir(os.path.join(workdir, "sft", "checkpoints")) == []
   assert not os.path.exists(os.path.join(workdir, "sft", "export"))
 
