@@ -240,10 +240,10 @@ def test_non_finite_update_is_never_saved_or_exported(tmp_path, tok, monkeypatch
   config = dataclasses.replace(config, optimizer=config.optimizer.replace(
     learning_rate=1e39, clip_norm=0.0, warmup_steps=0))
   with pytest.raises(FloatingPointError, match="non-finite params .* after step 1, not saved.*"
-                                               "No checkpoint was saved"):
+                                               "No checkpoint was saved") as raised:
     loop.train(config, workdir, stages.stage("sft"), toy_context(config, tok, workdir))
-  err = capsys.readouterr().err
-  assert "sft:" in err and err.endswith("\n")
+  err = capsys.readouterr().err  # the raise's frames (and so any bar left open) still alive
+  assert raised.tb is not None and "sft:" in err and err.endswith("\n"), repr(err[-200:])
   assert os.listdir(os.path.join(workdir, "sft", "checkpoints")) == []
   assert not os.path.exists(os.path.join(workdir, "sft", "export"))
 
