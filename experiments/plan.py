@@ -366,7 +366,8 @@ class TrainStage:
     batch: rows -> {name: (shape, dtype)}.
     work: one row's forward (Work).
     prepare: per row, host-side forwards before the step: [(config, Work)] (teacher, pi_old).
-    rollout: per row, the decoder that samples it: (config, block_size) or None.
+    rollout: per row, the decoder that samples it: (config, block_size, forwards per token: None
+      = the plan's --forwards_per_token, 1.0 = the slow decode) or None.
   """
 
   name: str
@@ -423,23 +424,31 @@ def train_stages(s: Shapes) -> dict[str, TrainStage]:
   n_replay = p + (1 + s.rounds) * rp
   replay_work = Work(n_replay, layout_pairs(diff, p, r, s.rounds), n_replay ** 2, r)
 
-  def model(name):
+  def model(name, fields=("replay_rounds",)):
     """(config, work) of a stage's model: AR scores [prompt | response]; a diffusion stage
-    replays its rollouts, or (off-policy) trains the two-stream CFT layout."""
+    replays its rollouts (a loss reading replay_rounds), else trains the two-stream CFT
+    layout."""
     if not stage_registry.spec(name).diffusion:
       return ar, ar_scored
-    return diff, replay_work if name in ON_POLICY else cft_work
+    return diff, replay_work if "replay_rounds" in fields else cft_work
 
   def stage(name):
-    declared, (config, work) = stage_registry.spec(name), model(name)
-    fn, fields = loss(name, config)  # the replay's rounds (static) are given, not the batch's
+    declared = stage_registry.spec(name)
+    # The replay's rounds (static) are given, not the batch's.
+    fn, fields = loss(name, diff if declared.diffusion else ar)
+    config, work = model(name, fields)
     batch = lambda n: {f: field_specs[f](n) for f in fields if f != "replay_rounds"}
     if name not in ON_POLICY:
       return TrainStage(name, config, s.rows(name), fn, batch, work)
+    block = s.block_size if declared.diffusion else 1
+    if "teacher_log_probs" not in fields and "logp_old" not in fields:
+      # OPD's 'self' objective: its targets are its own slow decode (one token per forward),
+      # trained with CFT's loss; no rollout is scored before the step.
+      return TrainStage(name, config, s.rows(name), fn, batch, work, rollout=(config, block, 1.0))
     # Sampled by its own decoder; its prepare scores the rollouts with its teacher, else itself.
     return TrainStage(name, config, s.rows(name), fn, batch, work,
                       prepare=(model(declared.teacher or name),),
-                      rollout=(config, s.block_size if declared.diffusion else 1))
+                      rollout=(config, block, None))
 
   return {name: stage(name) for name in STAGES}
 
@@ -614,16 +623,19 @@ def compile_decoder(kind: str, s: Shapes, mesh, rows: int, opt_level: int = 0,
 
 def decode_seconds(config: ModelConfig, rows: int, p: int, r: int, block: int, devices: int,
                    tp: int, settings: Settings,
-                   target: targets.Target = targets.TARGETS["cpu"]) -> dict:
+                   target: targets.Target = targets.TARGETS["cpu"],
+                   forwards_per_token: float | None = None) -> dict:
   """Time model of one rollout batch (module docstring): per forward max(FLOPs at the MFU,
-  weights / tp + the rows' KV cache read at HBM bandwidth), per device of `target`."""
+  weights / tp + the rows' KV cache read at HBM bandwidth), per device of `target`; a block
+  decode takes forwards_per_token x r forwards (None: settings.forwards_per_token)."""
   kv_per_slot = 2 * config.num_layers * config.num_kv_heads * config.head_dim * 2  # bf16 K + V
   weights = params_lib.param_count(config) * 2 - config.vocab_size * config.hidden_size * 2
   flops = forward_flops(config, rows * p, rows * causal_pairs(p), rows)
   rate = settings.mfu * target.peak_flops * devices
   seconds = max(flops / rate,
                 (weights / tp + rows * p * kv_per_slot / devices) / target.hbm_bytes_s)
-  num_forwards = r if block == 1 else math.ceil(settings.forwards_per_token * r)
+  per_token = settings.forwards_per_token if forwards_per_token is None else forwards_per_token
+  num_forwards = r if block == 1 else math.ceil(per_token * r)
   for i in range(num_forwards):
     cache = p + (i + 1) * r / num_forwards
     width = 1 if block == 1 else block
@@ -752,11 +764,11 @@ def plan_train(stage: TrainStage, s: Shapes, mesh, fsdp: int, tp: int, settings:
   for config, work in stage.prepare:
     extra += stage.rows * work.model_flops(config) / rate
   if stage.rollout is not None:
-    config, block = stage.rollout
+    config, block, per_token = stage.rollout
     chunk = rollout_rows(s, stage.name)
     extra += math.ceil(stage.rows / chunk) * decode_seconds(
       config, chunk, s.prompt_len, s.response_len, block, devices, tp, settings,
-      target)["seconds"]
+      target, per_token)["seconds"]
   row["prepare_s"] = extra
   row["stage_h"] = steps * (step_s + extra) / 3600
   return row

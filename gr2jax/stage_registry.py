@@ -91,6 +91,10 @@ class StageBlock(settings.Settings):
     rollouts."""
     return {}
 
+  def rows_per_prompt(self, field: str) -> int:
+    """Rows of a step per prompt: the declaration's rows field (`field`, e.g. the group size)."""
+    return getattr(self, field)
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ARRLSettings(StageBlock):
@@ -170,6 +174,10 @@ class OPDSettings(StageBlock):
   def rollout(self) -> dict:
     return {"temperature": self.temperature, "tau": self.rollout_tau}
 
+  def rows_per_prompt(self, field: str) -> int:
+    """'self' decodes each prompt once (greedy, train/self_distill.py): one row per prompt."""
+    return 1 if self.objective == "self" else super().rows_per_prompt(field)
+
 
 @dataclasses.dataclass(frozen=True)
 class StageSpec:
@@ -195,8 +203,8 @@ class StageSpec:
   rows_field: str | None = None
 
   def rows_per_prompt(self, own: StageBlock | None) -> int:
-    """Rows of a step per training row: the rows field's value, else 1."""
-    return getattr(own, self.rows_field) if self.rows_field else 1
+    """Rows of a step per training row: the own block's (its rows field's value), else 1."""
+    return own.rows_per_prompt(self.rows_field) if self.rows_field else 1
 
 
 # The chain's training stages, in order.

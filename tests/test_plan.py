@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import pytest
 
 from experiments import plan
+from gr2jax import stage_registry
+from gr2jax.train import cft
 from gr2jax.train import mesh as mesh_lib
 from tests import aot
 
@@ -116,6 +118,27 @@ def test_presets_take_teacher_dtype_and_rollout_calls_from_the_stage_configs():
   assert plan.train_stages(tiny)["opd"].batch(2)["teacher_log_probs"][1] == jnp.float32
   half = dataclasses.replace(tiny, teacher_dtype="bfloat16")
   assert plan.train_stages(half)["opd"].batch(2)["teacher_log_probs"][1] == jnp.bfloat16
+
+
+def test_self_distillation_plans_cfts_layout_and_a_slow_decode_per_prompt():
+  """OPD's 'self' objective: one row per prompt (no group), CFT's loss and two-stream layout, no
+  teacher forward, and its targets' decode at one token per forward (not the plan's fast-decode
+  assumption); its step compiles."""
+  tiny = plan.PRESETS["tiny"]
+  own = dataclasses.replace(tiny.views["opd"].settings, objective="self", certainty=2.0)
+  assert stage_registry.spec("opd").rows_per_prompt(own) == 1
+  s = dataclasses.replace(tiny, views={**tiny.views, "opd": dataclasses.replace(
+    tiny.views["opd"], settings=own)}, group={**tiny.group, "opd": 1},
+    batch_size={**tiny.batch_size, "opd": plan.TINY_ROWS})
+  stages = plan.train_stages(s)
+  opd = stages["opd"]
+  assert set(opd.batch(2)) == set(cft.FIELDS) and opd.work == stages["cft"].work
+  assert opd.prepare == () and opd.rollout == (s.diffusion(), s.block_size, 1.0)
+  slow = plan.decode_seconds(s.diffusion(), 4, s.prompt_len, s.response_len, s.block_size, 1, 1,
+                             plan.Settings(), forwards_per_token=1.0)
+  assert slow["forwards"] == s.response_len + 1  # the prefill, then one per token
+  point = plan.compile_train_step(opd, mesh_lib.make_mesh(1, 4, 2), micro_rows=4)
+  assert point["memory"]["total"] > 0
 
 
 def test_decoder_compiles_at_the_configs_rollout_call():
