@@ -152,7 +152,8 @@ class OPDSettings(StageBlock):
   group_size: int = settings.integer(4, doc="G' student trajectories per prompt (paper: 4)",
                                      minimum=1)
   rollout_tau: float = settings.real(0.9, doc="the student rollouts' commit threshold (paper: "
-                                     "0.9)", low=0.0, high=1.0, low_open=True)
+                                     "0.9); with 'self', the threshold its held-out probe "
+                                     "decodes at", low=0.0, high=1.0, low_open=True)
   temperature: float = settings.real(1.0, doc="the student rollouts' sampling temperature (the "
                                      "KL compares the untempered policies)", low=0.0,
                                      low_open=True)

@@ -4,10 +4,14 @@ What an on-policy stage is for is measured by its own objective on users it does
 so each stage shows its own effect (or that it moved nothing):
 
   - OPD: the forward KL to its teacher on the student's own rollouts at the stage's rollout
-    threshold (its loss on held-out prompts);
+    threshold (its loss on held-out prompts); with the 'self' objective, CFT's loss (with its
+    certainty term) on its own valid slow-decode answers;
   - AR RL / RL: the mean reward, validity, tokens per forward and kept groups of its rollouts
     (its prepare's stats), and its loss;
-  - SFT / CFT: the loss on the held-out prompts' teacher traces.
+  - SFT / CFT: the loss on the held-out prompts' teacher traces;
+  - every diffusion stage with a rollout threshold (OPD, RL) also: the validity and forwards per
+    token of its greedy decode at that threshold, the one it trains the fast decode for
+    (`deployed_valid_rate`, `deployed_forwards_per_token`).
 
 `make_probe` builds, once, the stage's own prepare and loss over the first
 `train.probe_prompts` validation prompts (`load`; a fixed set and fixed rollout keys, so two
@@ -23,9 +27,10 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
+from gr2jax.decoding import policy as policy_lib
 from gr2jax.decoding import prompt_io
 from gr2jax.model import sharding as model_sharding
-from gr2jax.train import inputs
+from gr2jax.train import inputs, self_distill
 from gr2jax.train import mesh as mesh_lib
 from gr2jax.train import step as step_lib
 
@@ -71,6 +76,19 @@ def load(ctx, prompts: int) -> prompt_io.SplitData:
   return prompt_io.load_split(ctx.summary["paths"]["tfds"], SPLIT, ctx.tokenizer, limit=prompts)
 
 
+def deployed_decode(ctx, stage, split: prompt_io.SplitData):
+  """A diffusion stage's greedy decode at its rollout threshold, as stats (self_distill.targets'
+  under the name 'deployed'), or None for a stage without one (AR, CFT, SFT)."""
+  own = ctx.config.settings
+  tau = own.rollout().get("tau") if stage.diffusion and own is not None else None
+  if tau is None:
+    return None
+  spec = dataclasses.replace(ctx.config.decode, eval_tau=tau)
+  policy = policy_lib.make_policy(ctx.model_config, spec, ctx.response_len)
+  return self_distill.targets(policy, ctx.tokenizer, split.labels,
+                              pad_id=ctx.model_config.pad_token_id, name="deployed")
+
+
 def make_probe(ctx, stage, loss, split: prompt_io.SplitData) -> Callable[[dict], dict]:
   """The stage's held-out probe (module docstring): params -> {metric: float}.
 
@@ -86,6 +104,7 @@ def make_probe(ctx, stage, loss, split: prompt_io.SplitData) -> Callable[[dict],
                           lambda_r=ctx.config.data.lambda_r, lambda_o=ctx.config.data.lambda_o)
   prepare = (stage.make_prepare(dataclasses.replace(ctx, train=split))
              if stage.make_prepare else None)
+  deployed = deployed_decode(ctx, stage, split)
   sharding = mesh_lib.batch_sharding(ctx.mesh)
   key = jax.random.key(KEY_SEED)
 
@@ -97,9 +116,10 @@ def make_probe(ctx, stage, loss, split: prompt_io.SplitData) -> Callable[[dict],
     stats, totals = [], np.zeros(2)
     for i, batch in enumerate(batches):
       k = jax.random.fold_in(key, i)
-      batch_stats = {}
+      batch_stats = {} if deployed is None else deployed(params, batch, k)[1]
       if prepare is not None:
-        batch, batch_stats = prepare(params, batch, k)
+        batch, stats_of_prepare = prepare(params, batch, k)
+        batch_stats |= stats_of_prepare
       placed = model_sharding.global_arrays(batch.select(loss.fields), sharding)
       with jax.set_mesh(ctx.mesh):
         total, weight, _ = jax.device_get(loss_sums(params, placed, k))

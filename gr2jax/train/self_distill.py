@@ -28,15 +28,17 @@ from gr2jax.train import rewards
 TARGET_FIELDS = ("response_tokens", "response_lengths", "response_weights", "example_mask")
 
 
-def targets(policy: policy_lib.Policy, tokenizer, labels, *, pad_id: int):
+def targets(policy: policy_lib.Policy, tokenizer, labels, *, pad_id: int, name: str = "self"):
   """The prepare of the self objective: batch -> (the batch with its own valid slow-decode
-  answers as the responses, stats {'self_valid_rate', 'self_forwards_per_token'}).
+  answers as the responses, stats {'<name>_valid_rate', '<name>_forwards_per_token'}).
 
   Args:
     policy: the trained model's policy (its evaluation decode is the slow decode).
     tokenizer: the data build's tokenizer (to parse the answers).
     labels: example index -> that example's candidate label strings (SplitData.labels).
     pad_id: the padding token id (after each row's stop).
+    name: the stats' prefix (the held-out probe's decode at the deployed threshold reads the
+      same stats of another policy: train/probe.py).
 
   Returns:
     prepare(params, batch, key) -> (Batch, stats), key unused (the decode is greedy).
@@ -57,8 +59,8 @@ def targets(policy: policy_lib.Policy, tokenizer, labels, *, pad_id: int):
                       pad_id).astype(np.int32)
     weights = (np.arange(width)[None, :] < lengths[:, None]) & keep[:, None]
     real = np.asarray(batch.example_mask, bool)
-    stats = {"self_valid_rate": float(valid[real].mean()) if real.any() else 0.0,
-             "self_forwards_per_token": float(out.nfe.sum() / max(lengths.sum(), 1))}
+    stats = {f"{name}_valid_rate": float(valid[real].mean()) if real.any() else 0.0,
+             f"{name}_forwards_per_token": float(out.nfe.sum() / max(lengths.sum(), 1))}
     return batch.replace(response_tokens=tokens, response_lengths=lengths,
                          response_weights=weights.astype(np.float32), example_mask=keep), stats
 

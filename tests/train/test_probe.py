@@ -43,6 +43,34 @@ def test_ar_rl_probe_reports_its_rollouts_objective_the_same_for_the_same_params
   assert held_out(params) == first  # fixed prompts and keys: only the params move it
 
 
+def test_self_distillation_probe_reports_its_loss_and_the_decode_at_its_threshold(tmp_path,
+                                                                                    tok):
+  """OPD's 'self' objective: CFT's loss on its own valid slow-decode answers, their validity,
+  and the greedy decode at the stage's rollout threshold (the deployed one) beside them; an
+  AR stage has no such decode."""
+  from gr2jax.data.prompts import MASK_TOKEN
+  from gr2jax.diffusion import convert
+
+  config = toy_config("opd", batch_size=4)
+  config = dataclasses.replace(config, settings=dataclasses.replace(
+    config.settings, objective="self", certainty=2.0, rollout_tau=0.5))
+  ctx = toy_context(config, tok, str(tmp_path))
+  model_config, params = loop.model_from_init("preset:tiny", tok, config.train)
+  ctx.model_config = convert.to_diffusion(model_config, 4,
+                                          int(tok.convert_tokens_to_ids(MASK_TOKEN)))
+  stage = stages.stage("opd")
+  held_out = probe.make_probe(ctx, stage, stage.make_loss(ctx), ctx.eval)
+  first = held_out(params)
+  assert {"self_valid_rate", "self_forwards_per_token", "deployed_valid_rate",
+          "deployed_forwards_per_token"} <= set(first)
+  assert first["self_forwards_per_token"] >= 1.0  # tau 1.0: one token per forward at most
+  assert 0.0 < first["deployed_forwards_per_token"] <= first["self_forwards_per_token"]
+  assert held_out(params) == first
+  ar = toy_config("ar_rl", batch_size=4)
+  assert probe.deployed_decode(toy_context(ar, tok, str(tmp_path)), stages.stage("ar_rl"),
+                               ctx.eval) is None
+
+
 def test_probe_needs_the_data_build(tmp_path, tok):
   ctx = toy_context(toy_config("sft"), tok, str(tmp_path))
   with pytest.raises(ValueError, match="train.probe_prompts needs the data build"):
