@@ -3,8 +3,8 @@ compiled for one chip of a target by its compiler without hardware (experiments/
 `compile_step`: the AR step, the block-diffusion step, a drafter's and a verifier's forward, at
 any batch, the cache donated), priced max(bytes / bandwidth, FLOPs / (peak x fraction))
 (`step_seconds`, `prefill_seconds`, `decode_seconds`), with the forwards per output token of
-recorded decodes (`forwards_per_token` of Table 3's rows, `speculative_forwards_per_token` of
-bench_speculative.py's grid).
+recorded decodes (`forwards_per_token` of Table 3's rows under the recipe's commit order,
+`speculative_forwards_per_token` of bench_speculative.py's grid).
 
 Bytes come from the compiled program's memory_analysis (arguments + outputs not aliased: the
 weights and every row's cache buffer, each read once); FLOPs are analytic (plan.forward_flops;
@@ -119,11 +119,30 @@ AR_ROW, DIFFUSION_ROW = "AR GR2", "Diffusion-GR2"  # gr2jax/apps/tables.py's Tab
 _LOSSLESS_ROW = re.compile(r"K=(\d+) tau_d=([0-9.]+)$")  # 'Draft + verify (lossless), K=8 tau_d=0'
 
 
-def forwards_per_token(table3_rows: list[dict]) -> dict:
-  """{tau or None (AR): decode forwards per output token} of Table 3's AR GR2 and Diffusion-GR2
-  rows (the lossless rows, whose tau is None too, are not read), the prefill removed."""
-  return {r["tau"]: (r["mean_nfe"] - 1) / r["mean_response_len"] for r in table3_rows
-          if r["row"] in (AR_ROW, DIFFUSION_ROW)}
+def row_forwards_per_token(row: dict) -> float:
+  """A Table 3 AR GR2 or Diffusion-GR2 row's decode forwards per output token: its mean forwards
+  less the prefill, over its mean response length."""
+  return (row["mean_nfe"] - 1) / row["mean_response_len"]
+
+
+def forwards_per_token(table3: dict) -> dict:
+  """{tau or None (AR): row_forwards_per_token} of a saved Table 3 (table3.json): its AR GR2 row
+  and its Diffusion-GR2 rows under the recipe's own commit order (its 'commit_order'; the rows of
+  the other orders and the lossless rows, whose tau is None too, are not read).
+
+  Raises:
+    ValueError: a Table 3 that does not record the recipe's commit order, or has no row of it.
+  """
+  order = table3.get("commit_order")
+  if order is None:
+    raise ValueError("this Table 3 records no commit_order (the recipe's own commit order, "
+                     "written by gr2jax/apps/tables.py write_table3): remake it with "
+                     "experiments/run.py --config=table3.py")
+  out = {r["tau"]: row_forwards_per_token(r) for r in table3["rows"]
+         if r["row"] == AR_ROW or (r["row"] == DIFFUSION_ROW and r["order"] == order)}
+  if all(tau is None for tau in out):
+    raise ValueError(f"this Table 3 has no Diffusion-GR2 row under its commit_order {order!r}")
+  return out
 
 
 def lossless_draft(row: dict) -> tuple[int, float] | None:

@@ -148,14 +148,19 @@ class Recipe:
   xla_flags: tuple[str, ...]
 
   def __post_init__(self):
-    """The rules between blocks: the data build's tokenizer base is the model's (hf_dir), and
-    an LLM-teacher step (teacher.hf_dir) writes the traces the build reads."""
+    """The rules between blocks: the data build's tokenizer base is the model's (hf_dir), an
+    LLM-teacher step (teacher.hf_dir) writes the traces the build reads, and Table 3 decodes
+    under the recipe's own commit order (its readers take those rows as the recipe's)."""
     if self.data.tokenizer_base:
       raise ValueError("data.tokenizer_base is derived from --config.hf_dir; set that instead")
     if self.teacher.hf_dir and self.data.teacher_traces:
       raise ValueError(f"data.teacher_traces={self.data.teacher_traces!r} and teacher.hf_dir="
                        f"{self.teacher.hf_dir!r} are both set: the teacher step writes the "
                        "traces; set one of them")
+    if self.decode.commit_order not in self.table.commit_orders:
+      raise ValueError(f"table.commit_orders={self.table.commit_orders!r} must hold "
+                       f"decode.commit_order={self.decode.commit_order!r}: Table 3's rows under "
+                       "the recipe's own order are the ones its readers take")
 
 
 _XLA_FLAG = re.compile(r"--(xla_\w+)=(\S+)")
@@ -374,8 +379,8 @@ class TablesView(_View):
   Attributes:
     stage: 'table3', 'table4' or 'fig6'.
     data, eval, decode: the recipe's data build config, evaluation settings and DecodeSpec.
-    split, results_dir, taus, lossless_drafts, speed_examples, remeasure: the recipe's `table`
-      fields (gr2jax/recipes.py).
+    split, results_dir, taus, commit_orders, full_split_taus, lossless_drafts, speed_examples,
+      remeasure: the recipe's `table` fields (gr2jax/recipes.py).
     ar_ckpt, diffusion_ckpt: the AR GR2 (AR RL export) and the final diffusion model (RL
       export).
     fig6: Figure 6's settings.
@@ -389,6 +394,8 @@ class TablesView(_View):
   diffusion_ckpt: str
   results_dir: str
   taus: tuple
+  commit_orders: tuple
+  full_split_taus: tuple
   lossless_drafts: tuple
   speed_examples: int
   fig6: Fig6Settings
@@ -427,5 +434,6 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> TablesView:
     stage=stage, data=data_config(recipe), eval=recipe.eval,
     decode=recipe.decode, split=t.split, ar_ckpt=export(workdir, "ar_rl"),
     diffusion_ckpt=export(workdir, "rl"), results_dir=t.results_dir, taus=t.taus,
+    commit_orders=t.commit_orders, full_split_taus=t.full_split_taus,
     lossless_drafts=t.lossless_drafts, speed_examples=t.speed_examples,
     fig6=t.fig6, remeasure=t.remeasure)

@@ -226,7 +226,7 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.data.rqvae.epochs = 10
   c.table.splits = ("test_1615",)
   c.table.diffusion_splits = ("test_1615",)
-  c.eval.limit = 32
+  c.eval.limit = 32  # every split read, Table 3's full split (32 users of `test`) too
   c.eval.batch_size = 16  # two batches of the 32 users: Table 3's tokens/s is timed after the first
   c.decode.max_steps_per_block = 4  # untrained models commit ~1 token per step
   c.table.speed_examples = 4

@@ -3,13 +3,15 @@
 (gr2jax/apps/tables.py) evaluate and time. The defaults are the tiny recipe's.
 
 Declared with the one settings schema (gr2jax/settings.py); this module imports nothing else of
-gr2jax, so the recipe (gr2jax/recipe.py, a floor below the applications) holds the block typed.
+gr2jax but the commit orders' names (gr2jax/diffusion/commit.py), so the recipe (gr2jax/recipe.py,
+a floor below the applications) holds the block typed.
 """
 
 import dataclasses
 import os
 
 from gr2jax import settings
+from gr2jax.diffusion import commit
 
 SPLITS = ("test_1615", "test", "validation")  # the evaluation splits (test_1615: the paper's 1,615
 #                                               users of the test split)
@@ -61,8 +63,16 @@ class TableSettings(settings.Settings):
   split: str = settings.choice("test_1615", doc="the split of Table 3, Table 4 and Figure 6",
                                choices=SPLITS)
   taus: tuple[float, ...] = settings.reals(
-    (1.0, 0.9, 0.8, 0.6, 0.4), doc="Table 3's diffusion commit thresholds (the paper's: 0.9, "
-    "0.6, 0.4; 1.0 = Table 2's)", low=0, high=1, low_open=True)
+    (1.0, 0.9, 0.8, 0.6, 0.5, 0.4), doc="Table 3's diffusion commit thresholds (the paper's: "
+    "0.9, 0.6, 0.4; 1.0 = Table 2's)", low=0, high=1, low_open=True)
+  commit_orders: tuple[str, ...] = settings.texts(
+    ("distinct", "confidence"), doc="Table 3's diffusion rows: every tau of taus decoded under "
+    "each of these commit orders (decode.commit_order, the recipe's own, among them; the "
+    "paper's: confidence)", choices=commit.ORDERS)
+  full_split_taus: tuple[float, ...] = settings.reals(
+    (0.6,), doc="of taus: the final diffusion model at each (under decode.commit_order) on every "
+    "user of `test`, paired per user with itself at tau 1.0 and with AR GR2 there (Table 3's "
+    "full_split; () = none)", low=0, high=1, low_open=True)
   speed_examples: int = settings.integer(100, doc="Table 3: examples decoded alone for batch-1 "
                                          "tokens/s (0 = skip)", minimum=0)
   lossless_drafts: tuple = settings.items(
@@ -74,8 +84,14 @@ class TableSettings(settings.Settings):
   fig6: Fig6Settings = settings.block(Fig6Settings, doc="Figure 6's settings")
 
   def check(self, where: str) -> None:
-    """The diffusion rows' splits are splits of Table 2."""
-    extra = [s for s in self.diffusion_splits if s not in self.splits]
-    if extra:
-      raise ValueError(f"{settings.label(where, 'diffusion_splits')}={self.diffusion_splits!r}: "
-                       f"{extra} not in {settings.label(where, 'splits')}={self.splits!r}")
+    """The diffusion rows' splits are splits of Table 2, the full-split taus are taus of Table 3
+    and its commit orders are one or more distinct orders."""
+    for name, values, within in (("diffusion_splits", self.diffusion_splits, "splits"),
+                                 ("full_split_taus", self.full_split_taus, "taus")):
+      extra = [v for v in values if v not in getattr(self, within)]
+      if extra:
+        raise ValueError(f"{settings.label(where, name)}={values!r}: {extra} not in "
+                         f"{settings.label(where, within)}={getattr(self, within)!r}")
+    if not self.commit_orders or len(set(self.commit_orders)) != len(self.commit_orders):
+      raise ValueError(f"{settings.label(where, 'commit_orders')}={self.commit_orders!r} must be "
+                       "one or more distinct commit orders")

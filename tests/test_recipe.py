@@ -242,6 +242,16 @@ def test_bad_field_is_named(field, value, message):
     recipe_lib.from_config(config)
 
 
+def test_table3_must_decode_under_the_recipes_own_commit_order():
+  config = recipes.config("", "table2")
+  config.table.commit_orders = ("confidence",)  # the tiny recipe decodes 'distinct'
+  with pytest.raises(ValueError, match=r"^table\.commit_orders=\('confidence',\) must hold "
+                     r"decode\.commit_order='distinct'"):
+    recipe_lib.from_config(config)
+  config.decode.commit_order = "confidence"
+  assert recipe_lib.from_config(config).table.commit_orders == ("confidence",)
+
+
 def test_a_block_it_does_not_declare_is_named():
   config = recipes.config("", "table2")
   with config.stages.sft.train.ignore_type():

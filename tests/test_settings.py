@@ -11,6 +11,7 @@ import pytest
 from gr2jax import recipes, settings
 from gr2jax.apps.serve.spec import ServeSpec
 from gr2jax.decoding.spec import DecodeSpec
+from gr2jax.diffusion.commit import ORDERS
 from gr2jax.table_settings import Fig6Settings, TableSettings
 from gr2jax.tool_settings import EvaluateSettings, RerankSettings
 
@@ -200,12 +201,30 @@ def test_the_decode_spec_defaults_are_the_tiny_recipes_but_its_commit_order():
    r"^table\.lossless_drafts\[0\]=4 must be a pair"),
   (TableSettings, "table.", {"splits": ("test",)},
    r"^table\.diffusion_splits=\('test_1615',\): \['test_1615'\] not in table\.splits"),
+  (TableSettings, "table.", {"full_split_taus": (0.7,)},
+   r"^table\.full_split_taus=\(0\.7,\): \[0\.7\] not in table\.taus=\(1\.0, 0\.9"),
+  (TableSettings, "table.", {"taus": (1.0, 0.9), "full_split_taus": (0.6,)},
+   r"^table\.full_split_taus=\(0\.6,\): \[0\.6\] not in table\.taus=\(1\.0, 0\.9\)$"),
+  (TableSettings, "table.", {"commit_orders": ("random",)},
+   r"^table\.commit_orders\[0\]='random' not in \('confidence', 'left_to_right', 'distinct'\)$"),
+  (TableSettings, "table.", {"commit_orders": ()},
+   r"^table\.commit_orders=\(\) must be one or more distinct commit orders$"),
+  (TableSettings, "table.", {"commit_orders": ("distinct", "distinct")},
+   r"^table\.commit_orders=\('distinct', 'distinct'\) must be one or more distinct"),
   (DecodeSpec, "decode.", {"eval_tau": 0.0}, r"^decode\.eval_tau=0.0 must be in \(0, 1\]$"),
   (DecodeSpec, "decode.", {"commit_order": "random"}, r"^decode\.commit_order='random' not in"),
 ])
 def test_a_bad_value_names_its_path(cls, where, values, match):
   with pytest.raises(ValueError, match=match):
     cls.of(values, where)
+
+
+def test_table3_decodes_every_tau_under_both_orders_and_pairs_tau_0_6_on_the_full_split():
+  t = TableSettings()
+  assert t.taus == (1.0, 0.9, 0.8, 0.6, 0.5, 0.4)
+  assert t.commit_orders == ("distinct", "confidence") and set(t.commit_orders) <= set(ORDERS)
+  assert t.full_split_taus == (0.6,)
+  assert TableSettings(full_split_taus=()).full_split_taus == ()  # none: no full-split table
 
 
 def test_a_nested_block_built_directly_names_its_path():

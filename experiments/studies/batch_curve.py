@@ -23,8 +23,9 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            curve is priced twice: at f = 1 (peak) and at the target's peak_fraction
            (experiments/targets.py: 0.7, an assumption with its source there); the bandwidth is
            full in both. Forwards per output token are the trained tiny models' recorded
-           schedules: AR GR2's and Diffusion-GR2's at every tau of --table3 (the chosen model's
-           Table 3; --taus narrows them), draft-and-verify's drafter and verifier forwards at
+           schedules: AR GR2's and Diffusion-GR2's at every tau of --table3 under its
+           commit_order (the chosen model's Table 3, the recipe's own order's rows; --taus
+           narrows them), draft-and-verify's drafter and verifier forwards at
            tau_d of --spec_taus from --grid_json (bench_speculative.py's grid over the 1,615 test
            users: Table 3's lossless rows record the two models' forwards summed, not apart). Per
            mode and batch N (roofline_steps.decode_seconds): seconds per request = the prefills of N
@@ -34,9 +35,9 @@ predicted  Qwen3-8B bf16, prompt P = 2,200 + R = 256 new tokens per row, one chi
            totals summed (draft-and-verify: both models and caches).
            With --table3_columns, --table3's table3.{md,json} (beside it) are re-rendered with
            pred_h100_b1_speedup and pred_h100_b1_speedup_<f>: each row's predicted speed-up over
-           AR GR2 at batch 1 on the H100 at peak and at f (its own forwards per token; a lossless
-           row's drafter / verifier forwards from --grid_json at its K and tau_d); every other
-           field of table3.json is kept.
+           AR GR2 at batch 1 on the H100 at peak and at f (its own forwards per token: a diffusion
+           row of any commit order its own; a lossless row's drafter / verifier forwards from
+           --grid_json at its K and tau_d); every other field of table3.json is kept.
 cpu        The same modes on this CPU: experiments/emulate.py timed_replay (bench_speedup.py's)
            of the recorded schedules (--schedules; every row of a batch replays the
            representative user's schedule, so the rows step together) on random weights of each
@@ -82,7 +83,8 @@ def define_flags() -> None:
                   cli.integer(1))
   flags.DEFINE_string("table3", os.path.join(REPO, "results", "table3.json"),
                       "The chosen model's Table 3: AR's and the diffusion model's forwards per "
-                      "token at every tau (all of them unless --taus names some).")
+                      "token at every tau under its commit_order (all of them unless --taus "
+                      "names some).")
   flags.DEFINE_bool("table3_columns", True, "Re-render --table3's table3.{md,json} with the "
                     "predicted H100 batch-1 speed-up columns (needs h100 in --targets and batch "
                     "1 in --batches).")
@@ -132,7 +134,8 @@ def predicted_modes(fpt: dict, spec_fpt: dict, taus: list[float], ks: list[int],
   """{mode name: {'forwards': {step name: forwards per output token}, 'prefills': n}}.
 
   Args:
-    fpt: roofline_steps.forwards_per_token of Table 3 ({None: AR, tau: diffusion}).
+    fpt: roofline_steps.forwards_per_token of Table 3 ({None: AR, tau: diffusion under the
+      recipe's commit order}).
     spec_fpt: roofline_steps.speculative_forwards_per_token of the grid ({(K, tau_d): ...}).
     taus, ks, spec_taus: the modes asked for.
     block: the block size B (the label).
@@ -222,33 +225,34 @@ def table3_speedups(rows: list[dict], steps: dict, spec_fpt: dict, s: plan.Shape
   """Each Table 3 row's predicted batch-1 speed-up over AR GR2 on `target`.
 
   Args:
-    rows: Table 3's rows (gr2jax/apps/tables.py: AR GR2, Diffusion-GR2 at each tau, the
-      lossless rows 'Draft + verify (lossless), K=k tau_d=t').
+    rows: Table 3's rows (gr2jax/apps/tables.py: AR GR2, Diffusion-GR2 at each tau and commit
+      order, the lossless rows 'Draft + verify (lossless), K=k tau_d=t').
     steps: {step name: compiled record} at batch 1 ('ar', 'block', 'draft_kK', 'verify_kK').
     spec_fpt: roofline_steps.speculative_forwards_per_token of the grid (the lossless rows'
       drafter / verifier split, which Table 3 does not record).
     s, target, fraction: the shapes, the target and the fraction of its peak FLOP/s.
 
   Returns:
-    One speed-up per row: AR 1.0; a diffusion row its own forwards per token x the block step; a
-    lossless row the grid's draft and verify forwards at its (K, tau_d) and two prefills; None
-    for a lossless row whose (K, tau_d) the grid or `steps` lack, and any other row.
+    One speed-up per row: AR 1.0; a diffusion row (of any commit order) its own forwards per
+    token (roofline_steps.row_forwards_per_token) x the block step; a lossless row the grid's
+    draft and verify forwards at its (K, tau_d) and two prefills; None for a lossless row whose
+    (K, tau_d) the grid or `steps` lack, and any other row.
   """
-  fpt = roofline_steps.forwards_per_token(rows)
   t = {name: roofline_steps.step_seconds(x, target, fraction) for name, x in steps.items()}
   prefill = roofline_steps.prefill_seconds(s, target, 1, fraction)
 
   def request(forwards, prefills):
     return roofline_steps.decode_seconds(forwards, t, prefills, prefill, s.response_len)[1]
 
-  ar = request({"ar": fpt[None]}, 1)
+  ar_row = next(r for r in rows if r["row"] == roofline_steps.AR_ROW)
+  ar = request({"ar": roofline_steps.row_forwards_per_token(ar_row)}, 1)
   out = []
   for row in rows:
     draft = roofline_steps.lossless_draft(row)
     if row["row"] == roofline_steps.AR_ROW:
       out.append(1.0)
     elif row["row"] == roofline_steps.DIFFUSION_ROW:
-      out.append(ar / request({"block": fpt[row["tau"]]}, 1))
+      out.append(ar / request({"block": roofline_steps.row_forwards_per_token(row)}, 1))
     elif draft in spec_fpt and {f"draft_k{draft[0]}", f"verify_k{draft[0]}"} <= set(t):
       f, k = spec_fpt[draft], draft[0]
       out.append(ar / request({f"draft_k{k}": f["draft"], f"verify_k{k}": f["verify"]}, 2))
@@ -277,9 +281,8 @@ def rerender_table3(path: str, saved: dict, rows: list[dict], columns: tuple[str
   Raises:
     ValueError: a field of `saved` the written table3.json does not keep.
   """
-  kept = {k: v for k, v in saved.items() if k not in ("rows", "header")}
-  md = tables.write_table3(rows, os.path.dirname(os.path.abspath(path)), saved["header"],
-                           note=note, extra_columns=columns, **kept)
+  md = tables.write_table3({**saved, "rows": rows}, os.path.dirname(os.path.abspath(path)),
+                           note=note, extra_columns=columns)
   written = read_json(path, "the Table 3 just written")
   lost = [k for k in saved if k != "rows" and written.get(k) != saved[k]]
   if lost:
@@ -416,7 +419,7 @@ def table3_lossless(rows: list[dict], spec_fpt: dict) -> list[dict]:
 def run_predicted(batches: list[int], ks: list[int]) -> dict:
   """The predicted section (module doc), and Table 3's columns (--table3_columns)."""
   saved = read_json(FLAGS.table3, "the file of --table3")
-  fpt = roofline_steps.forwards_per_token(saved["rows"])
+  fpt = roofline_steps.forwards_per_token(saved)
   spec_fpt = roofline_steps.speculative_forwards_per_token(
     read_json(FLAGS.grid_json, "the file of --grid_json")["grid"]["rows"])
   taus = ([float(t) for t in FLAGS.taus] if FLAGS["taus"].present
@@ -453,7 +456,8 @@ def run_predicted(batches: list[int], ks: list[int]) -> dict:
             f"experiments/targets.py): `{out['command']}`")
     print(rerender_table3(FLAGS.table3, saved, rows, columns, note), flush=True)
     out["table3_columns"] = {"columns": list(columns), "rows": {
-      r["row"] + ("" if r["tau"] is None else f" tau {r['tau']:g}"): [r[c] for c in columns]
+      r["row"] + ("" if r["tau"] is None else f" tau {r['tau']:g} {r['order']}"):
+        [r[c] for c in columns]
       for r in rows}}
   return out
 

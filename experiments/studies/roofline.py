@@ -16,10 +16,11 @@ cache of the paper's 2,200-token prompt + 256 new tokens, bf16. Per step:
   time    max(bytes / 3.35 TB/s, FLOPs / 989 TFLOP/s): the H100 SXM roofline.
 
 Forwards per output token are the trained tiny Diffusion-GR2's, read from results/table3.json
-(not re-measured): (mean forwards - the prefill) / mean response length at each tau, and the same
-for its AR GR2 row. The prediction for a 256-token response after the 2,200-token prompt:
-AR tok/s = 256 / (prefill + 256 x f_AR x t_AR), diffusion the same with f_tau x t_block; the
-prefill is a roofline of its analytic FLOPs and the weights. Printed next to the paper's AR
+(not re-measured): (mean forwards - the prefill) / mean response length at each tau under the
+recipe's own commit order (the table's commit_order), and the same for its AR GR2 row. The
+prediction for a 256-token response after the 2,200-token prompt: AR tok/s = 256 / (prefill +
+256 x f_AR x t_AR), diffusion the same with f_tau x t_block; the prefill is a roofline of its
+analytic FLOPs and the weights. Printed next to the paper's AR
 71 tok/s and 2.4x / 3.3x / 3.5x (Diffusion-GR2, arXiv 2607.01170), with the paper's AR as a fraction
 of the predicted roofline.
 """
@@ -102,7 +103,7 @@ def main(argv):
   s = plan.PRESETS["qwen3_8b"]
   target = targets.get_target(FLAGS.target)
   with open(FLAGS.table3) as f:
-    fpt = roofline_steps.forwards_per_token(json.load(f)["rows"])
+    fpt = roofline_steps.forwards_per_token(json.load(f))
   steps = {}
   for kind in ("ar", "block"):
     _, steps[kind] = roofline_steps.compile_step(kind, s, FLAGS.target)

@@ -1,12 +1,13 @@
 """What the result writers share (apps/table2.py's Table 2, apps/tables.py's Table 3, Table 4 and
-Figure 6): a table cell, and the stamp every results file carries.
+Figure 6): a table cell, a paired difference's cell, and the stamp every results file carries.
 
 The stamp is two fields, written at the top of each results JSON and on a line of its markdown:
 - `recipe_digest`: the digest of what decides the numbers (`recipe_digest`): the chain's digest
   of its final step (gr2jax/run_identity.py step_digests: the data build and every training
   stage, less what changes no export, run_identity.result_fields) joined with the settings the
   tables evaluate under (the TablesView less RESULTS_NEUTRAL: the decode spec, eval.limit and
-  batch_size, Table 3's taus and drafts, the timed examples, Figure 6's settings);
+  batch_size, Table 3's taus, commit orders, full-split taus and drafts, the timed examples,
+  Figure 6's settings);
 - `commit`: the git commit of the checkout gr2jax is imported from (`commit`).
 `check_results` reads a results directory and lists where the four files disagree.
 """
@@ -40,6 +41,17 @@ def cell(row: dict, column: str, missing: str) -> str:
   if value is None:
     return missing
   return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def interval(difference) -> str:
+  """'+d [+lo, +hi]' of a paired difference [d, lo, hi] (metrics.versus)."""
+  diff, lo, hi = difference
+  return f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+
+
+def interval_column(metric: str) -> str:
+  """The header of a paired difference's column: 'dR@1 [95% CI]'."""
+  return f"d{metric} [95% CI]"
 
 
 def _digest(chain_digest: str, view: TablesView) -> str:

@@ -12,7 +12,7 @@ verifies: AR GR2's own output, so its numbers). Each model row is evaluated by t
 (decoding/evaluation.py) on every split of `table.splits` (the diffusion rows on
 `table.diffusion_splits`), through the workdir's evaluation cache (a stage's final evaluation of
 the same split is reused). Every row but AR GR2's carries its paired difference to AR GR2 on
-the same split and users, R@1 and N@3 with a 95% interval (`paired_bootstrap`). Writes
+the same split and users, R@1 and N@3 with a 95% interval (`metrics.versus`). Writes
 <results>/table2.{md,csv,json} with the paper's numbers alongside, the step timings and the stamp
 (apps/report.py: the recipe digest, the commit); experiments/run.py then runs the recipe's
 `table.then` tables (gr2jax/apps/tables.py).
@@ -23,7 +23,6 @@ import dataclasses
 import json
 import os
 import time
-from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -81,22 +80,11 @@ def row_policy(recipe: recipe_lib.Recipe, workdir: str, name: str, tokenizer,
   return export, policy_lib.make_policy(config, spec, response_len)
 
 
-class PerUser(NamedTuple):
-  """A row's per-user outcome on its split, in the split's order.
-
-  Attributes:
-    users: [n] user ids.
-    ranks: [n] 1-based rank of each user's target in the row's ranking (metrics.target_ranks).
-  """
-  users: np.ndarray
-  ranks: np.ndarray
-
-
 def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> list[dict]:
   """Every model row on every split of table.splits, the diffusion rows (naive and after) only on
   those of table.diffusion_splits; each through the workdir's evaluation cache (a stage's final
-  evaluation of the same split is reused), with its 'per_user' PerUser read from the
-  evaluation's per-user rows (its JSONL: 'user', 'target_rank')."""
+  evaluation of the same split is reused), with its 'per_user' metrics.PerUser read from the
+  evaluation's per-user rows (evaluation.per_user)."""
   tok = tokenizer_lib.load_tokenizer(summary["paths"]["tokenizer"])
   p, r = lengths_lib.static_lengths(summary)
   rows = []
@@ -111,8 +99,7 @@ def evaluate_rows(recipe: recipe_lib.Recipe, workdir: str, summary: dict) -> lis
         cache_dir=evaluation.cache_dir(workdir), name=f"{name}_{split}")
       print(evaluation.format_result(f"[table2] {label} / {split}", result), flush=True)
       rows.append({"row": name, "label": label, "split": split, **result,
-                   "per_user": PerUser(np.asarray([r["user"] for r in per_user]),
-                                       np.asarray([r["target_rank"] for r in per_user]))})
+                   "per_user": evaluation.per_user(per_user)})
   return rows
 
 
@@ -120,10 +107,11 @@ _SUMMARY_SPLITS = {"test_1615": "test_subset", "test": "test", "validation": "va
 REFERENCE_ROWS = (("floor", "Pre-rank floor"), ("teacher", "Rule teacher"))
 
 
-def _reference_ranks(summary: dict, split: str, limit: int) -> dict[str, PerUser]:
-  """{'floor' | 'teacher': PerUser} of the first `limit` users of `split`: the target's rank in
-  D's order and in the rule teacher's ranking (data/teacher.py, the build's weights on the
-  evidence levels of each user's kept history, as data/examples.py scores them)."""
+def _reference_ranks(summary: dict, split: str,
+                     limit: int) -> dict[str, metrics_lib.PerUser]:
+  """{'floor' | 'teacher': metrics.PerUser} of the first `limit` users of `split`: the target's
+  rank in D's order and in the rule teacher's ranking (data/teacher.py, the build's weights on
+  the evidence levels of each user's kept history, as data/examples.py scores them)."""
   source = tfds_builder.data_source(summary["paths"]["tfds"], split)
   records = [source[i] for i in range(limit)]
   catalog, sids = build_rendering.build_sids(summary)
@@ -136,7 +124,7 @@ def _reference_ranks(summary: dict, split: str, limit: int) -> dict[str, PerUser
   users = np.asarray([int(r["user"]) for r in records])
   weights = teacher_lib.TeacherWeights(**summary["examples"]["teacher_weights"])
   floor = np.tile(np.arange(candidates.shape[1]), (limit, 1))
-  return {name: PerUser(users, metrics_lib.target_ranks(ranking, targets))
+  return {name: metrics_lib.PerUser(users, metrics_lib.target_ranks(ranking, targets))
           for name, ranking in (("floor", floor),
                                 ("teacher", teacher_lib.rankings(levels, weights)))}
 
@@ -155,7 +143,7 @@ def _reference_metrics(summary: dict, split: str, limit: int) -> dict[str, dict]
 def reference_rows(summary: dict, splits, limit: int = 0) -> list[dict]:
   """Floor and rule teacher on the users the model rows are evaluated on: the first `limit` of
   each split (0 = all: the data build's own numbers), each row with its number of users `num`
-  (the evaluation's name for it) and its 'per_user' PerUser."""
+  (the evaluation's name for it) and its 'per_user' metrics.PerUser."""
   out = []
   for split in splits:
     size = summary["splits"][split]
@@ -171,70 +159,18 @@ def reference_rows(summary: dict, splits, limit: int = 0) -> list[dict]:
 
 
 BASELINE = "ar_gr2"  # the row every other row is compared with, user by user
-VERSUS = f"vs_{BASELINE}"  # a row's field holding that comparison
-RESAMPLES, SEED = 10_000, 0
-METHOD = f"paired bootstrap, {RESAMPLES} resamples of users, percentile"
-PER_USER = {"R@1": lambda ranks: metrics_lib.recall_at_k(ranks, 1),  # [n] ranks -> [n] values
-            "N@3": lambda ranks: metrics_lib.ndcg_at_k(ranks, 3)}
-
-
-def paired_bootstrap(a: np.ndarray, b: np.ndarray, *, resamples: int = RESAMPLES,
-                     seed: int = SEED, level: float = 0.95) -> tuple[float, float, float]:
-  """The mean paired difference mean(a - b) and its paired-bootstrap percentile interval.
-
-  Paired bootstrap over users (Efron & Tibshirani 1993, ch. 13, the percentile interval): each of
-  `resamples` resamples draws n users with replacement, the same users for both systems, and
-  takes the mean of their differences; the interval is the (1 - level) / 2 and (1 + level) / 2
-  percentiles of those means. A resample's mean depends only on how often each distinct
-  difference is drawn, so the draws are multinomial counts over the distinct values of a - b:
-  the same distribution as drawing user indices, in O(resamples x distinct values) memory.
-
-  Args:
-    a, b: [n] per-user values of two systems (e.g. R@1 in {0, 1}), the same users in the same
-      order, n >= 1.
-    resamples: bootstrap resamples.
-    seed: the generator's seed (fixed: the same arrays give the same interval).
-    level: the interval's coverage.
-
-  Returns:
-    (mean(a - b), lo, hi).
-  """
-  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-  if a.ndim != 1 or a.shape != b.shape or not a.size:
-    raise ValueError(f"paired_bootstrap needs two [n] arrays, n >= 1; got {a.shape} and "
-                     f"{b.shape}")
-  diff = a - b  # [n]
-  values, counts = np.unique(diff, return_counts=True)  # [K], [K]
-  draws = np.random.default_rng(seed).multinomial(diff.size, counts / diff.size,
-                                                  size=resamples)  # [resamples, K]
-  means = draws @ values / diff.size  # [resamples]
-  lo, hi = np.percentile(means, [50 * (1 - level), 50 * (1 + level)])
-  return float(diff.mean()), float(lo), float(hi)
-
-
-def versus(row: PerUser, base: PerUser) -> dict:
-  """{'R@1' | 'N@3': [row - base, lo, hi] (paired_bootstrap), 'method': METHOD}.
-
-  Raises:
-    ValueError: the two rows are not on the same users in the same order.
-  """
-  if not np.array_equal(row.users, base.users):
-    raise ValueError(f"paired rows must be on the same users: {len(row.users)} and "
-                     f"{len(base.users)} users, not in the same order")
-  out = {name: list(paired_bootstrap(f(row.ranks), f(base.ranks)))
-         for name, f in PER_USER.items()}
-  return {**out, "method": METHOD}
+VERSUS = f"vs_{BASELINE}"  # a row's field holding that comparison (metrics.versus)
 
 
 def with_versus(rows: list[dict]) -> list[dict]:
-  """The rows without their 'per_user', each but the BASELINE's with VERSUS: `versus` the
+  """The rows without their 'per_user', each but the BASELINE's with VERSUS: metrics.versus the
   BASELINE row of its split (a split without one: none)."""
   base = {r["split"]: r["per_user"] for r in rows if r["row"] == BASELINE}
   out = []
   for row in rows:
     kept = {k: v for k, v in row.items() if k != "per_user"}
     if row["row"] != BASELINE and row["split"] in base:
-      kept[VERSUS] = versus(row["per_user"], base[row["split"]])
+      kept[VERSUS] = metrics_lib.versus(row["per_user"], base[row["split"]])
     out.append(kept)
   return out
 
@@ -242,15 +178,13 @@ def with_versus(rows: list[dict]) -> list[dict]:
 COLUMNS = ("num", "R@1", "R@1_se", "R@3", "N@3", "valid_rate", *report.INVALID_KINDS,
            "top1_is_D_first", "top1_is_teacher", "nfe_per_token", "paper_nfe_per_token",
            "tokens_per_s")
-VERSUS_COLUMNS = {f"d{name} [95% CI]": name for name in PER_USER}  # header -> metric of VERSUS
+VERSUS_COLUMNS = {report.interval_column(name): name
+                  for name in metrics_lib.PER_USER}  # header -> metric of VERSUS
 
 
 def _versus_cell(row: dict, metric: str) -> str:
-  """'+d [+lo, +hi]' of the row's VERSUS difference in `metric`; '' for a row without one."""
-  if VERSUS not in row:
-    return ""
-  diff, lo, hi = row[VERSUS][metric]
-  return f"{diff:+.4f} [{lo:+.4f}, {hi:+.4f}]"
+  """The row's VERSUS difference in `metric` (report.interval); '' for a row without one."""
+  return report.interval(row[VERSUS][metric]) if VERSUS in row else ""
 
 
 def _timing(name: str, timing: dict) -> str:

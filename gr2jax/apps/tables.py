@@ -6,11 +6,15 @@
 
 The models are W/ar_rl/export (AR GR2) and W/rl/export (the final Diffusion-GR2), read from the
 data build of W (the same `data` config as table2.py; reused from W's cache).
-- Table 3 (Diffusion-GR2, arXiv 2607.01170): the final diffusion model at each tau of `taus` plus
-  AR, each scored by the one evaluation (decoding/evaluation.evaluate): R@1, valid rate, forwards
-  per output token (prefill and commit forwards included), the paper's NFE per token (denoising
-  steps), tokens/s (batched, after the compiling batch) and the speed-up over AR in tokens/s;
-  markdown + a PNG accuracy-speed frontier.
+- Table 3 (Diffusion-GR2, arXiv 2607.01170): the final diffusion model at each tau of `taus` under
+  each commit order of `commit_orders` (the recipe's own, decode.commit_order, among them), plus
+  AR and the lossless rows, each scored by the one evaluation (decoding/evaluation.evaluate): R@1,
+  valid rate, forwards per output token (prefill and commit forwards included), the paper's NFE
+  per token (denoising steps), tokens/s (batched, after the compiling batch) and the speed-up
+  over AR in tokens/s; markdown + a PNG accuracy-speed frontier (one line per order). Under it,
+  `full_split`: at each tau of `full_split_taus`, the final diffusion model (the recipe's order)
+  on every user of FULL_SPLIT, paired user by user with itself at tau 1.0 and with AR GR2
+  (metrics.versus: the R@1 and N@3 differences with their 95% intervals).
 - Figure 6: every example decoded alone (batch 1, warm jit, the honest-speed setting of
   STYLE.md) by AR and by the diffusion model (their policies' decode), timed; examples are
   binned by the diffusion output length and by the prompt length, and each bin reports the
@@ -29,10 +33,11 @@ data build of W (the same `data` config as table2.py; reused from W's cache).
 Every results file carries the stamp of apps/report.py (the recipe digest, read from the chain's
 record of the workdir's final step, and the commit): at the top of its JSON and, for the tables,
 on the last line of the markdown.
-Evaluations are cached under W/tables/ by model digest, split, tau and the eval settings, so
-Table 3's tau = 1.0 rows and Table 4 share one decode. So are the timings (Table 3's batch-1
-decodes, Figure 6): a rerun on a finished table reuses them, and says so, unless
-`--config.table.remeasure=True` times them again (on a GPU plan they take about an hour).
+Evaluations are cached under W/evaluations/ by model digest, split, decode spec and the eval
+settings, so Table 3's row at the recipe's own decode spec, Table 4 and Table 2's row of the same
+model and split share one decode. The timings (Table 3's batch-1 decodes, Figure 6) are kept under
+W/tables/ by models, split and settings: a rerun on a finished table reuses them, and says so,
+unless `--config.table.remeasure=True` times them again (on a GPU plan they take about an hour).
 """
 
 import dataclasses
@@ -44,6 +49,7 @@ import time
 import numpy as np
 
 from gr2jax import files, load
+from gr2jax import metrics as metrics_lib
 from gr2jax import workdir as workdir_lib
 from gr2jax.apps import report
 from gr2jax.data import answer, build_rendering, pipeline, prompts, tfds_builder
@@ -82,13 +88,15 @@ class Inputs:
   tfds_dir: str = ""
 
 
-def load_inputs(table: TablesView, workdir: str) -> Inputs:
-  """The data build of `workdir` (cached) and the split `table.split` (first `eval.limit`)."""
+def load_inputs(table: TablesView, workdir: str, split: str | None = None) -> Inputs:
+  """The data build of `workdir` (cached) and its split `split` (None: `table.split`), the first
+  `eval.limit` examples."""
+  split = table.split if split is None else split
   summary = pipeline.run(table.data, workdir)
   paths = summary["paths"]
   tok = tokenizer_lib.load_tokenizer(paths["tokenizer"])
-  data = prompt_io.load_split(paths["tfds"], table.split, tok, limit=table.eval.limit)
-  source = tfds_builder.data_source(paths["tfds"], table.split)
+  data = prompt_io.load_split(paths["tfds"], split, tok, limit=table.eval.limit)
+  source = tfds_builder.data_source(paths["tfds"], split)
   records = [tfds_builder.decode_record(source[i]) for i in range(len(data))]
   p, r = lengths_lib.static_lengths(summary)
   catalog, sids = build_rendering.build_sids(summary)
@@ -124,10 +132,13 @@ def load_models(table: TablesView, workdir: str) -> dict[str, Model]:
   return out
 
 
-def spec_at(table: TablesView, tau: float | None = None, draft: tuple[int, float] | None = None):
-  """The recipe's decode spec at commit threshold `tau` (None = its eval tau) and, for the
-  lossless mode, at draft = (K, tau_d)."""
-  spec = table.decode if tau is None else dataclasses.replace(table.decode, eval_tau=tau)
+def spec_at(table: TablesView, tau: float | None = None, draft: tuple[int, float] | None = None,
+            order: str | None = None):
+  """The recipe's decode spec at commit threshold `tau` (None = its eval tau), under the commit
+  order named `order` (None = its own, decode.commit_order) and, for the lossless mode, at
+  draft = (K, tau_d)."""
+  changes = {"eval_tau": tau, "commit_order": order}
+  spec = dataclasses.replace(table.decode, **{k: v for k, v in changes.items() if v is not None})
   if draft is not None:
     spec = dataclasses.replace(spec, draft_k=int(draft[0]), draft_tau=float(draft[1]))
   return spec
@@ -143,9 +154,13 @@ def policy_at(model: Model, spec, inp: Inputs, forced_length: int = 0) -> policy
 
 
 def _setting_name(model: Model, spec) -> str:
+  """A readable name of the model's decode setting (evaluation and timing file names): 'ar',
+  'tau0.6_distinct' (a diffusion model: its tau and commit order), 'k16_taud0' (lossless)."""
   if model.verifier_config is not None:
     return f"k{spec.draft_k}_taud{spec.draft_tau:g}"
-  return f"tau{spec.eval_tau:g}" if model.config.mask_token_id is not None else "ar"
+  if model.config.mask_token_id is None:
+    return "ar"
+  return f"tau{spec.eval_tau:g}_{spec.commit_order}"
 
 
 def evaluate_at(name: str, model: Model, table: TablesView, inp: Inputs, workdir: str,
@@ -172,10 +187,16 @@ def evaluate_at(name: str, model: Model, table: TablesView, inp: Inputs, workdir
 TABLE3_COLUMNS = ("R@1", "R@1_se", "valid_rate", *report.INVALID_KINDS, "nfe_per_token",
                   "paper_nfe_per_token", "tokens_per_s", "speedup", "b1_tokens_per_s",
                   "b1_speedup", "paper")
+TABLE3_FIRST = ("row", "order", "tau")  # a row's first cells: its model, commit order and tau
 PAPER_TABLE3 = {  # Diffusion-GR2's frontier (Qwen3-8B, one H100): R@1, tok/s, speed-up (§2)
   None: (0.2960, 71, 1.0), 0.9: (0.2950, 172, 2.4), 0.6: (0.2942, 234, 3.3),
   0.4: (0.2936, 246, 3.5),
 }
+FULL_SPLIT = "test"  # the split of Table 3's full_split: every user of it (eval.limit aside)
+FULL_SPLIT_SIDES = ("R@1", "valid_rate", "nfe_per_token")  # each side's numbers in full_split
+FULL_SPLIT_FIRST = ("tau", "order", "versus", "num")
+FULL_SPLIT_COLUMNS = (*FULL_SPLIT_SIDES, *(f"versus_{k}" for k in FULL_SPLIT_SIDES),
+                      *map(report.interval_column, metrics_lib.PER_USER))
 
 
 def timings_cached(path: str, measure, remeasure: bool) -> dict:
@@ -199,8 +220,10 @@ def _timings_path(workdir: str, name: str, *key) -> str:
 
 
 def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> list[dict]:
-  """AR, the diffusion model at every tau of table.taus and the lossless mode at every
-  (K, tau_d) of table.lossless_drafts (its R@1 is AR's by construction).
+  """AR, the diffusion model at every tau of table.taus under every commit order of
+  table.commit_orders, and the lossless mode at every (K, tau_d) of table.lossless_drafts (its
+  R@1 is AR's by construction). Each row's 'order' is its commit order: a diffusion row's, None
+  for AR and the lossless rows (which decode under the recipe's spec, spec_at).
 
   speedup = batched tokens/s (the evaluation's, after its compiling batch) over AR's;
   b1_tokens_per_s = the median over the first `table.speed_examples` examples of output tokens /
@@ -208,15 +231,16 @@ def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> l
   our timing includes the prefill), b1_speedup = that over AR's; those timings are kept in
   W/tables/ (timings_cached) unless table.remeasure.
   """
-  runs = ([("AR GR2", None, "ar", spec_at(table))]
-          + [("Diffusion-GR2", tau, "diffusion", spec_at(table, tau)) for tau in table.taus]
-          + [(f"Draft + verify (lossless), K={k} tau_d={tau_d:g}", None, "lossless",
+  runs = ([("AR GR2", None, None, "ar", spec_at(table))]
+          + [("Diffusion-GR2", tau, order, "diffusion", spec_at(table, tau, order=order))
+             for tau in table.taus for order in table.commit_orders]
+          + [(f"Draft + verify (lossless), K={k} tau_d={tau_d:g}", None, None, "lossless",
               spec_at(table, draft=(k, tau_d))) for k, tau_d in table.lossless_drafts])
   rows = []
-  for label, tau, name, spec in runs:
+  for label, tau, order, name, spec in runs:
     model = models[name]
     result, _ = evaluate_at(name, model, table, inp, workdir, spec)
-    row = {"row": label, "tau": tau, **result}
+    row = {"row": label, "order": order, "tau": tau, **result}
     if table.speed_examples:
       def measure(model=model, spec=spec, name=name):
         t = timed_decodes(policy_at(model, spec, inp), model.params, inp,
@@ -237,7 +261,36 @@ def table3_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> l
   return rows
 
 
-def markdown(rows: list[dict], columns, first=("row", "tau")) -> str:
+def full_split_rows(models: dict, inp: Inputs, table: TablesView, workdir: str) -> list[dict]:
+  """Table 3's full_split: at each tau of table.full_split_taus, the final diffusion model under
+  the recipe's commit order on `inp` (FULL_SPLIT's inputs: load_inputs), paired user by user
+  with each baseline on the same users: itself at tau 1.0 and AR GR2 (each evaluation through
+  the workdir's cache: Table 2's rows of the same split are reused).
+
+  Returns:
+    One entry per (tau, baseline): 'split', 'num', 'tau', 'order', 'versus' (the baseline's
+    label), the tau row's FULL_SPLIT_SIDES, the baseline's as 'versus_<side>', and 'paired':
+    metrics.versus of the tau row against the baseline (R@1 and N@3 differences with their 95%
+    paired-bootstrap intervals).
+  """
+  def side(name, spec):
+    result, per_example = evaluate_at(name, models[name], table, inp, workdir, spec)
+    return {k: result[k] for k in FULL_SPLIT_SIDES}, evaluation.per_user(per_example)
+
+  baselines = {"Diffusion-GR2 tau 1": side("diffusion", spec_at(table, 1.0)),
+               "AR GR2": side("ar", spec_at(table))}
+  out = []
+  for tau in table.full_split_taus:
+    numbers, users = side("diffusion", spec_at(table, tau))
+    for label, (base, base_users) in baselines.items():
+      out.append({"split": FULL_SPLIT, "num": len(users.users), "tau": tau,
+                  "order": table.decode.commit_order, "versus": label, **numbers,
+                  **{f"versus_{k}": v for k, v in base.items()},
+                  "paired": metrics_lib.versus(users, base_users)})
+  return out
+
+
+def markdown(rows: list[dict], columns, first=TABLE3_FIRST) -> str:
   """A markdown table of `first` + `columns` (report.cell: an answer-kind count from the row's
   'counts', 'n/a' where the row has no value)."""
   header = [*first, *columns]
@@ -246,13 +299,28 @@ def markdown(rows: list[dict], columns, first=("row", "tau")) -> str:
   return "\n".join(lines) + "\n"
 
 
+def full_split_markdown(entries: list[dict]) -> str:
+  """Table 3's second table: full_split_rows' entries, each paired difference as
+  report.interval; '' for none."""
+  if not entries:
+    return ""
+  first = entries[0]
+  shown = [{**e, **{report.interval_column(m): report.interval(e["paired"][m])
+                    for m in metrics_lib.PER_USER}} for e in entries]
+  return (f"Paired on every user of {first['split']} (n={first['num']}): Diffusion-GR2 at each "
+          f"tau under the recipe's order ({first['order']}) against `versus` on the same users; "
+          f"d = the tau row's minus versus's, 95% interval ({first['paired']['method']}).\n\n"
+          + markdown(shown, FULL_SPLIT_COLUMNS, FULL_SPLIT_FIRST))
+
+
 def _footer(stamp: dict) -> str:
   """The markdown's stamp line (report.stamp_line), '' without a stamp."""
   return "\n" + report.stamp_line(stamp) + "\n" if stamp else ""
 
 
 def frontier_png(rows: list[dict], path: str) -> None:
-  """R@1 against tokens/s, the diffusion taus joined as a frontier, AR as its own point."""
+  """R@1 against tokens/s, the diffusion taus of each commit order joined as a frontier, AR and
+  the lossless rows as points of their own."""
   import matplotlib
 
   matplotlib.use("Agg")
@@ -260,8 +328,10 @@ def frontier_png(rows: list[dict], path: str) -> None:
 
   fig, ax = plt.subplots(figsize=(5, 3.5))
   diff = [r for r in rows if r["tau"] is not None and r["tokens_per_s"]]
-  ax.plot([r["tokens_per_s"] for r in diff], [r["R@1"] for r in diff], "o-",
-          label="Diffusion-GR2")
+  for order in dict.fromkeys(r["order"] for r in diff):
+    line = [r for r in diff if r["order"] == order]
+    ax.plot([r["tokens_per_s"] for r in line], [r["R@1"] for r in line], "o-",
+            label=f"Diffusion-GR2, {order}")
   for r in diff:
     ax.annotate(f"τ={r['tau']:g}", (r["tokens_per_s"], r["R@1"]), textcoords="offset points",
                 xytext=(4, 4), fontsize=8)
@@ -277,20 +347,23 @@ def frontier_png(rows: list[dict], path: str) -> None:
   plt.close(fig)
 
 
-def write_table3(rows: list[dict], results: str, header: str, note: str = "",
-                 extra_columns: tuple[str, ...] = (), *, recipe_digest: str | None = None,
-                 commit: str | None = None) -> str:
-  """results/table3.{md,json} + the frontier PNG. `extra_columns` (keys of `rows`, after
-  TABLE3_COLUMNS) and `note` (appended to the header in the markdown only) let a benchmark add
-  its own column to a rendered table. `recipe_digest` and `commit` (report.stamp, named as the
-  JSON's top-level fields: a re-render passes the saved file's through, **report.stamp_of) are
-  written at the JSON's top and as the markdown's last line (None: left out)."""
-  stamp = report.stamp_of({"recipe_digest": recipe_digest, "commit": commit})
+def write_table3(table3: dict, results: str, note: str = "",
+                 extra_columns: tuple[str, ...] = ()) -> str:
+  """results/table3.{md,json} + the frontier PNG of `table3`, the record table3.json holds:
+  the stamp (report.stamp: recipe_digest, commit; absent or None: left out), 'header',
+  'commit_order' (the recipe's own, decode.commit_order: a reader's "row at tau t" is the row at
+  t under it), 'rows' (table3_rows) and 'full_split' (full_split_rows: the markdown's second
+  table). `extra_columns` (keys of the rows, after TABLE3_COLUMNS) and `note` (appended to the
+  header in the markdown only) let a benchmark add its own column to a rendered table (a
+  re-render passes the saved record back)."""
+  stamp = report.stamp_of(table3)
+  rows, full = table3["rows"], table3["full_split"]
   os.makedirs(results, exist_ok=True)
-  md = (header + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
-        + _footer(stamp))
+  md = (table3["header"] + note + "\n\n" + markdown(rows, TABLE3_COLUMNS + tuple(extra_columns))
+        + ("\n" + full_split_markdown(full) if full else "") + _footer(stamp))
   open(os.path.join(results, "table3.md"), "w").write(md)
-  json.dump({**stamp, "header": header, "rows": rows},
+  json.dump({**stamp, "header": table3["header"], "commit_order": table3["commit_order"],
+             "rows": rows, "full_split": full},
             open(os.path.join(results, "table3.json"), "w"), indent=1, default=str)
   frontier_png(rows, os.path.join(results, "table3_frontier.png"))
   return md
@@ -298,13 +371,19 @@ def write_table3(rows: list[dict], results: str, header: str, note: str = "",
 
 def run_table3(table: TablesView, workdir: str) -> str:
   inp = load_inputs(table, workdir)
-  rows = table3_rows(load_models(table, workdir), inp, table, workdir)
-  header = (f"Table 3 on {table.split} (n={len(inp.data)}); speedup = tokens/s over AR's "
+  models = load_models(table, workdir)
+  rows = table3_rows(models, inp, table, workdir)
+  full = (full_split_rows(models, load_inputs(table, workdir, FULL_SPLIT), table, workdir)
+          if table.full_split_taus else [])
+  header = (f"Table 3 on {table.split} (n={len(inp.data)}); order = the diffusion commit order "
+            f"(the recipe's own: {table.decode.commit_order}); speedup = tokens/s over AR's "
             f"(batched decode of batch {table.eval.batch_size}, after the compiling batch); "
             f"b1_* = median tokens/s of {table.speed_examples} examples decoded alone (prefill "
-            "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100)")
-  md = write_table3(rows, workdir_lib.fill_path(table.results_dir, workdir), header,
-                    **report.stamp(report.recorded_digest(table, workdir)))
+            "included); paper = Diffusion-GR2's R@1 / tok/s / speed-up (Qwen3-8B, H100, the "
+            "confidence order)")
+  md = write_table3({**report.stamp(report.recorded_digest(table, workdir)), "header": header,
+                     "commit_order": table.decode.commit_order, "rows": rows, "full_split": full},
+                    workdir_lib.fill_path(table.results_dir, workdir))
   print(md, flush=True)
   return md
 

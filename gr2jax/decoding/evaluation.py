@@ -169,6 +169,13 @@ def evaluate_cached(cache_dir: str, name: str, key: str, evaluate_fn) -> tuple[d
   return result, rows
 
 
+def per_user(rows: list[dict]) -> metrics_lib.PerUser:
+  """The per-user outcome of an evaluation's per-example rows (its JSONL: 'user',
+  'target_rank'), in their order: what metrics.versus pairs."""
+  return metrics_lib.PerUser(np.asarray([r["user"] for r in rows]),
+                             np.asarray([r["target_rank"] for r in rows]))
+
+
 def export_id(export) -> str:
   """The identity of an export for the evaluation cache: its recorded params digest (read
   without the weights; exports.content_digest for a directory without one); of a

@@ -34,7 +34,8 @@ def test_the_recipe_digest_ignores_what_changes_no_number(tmp_path):
     assert _digest(str(tmp_path), **neutral) == base, neutral
   for changed in ({"decode.eval_tau": 0.5}, {"eval.limit": 16}, {"eval.batch_size": 8},
                   {"stages.cft.optimizer.learning_rate": 1e-3}, {"data.seed": 3},
-                  {"table.taus": (1.0,)}):
+                  {"table.taus": (1.0, 0.6)}, {"table.commit_orders": ("distinct",)},
+                  {"table.full_split_taus": ()}):
     assert _digest(str(tmp_path), **changed) != base, changed
 
 
@@ -121,3 +122,8 @@ def test_stamp_passes_through_a_rerender():
 def test_cell_reads_a_field_or_an_answer_kind_count(row, want):
   column = "duplicate" if "counts" in row else next(iter(row), "R@1")
   assert report.cell(row, column, "-") == want
+
+
+def test_a_paired_difference_cell_and_its_header():
+  assert report.interval([0.01, -0.002, 0.0215]) == "+0.0100 [-0.0020, +0.0215]"
+  assert report.interval_column("R@1") == "dR@1 [95% CI]"

@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from gr2jax import metrics
 from gr2jax.apps import table2
 
 
@@ -39,38 +40,9 @@ def test_every_row_has_a_paper_entry_and_the_lossless_verifier_is_a_row_stage():
   assert table2.LOSSLESS_VERIFIER in {stage for _, _, stage in table2.ROWS}
 
 
-def test_paired_bootstrap_of_identical_arrays_is_zero():
-  a = np.random.default_rng(1).integers(0, 2, 50).astype(float)
-  assert table2.paired_bootstrap(a, a) == (0.0, 0.0, 0.0)
-
-
-def test_paired_bootstrap_covers_a_known_shift_and_narrows_with_n():
-  rng = np.random.default_rng(2)
-  widths = []
-  for n in (200, 20_000):  # values on a 0.1 grid: few distinct differences, as ranks give
-    b = np.round(rng.normal(size=n), 1)
-    a = np.round(b + 0.3 + rng.normal(scale=0.5, size=n), 1)  # paired: the same users, shifted
-    diff, lo, hi = table2.paired_bootstrap(a, b)
-    assert lo < 0.3 < hi and lo <= diff <= hi
-    widths.append(hi - lo)
-  assert widths[1] < widths[0] / 5  # ~ 1 / sqrt(n)
-  assert table2.paired_bootstrap(a, b) == table2.paired_bootstrap(a, b)  # the seed is fixed
-
-
-def test_paired_bootstrap_counts_are_the_resampling_of_users():
-  """The multinomial draws over distinct differences give the interval of drawing user indices."""
-  rng = np.random.default_rng(3)
-  a, b = rng.integers(0, 2, 300).astype(float), rng.integers(0, 2, 300).astype(float)
-  means = (a - b)[rng.integers(0, 300, size=(10_000, 300))].mean(axis=1)
-  _, lo, hi = table2.paired_bootstrap(a, b)
-  assert np.percentile(means, [2.5, 97.5]) == pytest.approx([lo, hi], abs=0.01)
-  with pytest.raises(ValueError, match="two \\[n\\] arrays"):
-    table2.paired_bootstrap(a, b[:10])
-
-
 def _per_user(ranks, users=None):
   ranks = np.asarray(ranks)
-  return table2.PerUser(np.arange(len(ranks)) if users is None else np.asarray(users), ranks)
+  return metrics.PerUser(np.arange(len(ranks)) if users is None else np.asarray(users), ranks)
 
 
 def test_every_row_but_ar_gr2_gets_its_paired_difference_on_the_same_users():

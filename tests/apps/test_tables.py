@@ -5,11 +5,12 @@ import dataclasses
 import functools
 import json
 import os
+import types
 
 import numpy as np
 import pytest
 
-from gr2jax import recipe, recipes
+from gr2jax import metrics, recipe, recipes
 from gr2jax.apps import report, tables
 from gr2jax.data import prompts
 from gr2jax.data import tokenizer as tokenizer_lib
@@ -152,26 +153,37 @@ def test_tables_and_figure_from_toy_models(toy, tmp_path):
   inp, models = toy
   workdir = str(tmp_path)
   table = recipe.tables_config(recipes.get("tiny"), "table3", workdir)  # with toy sizes
-  table.fig6.update(dict(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24), sweep_examples=2))
   table = dataclasses.replace(
-    table, eval=dataclasses.replace(table.eval, batch_size=4), taus=(1.0, 0.5),
-    speed_examples=2, remeasure=False, lossless_drafts=((4, 0.0),),
+    table, fig6=table.fig6.replace(tau=0.9, limit=4, num_bins=2, output_lengths=(8, 24),
+                                   sweep_examples=2),
+    eval=dataclasses.replace(table.eval, batch_size=4), taus=(1.0, 0.5),
+    commit_orders=("confidence", "distinct"), full_split_taus=(0.5,), speed_examples=2,
+    remeasure=False, lossless_drafts=((4, 0.0),),
     decode=DecodeSpec(max_steps_per_block=4, draft_k=4))
   rows = tables.table3_rows(models, inp, table, workdir)
-  assert [r["tau"] for r in rows] == [None, 1.0, 0.5, None]
-  lossless = rows[3]  # the AR model's own answers, at another speed
+  assert [(r["tau"], r["order"]) for r in rows] == [
+    (None, None), (1.0, "confidence"), (1.0, "distinct"), (0.5, "confidence"),
+    (0.5, "distinct"), (None, None)]
+  lossless = rows[5]  # the AR model's own answers, at another speed
   assert lossless["row"].startswith("Draft + verify") and all(
     lossless[k] == rows[0][k] for k in ("R@1", "R@3", "N@3", "valid_rate"))
   assert rows[0]["speedup"] == pytest.approx(1.0) and rows[0]["b1_speedup"] == 1.0
   assert all(r["tokens_per_s"] and r["b1_tokens_per_s"] and r["num"] == len(USERS)
              for r in rows)
-  assert rows[0]["paper"].startswith("0.2960") and rows[2]["paper"] is None
+  assert rows[0]["paper"].startswith("0.2960") and rows[3]["paper"] is None
   md = tables.markdown(rows, tables.TABLE3_COLUMNS)
-  assert md.count("\n") == 2 + len(rows) and "speedup" in md
+  assert md.count("\n") == 2 + len(rows) and "| row | order | tau | R@1 |" in md
   cached = sorted(os.listdir(evaluation.cache_dir(workdir)))
+  assert sum("_tau0.5_distinct_" in name for name in cached) == 2  # its .json and .jsonl
   table = dataclasses.replace(table, speed_examples=0)
-  assert tables.table3_rows(models, inp, table, workdir)[2]["R@1"] == rows[2]["R@1"]
+  assert tables.table3_rows(models, inp, table, workdir)[3]["R@1"] == rows[3]["R@1"]
+  # the full-split pairs: its tau 0.5 (the recipe's order), tau 1.0 and AR rows are the rows'
+  full = tables.full_split_rows(models, inp, table, workdir)
   assert sorted(os.listdir(evaluation.cache_dir(workdir))) == cached  # nothing decoded again
+  assert [(e["tau"], e["order"], e["versus"]) for e in full] == [
+    (0.5, "confidence", "Diffusion-GR2 tau 1"), (0.5, "confidence", "AR GR2")]
+  assert full[0]["R@1"] == rows[3]["R@1"] and full[0]["versus_R@1"] == rows[1]["R@1"]
+  assert full[1]["versus_nfe_per_token"] == rows[0]["nfe_per_token"]
   tables.frontier_png(rows, str(tmp_path / "frontier.png"))
   assert os.path.getsize(tmp_path / "frontier.png") > 1000
 
@@ -226,21 +238,120 @@ def test_a_finished_tables_timings_are_reused_unless_remeasured(tmp_path, capsys
 
 def test_table3_shows_the_invalid_kinds_and_a_rerender_keeps_the_stamp(tmp_path):
   """Table 3's columns carry each invalid-answer count (from the rows' 'counts', as Table 2's);
-  a re-render with an extra column passes the saved stamp through (report.stamp_of)."""
+  a re-render with an extra column passes the saved record (stamp included) through."""
   counts = {"valid": 6, "malformed_json": 0, "duplicate": 1, "omitted": 0, "out_of_set": 0,
             "truncated": 1}
-  rows = [{"row": "AR GR2", "tau": None, "R@1": 0.5, "tokens_per_s": 10.0, "counts": counts}]
+  rows = [{"row": "AR GR2", "order": None, "tau": None, "R@1": 0.5, "tokens_per_s": 10.0,
+           "counts": counts}]
   stamp = {"recipe_digest": "066aafb788d55543", "commit": "0" * 40}
-  md = tables.write_table3(rows, str(tmp_path), "Table 3 header", **stamp)
+  table3 = {**stamp, "header": "Table 3 header", "commit_order": "distinct", "rows": rows,
+            "full_split": []}
+  md = tables.write_table3(table3, str(tmp_path))
   header, _, cells = md.splitlines()[2:5]
   columns = [c.strip() for c in header.strip("|").split("|")]
   values = dict(zip(columns, [c.strip() for c in cells.strip("|").split("|")], strict=True))
+  assert columns[:3] == list(tables.TABLE3_FIRST) == ["row", "order", "tau"]
   assert [values[k] for k in ("duplicate", "truncated", "malformed_json")] == ["1", "1", "0"]
-  assert md.splitlines()[-1] == report.stamp_line(stamp)
+  assert md.splitlines()[-1] == report.stamp_line(stamp) and "Paired on" not in md
   saved = json.load(open(tmp_path / "table3.json"))
+  assert saved == table3
   rows = [{**r, "extra": "x"} for r in saved["rows"]]
-  md = tables.write_table3(rows, str(tmp_path), saved["header"], "; extra = x",
-                           ("extra",), **report.stamp_of(saved))
+  md = tables.write_table3({**saved, "rows": rows}, str(tmp_path), "; extra = x", ("extra",))
   assert md.startswith("Table 3 header; extra = x\n\n") and md.splitlines()[-1].startswith(
     "recipe_digest 066aafb788d55543")
   assert report.stamp_of(json.load(open(tmp_path / "table3.json"))) == stamp
+
+
+# ---- Table 3's rows and full split, on canned evaluations (no decode) ----------------------
+
+
+def _canned_evaluations(monkeypatch) -> dict:
+  """tables.evaluate_at replaced by canned evaluations of 20 users: each (model name, tau,
+  commit order) its own target ranks. Returns {(name, tau, order): ranks} of every evaluation
+  asked for, filled as they are, and the specs under 'specs'."""
+  asked = {"specs": []}
+
+  def evaluate_at(name, model, table, inp, workdir, spec=None):
+    del model, table, inp, workdir
+    key = (name, spec.eval_tau, spec.commit_order)
+    seed = int(100 * spec.eval_tau) + len(spec.commit_order) + 1000 * (name == "ar")
+    ranks = np.random.default_rng(seed).integers(1, 4, 20)  # [20] ranks 1..3
+    asked[key] = ranks
+    asked["specs"].append((name, spec))
+    result = {"R@1": float(np.mean(ranks == 1)), "valid_rate": 1.0 - seed / 1e4,
+              "nfe_per_token": seed / 100, "tokens_per_s": 10.0}
+    return result, [{"user": 100 + i, "target_rank": int(r)} for i, r in enumerate(ranks)]
+
+  monkeypatch.setattr(tables, "evaluate_at", evaluate_at)
+  return asked
+
+
+CANNED_MODELS = dict.fromkeys(("ar", "diffusion", "lossless"))  # evaluate_at is canned
+
+
+def _canned_table(tmp_path):
+  table = recipe.tables_config(recipes.get("tiny"), "table3", str(tmp_path))
+  return dataclasses.replace(table, taus=(1.0, 0.6), speed_examples=0,
+                             lossless_drafts=((4, 0.0),))
+
+
+def _diffusion_model():
+  config = types.SimpleNamespace(mask_token_id=5)
+  return tables.Model("diffusion", config, {})
+
+
+def test_table3_has_one_diffusion_row_per_tau_and_commit_order(tmp_path, monkeypatch):
+  asked = _canned_evaluations(monkeypatch)
+  table = _canned_table(tmp_path)
+  assert table.decode.commit_order == "distinct"  # the tiny recipe's own order
+  rows = tables.table3_rows(CANNED_MODELS, None, table, str(tmp_path))
+  assert [(r["row"], r["tau"], r["order"]) for r in rows] == [
+    ("AR GR2", None, None), ("Diffusion-GR2", 1.0, "distinct"),
+    ("Diffusion-GR2", 1.0, "confidence"), ("Diffusion-GR2", 0.6, "distinct"),
+    ("Diffusion-GR2", 0.6, "confidence"), ("Draft + verify (lossless), K=4 tau_d=0", None, None)]
+  for row, (name, spec) in zip(rows, asked["specs"], strict=True):
+    assert spec.commit_order == (row["order"] or table.decode.commit_order)  # AR, lossless: own
+    assert spec.eval_tau == (row["tau"] or table.decode.eval_tau)
+    assert name == {"AR GR2": "ar", "Diffusion-GR2": "diffusion"}.get(row["row"], "lossless")
+  # each (tau, order) its own evaluation and timing names; the recipe's order named too
+  names = [tables._setting_name(_diffusion_model(), spec) for name, spec in asked["specs"]
+           if name == "diffusion"]
+  assert names == ["tau1_distinct", "tau1_confidence", "tau0.6_distinct", "tau0.6_confidence"]
+  assert rows[0]["speedup"] == rows[3]["speedup"] == 1.0  # canned: every row 10 tokens/s
+
+
+def test_full_split_pairs_the_recipes_order_with_tau_1_and_ar_user_by_user(tmp_path,
+                                                                          monkeypatch):
+  asked = _canned_evaluations(monkeypatch)
+  table = dataclasses.replace(_canned_table(tmp_path), full_split_taus=(0.6,))
+  full = tables.full_split_rows(CANNED_MODELS, None, table, str(tmp_path))
+  assert [(e["split"], e["tau"], e["order"], e["versus"], e["num"]) for e in full] == [
+    ("test", 0.6, "distinct", "Diffusion-GR2 tau 1", 20), ("test", 0.6, "distinct", "AR GR2", 20)]
+  row = asked[("diffusion", 0.6, "distinct")]
+  for entry, base in zip(full, (asked[("diffusion", 1.0, "distinct")],
+                                asked[("ar", 1.0, "distinct")]), strict=True):
+    assert entry["paired"]["R@1"] == list(metrics.paired_bootstrap(
+      metrics.recall_at_k(row, 1), metrics.recall_at_k(base, 1)))
+    assert entry["paired"]["R@1"][0] == pytest.approx(np.mean(row == 1) - np.mean(base == 1))
+    assert entry["R@1"] == np.mean(row == 1) and entry["versus_R@1"] == np.mean(base == 1)
+  assert full[0]["valid_rate"] == full[1]["valid_rate"] != full[1]["versus_valid_rate"]
+  md = tables.full_split_markdown(full)
+  assert md.startswith("Paired on every user of test (n=20): Diffusion-GR2 at each tau under the "
+                       "recipe's order (distinct)")
+  assert md.splitlines()[2].startswith("| tau | order | versus | num | R@1 |")
+  diff, lo, hi = full[1]["paired"]["R@1"]
+  assert f"| {diff:+.4f} [{lo:+.4f}, {hi:+.4f}] |" in md.splitlines()[-1]
+
+
+def test_write_table3_puts_the_full_split_under_the_main_table(tmp_path, monkeypatch):
+  _canned_evaluations(monkeypatch)
+  table = dataclasses.replace(_canned_table(tmp_path), full_split_taus=(0.6,))
+  rows = tables.table3_rows(CANNED_MODELS, None, table, str(tmp_path))
+  full = tables.full_split_rows(CANNED_MODELS, None, table, str(tmp_path))
+  md = tables.write_table3({"header": "H", "commit_order": "distinct", "rows": rows,
+                            "full_split": full}, str(tmp_path))
+  assert md.endswith("\n" + tables.full_split_markdown(full))
+  saved = json.load(open(tmp_path / "table3.json"))
+  assert saved["commit_order"] == "distinct" and len(saved["full_split"]) == 2
+  assert [r["order"] for r in saved["rows"]][1:3] == ["distinct", "confidence"]
+  assert os.path.getsize(tmp_path / "table3_frontier.png") > 1000  # one line per order

@@ -63,3 +63,10 @@ def test_a_result_is_computed_once_and_found_under_any_name(tmp_path):
   assert first == again == ({"R@1": 0.5, "cache_key": "k1"}, [{"user": 1}]) and len(calls) == 1
   evaluation.evaluate_cached(str(tmp_path), "sft_test", "k2", run)
   assert len(calls) == 2
+
+
+def test_per_user_reads_users_and_target_ranks_in_the_rows_order():
+  rows = [{"user": 7, "target_rank": 2, "response": "x"}, {"user": 3, "target_rank": 1}]
+  got = evaluation.per_user(rows)
+  np.testing.assert_array_equal(got.users, [7, 3])
+  np.testing.assert_array_equal(got.ranks, [2, 1])

@@ -7,13 +7,25 @@ from experiments import plan, roofline_steps, targets
 from tests import aot
 
 
-def test_forwards_per_token_drop_the_prefill():
-  rows = [{"row": "AR GR2", "tau": None, "mean_nfe": 11.0, "mean_response_len": 10.0},
-          {"row": "Diffusion-GR2", "tau": 0.9, "mean_nfe": 5.0, "mean_response_len": 10.0},
+def test_forwards_per_token_drop_the_prefill_and_read_the_recipes_order():
+  rows = [{"row": "AR GR2", "order": None, "tau": None, "mean_nfe": 11.0,
+           "mean_response_len": 10.0},
+          {"row": "Diffusion-GR2", "order": "confidence", "tau": 0.9, "mean_nfe": 7.0,
+           "mean_response_len": 10.0},
+          {"row": "Diffusion-GR2", "order": "distinct", "tau": 0.9, "mean_nfe": 5.0,
+           "mean_response_len": 10.0},
           # a lossless row has tau None too: not AR's
-          {"row": "Draft + verify (lossless), K=8 tau_d=0", "tau": None, "mean_nfe": 8.0,
-           "mean_response_len": 10.0}]
-  assert roofline_steps.forwards_per_token(rows) == {None: 1.0, 0.9: 0.4}
+          {"row": "Draft + verify (lossless), K=8 tau_d=0", "order": None, "tau": None,
+           "mean_nfe": 8.0, "mean_response_len": 10.0}]
+  for order, want in (("distinct", 0.4), ("confidence", 0.6)):
+    got = roofline_steps.forwards_per_token({"commit_order": order, "rows": rows})
+    assert got == pytest.approx({None: 1.0, 0.9: want})
+  assert roofline_steps.row_forwards_per_token(rows[1]) == pytest.approx(0.6)
+  with pytest.raises(ValueError, match="records no commit_order"):
+    roofline_steps.forwards_per_token({"rows": rows})  # a Table 3 of before the orders
+  with pytest.raises(ValueError, match="no Diffusion-GR2 row under its commit_order "
+                     "'left_to_right'"):
+    roofline_steps.forwards_per_token({"commit_order": "left_to_right", "rows": rows})
 
 
 @pytest.mark.parametrize("label, expected", [

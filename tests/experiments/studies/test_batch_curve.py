@@ -102,15 +102,29 @@ def test_all_memory_bound_steps_and_prefill_give_the_same_curve_at_any_fraction(
 
 
 def _table3(tmp_path, extra=None):
-  """A Table 3 (table3.json in tmp_path): AR, tau 0.9, lossless K 8 and K 32."""
-  rows = [{"row": label, "tau": tau, "R@1": 0.4, "tokens_per_s": 10.0, "mean_nfe": nfe,
-           "mean_response_len": 34.0}
-          for label, tau, nfe in (("AR GR2", None, 35.0), ("Diffusion-GR2", 0.9, 14.6),
-                                  ("Draft + verify (lossless), K=8 tau_d=0", None, 22.0),
-                                  ("Draft + verify (lossless), K=32 tau_d=0", None, 20.0))]
-  saved = {"header": "Table 3 header", "rows": rows, **(extra or {})}
+  """A Table 3 (table3.json in tmp_path, as gr2jax/apps/tables.py writes it): AR, tau 0.9 under
+  the recipe's order (distinct) and under confidence, lossless K 8 and K 32."""
+  rows = [{"row": label, "order": order, "tau": tau, "R@1": 0.4, "tokens_per_s": 10.0,
+           "mean_nfe": nfe, "mean_response_len": 34.0}
+          for label, order, tau, nfe in (
+            ("AR GR2", None, None, 35.0), ("Diffusion-GR2", "distinct", 0.9, 14.6),
+            ("Draft + verify (lossless), K=8 tau_d=0", None, None, 22.0),
+            ("Draft + verify (lossless), K=32 tau_d=0", None, None, 20.0),
+            ("Diffusion-GR2", "confidence", 0.9, 21.4))]
+  saved = {"header": "Table 3 header", "commit_order": "distinct", "rows": rows,
+           "full_split": [], **(extra or {})}
   (tmp_path / "table3.json").write_text(json.dumps(saved))
   return saved
+
+
+def test_the_modes_read_table3s_rows_under_the_recipes_commit_order(tmp_path):
+  saved = _table3(tmp_path)
+  fpt = roofline_steps.forwards_per_token(saved)
+  assert fpt == pytest.approx({None: 1.0, 0.9: 13.6 / 34})  # distinct's, not confidence's 0.6
+  modes = batch_curve.predicted_modes(fpt, {}, [0.9], [], [], 32)
+  assert modes["diffusion tau 0.9 B 32"]["forwards"] == {"block": fpt[0.9]}
+  saved["commit_order"] = "confidence"
+  assert roofline_steps.forwards_per_token(saved)[0.9] == pytest.approx(20.4 / 34)
 
 
 def test_table3_speedups_price_each_row_with_its_own_forwards(tmp_path):
@@ -125,6 +139,8 @@ def test_table3_speedups_price_each_row_with_its_own_forwards(tmp_path):
   assert at[1] == pytest.approx(ar / (prefill + s.response_len * (13.6 / 34) * t))
   assert at[2] == pytest.approx(ar / (2 * prefill + s.response_len * 0.45 * t))
   assert at[3] is None  # K 32: no grid entry, no compiled step
+  # the other commit order's row: its own forwards (20.4 / 34 per token), a prediction too
+  assert at[4] == pytest.approx(ar / (prefill + s.response_len * (20.4 / 34) * t))
 
 
 def test_table3_rerender_adds_the_two_columns_and_keeps_the_header(tmp_path):
@@ -141,10 +157,12 @@ def test_table3_rerender_adds_the_two_columns_and_keeps_the_header(tmp_path):
   assert md.splitlines()[4].endswith("| 1.0000 | 1.0000 |")
   assert md.splitlines()[7].endswith("| n/a | n/a |")
   written = json.load(open(tmp_path / "table3.json"))
-  assert written["header"] == "Table 3 header"
-  assert [r["R@1"] for r in written["rows"]] == [0.4] * 4  # the other fields kept
+  assert written["header"] == "Table 3 header" and written["commit_order"] == "distinct"
+  assert [r["R@1"] for r in written["rows"]] == [0.4] * 5  # the other fields kept
   peak, low = (written["rows"][1][c] for c in columns)
   assert 1 < low <= peak  # tau 0.9 wins at batch 1, less at 0.7 of peak (slower prefill)
+  other = written["rows"][4]  # tau 0.9 under confidence: more forwards, a smaller speed-up
+  assert 1 < other[columns[1]] < low
   # again from what it wrote: the same table
   again = json.load(open(tmp_path / "table3.json"))
   rows, _ = batch_curve.table3_with_predictions(again["rows"], steps[1], spec, s, H100)
@@ -156,18 +174,17 @@ def test_table3_rerender_passes_every_other_top_level_field(tmp_path, monkeypatc
   saved = _table3(tmp_path, {"provenance": {"workdir": "W", "commit": "abc"}})
   got = {}
 
-  def write_table3(rows, results, header, note="", extra_columns=(), **kept):
-    got.update(kept, results=results, columns=extra_columns)
-    json.dump({"header": header, "rows": rows, **kept}, open(f"{results}/table3.json", "w"))
-    return header + note
+  def write_table3(table3, results, note="", extra_columns=()):
+    got.update(table3=table3, results=results, columns=extra_columns)
+    json.dump(table3, open(f"{results}/table3.json", "w"))
+    return table3["header"] + note
 
   monkeypatch.setattr(tables, "write_table3", write_table3)
-  batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, saved["rows"], ("c",), "")
-  assert got == {"provenance": saved["provenance"], "results": str(tmp_path),
-                 "columns": ("c",)}
-  # a writer that drops a field is caught
-  monkeypatch.setattr(tables, "write_table3", lambda rows, results, header, **_: json.dump(
-    {"header": header, "rows": rows}, open(f"{results}/table3.json", "w")))
+  rows = [{**r, "c": 1.0} for r in saved["rows"]]
+  batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, rows, ("c",), "")
+  assert got == {"table3": {**saved, "rows": rows}, "results": str(tmp_path), "columns": ("c",)}
+  # a writer that drops a field is caught: the real one keeps its own fields only
+  monkeypatch.undo()
   with pytest.raises(ValueError, match="did not keep provenance"):
     batch_curve.rerender_table3(str(tmp_path / "table3.json"), saved, saved["rows"], ("c",), "")
 
