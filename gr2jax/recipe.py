@@ -157,7 +157,7 @@ class Recipe:
       raise ValueError(f"data.teacher_traces={self.data.teacher_traces!r} and teacher.hf_dir="
                        f"{self.teacher.hf_dir!r} are both set: the teacher step writes the "
                        "traces; set one of them")
-    if self.decode.commit_order not in self.table.commit_orders:
+    if self.table.commit_orders and self.decode.commit_order not in self.table.commit_orders:
       raise ValueError(f"table.commit_orders={self.table.commit_orders!r} must hold "
                        f"decode.commit_order={self.decode.commit_order!r}: Table 3's rows under "
                        "the recipe's own order are the ones its readers take")
@@ -380,7 +380,8 @@ class TablesView(_View):
     stage: 'table3', 'table4' or 'fig6'.
     data, eval, decode: the recipe's data build config, evaluation settings and DecodeSpec.
     split, results_dir, taus, commit_orders, full_split_taus, lossless_drafts, speed_examples,
-      remeasure: the recipe's `table` fields (gr2jax/recipes.py).
+      remeasure: the recipe's `table` fields (gr2jax/recipes.py); commit_orders () is the
+      recipe's decode.commit_order alone.
     ar_ckpt, diffusion_ckpt: the AR GR2 (AR RL export) and the final diffusion model (RL
       export).
     fig6: Figure 6's settings.
@@ -434,6 +435,7 @@ def tables_config(recipe: Recipe, stage: str, workdir: str) -> TablesView:
     stage=stage, data=data_config(recipe), eval=recipe.eval,
     decode=recipe.decode, split=t.split, ar_ckpt=export(workdir, "ar_rl"),
     diffusion_ckpt=export(workdir, "rl"), results_dir=t.results_dir, taus=t.taus,
-    commit_orders=t.commit_orders, full_split_taus=t.full_split_taus,
+    commit_orders=t.commit_orders or (recipe.decode.commit_order,),
+    full_split_taus=t.full_split_taus,
     lossless_drafts=t.lossless_drafts, speed_examples=t.speed_examples,
     fig6=t.fig6, remeasure=t.remeasure)

@@ -234,6 +234,8 @@ def _smoke(c: ml_collections.ConfigDict) -> None:
   c.table.fig6.output_lengths = (16,)  # each forced length compiles two decoders
   c.table.fig6.sweep_examples = 2
   c.table.lossless_drafts = ((c.decode.draft_k, c.decode.draft_tau),)  # one lossless program
+  c.table.commit_orders = ("distinct", "confidence")  # every Table 3 row kind, in CI
+  c.table.full_split_taus = (0.6,)
   for name, stage in stage_registry.STAGES.items():
     t = c.stages[name].train
     t.update(dict(steps=2, batch_size=4, limit=256, save_every=2, prepare_chunk=0,

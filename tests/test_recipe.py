@@ -250,6 +250,9 @@ def test_table3_must_decode_under_the_recipes_own_commit_order():
     recipe_lib.from_config(config)
   config.decode.commit_order = "confidence"
   assert recipe_lib.from_config(config).table.commit_orders == ("confidence",)
+  config.table.commit_orders = ()  # the default: the recipe's own order alone
+  r = recipe_lib.from_config(config)
+  assert recipe_lib.tables_config(r, "table3", "W").commit_orders == ("confidence",)
 
 
 def test_a_block_it_does_not_declare_is_named():

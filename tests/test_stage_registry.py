@@ -27,13 +27,13 @@ from gr2jax import workdir as workdir_lib
 from gr2jax.train import stages as train_stages
 
 DIGESTS = {  # {variant: (the ConfigDict's digest, {step: its chain digest})}
-  "tiny": ("6879fb70db2023c6", {
+  "tiny": ("1aea704a63156e6f", {
     "sft": "546696ecc6bdc320", "ar_rl": "106c2c97a5398953", "cft": "b27f55b13e296068",
     "opd": "d19eb85a950e9ba6", "rl": "694ae470c28f1a25"}),
-  "smoke": ("bd21f29b7685bbd0", {
+  "smoke": ("0de52e9bfcdd213d", {
     "sft": "7e4b57c25866249f", "ar_rl": "42b5ad2cdb39ab90", "cft": "a706b6ab4d3aef57",
     "opd": "797521b7d11efc7b", "rl": "078e9e8810ec2897"}),
-  "qwen3_8b": ("dddd0163cc0a30f5", {
+  "qwen3_8b": ("e1739a3695391740", {
     "convert": "c4f86e79238cdee7", "sft": "8d618b854d321391", "ar_rl": "3ac3cb6c86cee152",
     "cft": "776081a8795d1bb0", "opd": "18c28d3abd1a1335", "rl": "87b9cd8fe226ad08"}),
 }

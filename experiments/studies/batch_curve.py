@@ -456,7 +456,7 @@ def run_predicted(batches: list[int], ks: list[int]) -> dict:
             f"experiments/targets.py): `{out['command']}`")
     print(rerender_table3(FLAGS.table3, saved, rows, columns, note), flush=True)
     out["table3_columns"] = {"columns": list(columns), "rows": {
-      r["row"] + ("" if r["tau"] is None else f" tau {r['tau']:g} {r['order']}"):
+      r["row"] + ("" if r["tau"] is None else f" tau {r['tau']:g} {r.get('order') or ''}".rstrip()):
         [r[c] for c in columns]
       for r in rows}}
   return out

@@ -54,11 +54,20 @@ def interval_column(metric: str) -> str:
   return f"d{metric} [95% CI]"
 
 
+def _added_at_default(view: TablesView) -> dict:
+  """TablesView fields added after results were stamped without them, each at the value that
+  does what those results did (Table 3 under the recipe's own order alone, no full-split rows):
+  a view holding one at that value has the digest of one without it."""
+  return {"commit_orders": (view.decode.commit_order,), "full_split_taus": ()}
+
+
 def _digest(chain_digest: str, view: TablesView) -> str:
-  """json_digest of [the chain's final-step digest, the view's fields but RESULTS_NEUTRAL and
-  _CHAIN_FIELDS]."""
+  """json_digest of [the chain's final-step digest, the view's fields but RESULTS_NEUTRAL,
+  _CHAIN_FIELDS and those at their added default (_added_at_default)]."""
+  added = _added_at_default(view)
   fields = {k: v for k, v in view.to_dict().items()
-            if k not in RESULTS_NEUTRAL + _CHAIN_FIELDS}
+            if k not in RESULTS_NEUTRAL + _CHAIN_FIELDS
+            and not (k in added and tuple(v) == added[k])}
   fields["decode"] = fields["decode"].record()  # its retired fields kept (DecodeSpec.record)
   return files.json_digest([chain_digest, fields])
 

@@ -30,12 +30,13 @@ def test_the_recipe_digest_ignores_what_changes_no_number(tmp_path):
   assert _digest(str(tmp_path / "elsewhere")) == base  # paths are portable
   for neutral in ({"table.results_dir": "results"}, {"table.remeasure": True},
                   {"stages.sft.train.restart": True}, {"stages.cft.train.save_every": 7},
-                  {"stages.rl.train.eval_every": 5}, {"mesh.fsdp": 2}, {"table.then": ("fig6",)}):
+                  {"stages.rl.train.eval_every": 5}, {"mesh.fsdp": 2}, {"table.then": ("fig6",)},
+                  {"table.commit_orders": ("distinct",)}):  # the recipe's order: the default's
     assert _digest(str(tmp_path), **neutral) == base, neutral
   for changed in ({"decode.eval_tau": 0.5}, {"eval.limit": 16}, {"eval.batch_size": 8},
                   {"stages.cft.optimizer.learning_rate": 1e-3}, {"data.seed": 3},
-                  {"table.taus": (1.0, 0.6)}, {"table.commit_orders": ("distinct",)},
-                  {"table.full_split_taus": ()}):
+                  {"table.taus": (1.0, 0.6)}, {"table.commit_orders": ("distinct", "confidence")},
+                  {"table.full_split_taus": (0.6,)}):
     assert _digest(str(tmp_path), **changed) != base, changed
 
 

@@ -291,8 +291,8 @@ CANNED_MODELS = dict.fromkeys(("ar", "diffusion", "lossless"))  # evaluate_at is
 
 def _canned_table(tmp_path):
   table = recipe.tables_config(recipes.get("tiny"), "table3", str(tmp_path))
-  return dataclasses.replace(table, taus=(1.0, 0.6), speed_examples=0,
-                             lossless_drafts=((4, 0.0),))
+  return dataclasses.replace(table, taus=(1.0, 0.6), commit_orders=("distinct", "confidence"),
+                             speed_examples=0, lossless_drafts=((4, 0.0),))
 
 
 def _diffusion_model():
