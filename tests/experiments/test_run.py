@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+from gr2jax import recipes
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(REPO, "experiments", "run.py")
 
@@ -102,8 +104,10 @@ def test_help_names_every_training_stage_and_every_setting():
   assert "--config: Stage config PATH[:VARIANT]" in text
   assert "(sft.py, ar_rl.py, cft.py, opd.py, rl.py: experiments/configs/stage.py:<stage>)" in text
   # each setting from the schema: its path, this config's value, bounds and doc
-  assert "Settings of --config=cft.py:qwen3_8b (235; override any with --config.<path>=<value>)"\
-    in text
+  count = len(recipes.describe(recipes.config("qwen3_8b", "cft")))
+  assert count > 200  # every block's settings, the stages', the tables' and the tools'
+  assert (f"Settings of --config=cft.py:qwen3_8b ({count}; override any with "
+          "--config.<path>=<value>)") in text
   assert ("stages.opd.opd.teacher_dtype = 'bfloat16' (one of ('float32', 'bfloat16')) storage "
           "of the cached teacher log-probs") in text
   assert "stages.cft.train.steps = 860 (int >= 1) optimiser steps" in text
