@@ -93,8 +93,14 @@ def summary_table(curves: dict[str, dict]) -> str:
   return "\n".join(lines)
 
 
+def run_colours(curves: dict[str, dict]) -> dict[str, str]:
+  """{run: matplotlib colour}: the default cycle in the runs' order, whatever metrics each has."""
+  return {run: f"C{i % 10}" for i, run in enumerate(curves)}
+
+
 def plot(curves: dict[str, dict], metrics: list[str], path: str) -> None:
-  """One panel per metric, one line per run (PNG)."""
+  """One panel per metric, one line per run (PNG), each run in one colour in every panel (a
+  panel leaves out the runs without its metric)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -102,17 +108,20 @@ def plot(curves: dict[str, dict], metrics: list[str], path: str) -> None:
   cols = min(3, len(metrics))
   rows = math.ceil(len(metrics) / cols)
   fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
+  colours = run_colours(curves)
   for ax, metric in zip(axes.flat, metrics, strict=False):
     for run, values in curves.items():
       if metric in values:
         steps, ys = zip(*values[metric], strict=True)
-        ax.plot(steps, ys, marker="o", markersize=3, label=run)
+        ax.plot(steps, ys, marker="o", markersize=3, label=run, color=colours[run])
     ax.set_title(metric)
     ax.set_xlabel("step")
     ax.grid(alpha=0.3)
   for ax in list(axes.flat)[len(metrics):]:
     ax.axis("off")
-  axes.flat[0].legend(fontsize=7)
+  handles = [plt.Line2D([], [], color=colours[run], marker="o", markersize=3, label=run)
+             for run in curves]
+  axes.flat[0].legend(handles=handles, fontsize=7)
   fig.tight_layout()
   fig.savefig(path, dpi=110)
   plt.close(fig)

@@ -33,6 +33,25 @@ def test_probe_rows_become_curves_and_a_table(tmp_path):
   assert os.path.getsize(tmp_path / "c.png") > 0
 
 
+def test_a_run_keeps_its_colour_in_a_panel_the_run_before_it_lacks(tmp_path, monkeypatch):
+  """A run without one metric (an older probe) leaves that panel, not its colour to the next
+  run: every line of a run is drawn in the run's own colour."""
+  import matplotlib.axes
+
+  drawn = []
+  original = matplotlib.axes.Axes.plot
+  monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda ax, *a, **k: (
+    drawn.append((ax.get_title() or "?", k["label"], k["color"])), original(ax, *a, **k))[1])
+  curves = {"old": {"loss": [[0, 1.0], [10, 0.5]]},
+            "new": {"loss": [[0, 1.0], [10, 0.4]], "deployed_valid_rate": [[0, 0.8], [10, 0.9]]}}
+  probe_curves.plot(curves, ["loss", "deployed_valid_rate"], str(tmp_path / "c.png"))
+  colours = {}
+  for _, run, colour in drawn:
+    assert colours.setdefault(run, colour) == colour
+  assert colours == probe_curves.run_colours(curves) == {"old": "C0", "new": "C1"}
+  assert [run for _, run, _ in drawn] == ["old", "new", "new"]
+
+
 def test_refusals_name_the_flag_or_the_file(tmp_path):
   with pytest.raises(ValueError, match="--runs: 'x' is not NAME=STAGE_DIR"):
     probe_curves.parse_runs(["x"])
